@@ -1,0 +1,1 @@
+"""servesim: kernels_cost_model."""

@@ -1,0 +1,11 @@
+"""servesim: a deterministic discrete-event simulator of a vLLM-style LLM serving engine."""
+from sim.errors import ConfigError
+from sim.replay import StopResult, run_until_stop
+from sim.request import Request, RequestStatus, finish_reason, is_finished
+from sim.sampling_params import SamplingParams
+from sim.stop_rules import PROFILES, StopProfile, get_profile
+
+__all__ = [
+    "ConfigError", "PROFILES", "Request", "RequestStatus", "SamplingParams", "StopProfile",
+    "StopResult", "finish_reason", "get_profile", "is_finished", "run_until_stop",
+]

@@ -1,0 +1,112 @@
+"""Stop rules as named profiles: the order of checks is a user-visible API.
+
+A profile is data: the ordered token checks the engine core runs after appending a token, and how
+stop strings (checked on the detokenized text) interact with them. Profiles:
+
+- "vllm" (default): vLLM V1 today. Below `min_tokens` only the length rules can stop a request;
+  EOS, then stop token ids, then length (`max_model_len` on prompt + output, `max_tokens`); then the
+  detokenizer's stop strings, which win over a length cap on the same token. EOS exactly on the
+  `max_tokens` boundary reports "stop".
+- "vllm-v1-2025": V1 before October 2025: the length check ran first, so that tie reports "length".
+- "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings, then length; stop strings are
+  looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked for on a
+  token that already stopped by EOS or a stop token id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import ConfigError
+from sim.request import Request, RequestStatus
+
+STOPPED = RequestStatus.FINISHED_STOPPED
+LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def _eos(req: Request, max_model_len: int | None):
+    if req.output_token_ids[-1] == req.eos_token_id and not req.sampling_params.ignore_eos:
+        return STOPPED, None
+    return None
+
+
+def _stop_token_ids(req: Request, max_model_len: int | None):
+    last = req.output_token_ids[-1]
+    if last in req.sampling_params.stop_token_ids:
+        return STOPPED, last
+    return None
+
+
+def _length(req: Request, max_model_len: int | None):
+    num_output = len(req.output_token_ids)
+    if num_output >= req.sampling_params.max_tokens:
+        return LENGTH, None
+    if max_model_len is not None and req.num_prompt_tokens + num_output >= max_model_len:
+        return LENGTH, None
+    return None
+
+
+CONTENT_CHECKS = {"eos": _eos, "stop_token_ids": _stop_token_ids}
+LENGTH_CHECKS = {"length": _length}
+
+
+@dataclass(frozen=True)
+class StopProfile:
+    """An ordered set of stop checks.
+
+    order: token checks in the order the engine runs them ("eos", "stop_token_ids", "length").
+    strings_after_token_stop: stop strings are still looked for on a token that stopped by EOS or a
+        stop token id (only matters with include_stop_str_in_output, when that text is shown).
+    strict_min_tokens: stop strings need more than `min_tokens` outputs (V1) rather than at least.
+    """
+
+    name: str
+    order: tuple[str, ...]
+    strings_after_token_stop: bool
+    strict_min_tokens: bool
+
+    def check_token(self, req: Request, max_model_len: int | None):
+        """(status, stop_reason) decided by the token checks alone, or None."""
+        below_floor = len(req.output_token_ids) < req.sampling_params.min_tokens
+        for name in self.order:
+            check = CONTENT_CHECKS.get(name)
+            if check is None:
+                check = LENGTH_CHECKS[name]
+            elif below_floor:
+                continue
+            result = check(req, max_model_len)
+            if result is not None:
+                return result
+        return None
+
+    def apply(self, req: Request, max_model_len: int | None) -> bool:
+        """Run every rule on the token just appended; set status and stop_reason. True if stopped."""
+        result = self.check_token(req, max_model_len)
+        text = req.text_state
+        if text is not None:
+            token_stop = result is not None and result[0] == STOPPED
+            hide = token_stop and not req.sampling_params.include_stop_str_in_output
+            check = self.strings_after_token_stop or not token_stop
+            found = text.append(req.output_token_ids[-1], len(req.output_token_ids), hide, check)
+            if found is not None:
+                result = (STOPPED, found)
+        if result is None:
+            return False
+        req.status, req.stop_reason = result
+        return True
+
+
+PROFILES: dict[str, StopProfile] = {
+    "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length"), True, True),
+    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids"), True, True),
+    "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False),
+}
+
+
+def get_profile(name: str | StopProfile) -> StopProfile:
+    """Look a profile up by name (a StopProfile passes through)."""
+    if isinstance(name, StopProfile):
+        return name
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError("stop_profile", name, f"unknown; choose from {sorted(PROFILES)}") from None

@@ -1,0 +1,86 @@
+"""Output text and stop-string matching, as vLLM's incremental detokenizer does it."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+BYTE_EOS_TOKEN_ID = 256
+"""EOS of the default byte tokenizer: ids 0-255 are bytes, 256 is EOS (a special token, no text)."""
+
+
+def byte_token_text(token_id: int) -> str:
+    """Text piece of the default byte tokenizer (latin-1: one character per byte id)."""
+    if 0 <= token_id < 256:
+        return chr(token_id)
+    if token_id == BYTE_EOS_TOKEN_ID:
+        return ""
+    raise ValueError(f"token id {token_id} is outside the byte tokenizer (0-256); pass token_text")
+
+
+def as_token_text(token_text: Mapping[int, str] | Callable[[int], str] | None) -> Callable[[int], str]:
+    """Normalise a dict or callable (or None for the byte tokenizer) to a callable."""
+    if token_text is None:
+        return byte_token_text
+    if isinstance(token_text, Mapping):
+        return lambda token_id: token_text.get(token_id, "")
+    if callable(token_text):
+        return token_text
+    raise TypeError(f"token_text must be a dict or a callable, got {type(token_text).__name__}")
+
+
+def find_stop_string(text: str, new_chars: int, stop: tuple[str, ...]) -> tuple[str, int] | None:
+    """The stop string completing earliest within the last `new_chars` characters of `text`.
+
+    Returns (stop string, start index of the match) or None. Matches that completed before the new
+    characters were already seen by an earlier check; a match may start before them (a stop string
+    straddling token boundaries). Ties on the completing position go to the longer string, then to
+    list order.
+    """
+    if new_chars <= 0:
+        return None
+    best: tuple[int, int, int, str] | None = None
+    for order, candidate in enumerate(stop):
+        start = text.find(candidate, max(0, len(text) - new_chars - len(candidate) + 1))
+        if start == -1:
+            continue
+        key = (start + len(candidate), start, order, candidate)
+        if best is None or key < best:
+            best = key
+    return None if best is None else (best[3], best[1])
+
+
+class TextState:
+    """A request's detokenized output text and its stop-string check.
+
+    `strict_min_tokens`: stop strings are looked for only once the output has more than
+    `min_tokens` tokens (vLLM V1); otherwise from `min_tokens` tokens on (vLLM V0).
+    """
+
+    __slots__ = ("text", "token_text", "stop", "include", "min_tokens", "strict_min_tokens")
+
+    def __init__(self, token_text: Callable[[int], str], stop: tuple[str, ...], include: bool,
+                 min_tokens: int, strict_min_tokens: bool = True):
+        self.text = ""
+        self.token_text = token_text
+        self.stop = stop
+        self.include = include
+        self.min_tokens = min_tokens
+        self.strict_min_tokens = strict_min_tokens
+
+    def append(self, token_id: int, num_output_tokens: int, hide: bool, check: bool) -> str | None:
+        """Add one token's text (unless `hide`) and return the stop string it completes, if any."""
+        piece = "" if hide else self.token_text(token_id)
+        self.text += piece
+        if not (check and self.stop and self._past_floor(num_output_tokens)):
+            return None
+        found = find_stop_string(self.text, len(piece), self.stop)
+        if found is None:
+            return None
+        stop_str, start = found
+        end = start + len(stop_str) if self.include else start
+        self.text = self.text[:end]
+        return stop_str
+
+    def _past_floor(self, num_output_tokens: int) -> bool:
+        if self.strict_min_tokens:
+            return num_output_tokens > self.min_tokens
+        return num_output_tokens >= self.min_tokens
