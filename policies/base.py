@@ -1,0 +1,125 @@
+"""What every scheduling policy shares: the queues it works on and the plan it returns.
+
+A policy's `schedule(state)` decides, for this step, how many new tokens each request computes.
+It moves requests between `state.waiting` and `state.running`, asks `state.kv` for blocks, and
+preempts (by recompute) when blocks run out. It never touches blocks itself.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.config import EngineConfig
+from sim.kv_cache import KVCacheManager
+from sim.request import Request, RequestStatus
+
+UNLIMITED = 1 << 62
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan: (request, num_new_tokens) in batch row order, and who was preempted."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+@dataclass
+class EngineState:
+    """The queues a policy schedules from. `running` is in admission order."""
+
+    config: EngineConfig
+    kv: KVCacheManager
+    waiting: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
+
+
+class Policy:
+    """Base class: shared moves (admit, preempt, chunk sizing). Subclasses implement schedule."""
+
+    name = "base"
+
+    def schedule(self, state: EngineState) -> SchedulerOutput:
+        raise NotImplementedError
+
+    # ----- shared moves ------------------------------------------------------------------
+    @staticmethod
+    def chunk(state: EngineState, req: Request, budget: int, num_cached: int = 0) -> int:
+        """Tokens `req` would compute now: what it lacks, capped by the threshold and budget."""
+        n = req.num_tokens - req.num_computed_tokens - num_cached
+        threshold = state.config.long_prefill_token_threshold
+        if 0 < threshold < n and state.config.enable_chunked_prefill:
+            n = threshold
+        return min(n, budget)
+
+    @staticmethod
+    def try_admit(state: EngineState, req: Request, budget: int, out: SchedulerOutput,
+                  whole_prompt: bool) -> int | None:
+        """Admit the head waiting request if its chunk and blocks fit. Returns tokens used or None.
+
+        `whole_prompt`: the request must compute everything it lacks in this step (no chunking).
+        """
+        cached_blocks, num_cached = state.kv.lookup_prefix(req)
+        n = Policy.chunk(state, req, UNLIMITED, num_cached)
+        if n > budget:
+            if whole_prompt:
+                return None
+            n = budget
+        if n <= 0 or state.kv.allocate(req, n, cached_blocks, num_cached) is None:
+            return None
+        state.waiting.popleft()
+        req.num_computed_tokens = num_cached
+        if req.status == RequestStatus.WAITING:
+            req.num_cached_tokens = num_cached
+        req.status = RequestStatus.RUNNING
+        state.running.append(req)
+        out.admitted.append(req)
+        out.scheduled.append((req, n))
+        return n
+
+    @staticmethod
+    def preempt(state: EngineState, victim: Request, out: SchedulerOutput) -> int:
+        """Preempt by recompute: drop its KV, forget computed tokens, put it first in line.
+
+        Returns the tokens it had been given earlier in this step (refunded to the budget).
+        """
+        refund = 0
+        for i, (req, n) in enumerate(out.scheduled):
+            if req is victim:
+                refund = n
+                del out.scheduled[i]
+                break
+        state.running.remove(victim)
+        state.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        state.waiting.appendleft(victim)
+        out.preempted.append(victim)
+        return refund
+
+    @staticmethod
+    def pick_victim(state: EngineState) -> Request:
+        """Last admitted running request; under priority scheduling the least important one."""
+        if state.config.scheduling == "priority":
+            return max(state.running, key=lambda r: (r.priority, r.arrival_time, r.index))
+        return state.running[-1]
+
+    def allocate_or_preempt(self, state: EngineState, req: Request, n: int,
+                            out: SchedulerOutput) -> tuple[bool, int]:
+        """Allocate blocks for a running request, preempting others until it fits.
+
+        Returns (False if `req` itself had to be preempted, tokens refunded by preemptions).
+        """
+        refund = 0
+        while state.kv.allocate(req, n) is None:
+            victim = self.pick_victim(state)
+            refund += self.preempt(state, victim, out)
+            if victim is req:
+                return False, refund
+        return True, refund

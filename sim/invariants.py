@@ -1,0 +1,58 @@
+"""Invariants as code: run after every step in tests and under `check_invariants=True`."""
+from __future__ import annotations
+
+from collections import Counter
+
+
+class InvariantError(AssertionError):
+    """The engine reached a state that must never happen."""
+
+
+def _ensure(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantError(message)
+
+
+def check_invariants(engine) -> None:
+    """KV blocks conserved and never double-owned; queues consistent; budgets respected."""
+    state, kv, config = engine.state, engine.state.kv, engine.config
+    _check_kv(kv)
+    running, waiting = state.running, list(state.waiting)
+    _ensure(len(running) <= config.max_num_seqs,
+            f"{len(running)} running requests exceed max_num_seqs={config.max_num_seqs}")
+    _ensure(not set(map(id, running)) & set(map(id, waiting)), "a request is both running and waiting")
+    for req in running + waiting:
+        _ensure(not req.is_finished, f"finished request {req.request_id} still queued")
+    for req in running:
+        blocks = kv.blocks_of(req)
+        needed = -(-req.num_computed_tokens // kv.block_size)
+        _ensure(len(blocks) >= needed,
+                f"{req.request_id} has {len(blocks)} blocks for {req.num_computed_tokens} computed tokens")
+        _ensure(req.num_computed_tokens <= req.num_tokens, f"{req.request_id} computed past its tokens")
+    for req in kv.req_blocks:
+        _ensure(req.status.name == "RUNNING", f"{req.request_id} holds KV while {req.status.name}")
+
+
+def _check_kv(kv) -> None:
+    """Work proportional to the blocks in use, so it can run after every step."""
+    owners = Counter(b for blocks in kv.req_blocks.values() for b in blocks)
+    _ensure(len(owners) + len(kv.free_queue) == kv.num_gpu_blocks,
+            f"{len(owners)} owned + {len(kv.free_queue)} free blocks != {kv.num_gpu_blocks}")
+    for block, count in owners.items():
+        _ensure(kv.ref_cnt[block] == count,
+                f"block {block}: ref_cnt {kv.ref_cnt[block]} but {count} owners")
+        _ensure(block not in kv.free_queue, f"block {block} is owned and free at once")
+    for req, blocks in kv.req_blocks.items():
+        _ensure(len(blocks) == len(set(blocks)), f"{req.request_id} holds a block twice")
+
+
+def check_budget(plan, config) -> None:
+    """The step's plan respects the token budget and max_num_seqs."""
+    total = sum(n for _, n in plan.scheduled)
+    _ensure(total <= config.max_num_batched_tokens,
+            f"step schedules {total} tokens, over max_num_batched_tokens={config.max_num_batched_tokens}")
+    _ensure(len(plan.scheduled) <= config.max_num_seqs, "step schedules more than max_num_seqs requests")
+    ids = [id(req) for req, _ in plan.scheduled]
+    _ensure(len(ids) == len(set(ids)), "a request is scheduled twice in one step")
+    for req, n in plan.scheduled:
+        _ensure(n > 0 and not req.is_finished, f"{req.request_id}: bad schedule ({n} tokens, {req.status.name})")

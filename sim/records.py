@@ -1,0 +1,89 @@
+"""Records of a run: per request and per step, kept as columns so they stay cheap to grow."""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+NAN = float("nan")
+
+
+@dataclass
+class RequestRecords:
+    """Per-request columns, indexed by the request's arrival index."""
+
+    request_id: list = field(default_factory=list)
+    tenant: list = field(default_factory=list)
+    session_id: list = field(default_factory=list)
+    priority: list = field(default_factory=list)
+    num_prompt_tokens: list = field(default_factory=list)
+    arrival_time: list = field(default_factory=list)
+    first_scheduled_time: list = field(default_factory=list)
+    first_token_time: list = field(default_factory=list)
+    finish_time: list = field(default_factory=list)
+    num_output_tokens: list = field(default_factory=list)
+    num_preemptions: list = field(default_factory=list)
+    num_cached_tokens: list = field(default_factory=list)
+    finish_reason: list = field(default_factory=list)
+    stop_reason: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+    token_times: list = field(default_factory=list)
+
+    def add(self, spec, request_id: str, arrival: float, record_token_times: bool) -> int:
+        """Start the columns of a new request; returns its index."""
+        self.request_id.append(request_id)
+        self.tenant.append(spec.tenant)
+        self.session_id.append(spec.session_id)
+        self.priority.append(spec.priority)
+        self.num_prompt_tokens.append(spec.num_prompt_tokens)
+        self.arrival_time.append(arrival)
+        for column in (self.first_scheduled_time, self.first_token_time, self.finish_time):
+            column.append(NAN)
+        for column in (self.num_output_tokens, self.num_preemptions, self.num_cached_tokens):
+            column.append(0)
+        self.finish_reason.append(None)
+        self.stop_reason.append(None)
+        self.rejected.append(False)
+        self.token_times.append(array("d") if record_token_times else None)
+        return len(self.request_id) - 1
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def columns(self) -> dict[str, list]:
+        """Every column but token_times, by name."""
+        return {k: v for k, v in vars(self).items() if k != "token_times"}
+
+
+@dataclass
+class StepRecords:
+    """Per-step columns."""
+
+    start_time: list = field(default_factory=list)
+    duration: list = field(default_factory=list)
+    num_prefill_tokens: list = field(default_factory=list)
+    num_decode_tokens: list = field(default_factory=list)
+    batch_size: list = field(default_factory=list)
+    num_sampled: list = field(default_factory=list)
+    num_preempted: list = field(default_factory=list)
+    kv_blocks_used: list = field(default_factory=list)
+    kv_blocks_cached: list = field(default_factory=list)
+    kv_blocks_free: list = field(default_factory=list)
+    num_running: list = field(default_factory=list)
+    num_waiting: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start_time)
+
+    def columns(self) -> dict[str, list]:
+        return dict(vars(self))
+
+
+@dataclass
+class RunRecords:
+    """Everything one simulation recorded."""
+
+    requests: RequestRecords
+    steps: StepRecords
+    num_gpu_blocks: int
+    block_size: int
+    end_time: float = 0.0
