@@ -66,12 +66,13 @@ class Constant:
 class TimeVarying:
     """A non-homogeneous Poisson process with rate `rate_fn(t)` <= `max_rate`, by thinning.
 
-    `rate_fn` maps a float array of times to rates (vectorised). Use `piecewise` or `diurnal`
-    for the common shapes.
+    `rate_fn` maps a float array of times to rates (vectorised). `horizon_s`: the rate is 0 from
+    then on (count mode then fails instead of waiting forever). Use `piecewise` or `diurnal`.
     """
 
     rate_fn: Callable[[np.ndarray], np.ndarray]
     max_rate: float
+    horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         _positive("max_rate", self.max_rate)
@@ -80,13 +81,24 @@ class TimeVarying:
         out: list[np.ndarray] = []
         have, t = 0, start_s
         while have < n:
-            chunk = max(64, 2 * (n - have))
-            cand = t + np.cumsum(rng.exponential(1.0 / self.max_rate, size=chunk))
-            keep = cand[rng.random(chunk) * self.max_rate < self.rate_fn(cand)]
-            out.append(keep[: n - have])
-            have += min(keep.size, n - have)
-            t = cand[-1]
+            require(self.horizon_s is None or t < self.horizon_s, "num_requests", n,
+                    f"the rate is 0 after {self.horizon_s} s, reached with {have} arrivals; use duration_s")
+            cand, t = self._thinned(rng, t, max(64, 2 * (n - have)))
+            out.append(cand[: n - have])
+            have += out[-1].size
         return np.concatenate(out) if out else np.empty(0)
+
+    def until(self, rng: np.random.Generator, end_s: float, start_s: float = 0.0) -> np.ndarray:
+        """All arrivals in (start_s, end_s)."""
+        out, t = [], start_s
+        while t < end_s:
+            cand, t = self._thinned(rng, t, max(64, int(self.max_rate * (end_s - t) * 1.1)))
+            out.append(cand[cand < end_s])
+        return np.concatenate(out) if out else np.empty(0)
+
+    def _thinned(self, rng: np.random.Generator, t: float, chunk: int) -> tuple[np.ndarray, float]:
+        cand = t + np.cumsum(rng.exponential(1.0 / self.max_rate, size=chunk))
+        return cand[rng.random(chunk) * self.max_rate < self.rate_fn(cand)], float(cand[-1])
 
 
 def piecewise(breakpoints_s: Sequence[float], rates: Sequence[float],
@@ -109,7 +121,8 @@ def piecewise(breakpoints_s: Sequence[float], rates: Sequence[float],
         tt = np.mod(t, period_s) if period_s else t
         return rs[np.searchsorted(bps, tt, side="right") - 1]
 
-    return TimeVarying(rate_fn, float(rs.max()))
+    horizon = float(bps[-1]) if period_s is None and rs[-1] == 0 else None
+    return TimeVarying(rate_fn, float(rs.max()), horizon)
 
 
 def diurnal(mean_rate: float, amplitude: float = 0.5, period_s: float = 86400.0,
@@ -179,6 +192,8 @@ def arrival_times(process, rng: np.random.Generator, num_requests: int | None = 
     if isinstance(process, TraceTimes):
         times = process.times()
         return times[times < duration_s]
+    if isinstance(process, TimeVarying):
+        return process.until(rng, duration_s)
     chunks, t, chunk = [], 0.0, 256
     while t < duration_s:
         times = process.sample(rng, chunk, start_s=t)
