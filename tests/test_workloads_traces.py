@@ -124,6 +124,8 @@ def test_generic_schema_prefixes_sessions_and_scaling(tmp_path):
     ids = [s.prompt_token_ids for s in specs]
     assert np.array_equal(ids[0][:200], ids[1][:200]) and not np.array_equal(ids[0][:200], ids[3][:200])
     assert specs[0].sampling_params.max_tokens == 64 and not specs[0].sampling_params.ignore_eos
+    again = list(TraceWorkload(path, time_scale=2.0).iter_requests(make_rng(0)))
+    assert all(np.array_equal(a.prompt_token_ids, b.prompt_token_ids) for a, b in zip(specs, again))
     jpath = write(tmp_path, "g.jsonl", '{"arrival_s": 0, "prompt_tokens": 20, "output_tokens": 2, "hash_ids": [7, 8], '
                   '"block_size": 16}\n{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 2, "hash_ids": [7], '
                   '"block_size": 16}\n{"arrival_s": 2, "prompt_tokens": 10, "output_tokens": 2, "hash_ids": [9], '

@@ -65,8 +65,8 @@ class Mix:
             yield replace(spec, request_id=f"req-{i}")
 
     @staticmethod
-    def _tagged(cls: WorkloadClass, k: int, rng: np.random.Generator):
-        for j, spec in enumerate(cls.workload.iter_requests(rng)):
-            session = None if spec.session_id is None else f"{cls.name}/{spec.session_id}"
-            yield (spec.arrival_time_s, k, j), replace(spec, tenant=cls.name, priority=cls.priority,
+    def _tagged(klass: WorkloadClass, k: int, rng: np.random.Generator):
+        for j, spec in enumerate(klass.workload.iter_requests(rng)):
+            session = None if spec.session_id is None else f"{klass.name}/{spec.session_id}"
+            yield (spec.arrival_time_s, k, j), replace(spec, tenant=klass.name, priority=klass.priority,
                                                        session_id=session)

@@ -8,6 +8,7 @@ the previous arrival + an assumed response time (assumed_ttft_s + assumed_tpot_s
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -106,7 +107,7 @@ class SessionWorkload:
 
     def process(self, env, submit, rng: np.random.Generator):
         """Closed loop: each turn after the previous answer finished plus the think time."""
-        ids = iter(range(1 << 62))
+        ids = itertools.count()
 
         def session(plan: SessionPlan):
             yield env.timeout(plan.start_s)

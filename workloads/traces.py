@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
+from sim.errors import require
 from workloads.errors import TraceFormatError
 
 
@@ -204,7 +205,5 @@ def detect_format(path: str | Path) -> str:
 def read_trace(path: str | Path, format: str | None = None) -> Iterator[TraceRow]:
     """Stream the rows of a trace file of `format` (inferred when None)."""
     fmt = format or detect_format(path)
-    if fmt not in READERS:
-        from sim.errors import ConfigError
-        raise ConfigError("format", fmt, f"must be one of {sorted(READERS)}")
+    require(fmt in READERS, "format", fmt, f"must be one of {sorted(READERS)}")
     return READERS[fmt](Path(path))
