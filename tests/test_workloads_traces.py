@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sim.errors import ConfigError
-from workloads import TraceFormatError, TraceWorkload, make_rng, read_trace
+from workloads import SyntheticWorkload, TraceFormatError, TraceTimes, TraceWorkload, make_rng, read_trace
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
@@ -159,3 +159,13 @@ def test_length_stats_files_load_for_empirical_resampling(name, rows, p_mean, o_
     pairs = EmpiricalPairs.from_csv(DATA / "length_stats" / name)
     assert pairs.prompt_lens.size == rows
     assert round(pairs.prompt_lens.mean(), 1) == p_mean and round(pairs.output_lens.mean(), 1) == o_mean
+
+
+@needs_data
+def test_trace_timestamps_with_preset_lengths():
+    times = TraceTimes.from_trace(DATA / "azure_llm_2023/AzureLLMInferenceTrace_code.csv", target_rate=5.0)
+    specs = list(SyntheticWorkload(times, "sharegpt", num_requests=8819).iter_requests(make_rng(0)))
+    t = np.array([s.arrival_time_s for s in specs])
+    assert t[0] == 0 and len(specs) / t[-1] == pytest.approx(5.0)
+    with pytest.raises(Exception, match="exceeds the 8819 trace timestamps"):
+        list(SyntheticWorkload(times, "sharegpt", num_requests=9000).iter_requests(make_rng(0)))

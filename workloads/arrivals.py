@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.errors import require
+from workloads.traces import read_trace
 
 
 def _positive(field: str, value: float) -> None:
@@ -157,6 +158,11 @@ class TraceTimes:
         if self.target_rate is not None:
             _positive("target_rate", self.target_rate)
         object.__setattr__(self, "timestamps_s", ts)
+
+    @classmethod
+    def from_trace(cls, path, format: str | None = None, target_rate: float | None = None) -> "TraceTimes":
+        """The arrival times of a trace file (e.g. Azure timestamps to pair with preset lengths)."""
+        return cls(np.fromiter((row.arrival_s for row in read_trace(path, format)), dtype=float), target_rate)
 
     def sample(self, rng: np.random.Generator, n: int, start_s: float = 0.0) -> np.ndarray:
         ts = self.timestamps_s
