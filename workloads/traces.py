@@ -1,0 +1,209 @@
+"""Streaming trace readers: one TraceRow per line, never the whole file in memory.
+
+Formats (`read_trace(path, format)`; format inferred from the header when None):
+  azure     Azure LLM inference trace: TIMESTAMP (wall clock, 7 fractional digits, optional
+            +00:00), ContextTokens, GeneratedTokens. CRLF lines are fine.
+  mooncake  Mooncake FAST'25 JSONL: timestamp (ms), input_length, output_length, hash_ids
+            (one id per 512-token prompt block; equal ids = equal prefix blocks).
+  burstgpt  BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens,
+            Log Type. Model becomes the tenant.
+  generic   CSV or JSONL: arrival_s, prompt_tokens, output_tokens; optional session_id, tenant,
+            priority, prefix_id + prefix_tokens (requests with the same prefix_id share their
+            first prefix_tokens tokens) and, JSONL only, hash_ids (+ block_size, default 512).
+Times are seconds since the first row. Errors name the file and line (TraceFormatError).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple
+
+from sim.errors import require
+from workloads.errors import TraceFormatError
+
+
+class TraceRow(NamedTuple):
+    """One trace request; arrival_s is relative to the trace's first row."""
+
+    line: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    hash_ids: tuple[int, ...] | None = None
+    block_size: int = 512
+    session_id: str | None = None
+    tenant: str | None = None
+    priority: int = 0
+    prefix_id: str | None = None
+    prefix_len: int = 0
+
+
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
+_EPOCH = datetime(1970, 1, 1)
+
+
+def parse_wall_clock(text: str) -> tuple[int, float]:
+    """'2023-11-16 18:17:03.9799600[+00:00]' -> (whole UTC seconds since 1970, fraction)."""
+    m = _TIMESTAMP.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"bad timestamp {text!r}")
+    dt = datetime.fromisoformat(m[1] + ("+00:00" if m[3] == "Z" else m[3] or ""))
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return int((dt - _EPOCH).total_seconds()), float(m[2] or 0.0)
+
+
+class _Clock:
+    """Rebases times to the first row and rejects times going backwards."""
+
+    def __init__(self, path: Path):
+        self.path, self.first, self.last = path, None, float("-inf")
+
+    def rebase(self, line: int, whole: float, frac: float = 0.0) -> float:
+        if self.first is None:
+            self.first = (whole, frac)
+        t = (whole - self.first[0]) + (frac - self.first[1])
+        if t < self.last:
+            raise TraceFormatError(self.path, line, f"timestamp goes backwards ({t:.6f} s < {self.last:.6f} s)")
+        self.last = t
+        return t
+
+
+def _int(value, path: Path, line: int, name: str, minimum: int) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TraceFormatError(path, line, f"{name}={value!r} is not a number") from None
+    if number != int(number) or number < minimum:
+        raise TraceFormatError(path, line, f"{name}={value!r} must be an integer >= {minimum}")
+    return int(number)
+
+
+def _csv_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f, skipinitialspace=True)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceFormatError(path, 1, f"missing column(s) {missing}; header is {reader.fieldnames}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _jsonl_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
+    with path.open() as f:
+        for line, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceFormatError(path, line, f"invalid JSON: {e.msg}") from None
+            missing = [c for c in required if c not in row]
+            if missing:
+                raise TraceFormatError(path, line, f"missing field(s) {missing}")
+            yield line, row
+
+
+def read_azure(path: str | Path) -> Iterator[TraceRow]:
+    """Azure LLM inference trace (2023 or 2024 CSV)."""
+    path, clock = Path(path), _Clock(Path(path))
+    for line, row in _csv_rows(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]):
+        try:
+            whole, frac = parse_wall_clock(row["TIMESTAMP"])
+        except ValueError as e:
+            raise TraceFormatError(path, line, str(e)) from None
+        yield TraceRow(line, clock.rebase(line, whole, frac),
+                       _int(row["ContextTokens"], path, line, "ContextTokens", 1),
+                       _int(row["GeneratedTokens"], path, line, "GeneratedTokens", 0))
+
+
+def read_mooncake(path: str | Path) -> Iterator[TraceRow]:
+    """Mooncake FAST'25 JSONL trace with 512-token prefix block hash ids."""
+    path, clock = Path(path), _Clock(Path(path))
+    for line, row in _jsonl_rows(path, ["timestamp", "input_length", "output_length", "hash_ids"]):
+        yield _hashed_row(path, line, row, clock.rebase(line, _number(row["timestamp"], path, line) / 1000),
+                          row["input_length"], row["output_length"], 512)
+
+
+def read_burstgpt(path: str | Path) -> Iterator[TraceRow]:
+    """BurstGPT CSV; rows with 0 response tokens (failed requests) come through as output_len 0."""
+    path, clock = Path(path), _Clock(Path(path))
+    for line, row in _csv_rows(path, ["Timestamp", "Model", "Request tokens", "Response tokens"]):
+        yield TraceRow(line, clock.rebase(line, _number(row["Timestamp"], path, line)),
+                       _int(row["Request tokens"], path, line, "Request tokens", 1),
+                       _int(row["Response tokens"], path, line, "Response tokens", 0),
+                       tenant=row["Model"] or None)
+
+
+GENERIC_REQUIRED = ["arrival_s", "prompt_tokens", "output_tokens"]
+
+
+def read_generic(path: str | Path) -> Iterator[TraceRow]:
+    """The documented generic schema, CSV or JSONL (by file suffix)."""
+    path, clock = Path(path), _Clock(Path(path))
+    jsonl = path.suffix in (".jsonl", ".json", ".ndjson")
+    rows = (_jsonl_rows if jsonl else _csv_rows)(path, GENERIC_REQUIRED)
+    for line, row in rows:
+        t = clock.rebase(line, _number(row["arrival_s"], path, line))
+        opt = lambda key: row.get(key) if row.get(key) not in ("", None) else None
+        prefix_id = opt("prefix_id")
+        extra = dict(session_id=_str(opt("session_id")), tenant=_str(opt("tenant")),
+                     priority=_int(opt("priority") or 0, path, line, "priority", -2**31),
+                     prefix_id=_str(prefix_id),
+                     prefix_len=_int(opt("prefix_tokens") or 0, path, line, "prefix_tokens", 0))
+        if jsonl and row.get("hash_ids") is not None:
+            block = _int(row.get("block_size", 512), path, line, "block_size", 1)
+            yield _hashed_row(path, line, row, t, row["prompt_tokens"], row["output_tokens"], block)._replace(**extra)
+            continue
+        yield TraceRow(line, t, _int(row["prompt_tokens"], path, line, "prompt_tokens", 1),
+                       _int(row["output_tokens"], path, line, "output_tokens", 0), **extra)
+
+
+def _hashed_row(path: Path, line: int, row: dict, t: float, prompt, output, block: int) -> TraceRow:
+    p, o = _int(prompt, path, line, "input_length", 1), _int(output, path, line, "output_length", 0)
+    ids = row["hash_ids"]
+    if not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids):
+        raise TraceFormatError(path, line, "hash_ids must be a list of integers >= 0")
+    if len(ids) * block < p:
+        raise TraceFormatError(path, line, f"{len(ids)} hash_ids of {block} tokens cannot cover {p} tokens")
+    return TraceRow(line, t, p, o, tuple(ids), block)
+
+
+def _number(value, path: Path, line: int) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TraceFormatError(path, line, f"timestamp {value!r} is not a number") from None
+
+
+def _str(value) -> str | None:
+    return None if value is None else str(value)
+
+
+READERS: dict[str, Callable[[Path], Iterator[TraceRow]]] = {
+    "azure": read_azure, "mooncake": read_mooncake, "burstgpt": read_burstgpt, "generic": read_generic}
+
+
+def detect_format(path: str | Path) -> str:
+    """Guess a trace's format from its first line."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        head = f.readline()
+    if "TIMESTAMP" in head and "ContextTokens" in head:
+        return "azure"
+    if "Request tokens" in head and "Response tokens" in head:
+        return "burstgpt"
+    if head.lstrip().startswith("{") and '"hash_ids"' in head and '"input_length"' in head:
+        return "mooncake"
+    return "generic"
+
+
+def read_trace(path: str | Path, format: str | None = None) -> Iterator[TraceRow]:
+    """Stream the rows of a trace file of `format` (inferred when None)."""
+    fmt = format or detect_format(path)
+    require(fmt in READERS, "format", fmt, f"must be one of {sorted(READERS)}")
+    return READERS[fmt](Path(path))
