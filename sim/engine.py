@@ -16,7 +16,7 @@ from sim.kv_cache import KVCacheManager
 from sim.records import RequestRecords, RunRecords, StepRecords
 from sim.replay import make_text_state
 from sim.request import Request, RequestStatus
-from sim.stop_rules import get_profile
+from sim.stop_rules import get_profile, stop_candidates
 from workloads.token_streams import TokenSource
 
 
@@ -46,6 +46,7 @@ class Engine:
         self.requests = RequestRecords()
         self.steps = StepRecords()
         self.by_id: dict[str, Request] = {}
+        self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
         self.on_finish = None          # callback(request) set by the simulation
         self.pending_aborts: list[Request] = []
         self.in_step = False
@@ -63,6 +64,7 @@ class Engine:
         req = Request(request_id, spec.prompt_token_ids, params, self.config.eos_token_id, now,
                       spec.priority, text, spec, index)
         self.by_id[request_id] = req
+        self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
         if req.num_prompt_tokens > self.config.max_model_len:
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
@@ -127,6 +129,7 @@ class Engine:
         max_model_len = self.config.max_model_len
         token_times = self.requests.token_times
         first_token = self.requests.first_token_time
+        quick_stop = self.quick_stop
         block_size, caching = kv.block_size, kv.enable_prefix_caching
         for req, n in step.plan.scheduled:
             computed = req.num_computed_tokens + n
@@ -137,12 +140,17 @@ class Engine:
             position = len(output)
             if computed != req.num_prompt_tokens + position:
                 continue  # mid-prefill chunk: nothing sampled
-            output.append(tokens.token_at(req.spec, req.index, position))
+            index = req.index
+            token = tokens.token_at(req.spec, index, position)
+            output.append(token)
             if position == 0:
-                first_token[req.index] = now
-            times = token_times[req.index]
+                first_token[index] = now
+            times = token_times[index]
             if times is not None:
                 times.append(now)
+            quick = quick_stop[index]
+            if quick is not None and token not in quick[0] and position + 1 < quick[1]:
+                continue  # cannot stop on this token under any profile
             if profile.apply(req, max_model_len):
                 finished.append(req)
         self._retire(finished, now)

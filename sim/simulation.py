@@ -80,26 +80,43 @@ def arrivals(env: simpy.Environment, specs: Iterable, submit):
         submit(spec)
 
 
-def run_engine(specs: Iterable, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None,
-               *, token_text=None, until: float | None = None, closed_loop=None, rng=None) -> RunRecords:
-    """Simulate one engine replica over open-loop `specs` (and/or a closed-loop workload).
+def start_workload(env: simpy.Environment, workload, submit, seed: int) -> None:
+    """Start the process feeding `workload` (a list of specs, open- or closed-loop) into `submit`."""
+    from workloads.base import is_closed_loop
+    from workloads.rng import make_rng
+    rng = make_rng(seed, "workload")
+    if is_closed_loop(workload):
+        env.process(workload.process(env, submit, rng))
+    elif hasattr(workload, "iter_requests"):
+        env.process(arrivals(env, workload.iter_requests(rng), submit))
+    else:
+        env.process(arrivals(env, workload, submit))
 
-    `closed_loop` is an object with `process(env, submit, rng)`; `num_gpu_blocks` defaults to the
-    config's. Returns the run's records.
-    """
-    blocks = num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks
-    if blocks is None:
-        raise ValueError("num_gpu_blocks: not set in the config and not given; size the KV cache first")
-    if blocks * config.block_size < config.max_model_len:
-        raise ConfigError("num_gpu_blocks", blocks,
-                          f"KV cache holds {blocks * config.block_size} tokens, less than one "
+
+def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
+    """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
+    if num_gpu_blocks is None:
+        raise ConfigError("num_gpu_blocks", None, "not set; give a number or size it from the GPU")
+    if num_gpu_blocks * config.block_size < config.max_model_len:
+        raise ConfigError("num_gpu_blocks", num_gpu_blocks,
+                          f"KV cache holds {num_gpu_blocks * config.block_size} tokens, less than one "
                           f"max_model_len={config.max_model_len} request")
+    return num_gpu_blocks
+
+
+def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
+               seed: int = 0, token_text=None, until: float | None = None) -> RunRecords:
+    """Simulate one engine replica serving `workload`; returns the run's records.
+
+    `workload`: RequestSpecs sorted by arrival, an open-loop workload (`iter_requests`) or a
+    closed-loop one (`process`). `num_gpu_blocks` defaults to the config's.
+    """
+    blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
+                               config)
     env = simpy.Environment()
     engine = Engine(config, cost_model, blocks, token_text=token_text)
     proc = EngineProcess(env, engine)
-    env.process(arrivals(env, specs, proc.submit))
-    if closed_loop is not None:
-        env.process(closed_loop.process(env, proc.submit, rng))
+    start_workload(env, workload, proc.submit, seed)
     env.run(until=until)
     if until is None and engine.by_id:
         stuck = sorted(engine.by_id)[:5]

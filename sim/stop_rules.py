@@ -110,3 +110,19 @@ def get_profile(name: str | StopProfile) -> StopProfile:
         return PROFILES[name]
     except KeyError:
         raise ConfigError("stop_profile", name, f"unknown; choose from {sorted(PROFILES)}") from None
+
+
+def stop_candidates(req: Request, max_model_len: int | None) -> tuple[frozenset, int]:
+    """What can stop a request that has no stop strings, under every profile.
+
+    Returns (token ids that may stop it, output count at which a length rule binds). A token not
+    in the set, appended below that count, cannot stop it; the engine skips the full check then.
+    """
+    params = req.sampling_params
+    ids = set(params.stop_token_ids)
+    if not params.ignore_eos and req.eos_token_id is not None:
+        ids.add(req.eos_token_id)
+    limit = params.max_tokens
+    if max_model_len is not None:
+        limit = min(limit, max_model_len - req.num_prompt_tokens)
+    return frozenset(ids), limit

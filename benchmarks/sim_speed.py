@@ -1,0 +1,57 @@
+"""Simulator speed: requests and output tokens simulated per wall-second, and peak memory.
+
+10,000 ShareGPT-like requests, Poisson arrivals, vLLM policy, linear cost model (the step loop is
+what is measured; the cost model's own price is measured in cost_model_speed.py). Also times a
+whole 1,000-request run including building its result tables.
+
+    python benchmarks/sim_speed.py [--requests 10000] [--rate 20]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+from sim.config import EngineConfig
+from sim.cost import LinearCostModel
+from sim.simulation import run_engine
+from workloads import poisson_workload
+
+
+def measure(num_requests: int, rate: float, trace_memory: bool) -> dict:
+    workload = poisson_workload(rate=rate, num_requests=num_requests, lengths="sharegpt")
+    config = EngineConfig(num_gpu_blocks=30_000, max_model_len=16384, max_num_batched_tokens=8192)
+    if trace_memory:
+        tracemalloc.start()
+    t0 = time.perf_counter()
+    records = run_engine(workload, config, LinearCostModel(), seed=0)
+    wall = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1] if trace_memory else 0
+    if trace_memory:
+        tracemalloc.stop()
+    tokens = sum(records.requests.num_output_tokens)
+    return {"requests": num_requests, "steps": len(records.steps), "output_tokens": tokens,
+            "wall_s": wall, "simulated_s": records.end_time, "peak_mib": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--rate", type=float, default=20.0)
+    args = parser.parse_args()
+    r = measure(args.requests, args.rate, trace_memory=False)
+    print(f"{r['requests']} requests, {r['steps']} steps, {r['output_tokens']} output tokens, "
+          f"{r['simulated_s']:.0f} simulated s in {r['wall_s']:.2f} wall s")
+    print(f"  {r['requests'] / r['wall_s']:,.0f} requests/wall-s, "
+          f"{r['output_tokens'] / r['wall_s']:,.0f} output tokens/wall-s, "
+          f"{len_steps(r) / r['wall_s']:,.0f} steps/wall-s")
+    m = measure(args.requests, args.rate, trace_memory=True)
+    print(f"  peak traced memory {m['peak_mib']:.0f} MiB ({m['peak_mib'] * 2**20 / args.requests / 1024:.1f} KiB/request)")
+
+
+def len_steps(r: dict) -> int:
+    return r["steps"]
+
+
+if __name__ == "__main__":
+    main()
