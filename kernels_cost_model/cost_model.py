@@ -1,0 +1,226 @@
+"""The step-time model the engine calls: per-operator roofline of one mixed batch.
+
+`make_cost_model` does all the work up front (catalog lookups, calibration, per-GPU shapes) and hands
+back a frozen object whose `step_time` folds the batch into a handful of aggregates in C-speed
+passes over its lists and then prices a fixed list of operators.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from itertools import compress
+from operator import mul
+from pathlib import Path
+
+from sim.batch import BatchShape
+from sim.errors import ConfigError, require
+
+from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
+from .hardware import GPU, get_gpu
+from .models import ModelSpec, get_model
+from .roofline import Coeffs
+
+#: Engine CPU time per step (scheduling, input preparation, sampling, detokenising outputs).
+#: Assumed, not fitted (no public measurements in the profiles): base + per request + per token.
+CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
+
+#: Operator families in a breakdown, in pricing order.
+BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",
+                  "norms_activations", "lm_head", "all_reduce", "cpu")
+
+_NE_ONE = (1).__ne__
+
+
+@dataclass(frozen=True, slots=True)
+class _Matmul:
+    """One weight matmul on one GPU: [rows x k] @ [k x n]; weight = k*n elements."""
+
+    weight: float
+    width: float          # k + n: activation elements read and written per row
+    s_per_flop: float
+    s_per_byte: float
+    overhead_s: float
+    tile_rows: float
+
+    def time(self, rows: float, dtype_bytes: float) -> float:
+        compute = 2.0 * rows * self.weight * self.s_per_flop * (1.0 + self.tile_rows / rows)
+        memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
+        return (compute if compute > memory else memory) + self.overhead_s
+
+
+def _matmul(c: Coeffs, k: float, n: float) -> _Matmul:
+    return _Matmul(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineCostModel:
+    """Prices a `BatchShape` in seconds. Build with `make_cost_model`; all fields are precomputed."""
+
+    model: ModelSpec
+    gpu: GPU
+    tensor_parallel_size: int
+    calibration: Calibration
+    cpu_overhead: bool
+    layers: float
+    dtype_bytes: float
+    hidden: float
+    q_gpu: float           # query width on one GPU (heads x head_dim / tp)
+    kv_gpu: float          # key (= value) width on one GPU
+    heads_gpu_x_hd: float  # heads on one GPU x head_dim
+    inter_gpu: float       # MLP intermediate width per GPU (per expert for MoE)
+    experts: float
+    top_k: float
+    qkv: _Matmul
+    o: _Matmul
+    up: _Matmul
+    down: _Matmul
+    router: _Matmul | None
+    lm_head: _Matmul
+    prefill: Coeffs
+    decode: Coeffs
+    norm: Coeffs
+    act: Coeffs
+    rope: Coeffs
+    add: Coeffs
+    embed: Coeffs
+    all_reduce: Coeffs
+
+    # -- public API -------------------------------------------------------------------------
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch."""
+        return sum(self._terms(batch))
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per operator family; the values add up to `step_time(batch)`."""
+        return dict(zip(BREAKDOWN_KEYS, self._terms(batch)))
+
+    # -- pricing ----------------------------------------------------------------------------
+    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+        new, ctx = batch.num_new_tokens, batch.num_context_tokens
+        n = len(new)
+        tokens = sum(new)
+        cpu = (CPU_BASE_S + CPU_PER_REQUEST_S * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
+        if tokens <= 0:
+            return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
+        n_dec = new.count(1)
+        ctx_all = sum(ctx)
+        if n_dec < n:  # a few prefill rows: pick them out without a Python-level loop
+            mask = list(map(_NE_ONE, new))
+            pf_new = list(compress(new, mask))
+            pf_ctx_list = list(compress(ctx, mask))
+            pf_tok, pf_ctx, n_pf = tokens - n_dec, sum(pf_ctx_list), n - n_dec
+            pf_pairs = sum(map(mul, pf_new, pf_ctx_list)) + 0.5 * (sum(map(mul, pf_new, pf_new)) + pf_tok)
+        else:
+            pf_tok = pf_ctx = n_pf = 0
+            pf_pairs = 0.0
+        dec_keys = ctx_all - pf_ctx + n_dec  # keys read by decode rows (context + the new token)
+        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs) + (cpu,)
+
+    def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
+               pf_ctx: float, pf_pairs: float) -> tuple[float, ...]:
+        d, L = self.dtype_bytes, self.layers
+        qkv = self.qkv.time(t, d)
+        o = self.o.time(t, d)
+        if self.router is None:
+            mlp, routing = self.up.time(t, d) + self.down.time(t, d), 0.0
+            act_width = self.inter_gpu
+        else:
+            mlp, routing = self._moe(t, d)
+            act_width = self.inter_gpu * self.top_k
+        attn_pf = attn_dec = 0.0
+        if n_pf:
+            c = self.prefill
+            compute = 4.0 * self.heads_gpu_x_hd * pf_pairs * c.s_per_flop * (1.0 + c.tile_rows * n_pf / pf_tok)
+            memory = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * c.s_per_byte
+            attn_pf = (compute if compute > memory else memory) + c.overhead_s
+        if n_dec:
+            c = self.decode
+            compute = 4.0 * self.heads_gpu_x_hd * dec_keys * c.s_per_flop * (1.0 + c.tile_rows / n_dec)
+            memory = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * c.s_per_byte
+            attn_dec = (compute if compute > memory else memory) + c.overhead_s
+        h = self.hidden
+        norms = (2.0 * (d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
+                 + 2.0 * (d * 3.0 * t * h * self.add.s_per_byte + self.add.overhead_s)
+                 + d * 3.0 * t * act_width * self.act.s_per_byte + self.act.overhead_s
+                 + d * 2.0 * t * (self.q_gpu + self.kv_gpu) * self.rope.s_per_byte + self.rope.overhead_s)
+        once = (d * 2.0 * t * h * self.embed.s_per_byte + self.embed.overhead_s
+                + d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
+        lm = self.lm_head.time(sampled, d) if sampled else 0.0
+        ar = 0.0
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            c = self.all_reduce
+            ar = 2.0 * L * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
+        return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
+                lm, ar)
+
+    def _moe(self, t: float, d: float) -> tuple[float, float]:
+        """Experts as grouped matmuls over the experts a batch touches; router and permutes apart."""
+        e, k = self.experts, self.top_k
+        active = e * (1.0 - (1.0 - k / e) ** t)       # expected distinct experts hit by t tokens
+        rows = t * k
+        per_expert = rows / active
+        # one grouped launch each for up and down, over `active` experts of `per_expert` rows
+        mlp = ((self.up.time(per_expert, d) - self.up.overhead_s) * active + self.up.overhead_s
+               + (self.down.time(per_expert, d) - self.down.overhead_s) * active + self.down.overhead_s)
+        routing = (self.router.time(t, d)
+                   + d * (4.0 * rows * self.hidden) * self.act.s_per_byte + 2.0 * self.act.overhead_s)
+        return mlp, routing
+
+
+def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
+    if isinstance(calibration, Calibration):
+        return calibration
+    if calibration is None:
+        return uncalibrated(gpu)
+    if str(calibration) == "default":
+        cal = shipped_calibration(gpu.name)
+        if cal is None:
+            warnings.warn(f"no calibration shipped for GPU {gpu.name!r}; using the uncalibrated roofline "
+                          "(datasheet peaks x default efficiencies)", stacklevel=3)
+            return uncalibrated(gpu)
+        return cal
+    return load_calibration(calibration)
+
+
+def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
+                    calibration: str | Path | Calibration | None = "default",
+                    cpu_overhead: bool = True) -> RooflineCostModel:
+    """Cost model of `model` on `tensor_parallel_size` x `gpu`.
+
+    calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
+    warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
+    """
+    spec, hw = get_model(model), get_gpu(gpu)
+    tp = tensor_parallel_size
+    require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
+    require(spec.num_heads % tp == 0, "tensor_parallel_size", tp,
+            f"must divide num_heads={spec.num_heads} of {spec.name}")
+    require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
+            f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
+    cal = _resolve_calibration(hw, calibration)
+
+    def co(family: str, op: str) -> Coeffs:
+        return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
+
+    h, hd = spec.hidden_size, spec.head_dim
+    q_gpu = spec.q_dim / tp
+    kv_gpu = max(1, spec.num_kv_heads // tp) * hd
+    inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
+    mm = "matmul"
+    return RooflineCostModel(
+        model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
+        layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
+        q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
+        experts=float(spec.num_experts), top_k=float(spec.num_experts_per_tok),
+        qkv=_matmul(co(mm, "qkv_proj"), h, q_gpu + 2 * kv_gpu),
+        o=_matmul(co(mm, "o_proj"), q_gpu, h),
+        up=_matmul(co(mm, "mlp_up"), h, 2 * inter),
+        down=_matmul(co(mm, "mlp_down"), inter, h),
+        router=_matmul(co(mm, "moe_router"), h, spec.num_experts) if spec.is_moe else None,
+        lm_head=_matmul(co(mm, "lm_head"), h, spec.vocab_size / tp),
+        prefill=cal.coeffs["prefill_attention"], decode=cal.coeffs["decode_attention"],
+        norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
+        rope=co("elementwise", "rope"), add=co("elementwise", "add"),
+        embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
+    )
