@@ -33,7 +33,7 @@ DEFAULT_EFFICIENCY = {  # family: (compute efficiency, memory efficiency, overhe
 #: In these families an operator with enough samples also gets its own coefficients
 #: ("matmul.qkv_proj", "elementwise.rms_norm"); the family's own fit covers the rest.
 PER_OPERATOR_FAMILIES = ("matmul", "elementwise")
-PER_OPERATOR_MIN_SAMPLES = 50
+PER_OPERATOR_MIN_SAMPLES = 4
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,14 @@
 """The step-time model the engine calls: per-operator roofline of one mixed batch.
 
 `make_cost_model` does all the work up front (catalog lookups, calibration, per-GPU shapes) and hands
-back a frozen object whose `step_time` folds the batch into a handful of aggregates in C-speed
-passes over its lists and then prices a fixed list of operators.
+back a frozen object whose `step_time` folds the batch into a handful of aggregates (decode count and
+context sum by C-level list scans, then a short loop over the few prefill rows) and then prices a
+fixed list of operators.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from itertools import compress
-from operator import mul
 from pathlib import Path
 
 from sim.batch import BatchShape
@@ -28,7 +27,26 @@ CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
 BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",
                   "norms_activations", "lm_head", "all_reduce", "cpu")
 
-_NE_ONE = (1).__ne__
+
+
+def _indices_of(values: list[int], wanted) -> list[int]:
+    """Indices of the entries equal to any of `wanted` (few), by list.count/index scans in C."""
+    found: list[int] = []
+    for v in wanted:
+        i = -1
+        for _ in range(values.count(v)):
+            i = values.index(v, i + 1)
+            found.append(i)
+    return found
+
+
+def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
+    """Distinct entries > 1 (prefill chunk sizes): past the zeros and ones of the sorted list."""
+    distinct: list[int] = []
+    for v in sorted(values)[n_zero + n_one:]:
+        if not distinct or v != distinct[-1]:
+            distinct.append(v)
+    return distinct
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,22 +116,24 @@ class RooflineCostModel:
     def _terms(self, batch: BatchShape) -> tuple[float, ...]:
         new, ctx = batch.num_new_tokens, batch.num_context_tokens
         n = len(new)
-        tokens = sum(new)
+        n_dec = new.count(1)
+        pf_tok = pf_ctx = idle_ctx = n_pf = 0
+        pf_pairs = 0.0
+        if n_dec < n:  # the few non-decode rows, found by C-level scans (no per-row Python work)
+            n_zero = new.count(0)
+            for i in _indices_of(new, _chunk_values(new, n_zero, n_dec)):
+                c, p = new[i], ctx[i]
+                pf_tok += c
+                pf_ctx += p
+                pf_pairs += c * p + 0.5 * c * (c + 1)
+                n_pf += 1
+            if n_zero:  # rows scheduled with no tokens read nothing
+                idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
+        tokens = n_dec + pf_tok
         cpu = (CPU_BASE_S + CPU_PER_REQUEST_S * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
-        n_dec = new.count(1)
-        ctx_all = sum(ctx)
-        if n_dec < n:  # a few prefill rows: pick them out without a Python-level loop
-            mask = list(map(_NE_ONE, new))
-            pf_new = list(compress(new, mask))
-            pf_ctx_list = list(compress(ctx, mask))
-            pf_tok, pf_ctx, n_pf = tokens - n_dec, sum(pf_ctx_list), n - n_dec
-            pf_pairs = sum(map(mul, pf_new, pf_ctx_list)) + 0.5 * (sum(map(mul, pf_new, pf_new)) + pf_tok)
-        else:
-            pf_tok = pf_ctx = n_pf = 0
-            pf_pairs = 0.0
-        dec_keys = ctx_all - pf_ctx + n_dec  # keys read by decode rows (context + the new token)
+        dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs) + (cpu,)
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
