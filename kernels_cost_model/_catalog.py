@@ -26,5 +26,7 @@ def alias_index(rows: Iterable[dict[str, str]]) -> dict[str, str]:
         if row.get("hf_id"):
             keys.append(row["hf_id"])
         for key in keys:
-            index[normalise(key)] = canonical
+            key = normalise(key)
+            if index.setdefault(key, canonical) != canonical:
+                raise ValueError(f"catalog alias {key!r} names both {index[key]!r} and {canonical!r}")
     return index

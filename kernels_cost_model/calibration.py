@@ -83,23 +83,37 @@ def fit_family(flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray,
         sol = _nnls_lite(np.column_stack([nbytes * w, w]), ones)
         return Coeffs(0.0, float(sol[0]), float(sol[1]))
     tiled = len(np.unique(rows)) > 1
-    sol = _nnls_lite(np.column_stack([flops * w, nbytes * w, w]), ones)
-    sol = np.array([sol[0], sol[1], 0.0, sol[2]])
-    compute_side = None
+    # The compute/memory boundary is (nearly) a threshold on arithmetic intensity F/B: start from
+    # several thresholds, refine each by alternating assignment and solve, keep the best.
+    intensity = flops / np.maximum(nbytes, 1e-300)
+    starts = np.unique(np.quantile(intensity, np.linspace(0.0, 1.0, 21)))
+    best, best_loss = None, np.inf
+    for threshold in [np.inf, *starts]:
+        sol = _refine(flops, nbytes, rows, w, intensity >= threshold, tiled, max_iter)
+        pred = np.maximum(flops * (sol[0] + sol[2] / rows), nbytes * sol[1]) + sol[3]
+        loss = float(np.sum((pred * w - 1.0) ** 2))
+        if best is None or loss < best_loss * (1.0 - 1e-12):
+            best, best_loss = sol, loss
+    tile_rows = float(best[2] / best[0]) if best[0] > 0 else 0.0
+    return Coeffs(float(best[0]), float(best[1]), float(best[3]), tile_rows)
+
+
+def _refine(flops, nbytes, rows, w, side, tiled: bool, max_iter: int) -> np.ndarray:
+    """Alternate: solve the linear problem for a compute/memory assignment, then reassign."""
+    ones = np.ones_like(w)
+    sol = np.zeros(4)
     for _ in range(max_iter):
-        side = flops * (sol[0] + sol[2] / rows) >= nbytes * sol[1]
-        if compute_side is not None and np.array_equal(side, compute_side):
+        cols = [np.where(side, flops, 0.0), np.where(side, 0.0, nbytes), np.where(side, flops / rows, 0.0), ones]
+        if tiled:
+            sol = _nnls_lite(np.column_stack(cols) * w[:, None], ones)
+        else:
+            s3 = _nnls_lite(np.column_stack([cols[0], cols[1], ones]) * w[:, None], ones)
+            sol = np.array([s3[0], s3[1], 0.0, s3[2]])
+        new_side = flops * (sol[0] + sol[2] / rows) >= nbytes * sol[1]
+        if np.array_equal(new_side, side):
             break
-        compute_side = side
-        cols = [np.where(side, flops, 0.0), np.where(side, 0.0, nbytes),
-                np.where(side, flops / rows, 0.0), ones]
-        if not tiled:
-            del cols[2]
-        sol = _nnls_lite(np.column_stack(cols) * w[:, None], ones)
-        if not tiled:
-            sol = np.array([sol[0], sol[1], 0.0, sol[2]])
-    tile_rows = float(sol[2] / sol[0]) if sol[0] > 0 else 0.0
-    return Coeffs(float(sol[0]), float(sol[1]), float(sol[3]), tile_rows)
+        side = new_side
+    return sol
 
 
 def _nnls_lite(a: np.ndarray, b: np.ndarray) -> np.ndarray:

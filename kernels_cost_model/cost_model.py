@@ -118,7 +118,7 @@ class RooflineCostModel:
         n = len(new)
         n_dec = new.count(1)
         pf_tok = pf_ctx = idle_ctx = n_pf = 0
-        pf_pairs = 0.0
+        pf_pairs = pf_tile = 0.0
         if n_dec < n:  # the few non-decode rows, found by C-level scans (no per-row Python work)
             n_zero = new.count(0)
             for i in _indices_of(new, _chunk_values(new, n_zero, n_dec)):
@@ -126,6 +126,7 @@ class RooflineCostModel:
                 pf_tok += c
                 pf_ctx += p
                 pf_pairs += c * p + 0.5 * c * (c + 1)
+                pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the per-row tile penalty's weight
                 n_pf += 1
             if n_zero:  # rows scheduled with no tokens read nothing
                 idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
@@ -134,10 +135,11 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
-        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs) + (cpu,)
+        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
+                           pf_tile) + (cpu,)
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
-               pf_ctx: float, pf_pairs: float) -> tuple[float, ...]:
+               pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
         d, L = self.dtype_bytes, self.layers
         qkv = self.qkv.time(t, d)
         o = self.o.time(t, d)
@@ -147,17 +149,7 @@ class RooflineCostModel:
         else:
             mlp, routing = self._moe(t, d)
             act_width = self.inter_gpu * self.top_k
-        attn_pf = attn_dec = 0.0
-        if n_pf:
-            c = self.prefill
-            compute = 4.0 * self.heads_gpu_x_hd * pf_pairs * c.s_per_flop * (1.0 + c.tile_rows * n_pf / pf_tok)
-            memory = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * c.s_per_byte
-            attn_pf = (compute if compute > memory else memory) + c.overhead_s
-        if n_dec:
-            c = self.decode
-            compute = 4.0 * self.heads_gpu_x_hd * dec_keys * c.s_per_flop * (1.0 + c.tile_rows / n_dec)
-            memory = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * c.s_per_byte
-            attn_dec = (compute if compute > memory else memory) + c.overhead_s
+        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         h = self.hidden
         norms = (2.0 * (d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
                  + 2.0 * (d * 3.0 * t * h * self.add.s_per_byte + self.add.overhead_s)
@@ -174,6 +166,30 @@ class RooflineCostModel:
         return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
                 lm, ar)
 
+    def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
+                   pf_pairs: float, pf_tile: float) -> tuple[float, float]:
+        """One varlen attention launch over all rows (as vLLM v1 runs it), split for the breakdown.
+
+        Prefill rows price their FLOPs and bytes at the prefill coefficients, decode rows at the decode
+        ones; the kernel takes max(total compute, total memory) + one launch overhead. Summing before
+        the max keeps the step monotone: a row that grows never lets another row's cost hide.
+        """
+        if not (n_pf or n_dec):
+            return 0.0, 0.0
+        d, pf, dc = self.dtype_bytes, self.prefill, self.decode
+        hx = 4.0 * self.heads_gpu_x_hd
+        c_pf = hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
+        m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
+        c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
+        m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte
+        compute, memory = c_pf + c_dec, m_pf + m_dec
+        overhead = pf.overhead_s if n_pf else dc.overhead_s
+        total = (compute if compute > memory else memory) + overhead
+        alone_pf = (c_pf if c_pf > m_pf else m_pf) if n_pf else 0.0
+        alone_dec = (c_dec if c_dec > m_dec else m_dec) if n_dec else 0.0
+        share_pf = alone_pf / (alone_pf + alone_dec) if alone_pf + alone_dec > 0.0 else 0.5
+        return total * share_pf, total * (1.0 - share_pf)
+
     def _moe(self, t: float, d: float) -> tuple[float, float]:
         """Experts as grouped matmuls over the experts a batch touches; router and permutes apart."""
         e, k = self.experts, self.top_k
@@ -186,6 +202,14 @@ class RooflineCostModel:
         routing = (self.router.time(t, d)
                    + d * (4.0 * rows * self.hidden) * self.act.s_per_byte + 2.0 * self.act.overhead_s)
         return mlp, routing
+
+
+def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
+    """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
+    (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
+    normally satisfy this already; a noisy user profile might not."""
+    return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
+                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows)
 
 
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
@@ -239,7 +263,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         down=_matmul(co(mm, "mlp_down"), inter, h),
         router=_matmul(co(mm, "moe_router"), h, spec.num_experts) if spec.is_moe else None,
         lm_head=_matmul(co(mm, "lm_head"), h, spec.vocab_size / tp),
-        prefill=cal.coeffs["prefill_attention"], decode=cal.coeffs["decode_attention"],
+        prefill=_consistent_prefill(cal.coeffs["prefill_attention"], cal.coeffs["decode_attention"]),
+        decode=cal.coeffs["decode_attention"],
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
         embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],

@@ -48,8 +48,16 @@ def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_token
 
 
 def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int = 16,
-                    gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192) -> int:
-    """KV blocks per GPU that fit beside weights and activations (vLLM's `num_gpu_blocks`)."""
+                    gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                    num_gpu_blocks: int | None = None) -> int:
+    """KV blocks per GPU that fit beside weights and activations (vLLM's `num_gpu_blocks`).
+
+    A user who pins `num_gpu_blocks` (vLLM's `num_gpu_blocks_override`) gets it back, validated.
+    """
+    if num_gpu_blocks is not None:
+        require(isinstance(num_gpu_blocks, int) and num_gpu_blocks >= 1, "num_gpu_blocks", num_gpu_blocks,
+                "must be an integer >= 1")
+        return num_gpu_blocks
     require(isinstance(block_size, int) and block_size >= 1, "block_size", block_size, "must be an integer >= 1")
     require(0.0 < gpu_memory_utilization <= 1.0, "gpu_memory_utilization", gpu_memory_utilization,
             "must be in (0, 1]")

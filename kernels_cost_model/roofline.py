@@ -104,15 +104,13 @@ def all_reduce(size_bytes: float, tp: float) -> tuple[float, float]:
 
 
 def operator_rows(row: dict) -> float:
-    """The row count that sets tile efficiency: matmul m, attention query rows per request."""
+    """The row count that sets tile efficiency: matmul m, prefill chunk (query rows per request)."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "matmul":
         return max(row["m"], 1.0)
     if family == "prefill_attention":
         return max(row["chunk"], 1.0)
-    if family == "decode_attention":
-        return max(row["batch"], 1.0)
-    return 1.0
+    return 1.0  # decode attention: one query row per request (its tile factor is a constant)
 
 
 def operator_cost(row: dict) -> tuple[float, float]:
