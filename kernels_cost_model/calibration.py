@@ -72,8 +72,48 @@ def uncalibrated(gpu) -> Calibration:
 # ---- fitting ---------------------------------------------------------------------------------
 
 def fit_family(flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray,
-               rows: np.ndarray | None = None, max_iter: int = 50) -> Coeffs:
-    """Least squares on relative error of max(F a (1 + r0/rows), B b) + c (see module docstring)."""
+               rows: np.ndarray | None = None, max_iter: int = 50, robust: bool = True) -> Coeffs:
+    """Least squares on relative error of max(F a (1 + r0/rows), B b) + c (see module docstring).
+
+    robust: then reweight (IRLS, weights 1/sqrt|relative error|) for ROBUST_ROUNDS rounds, which moves
+    the fit towards least *absolute* relative error so a few odd kernels cannot drag the rest.
+    """
+    plain = _fit_lsq(flops, nbytes, seconds, rows, max_iter)
+    return _reweight(plain, flops, nbytes, seconds, rows) if robust else plain
+
+
+ROBUST_ROUNDS, ROBUST_FLOOR = 10, 0.005
+
+
+def _predict_arrays(c: Coeffs, flops, nbytes, rows) -> np.ndarray:
+    compute = flops * c.s_per_flop * (1.0 + c.tile_rows / rows)
+    return np.where(flops > 0, np.maximum(compute, nbytes * c.s_per_byte), nbytes * c.s_per_byte) + c.overhead_s
+
+
+def _reweight(c: Coeffs, flops, nbytes, seconds, rows) -> Coeffs:
+    flops, nbytes, seconds = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds))
+    rows = np.ones_like(flops) if rows is None else np.maximum(np.asarray(rows, dtype=float), 1.0)
+    w = 1.0 / seconds
+    tiled = len(np.unique(rows)) > 1
+    for _ in range(ROBUST_ROUNDS):
+        g = 1.0 / np.sqrt(np.maximum(np.abs(_predict_arrays(c, flops, nbytes, rows) * w - 1.0), ROBUST_FLOOR))
+        if not flops.any():
+            sol = _nnls_lite(np.column_stack([nbytes * w * g, w * g]), g)
+            c = Coeffs(0.0, float(sol[0]), float(sol[1]))
+            continue
+        side = flops * c.s_per_flop * (1.0 + c.tile_rows / rows) >= nbytes * c.s_per_byte
+        tile = np.where(side, flops / rows, 0.0) if tiled else np.zeros_like(w)
+        cols = [np.where(side, flops, 0.0), np.where(side, 0.0, nbytes), tile, np.ones_like(w)]
+        if not tiled:
+            del cols[2]
+        sol = _nnls_lite(np.column_stack(cols) * (w * g)[:, None], g)
+        if not tiled:
+            sol = np.array([sol[0], sol[1], 0.0, sol[2]])
+        c = Coeffs(float(sol[0]), float(sol[1]), float(sol[3]), float(sol[2] / sol[0]) if sol[0] > 0 else 0.0)
+    return c
+
+
+def _fit_lsq(flops, nbytes, seconds, rows, max_iter: int) -> Coeffs:
     flops, nbytes, seconds = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds))
     rows = np.ones_like(flops) if rows is None else np.maximum(np.asarray(rows, dtype=float), 1.0)
     if len(seconds) < 2:
