@@ -42,6 +42,28 @@ def table(title: str, held: list[dict], cal: Calibration) -> None:
             print(f"    {op:26s} {s.sum():6d} {100 * np.median(err[s]):7.2f}% {100 * err[s].max():7.2f}%")
 
 
+def leave_one_model_out(profiles: Path) -> None:
+    """Generalisation to a model never profiled: fit a GPU on its other models, score the one left out."""
+    from kernels_cost_model.calibration import relative_errors, uncalibrated
+    from kernels_cost_model.hardware import get_gpu
+    from kernels_cost_model.vidur_profiles import read_vidur_compute
+    rows = read_vidur_compute(profiles)
+    print("\nleave-one-model-out (fit on the GPU's other models, score every kernel of the model left out):")
+    for device in sorted({r["device"] for r in rows}):
+        here = [r for r in rows if r["device"] == device]
+        models = sorted({r["source"].split("/")[-2] for r in here})
+        if len(models) < 2:
+            continue
+        for model in models:
+            fit = [r for r in here if f"/{model}/" not in r["source"]]
+            test = [r for r in here if f"/{model}/" in r["source"]]
+            cal = fit_profile(fit, device, fallback=uncalibrated(get_gpu(device)))
+            errs = relative_errors(test, cal)
+            print(f"  {device:14s} {model:18s} " + "  ".join(
+                f"{fam} median {100 * e['median_rel_err']:5.2f}% worst {100 * e['max_rel_err']:6.2f}%"
+                for fam, e in errs.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
@@ -57,6 +79,7 @@ def main() -> int:
             table(f"{device}: held-out error ({len(held)} kernels; shipped calibration "
                   f"{'matches this refit' if same else 'DIFFERS: rerun benchmarks/fit_shipped_calibration.py'})",
                   held, cal)
+        leave_one_model_out(args.profiles)
     else:
         print(f"no profiles at {args.profiles}: skipping the GPU tables")
     if args.torch_cpu:
