@@ -29,6 +29,10 @@ BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention
 
 
 
+#: Use the scan path while prefill rows and their distinct sizes stay this few.
+_SCAN_MAX_ROWS, _SCAN_MAX_SIZES = 32, 8
+
+
 def _indices_of(values: list[int], wanted) -> list[int]:
     """Indices of the entries equal to any of `wanted` (few), by list.count/index scans in C."""
     found: list[int] = []
@@ -47,6 +51,33 @@ def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
         if not distinct or v != distinct[-1]:
             distinct.append(v)
     return distinct
+
+
+def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
+    """(tokens, context, query-key pairs, tile weight, rows) of the prefill rows (> 1 new token),
+    and the context of rows with 0 new tokens (they read nothing)."""
+    n = len(new)
+    n_zero = new.count(0)
+    chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
+    rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
+    pf_tok = pf_ctx = idle_ctx = n_pf = 0
+    pf_pairs = pf_tile = 0.0
+    if rows is not None:  # a few prefill rows, found by C-level scans
+        pairs = ((new[i], ctx[i]) for i in rows)
+        if n_zero:
+            idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
+    else:                 # many prefill rows: one plain pass
+        pairs = zip(new, ctx)
+    for c, p in pairs:
+        if c > 1:
+            pf_tok += c
+            pf_ctx += p
+            pf_pairs += c * p + 0.5 * c * (c + 1)
+            pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the weight of the per-row tile penalty
+            n_pf += 1
+        elif c == 0 and rows is None:
+            idle_ctx += p
+    return pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,19 +148,10 @@ class RooflineCostModel:
         new, ctx = batch.num_new_tokens, batch.num_context_tokens
         n = len(new)
         n_dec = new.count(1)
-        pf_tok = pf_ctx = idle_ctx = n_pf = 0
-        pf_pairs = pf_tile = 0.0
-        if n_dec < n:  # the few non-decode rows, found by C-level scans (no per-row Python work)
-            n_zero = new.count(0)
-            for i in _indices_of(new, _chunk_values(new, n_zero, n_dec)):
-                c, p = new[i], ctx[i]
-                pf_tok += c
-                pf_ctx += p
-                pf_pairs += c * p + 0.5 * c * (c + 1)
-                pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the per-row tile penalty's weight
-                n_pf += 1
-            if n_zero:  # rows scheduled with no tokens read nothing
-                idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
+        if n_dec < n:
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx = _fold_prefill_rows(new, ctx, n_dec)
+        else:
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = 0
         tokens = n_dec + pf_tok
         cpu = (CPU_BASE_S + CPU_PER_REQUEST_S * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
         if tokens <= 0:
