@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from operator import mul
 from pathlib import Path
 
 from sim.batch import BatchShape
@@ -58,6 +59,9 @@ def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
     and the context of rows with 0 new tokens (they read nothing)."""
     n = len(new)
     n_zero = new.count(0)
+    if n_dec == 0 and n_zero == 0:  # all rows are prefill chunks: C-level reductions
+        tok, cp, cc, pctx = sum(new), sum(map(mul, new, ctx)), sum(map(mul, new, new)), sum(ctx)
+        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0
     chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
     rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
     pf_tok = pf_ctx = idle_ctx = n_pf = 0

@@ -60,3 +60,21 @@ def test_step_time_is_pure_and_breakdown_adds_up(cm, pairs):
     assert first == cm.step_time(b) and first >= 0
     assert abs(sum(cm.breakdown(b).values()) - first) <= 1e-9 * max(first, 1e-12)
     assert b.num_new_tokens == [c for c, _ in pairs]  # the batch is not mutated
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 1, 1, 2, 7, 64, 300]) | st.integers(0, 5000),
+                          st.integers(0, 30000)), min_size=1, max_size=80))
+def test_prefill_fold_paths_agree_with_a_plain_loop(pairs):
+    from kernels_cost_model.cost_model import _fold_prefill_rows
+    new, ctx = [c for c, _ in pairs], [p for _, p in pairs]
+    n_dec = new.count(1)
+    if n_dec == len(new):
+        return
+    tok = sum(c for c in new if c > 1)
+    pctx = sum(p for c, p in pairs if c > 1)
+    pairs_sum = sum(c * p + c * (c + 1) / 2 for c, p in pairs if c > 1)
+    tile = sum(p + (c + 1) / 2 for c, p in pairs if c > 1)
+    got = _fold_prefill_rows(new, ctx, n_dec)
+    assert got[0] == tok and got[1] == pctx and got[4] == sum(c > 1 for c in new)
+    assert abs(got[2] - pairs_sum) <= 1e-9 * max(pairs_sum, 1) and abs(got[3] - tile) <= 1e-9 * max(tile, 1)
+    assert got[5] == sum(p for c, p in pairs if c == 0)
