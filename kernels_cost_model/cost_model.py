@@ -1,0 +1,297 @@
+"""The step-time model the engine calls: per-operator roofline of one mixed batch.
+
+`make_cost_model` does all the work up front (catalog lookups, calibration, per-GPU shapes) and hands
+back a frozen object whose `step_time` folds the batch into a handful of aggregates (decode count and
+context sum by C-level list scans, then a short loop over the few prefill rows) and then prices a
+fixed list of operators.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from operator import mul
+from pathlib import Path
+
+from sim.batch import BatchShape
+from sim.errors import ConfigError, require
+
+from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
+from .hardware import GPU, get_gpu
+from .models import ModelSpec, get_model
+from .roofline import Coeffs
+
+#: Engine CPU time per step (scheduling, input preparation, sampling, detokenising outputs).
+#: Assumed, not fitted (no public measurements in the profiles): base + per request + per token.
+CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
+
+#: Operator families in a breakdown, in pricing order.
+BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",
+                  "norms_activations", "lm_head", "all_reduce", "cpu")
+
+
+
+#: Use the scan path while prefill rows and their distinct sizes stay this few.
+_SCAN_MAX_ROWS, _SCAN_MAX_SIZES = 32, 8
+
+
+def _indices_of(values: list[int], wanted) -> list[int]:
+    """Indices of the entries equal to any of `wanted` (few), by list.count/index scans in C."""
+    found: list[int] = []
+    for v in wanted:
+        i = -1
+        for _ in range(values.count(v)):
+            i = values.index(v, i + 1)
+            found.append(i)
+    return found
+
+
+def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
+    """Distinct entries > 1 (prefill chunk sizes): past the zeros and ones of the sorted list."""
+    distinct: list[int] = []
+    for v in sorted(values)[n_zero + n_one:]:
+        if not distinct or v != distinct[-1]:
+            distinct.append(v)
+    return distinct
+
+
+def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
+    """(tokens, context, query-key pairs, tile weight, rows) of the prefill rows (> 1 new token),
+    and the context of rows with 0 new tokens (they read nothing)."""
+    n = len(new)
+    n_zero = new.count(0)
+    if n_dec == 0 and n_zero == 0:  # all rows are prefill chunks: C-level reductions
+        tok, cp, cc, pctx = sum(new), sum(map(mul, new, ctx)), sum(map(mul, new, new)), sum(ctx)
+        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0
+    chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
+    rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
+    pf_tok = pf_ctx = idle_ctx = n_pf = 0
+    pf_pairs = pf_tile = 0.0
+    if rows is not None:  # a few prefill rows, found by C-level scans
+        pairs = ((new[i], ctx[i]) for i in rows)
+        if n_zero:
+            idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
+    else:                 # many prefill rows: one plain pass
+        pairs = zip(new, ctx)
+    for c, p in pairs:
+        if c > 1:
+            pf_tok += c
+            pf_ctx += p
+            pf_pairs += c * p + 0.5 * c * (c + 1)
+            pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the weight of the per-row tile penalty
+            n_pf += 1
+        elif c == 0 and rows is None:
+            idle_ctx += p
+    return pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx
+
+
+@dataclass(frozen=True, slots=True)
+class _Matmul:
+    """One weight matmul on one GPU: [rows x k] @ [k x n]; weight = k*n elements."""
+
+    weight: float
+    width: float          # k + n: activation elements read and written per row
+    s_per_flop: float
+    s_per_byte: float
+    overhead_s: float
+    tile_rows: float
+
+    def time(self, rows: float, dtype_bytes: float) -> float:
+        compute = 2.0 * rows * self.weight * self.s_per_flop * (1.0 + self.tile_rows / rows)
+        memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
+        return (compute if compute > memory else memory) + self.overhead_s
+
+
+def _matmul(c: Coeffs, k: float, n: float) -> _Matmul:
+    return _Matmul(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineCostModel:
+    """Prices a `BatchShape` in seconds. Build with `make_cost_model`; all fields are precomputed."""
+
+    model: ModelSpec
+    gpu: GPU
+    tensor_parallel_size: int
+    calibration: Calibration
+    cpu_overhead: bool
+    layers: float
+    dtype_bytes: float
+    hidden: float
+    q_gpu: float           # query width on one GPU (heads x head_dim / tp)
+    kv_gpu: float          # key (= value) width on one GPU
+    heads_gpu_x_hd: float  # heads on one GPU x head_dim
+    inter_gpu: float       # MLP intermediate width per GPU (per expert for MoE)
+    experts: float
+    top_k: float
+    qkv: _Matmul
+    o: _Matmul
+    up: _Matmul
+    down: _Matmul
+    router: _Matmul | None
+    lm_head: _Matmul
+    prefill: Coeffs
+    decode: Coeffs
+    norm: Coeffs
+    act: Coeffs
+    rope: Coeffs
+    add: Coeffs
+    embed: Coeffs
+    all_reduce: Coeffs
+
+    # -- public API -------------------------------------------------------------------------
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch."""
+        return sum(self._terms(batch))
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per operator family; the values add up to `step_time(batch)`."""
+        return dict(zip(BREAKDOWN_KEYS, self._terms(batch)))
+
+    # -- pricing ----------------------------------------------------------------------------
+    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+        new, ctx = batch.num_new_tokens, batch.num_context_tokens
+        n = len(new)
+        n_dec = new.count(1)
+        if n_dec < n:
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx = _fold_prefill_rows(new, ctx, n_dec)
+        else:
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = 0
+        tokens = n_dec + pf_tok
+        cpu = (CPU_BASE_S + CPU_PER_REQUEST_S * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
+        if tokens <= 0:
+            return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
+        dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
+        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
+                           pf_tile) + (cpu,)
+
+    def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
+               pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
+        d, L = self.dtype_bytes, self.layers
+        qkv = self.qkv.time(t, d)
+        o = self.o.time(t, d)
+        if self.router is None:
+            mlp, routing = self.up.time(t, d) + self.down.time(t, d), 0.0
+            act_width = self.inter_gpu
+        else:
+            mlp, routing = self._moe(t, d)
+            act_width = self.inter_gpu * self.top_k
+        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        h = self.hidden
+        norms = (2.0 * (d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
+                 + 2.0 * (d * 3.0 * t * h * self.add.s_per_byte + self.add.overhead_s)
+                 + d * 3.0 * t * act_width * self.act.s_per_byte + self.act.overhead_s
+                 + d * 2.0 * t * (self.q_gpu + self.kv_gpu) * self.rope.s_per_byte + self.rope.overhead_s)
+        once = (d * 2.0 * t * h * self.embed.s_per_byte + self.embed.overhead_s
+                + d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
+        lm = self.lm_head.time(sampled, d) if sampled else 0.0
+        ar = 0.0
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            c = self.all_reduce
+            ar = 2.0 * L * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
+        return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
+                lm, ar)
+
+    def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
+                   pf_pairs: float, pf_tile: float) -> tuple[float, float]:
+        """One varlen attention launch over all rows (as vLLM v1 runs it), split for the breakdown.
+
+        Prefill rows price their FLOPs and bytes at the prefill coefficients, decode rows at the decode
+        ones; the kernel takes max(total compute, total memory) + one launch overhead. Summing before
+        the max keeps the step monotone: a row that grows never lets another row's cost hide.
+        """
+        if not (n_pf or n_dec):
+            return 0.0, 0.0
+        d, pf, dc = self.dtype_bytes, self.prefill, self.decode
+        hx = 4.0 * self.heads_gpu_x_hd
+        c_pf = hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
+        m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
+        c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
+        m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte
+        compute, memory = c_pf + c_dec, m_pf + m_dec
+        overhead = pf.overhead_s if n_pf else dc.overhead_s
+        total = (compute if compute > memory else memory) + overhead
+        alone_pf = (c_pf if c_pf > m_pf else m_pf) if n_pf else 0.0
+        alone_dec = (c_dec if c_dec > m_dec else m_dec) if n_dec else 0.0
+        share_pf = alone_pf / (alone_pf + alone_dec) if alone_pf + alone_dec > 0.0 else 0.5
+        return total * share_pf, total * (1.0 - share_pf)
+
+    def _moe(self, t: float, d: float) -> tuple[float, float]:
+        """Experts as grouped matmuls over the experts a batch touches; router and permutes apart."""
+        e, k = self.experts, self.top_k
+        active = e * (1.0 - (1.0 - k / e) ** t)       # expected distinct experts hit by t tokens
+        rows = t * k
+        per_expert = rows / active
+        # one grouped launch each for up and down, over `active` experts of `per_expert` rows
+        mlp = ((self.up.time(per_expert, d) - self.up.overhead_s) * active + self.up.overhead_s
+               + (self.down.time(per_expert, d) - self.down.overhead_s) * active + self.down.overhead_s)
+        routing = (self.router.time(t, d)
+                   + d * (4.0 * rows * self.hidden) * self.act.s_per_byte + 2.0 * self.act.overhead_s)
+        return mlp, routing
+
+
+def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
+    """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
+    (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
+    normally satisfy this already; a noisy user profile might not."""
+    return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
+                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows)
+
+
+def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
+    if isinstance(calibration, Calibration):
+        return calibration
+    if calibration is None:
+        return uncalibrated(gpu)
+    if str(calibration) == "default":
+        cal = shipped_calibration(gpu.name)
+        if cal is None:
+            warnings.warn(f"no calibration shipped for GPU {gpu.name!r}; using the uncalibrated roofline "
+                          "(datasheet peaks x default efficiencies)", stacklevel=3)
+            return uncalibrated(gpu)
+        return cal
+    return load_calibration(calibration)
+
+
+def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
+                    calibration: str | Path | Calibration | None = "default",
+                    cpu_overhead: bool = True) -> RooflineCostModel:
+    """Cost model of `model` on `tensor_parallel_size` x `gpu`.
+
+    calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
+    warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
+    """
+    spec, hw = get_model(model), get_gpu(gpu)
+    tp = tensor_parallel_size
+    require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
+    require(spec.num_heads % tp == 0, "tensor_parallel_size", tp,
+            f"must divide num_heads={spec.num_heads} of {spec.name}")
+    require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
+            f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
+    cal = _resolve_calibration(hw, calibration)
+
+    def co(family: str, op: str) -> Coeffs:
+        return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
+
+    h, hd = spec.hidden_size, spec.head_dim
+    q_gpu = spec.q_dim / tp
+    kv_gpu = max(1, spec.num_kv_heads // tp) * hd
+    inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
+    mm = "matmul"
+    return RooflineCostModel(
+        model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
+        layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
+        q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
+        experts=float(spec.num_experts), top_k=float(spec.num_experts_per_tok),
+        qkv=_matmul(co(mm, "qkv_proj"), h, q_gpu + 2 * kv_gpu),
+        o=_matmul(co(mm, "o_proj"), q_gpu, h),
+        up=_matmul(co(mm, "mlp_up"), h, 2 * inter),
+        down=_matmul(co(mm, "mlp_down"), inter, h),
+        router=_matmul(co(mm, "moe_router"), h, spec.num_experts) if spec.is_moe else None,
+        lm_head=_matmul(co(mm, "lm_head"), h, spec.vocab_size / tp),
+        prefill=_consistent_prefill(cal.coeffs["prefill_attention"], cal.coeffs["decode_attention"]),
+        decode=cal.coeffs["decode_attention"],
+        norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
+        rope=co("elementwise", "rope"), add=co("elementwise", "add"),
+        embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
+    )

@@ -1,0 +1,69 @@
+"""GPU catalog: peak dense FLOP/s, memory bandwidth and size, interconnect; one cited source per row.
+
+Figures are dense (never the 2:4-sparsity doubled numbers vendors headline) and live in
+`data/gpus.csv`; this module only reads and validates them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.errors import ConfigError, require
+
+from ._catalog import alias_index, normalise, read_catalog
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    """One accelerator's datasheet figures (SI units: FLOP/s, bytes/s, bytes)."""
+
+    name: str
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float | None
+    hbm_bytes_per_s: float
+    memory_bytes: int
+    interconnect_bytes_per_s: float
+    interconnect: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        require(self.bf16_flops_per_s > 0, "bf16_flops_per_s", self.bf16_flops_per_s, "must be > 0")
+        require(self.hbm_bytes_per_s > 0, "hbm_bytes_per_s", self.hbm_bytes_per_s, "must be > 0")
+        require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be > 0")
+        require(self.interconnect_bytes_per_s > 0, "interconnect_bytes_per_s",
+                self.interconnect_bytes_per_s, "must be > 0")
+
+
+def _row_to_gpu(row: dict[str, str]) -> GPU:
+    return GPU(
+        name=row["name"],
+        bf16_flops_per_s=float(row["bf16_flops_per_s"]),
+        fp8_flops_per_s=float(row["fp8_flops_per_s"]) if row["fp8_flops_per_s"] else None,
+        hbm_bytes_per_s=float(row["hbm_bytes_per_s"]),
+        memory_bytes=int(row["memory_bytes"]),
+        interconnect_bytes_per_s=float(row["interconnect_bytes_per_s"]),
+        interconnect=row["interconnect"],
+        source=row["source"],
+    )
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[dict[str, GPU], dict[str, str]]:
+    rows = read_catalog("gpus.csv")
+    return {r["name"]: _row_to_gpu(r) for r in rows}, alias_index(rows)
+
+
+def list_gpus() -> list[str]:
+    """Canonical names of the GPUs in the catalog."""
+    return sorted(_catalog()[0])
+
+
+def get_gpu(name: str | GPU) -> GPU:
+    """Look a GPU up by name or alias, case-insensitively ("h100" -> "h100-sxm")."""
+    if isinstance(name, GPU):
+        return name
+    gpus, index = _catalog()
+    canonical = index.get(normalise(str(name)))
+    if canonical is None:
+        raise ConfigError("gpu", name, f"unknown GPU; known: {', '.join(list_gpus())}")
+    return gpus[canonical]

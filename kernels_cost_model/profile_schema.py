@@ -1,0 +1,118 @@
+"""The measured-profile CSV schema: one row per kernel measurement.
+
+Columns (blank where an operator does not use one):
+
+| column | meaning |
+|---|---|
+| operator | qkv_proj, o_proj, mlp_up, mlp_down, lm_head, moe_router, matmul, rms_norm, silu_mul, rope, add, embedding, prefill_attention, decode_attention, all_reduce |
+| m, n, k | matmul [m x k] @ [k x n]; elementwise ops use m (tokens) and n (width) |
+| batch, chunk, context | attention: requests, new tokens per request, cached tokens per request |
+| num_heads, num_kv_heads, head_dim | attention heads on this GPU |
+| tp, size_bytes | all-reduce: GPUs in the group and message bytes |
+| dtype | float16, bfloat16, float32, float8 |
+| measured_s | measured seconds (one kernel call) |
+| device | the GPU catalog name, or e.g. "cpu" |
+| source | where the measurement came from (file, tool, commit) |
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Iterable
+
+from sim.errors import ConfigError
+
+from .roofline import OPERATOR_FAMILY
+
+COLUMNS = ("operator", "m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads",
+           "head_dim", "tp", "size_bytes", "dtype", "measured_s", "device", "source")
+NUMERIC = ("m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads", "head_dim",
+           "tp", "size_bytes")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
+REQUIRED = {
+    "matmul": ("m", "n", "k"),
+    "elementwise": ("m", "n"),
+    "prefill_attention": ("chunk", "batch", "num_heads", "num_kv_heads", "head_dim"),
+    "decode_attention": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
+    "all_reduce": ("size_bytes", "tp"),
+}
+
+
+def _fail(origin: str, line: int, column: str, value: object, reason: str) -> ConfigError:
+    return ConfigError(f"{origin}:{line}:{column}", value, reason)
+
+
+def validate_row(raw: dict, origin: str = "<profile>", line: int = 0) -> dict:
+    """Check one raw row and return it typed: numbers as floats, plus `family` and `dtype_bytes`."""
+    op = str(raw.get("operator") or "").strip()
+    if op not in OPERATOR_FAMILY:
+        raise _fail(origin, line, "operator", op, f"unknown operator; expected one of {sorted(OPERATOR_FAMILY)}")
+    family = OPERATOR_FAMILY[op]
+    row: dict = {"operator": op, "family": family}
+    for col in NUMERIC:
+        text = raw.get(col)
+        text = "" if text is None else str(text).strip()
+        if text in ("", "nan"):
+            if col in REQUIRED[family]:
+                raise _fail(origin, line, col, text, f"required for operator {op}")
+            row[col] = 0.0
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise _fail(origin, line, col, text, "not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise _fail(origin, line, col, text, "must be a finite number >= 0")
+        row[col] = value
+    if family == "prefill_attention" and row["chunk"] < 1:
+        raise _fail(origin, line, "chunk", raw.get("chunk"), "must be >= 1")
+    dtype = str(raw.get("dtype") or "").strip()
+    if dtype not in DTYPE_BYTES:
+        raise _fail(origin, line, "dtype", dtype, f"expected one of {sorted(DTYPE_BYTES)}")
+    row["dtype"], row["dtype_bytes"] = dtype, DTYPE_BYTES[dtype]
+    try:
+        row["measured_s"] = float(raw.get("measured_s"))
+    except (TypeError, ValueError):
+        raise _fail(origin, line, "measured_s", raw.get("measured_s"), "not a number") from None
+    if not (math.isfinite(row["measured_s"]) and row["measured_s"] > 0):
+        raise _fail(origin, line, "measured_s", raw.get("measured_s"), "must be a finite number > 0")
+    row["device"] = str(raw.get("device") or "").strip()
+    if not row["device"]:
+        raise _fail(origin, line, "device", row["device"], "required")
+    row["source"] = str(raw.get("source") or "").strip()
+    return row
+
+
+def read_profile(path: str | Path) -> list[dict]:
+    """Read and validate a profile CSV; errors name the file, line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("profile", str(path), "no such file")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in ("operator", "dtype", "measured_s", "device") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError("profile", str(path), f"header lacks columns {missing}; expected {list(COLUMNS)}")
+        rows = [validate_row(raw, str(path), i) for i, raw in enumerate(reader, start=2)]
+    if not rows:
+        raise ConfigError("profile", str(path), "no measurement rows")
+    return rows
+
+
+def write_profile(rows: Iterable[dict], path: str | Path) -> Path:
+    """Write rows (dicts with any subset of COLUMNS) as a profile CSV."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: _fmt(row.get(c, "")) for c in COLUMNS})
+    return path
+
+
+def _fmt(value: object) -> object:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return int(value)
+    return value

@@ -1,0 +1,130 @@
+"""Operators as (FLOPs, bytes moved), and the one roofline function that prices them.
+
+time = max(flops * s_per_flop * (1 + tile_rows / rows), bytes * s_per_byte) + overhead_s, where
+s_per_flop = 1 / (peak FLOP/s x compute efficiency), s_per_byte = 1 / (memory bandwidth x memory
+efficiency), and `rows` is the operator's row count (tokens of a matmul, query rows of attention):
+a kernel over few rows fills its tiles poorly, so its compute efficiency is rows / (rows + tile_rows)
+of the large-batch one. Coefficients are fitted per operator family (calibration.py); peaks come from
+hardware.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import require
+
+#: Operator families: each has its own fitted coefficients.
+FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
+
+#: Profile operator name -> family.
+OPERATOR_FAMILY = {
+    "qkv_proj": "matmul", "o_proj": "matmul", "mlp_up": "matmul", "mlp_down": "matmul",
+    "lm_head": "matmul", "moe_router": "matmul", "matmul": "matmul",
+    "rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
+    "embedding": "elementwise",
+    "prefill_attention": "prefill_attention", "decode_attention": "decode_attention",
+    "all_reduce": "all_reduce",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Coeffs:
+    """One family's roofline coefficients: seconds per FLOP, per byte, per launch; tile rows."""
+
+    s_per_flop: float
+    s_per_byte: float
+    overhead_s: float
+    tile_rows: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows"):
+            value = getattr(self, name)
+            require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
+
+    def time(self, flops: float, nbytes: float, rows: float = 1.0) -> float:
+        return roofline(flops, nbytes, rows, self)
+
+
+def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:
+    """Seconds for one operator: the slower of compute and memory, plus its fixed overhead."""
+    if flops <= 0.0:
+        return nbytes * c.s_per_byte + c.overhead_s
+    compute = flops * c.s_per_flop * (1.0 + c.tile_rows / rows)
+    memory = nbytes * c.s_per_byte
+    return (compute if compute > memory else memory) + c.overhead_s
+
+
+# ---- operators: (FLOPs, bytes) -------------------------------------------------------------
+
+def matmul(m: float, n: float, k: float, dtype_bytes: int) -> tuple[float, float]:
+    """[m x k] @ [k x n]: 2mnk FLOPs; reads A and B, writes C."""
+    return 2.0 * m * n * k, float(dtype_bytes) * (m * k + k * n + m * n)
+
+
+def elementwise(operator: str, m: float, n: float, dtype_bytes: int) -> tuple[float, float]:
+    """Memory-bound ops over an [m x n] activation; their few FLOPs are never the bottleneck (0)."""
+    elems = m * n
+    if operator == "rms_norm":       # read x, write y, read the weight vector
+        return 0.0, dtype_bytes * (2.0 * elems + n)
+    if operator == "silu_mul":       # read gate and up ([m x 2n]), write [m x n]
+        return 0.0, dtype_bytes * 3.0 * elems
+    if operator == "add":            # residual: read two, write one
+        return 0.0, dtype_bytes * 3.0 * elems
+    if operator == "rope":           # rotate q and k in place (n = their total width)
+        return 0.0, dtype_bytes * 2.0 * elems
+    if operator == "embedding":      # gather rows of the table, write them out
+        return 0.0, dtype_bytes * 2.0 * elems
+    raise ValueError(f"unknown elementwise operator {operator!r}")
+
+
+def prefill_attention(chunk: float, context: float, batch: float, num_heads: float,
+                      num_kv_heads: float, head_dim: float, dtype_bytes: int) -> tuple[float, float]:
+    """Causal attention of `chunk` new tokens over `context` cached + themselves, `batch` requests.
+
+    Query i of the chunk sees context + i + 1 keys: pairs = chunk*context + chunk*(chunk+1)/2;
+    QK^T and PV cost 2 FLOPs per multiply-add each -> 4 * head_dim * heads per pair.
+    Bytes: read Q, write O, read K and V of context + chunk tokens.
+    """
+    pairs = chunk * context + chunk * (chunk + 1) / 2.0
+    flops = 4.0 * head_dim * num_heads * pairs * batch
+    nbytes = dtype_bytes * batch * (2.0 * chunk * num_heads * head_dim
+                                    + 2.0 * (context + chunk) * num_kv_heads * head_dim)
+    return flops, nbytes
+
+
+def decode_attention(context: float, batch: float, num_heads: float, num_kv_heads: float,
+                     head_dim: float, dtype_bytes: int) -> tuple[float, float]:
+    """One new token per request over context + 1 keys: reads the whole KV of each request."""
+    return prefill_attention(1.0, context, batch, num_heads, num_kv_heads, head_dim, dtype_bytes)
+
+
+def all_reduce(size_bytes: float, tp: float) -> tuple[float, float]:
+    """Ring all-reduce: each GPU sends and receives 2(tp-1)/tp of the message (bus bytes)."""
+    return 0.0, (2.0 * (tp - 1) / tp * size_bytes) if tp > 1 else 0.0
+
+
+def operator_rows(row: dict) -> float:
+    """The row count that sets tile efficiency: matmul m, prefill chunk (query rows per request)."""
+    family = OPERATOR_FAMILY[row["operator"]]
+    if family == "matmul":
+        return max(row["m"], 1.0)
+    if family == "prefill_attention":
+        return max(row["chunk"], 1.0)
+    return 1.0  # decode attention: one query row per request (its tile factor is a constant)
+
+
+def operator_cost(row: dict) -> tuple[float, float]:
+    """(FLOPs, bytes) of one profile row (see profile_schema.py for the columns)."""
+    op, d = row["operator"], int(row["dtype_bytes"])
+    family = OPERATOR_FAMILY[op]
+    if family == "matmul":
+        return matmul(row["m"], row["n"], row["k"], d)
+    if family == "elementwise":
+        return elementwise(op, row["m"], row["n"], d)
+    if family == "prefill_attention":
+        return prefill_attention(row["chunk"], row["context"], row["batch"], row["num_heads"],
+                                 row["num_kv_heads"], row["head_dim"], d)
+    if family == "decode_attention":
+        return decode_attention(row["context"], row["batch"], row["num_heads"], row["num_kv_heads"],
+                                row["head_dim"], d)
+    return all_reduce(row["size_bytes"], row["tp"])

@@ -1,0 +1,56 @@
+"""KV-cache sizing against hand arithmetic."""
+import pytest
+
+from kernels_cost_model import kv_bytes_per_token, kv_cache_blocks
+from kernels_cost_model.kv_memory import NON_TORCH_RESERVE_BYTES, SAMPLER_ROWS
+from sim.errors import ConfigError
+
+
+def test_kv_bytes_per_token_llama_3_1_8b():
+    # 2 (K, V) x 32 layers x 8 KV heads x 128 head_dim x 2 bytes = 128 KiB per token
+    assert kv_bytes_per_token("llama-3.1-8b") == 131072
+    assert kv_bytes_per_token("llama-3.1-8b", 2) == 65536
+    assert kv_bytes_per_token("llama-3.1-8b", 8) == 16384
+    # more GPUs than KV heads: heads are replicated, each GPU keeps one
+    assert kv_bytes_per_token("qwen2.5-7b", 8) == 2 * 28 * 1 * 128 * 2
+    assert kv_bytes_per_token("llama-2-7b") == 2 * 32 * 32 * 128 * 2
+
+
+def test_num_gpu_blocks_llama_3_1_8b_on_h100():
+    total = 80 * 2**30 * 0.9
+    weights = 8_030_261_248 * 2   # parameters x bf16
+    t = 8192
+    activations = t * (4 * 4096 + (4096 + 2 * 1024) + 3 * 14336) * 2 + SAMPLER_ROWS * 128256 * 4
+    free = total - weights - activations - NON_TORCH_RESERVE_BYTES
+    expected = int(free // (16 * 131072))
+    assert kv_cache_blocks("llama-3.1-8b", "h100") == expected
+    assert 25_000 < expected < 30_000  # ~ what vLLM reports for this setup (about 450k tokens)
+
+
+def test_blocks_scale_with_utilisation_block_size_and_tp():
+    base = kv_cache_blocks("llama-3.1-70b", "h100", 4)
+    assert kv_cache_blocks("llama-3.1-70b", "h100", 4, gpu_memory_utilization=0.95) > base
+    assert kv_cache_blocks("llama-3.1-70b", "h100", 4, block_size=32) == pytest.approx(base / 2, abs=1)
+    assert kv_cache_blocks("llama-3.1-70b", "h100", 8) > 2 * base
+
+
+def test_model_that_does_not_fit_is_a_clear_error():
+    with pytest.raises(ConfigError) as err:
+        kv_cache_blocks("llama-3.1-70b", "l4")
+    assert err.value.field == "gpu" and "no room for a KV cache" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+                                          (dict(block_size=0), "block_size"),
+                                          (dict(tensor_parallel_size=3), "tensor_parallel_size")])
+def test_bad_arguments(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        kv_cache_blocks("llama-3.1-8b", "h100", **kwargs)
+    assert err.value.field == field
+
+
+def test_pinned_num_gpu_blocks():
+    assert kv_cache_blocks("llama-3.1-70b", "l4", num_gpu_blocks=1234) == 1234
+    with pytest.raises(ConfigError) as err:
+        kv_cache_blocks("llama-3.1-8b", "h100", num_gpu_blocks=0)
+    assert err.value.field == "num_gpu_blocks"

@@ -1,0 +1,58 @@
+"""The calibrate CLI (profile backend) and the optional torch backend (skipped without torch)."""
+import argparse
+import json
+
+import pytest
+
+from kernels_cost_model.cli import add_calibrate_parser, main
+from kernels_cost_model.profile_schema import write_profile
+from tests.test_cost_model_calibration import synthetic_rows
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_calibrate_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_parser_registers_calibrate_with_handler():
+    args = parse(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--model", "qwen2.5-0.5b"])
+    assert callable(args.func) and args.backend == "torch" and args.quick
+
+
+def test_calibrate_from_profile(tmp_path, capsys):
+    profile = write_profile(synthetic_rows(), tmp_path / "p.csv")
+    out = tmp_path / "h100.json"
+    assert main(["calibrate", "--profile", str(profile), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["device"] == "h100-sxm" and "matmul" in data["coeffs"]
+    text = capsys.readouterr().out
+    assert "held out" in text and "matmul" in text
+
+
+def test_calibrate_errors_are_exit_code_2(tmp_path, capsys):
+    assert main(["calibrate", "--profile", str(tmp_path / "missing.csv")]) == 2
+    assert main(["calibrate"]) == 2
+    assert "error" in capsys.readouterr().out
+
+
+def test_torch_backend_quick_cpu_profile_calibrates(tmp_path):
+    pytest.importorskip("torch")
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.profile_schema import read_profile
+    from sim.batch import BatchShape
+    out = tmp_path / "cpu.json"
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--out", str(out)]) == 0
+    rows = read_profile(out.with_suffix(".profile.csv"))
+    assert {r["family"] for r in rows} >= {"matmul", "elementwise", "prefill_attention", "decode_attention"}
+    assert all(r["device"] == "cpu" and r["dtype"] == "float32" for r in rows)
+    cm = make_cost_model("qwen2.5-0.5b", "h100", calibration=out)  # a CPU fit priced on any catalog shape
+    assert cm.step_time(BatchShape([64, 1], [0, 100], 2)) > 0
+
+
+def test_torch_backend_rejects_unknown_device():
+    pytest.importorskip("torch")
+    from kernels_cost_model.torch_backend import measure_profile
+    from sim.errors import ConfigError
+    with pytest.raises(ConfigError):
+        measure_profile(device="tpu")
