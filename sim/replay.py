@@ -25,7 +25,7 @@ class StopResult:
 def make_text_state(params: SamplingParams, profile: StopProfile, token_text=None) -> TextState:
     """A fresh TextState for a request under `profile`."""
     return TextState(as_token_text(token_text), params.stop, params.include_stop_str_in_output,
-                     params.min_tokens, profile.strict_min_tokens)
+                     params.min_tokens, profile.strict_min_tokens, profile.earliest_stop_string)
 
 
 def run_until_stop(token_stream: Iterable[int], eos_token_id: int | None,

@@ -3,14 +3,20 @@
 A profile is data: the ordered token checks the engine core runs after appending a token, and how
 stop strings (checked on the detokenized text) interact with them. Profiles:
 
-- "vllm" (default): vLLM V1 today. Below `min_tokens` only the length rules can stop a request;
+- "vllm" (default): vLLM V1 today (vllm/v1/core/sched/utils.py `check_stop`, then
+  vllm/v1/engine/detokenizer.py). Below `min_tokens` only the length rules can stop a request;
   EOS, then stop token ids, then length (`max_model_len` on prompt + output, `max_tokens`); then the
   detokenizer's stop strings, which win over a length cap on the same token. EOS exactly on the
-  `max_tokens` boundary reports "stop".
-- "vllm-v1-2025": V1 before October 2025: the length check ran first, so that tie reports "length".
-- "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings, then length; stop strings are
-  looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked for on a
-  token that already stopped by EOS or a stop token id.
+  `max_tokens` boundary reports "stop". Among stop strings completed by one token, the one
+  completing earliest in the text wins (ties: list order).
+- "vllm-v1-2025": V1 before October 2025: the length check ran first, so that tie reports "length";
+  stop strings were taken in list order (earliest-completing came with vLLM PR #49391).
+- "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings (list order), then length; stop
+  strings are looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked
+  for on a token that already stopped by EOS or a stop token id.
+
+In every profile `min_tokens` gates the content checks only (EOS, stop token ids, stop strings);
+the length rules always bind.
 """
 from __future__ import annotations
 
@@ -57,12 +63,15 @@ class StopProfile:
     strings_after_token_stop: stop strings are still looked for on a token that stopped by EOS or a
         stop token id (only matters with include_stop_str_in_output, when that text is shown).
     strict_min_tokens: stop strings need more than `min_tokens` outputs (V1) rather than at least.
+    earliest_stop_string: of several stop strings completed by one token, the one completing
+        earliest in the text wins (V1 today); otherwise the first in list order (V0, older V1).
     """
 
     name: str
     order: tuple[str, ...]
     strings_after_token_stop: bool
     strict_min_tokens: bool
+    earliest_stop_string: bool = True
 
     def check_token(self, req: Request, max_model_len: int | None):
         """(status, stop_reason) decided by the token checks alone, or None."""
@@ -97,8 +106,10 @@ class StopProfile:
 
 PROFILES: dict[str, StopProfile] = {
     "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length"), True, True),
-    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids"), True, True),
-    "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False),
+    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids"), True, True,
+                                earliest_stop_string=False),
+    "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
+                           earliest_stop_string=False),
 }
 
 

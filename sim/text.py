@@ -27,25 +27,30 @@ def as_token_text(token_text: Mapping[int, str] | Callable[[int], str] | None) -
     raise TypeError(f"token_text must be a dict or a callable, got {type(token_text).__name__}")
 
 
-def find_stop_string(text: str, new_chars: int, stop: tuple[str, ...]) -> tuple[str, int] | None:
-    """The stop string completing earliest within the last `new_chars` characters of `text`.
+def find_stop_string(text: str, new_chars: int, stop: tuple[str, ...],
+                     earliest: bool = True) -> tuple[str, int] | None:
+    """The stop string that ends within the last `new_chars` characters of `text`, if any.
 
-    Returns (stop string, start index of the match) or None. Matches that completed before the new
-    characters were already seen by an earlier check; a match may start before them (a stop string
-    straddling token boundaries). Ties on the completing position go to the longer string, then to
-    list order.
+    Returns (stop string, start index of its match) or None. A match must end among the new
+    characters (earlier ones were seen by an earlier check) but may start before them: a stop string
+    straddling token boundaries. `earliest=True` (vLLM V1 today): the match completing earliest in
+    the text wins, ties go to list order. `earliest=False` (V0, and V1 before vLLM PR #49391): the
+    first string in list order that matches anywhere in the window wins.
     """
     if new_chars <= 0:
         return None
-    best: tuple[int, int, int, str] | None = None
-    for order, candidate in enumerate(stop):
-        start = text.find(candidate, max(0, len(text) - new_chars - len(candidate) + 1))
+    best_end = len(text) + 1
+    best: tuple[str, int] | None = None
+    seen = len(text) - new_chars
+    for candidate in stop:
+        start = text.find(candidate, max(0, seen - len(candidate) + 1))
         if start == -1:
             continue
-        key = (start + len(candidate), start, order, candidate)
-        if best is None or key < best:
-            best = key
-    return None if best is None else (best[3], best[1])
+        if not earliest:
+            return candidate, start
+        if start + len(candidate) < best_end:
+            best_end, best = start + len(candidate), (candidate, start)
+    return best
 
 
 class TextState:
@@ -53,18 +58,21 @@ class TextState:
 
     `strict_min_tokens`: stop strings are looked for only once the output has more than
     `min_tokens` tokens (vLLM V1); otherwise from `min_tokens` tokens on (vLLM V0).
+    `earliest`: which of several matches wins (see `find_stop_string`).
     """
 
-    __slots__ = ("text", "token_text", "stop", "include", "min_tokens", "strict_min_tokens")
+    __slots__ = ("text", "token_text", "stop", "include", "min_tokens", "strict_min_tokens",
+                 "earliest")
 
     def __init__(self, token_text: Callable[[int], str], stop: tuple[str, ...], include: bool,
-                 min_tokens: int, strict_min_tokens: bool = True):
+                 min_tokens: int, strict_min_tokens: bool = True, earliest: bool = True):
         self.text = ""
         self.token_text = token_text
         self.stop = stop
         self.include = include
         self.min_tokens = min_tokens
         self.strict_min_tokens = strict_min_tokens
+        self.earliest = earliest
 
     def append(self, token_id: int, num_output_tokens: int, hide: bool, check: bool) -> str | None:
         """Add one token's text (unless `hide`) and return the stop string it completes, if any."""
@@ -72,7 +80,7 @@ class TextState:
         self.text += piece
         if not (check and self.stop and self._past_floor(num_output_tokens)):
             return None
-        found = find_stop_string(self.text, len(piece), self.stop)
+        found = find_stop_string(self.text, len(piece), self.stop, self.earliest)
         if found is None:
             return None
         stop_str, start = found
