@@ -9,3 +9,10 @@ __all__ = [
     "ConfigError", "PROFILES", "Request", "RequestStatus", "SamplingParams", "StopProfile",
     "StopResult", "finish_reason", "get_profile", "is_finished", "run_until_stop",
 ]
+
+from sim.api import DeploymentConfig, SimulationConfig, SLOConfig, WorkloadConfig, simulate  # noqa: E402
+from sim.config import EngineConfig  # noqa: E402
+from sim.results import Results  # noqa: E402
+
+__all__ += ["DeploymentConfig", "EngineConfig", "Results", "SLOConfig", "SimulationConfig",
+            "WorkloadConfig", "simulate"]
