@@ -154,10 +154,10 @@ class Engine:
             if profile.apply(req, max_model_len):
                 finished.append(req)
         self._retire(finished, now)
-        self._record_step(step, now)
         for req in self.pending_aborts:
             self._abort_now(req, now)
         self.pending_aborts.clear()
+        self._record_step(step, now)
         if self.config.check_invariants:
             check_invariants(self)
         return finished

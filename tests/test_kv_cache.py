@@ -1,0 +1,118 @@
+"""Paged KV cache and prefix caching (issue 3)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.kv_cache import KVCacheManager
+from sim.request import Request
+from sim.sampling_params import SamplingParams
+
+
+def _req(tokens, name="r") -> Request:
+    return Request(name, np.asarray(tokens, dtype=np.int32), SamplingParams(), eos_token_id=2)
+
+
+def _compute(kv: KVCacheManager, req: Request, n: int, hits=(), num_hit_tokens: int = 0) -> None:
+    assert kv.allocate(req, n, list(hits), num_hit_tokens) is not None
+    req.num_computed_tokens = num_hit_tokens + req.num_computed_tokens + n
+    kv.cache_full_blocks(req)
+
+
+def test_blocks_follow_computed_tokens():
+    kv = KVCacheManager(10, 4, enable_prefix_caching=False)
+    req = _req(range(10))
+    _compute(kv, req, 5)
+    assert len(kv.blocks_of(req)) == 2
+    _compute(kv, req, 3)
+    assert len(kv.blocks_of(req)) == 2
+    _compute(kv, req, 1)
+    assert len(kv.blocks_of(req)) == 3
+    kv.free(req)
+    assert kv.num_free_blocks == 10
+
+
+def test_allocation_that_does_not_fit_changes_nothing():
+    kv = KVCacheManager(3, 4, enable_prefix_caching=False)
+    a = _req(range(8), "a")
+    _compute(kv, a, 8)
+    b = _req(range(8), "b")
+    assert kv.allocate(b, 8) is None
+    assert kv.num_free_blocks == 1 and b not in kv.req_blocks
+
+
+def test_prefix_hit_reuses_full_blocks_and_leaves_one_token():
+    kv = KVCacheManager(16, 4, enable_prefix_caching=True)
+    a = _req(range(100, 112), "a")
+    _compute(kv, a, 12)
+    kv.free(a)
+    b = _req(range(100, 112), "b")           # identical prompt: at most num_tokens - 1 may hit
+    hits, num_hit = kv.lookup_prefix(b)
+    assert num_hit == 8 and len(hits) == 2
+    c = _req(list(range(100, 108)) + [7, 7, 7, 7], "c")   # shares two blocks, then differs
+    assert kv.lookup_prefix(c)[1] == 8
+    d = _req([9] + list(range(101, 112)), "d")            # differs in the first token: chain breaks
+    assert kv.lookup_prefix(d)[1] == 0
+
+
+def test_cached_blocks_are_evicted_least_recently_freed_first():
+    kv = KVCacheManager(4, 4, enable_prefix_caching=True)
+    a, b = _req(range(0, 5), "a"), _req(range(50, 55), "b")
+    _compute(kv, a, 4)
+    _compute(kv, b, 4)
+    kv.free(a)
+    kv.free(b)
+    c = _req(range(90, 99), "c")
+    _compute(kv, c, 8)                 # needs 2 blocks: takes the 2 never-cached, then...
+    d = _req(range(200, 205), "d")
+    _compute(kv, d, 4)                 # ...evicts a's block (freed first), keeps b's
+    assert kv.lookup_prefix(_req(range(0, 5)))[1] == 0
+    assert kv.lookup_prefix(_req(range(50, 55)))[1] == 4
+
+
+def test_shared_prefix_blocks_are_shared_not_copied():
+    kv = KVCacheManager(8, 4, enable_prefix_caching=True)
+    a = _req(range(10, 19), "a")
+    _compute(kv, a, 9)
+    b = _req(list(range(10, 18)) + [1, 2, 3], "b")
+    hits, num_hit = kv.lookup_prefix(b)
+    _compute(kv, b, b.num_tokens - num_hit, hits, num_hit)
+    assert kv.blocks_of(a)[:2] == kv.blocks_of(b)[:2]
+    assert all(kv.ref_cnt[blk] == 2 for blk in kv.blocks_of(b)[:2])
+    kv.free(a)
+    kv.free(b)
+    assert kv.num_free_blocks == 8
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=30))
+def test_blocks_conserved_under_random_allocate_and_free(ops):
+    kv = KVCacheManager(20, 4, enable_prefix_caching=True)
+    live: dict[int, Request] = {}
+    for name, n in ops:
+        req = live.get(name)
+        if req is None or req.num_computed_tokens + n > req.num_tokens:
+            if req is not None:
+                kv.free(req)
+            live[name] = req = _req(np.arange(60) % 7 + name, f"r{name}")
+        hits, num_hit = kv.lookup_prefix(req) if req.num_computed_tokens == 0 else ([], 0)
+        n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
+        if n > 0 and kv.allocate(req, n, hits, num_hit) is not None:
+            req.num_computed_tokens += num_hit + n
+            kv.cache_full_blocks(req)
+        owned = {b for blocks in kv.req_blocks.values() for b in blocks}
+        assert len(owned) + kv.num_free_blocks == kv.num_gpu_blocks
+    for req in live.values():
+        kv.free(req)
+    assert kv.num_free_blocks == kv.num_gpu_blocks
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_free_is_idempotent(caching):
+    kv = KVCacheManager(4, 4, enable_prefix_caching=caching)
+    req = _req(range(6))
+    _compute(kv, req, 6)
+    kv.free(req)
+    kv.free(req)
+    assert kv.num_free_blocks == 4

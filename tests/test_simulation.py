@@ -1,0 +1,115 @@
+"""The engine inside SimPy: arrivals, idling, aborts, bad input, determinism (issue 3)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import SimulationConfig, simulate
+from sim.config import EngineConfig
+from sim.cost import LinearCostModel
+from sim.errors import ConfigError
+from sim.sampling_params import SamplingParams
+from sim.simulation import run_engine
+from workloads import ClosedLoopClients, poisson_workload
+from workloads.spec import RequestSpec
+
+COST = LinearCostModel(fixed_s=0.01, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
+
+
+def _spec(t, prompt_len=8, out=4, rid=None, abort=None, max_tokens=16):
+    return RequestSpec(t, np.arange(prompt_len, dtype=np.int32) + 100, output_len=out, request_id=rid,
+                       sampling_params=SamplingParams(max_tokens=max_tokens), abort_time_s=abort)
+
+
+def test_engine_idles_between_arrivals_and_steps_only_with_work():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64)
+    rec = run_engine([_spec(0.0), _spec(10.0)], cfg, COST)
+    starts = rec.steps.start_time
+    # 1 prefill step + 3 decodes per request, 10 ms each, nothing in between
+    assert len(starts) == 8
+    assert starts[:4] == pytest.approx([0.0, 0.01, 0.02, 0.03])
+    assert starts[4:] == pytest.approx([10.0, 10.01, 10.02, 10.03])
+    assert rec.end_time == pytest.approx(10.04)
+
+
+def test_abort_finishes_request_and_frees_kv_at_once():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64, check_invariants=True)
+    rec = run_engine([_spec(0.0, out=None, rid="long", abort=0.055), _spec(0.0, rid="short")], cfg, COST)
+    i = rec.requests.request_id.index("long")
+    assert rec.requests.finish_reason[i] == "abort"
+    assert rec.requests.finish_time[i] == pytest.approx(0.06)  # at the end of the step in flight
+    assert 0 < rec.requests.num_output_tokens[i] < 16
+    assert rec.steps.kv_blocks_used[-1] == 0
+
+
+def test_abort_of_waiting_request_never_schedules_it():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64, max_num_seqs=1)
+    rec = run_engine([_spec(0.0, rid="a", out=10), _spec(0.0, rid="b", abort=0.03)], cfg, COST)
+    i = rec.requests.request_id.index("b")
+    assert rec.requests.finish_reason[i] == "abort"
+    assert np.isnan(rec.requests.first_scheduled_time[i])
+    assert rec.requests.finish_time[i] == pytest.approx(0.03)
+
+
+def test_prompt_longer_than_max_model_len_is_rejected_not_simulated():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64)
+    rec = run_engine([_spec(0.0, prompt_len=65, rid="big"), _spec(0.0, rid="ok")], cfg, COST)
+    assert rec.requests.rejected == [True, False]
+    assert rec.requests.finish_reason == ["length", "length"] or rec.requests.finish_reason[0] == "length"
+    assert rec.requests.num_output_tokens[0] == 0
+
+
+def test_kv_cache_too_small_for_one_request_is_a_clear_error():
+    with pytest.raises(ConfigError, match="num_gpu_blocks=3.*max_model_len=64"):
+        EngineConfig(num_gpu_blocks=3, block_size=16, max_model_len=64)
+    with pytest.raises(ConfigError, match="num_gpu_blocks"):
+        run_engine([_spec(0.0)], EngineConfig(max_model_len=64), COST, num_gpu_blocks=2)
+
+
+@pytest.mark.parametrize("field,value", [("max_num_seqs", 0), ("block_size", -1), ("scheduling", "lifo"),
+                                         ("long_prefill_token_threshold", -5), ("policy", "nope")])
+def test_out_of_range_settings_are_named(field, value):
+    with pytest.raises(ConfigError, match=field):
+        cfg = EngineConfig(**{field: value, "num_gpu_blocks": 1024})
+        run_engine([_spec(0.0)], cfg, COST)
+
+
+def test_unsorted_arrivals_are_a_clear_error():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64)
+    with pytest.raises(ValueError, match="sorted"):
+        run_engine([_spec(1.0, rid="late"), _spec(0.5, rid="early")], cfg, COST)
+
+
+def test_closed_loop_clients_drive_the_real_engine():
+    cfg = EngineConfig(num_gpu_blocks=2048, max_model_len=4096)
+    workload = ClosedLoopClients(num_users=3, num_requests=12, lengths="sharegpt", think_time=0.5)
+    rec = run_engine(workload, cfg, LinearCostModel(), seed=1)
+    df = pd.DataFrame(rec.requests.columns())
+    assert len(df) == 12 and df["finish_reason"].notna().all()
+    events = sorted([(t, 1) for t in df["arrival_time"]] + [(t, -1) for t in df["finish_time"]])
+    in_flight = np.cumsum([d for _, d in events])
+    assert in_flight.max() <= 3
+
+
+def test_same_config_and_seed_give_identical_results():
+    config = SimulationConfig.from_dict({
+        "engine": {"num_gpu_blocks": 3000, "max_num_batched_tokens": 1024},
+        "workload": {"rate": 8.0, "num_requests": 150}, "seed": 7})
+    a, b = simulate(config), simulate(config)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert a.summary == pytest.approx(b.summary, nan_ok=True)
+    c = simulate(config.replace(seed=8))
+    assert not a.requests["arrival_time"].equals(c.requests["arrival_time"])
+
+
+def test_prefix_caching_hits_on_shared_system_prompt():
+    base = {"engine": {"num_gpu_blocks": 4000}, "deployment": {"cost_model": "linear"},
+            "workload": {"rate": 4.0, "num_requests": 60, "shared_prefix_len": 512}}
+    on = simulate(SimulationConfig.from_dict(base))
+    off = simulate(SimulationConfig.from_dict({**base, "engine": {"num_gpu_blocks": 4000,
+                                                                 "enable_prefix_caching": False}}))
+    assert on.summary["prefix_cache_hit_rate"] > 0.05
+    assert off.summary["prefix_cache_hit_rate"] == 0
+    assert on.summary["ttft_ms_mean"] < off.summary["ttft_ms_mean"]
