@@ -17,7 +17,7 @@ from sim.records import RequestRecords, RunRecords, StepRecords
 from sim.replay import make_text_state
 from sim.request import Request, RequestStatus
 from sim.stop_rules import get_profile, stop_candidates
-from workloads.token_streams import TokenSource
+from workloads.token_streams import stream_for
 
 
 @dataclass(slots=True)
@@ -39,7 +39,6 @@ class Engine:
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
-        self.tokens = TokenSource(config.eos_token_id)
         self.token_text = token_text
         kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.state = EngineState(config, kv)
@@ -47,6 +46,7 @@ class Engine:
         self.steps = StepRecords()
         self.by_id: dict[str, Request] = {}
         self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
+        self.streams: list = []        # per request index: position -> token id
         self.on_finish = None          # callback(request) set by the simulation
         self.pending_aborts: list[Request] = []
         self.in_step = False
@@ -65,6 +65,7 @@ class Engine:
                       spec.priority, text, spec, index)
         self.by_id[request_id] = req
         self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
+        self.streams.append(stream_for(spec, index, self.config.eos_token_id))
         if req.num_prompt_tokens > self.config.max_model_len:
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
@@ -125,7 +126,7 @@ class Engine:
         """Apply the step's results at its end: advance, sample caught-up requests, stop, free."""
         self.in_step = False
         finished = []
-        kv, tokens, profile = self.state.kv, self.tokens, self.stop_profile
+        kv, streams, profile = self.state.kv, self.streams, self.stop_profile
         max_model_len = self.config.max_model_len
         token_times = self.requests.token_times
         first_token = self.requests.first_token_time
@@ -141,7 +142,7 @@ class Engine:
             if computed != req.num_prompt_tokens + position:
                 continue  # mid-prefill chunk: nothing sampled
             index = req.index
-            token = tokens.token_at(req.spec, index, position)
+            token = streams[index](position)
             output.append(token)
             if position == 0:
                 first_token[index] = now

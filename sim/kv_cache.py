@@ -69,18 +69,20 @@ class KVCacheManager:
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
         """Chained hashes of the request's first `num_blocks` full blocks (memoised)."""
         hashes = self.req_hashes.setdefault(req, [])
+        if len(hashes) >= num_blocks:
+            return hashes
         bs = self.block_size
         parent = hashes[-1] if hashes else 0
-        prompt = req.prompt_token_ids
         num_prompt = req.num_prompt_tokens
-        for i in range(len(hashes), num_blocks):
-            start, end = i * bs, (i + 1) * bs
-            if end <= num_prompt:
-                data = prompt[start:end].tobytes()
-            else:
-                tokens = list(prompt[start:num_prompt]) + req.output_token_ids[max(0, start - num_prompt):end - num_prompt]
-                data = np.asarray(tokens, dtype=np.int32).tobytes()
-            parent = hash((parent, data))
+        end_token = num_blocks * bs
+        if end_token > num_prompt:
+            tail = np.asarray(req.output_token_ids[:end_token - num_prompt], dtype=np.int32)
+            data = req.prompt_token_ids.tobytes() + tail.tobytes()
+        else:
+            data = req.prompt_token_ids[:end_token].tobytes()
+        step = 4 * bs  # int32 token ids: every block is compared as the same bytes
+        for start in range(len(hashes) * step, end_token * 4, step):
+            parent = hash((parent, data[start:start + step]))
             hashes.append(parent)
         return hashes
 

@@ -34,3 +34,16 @@ class TokenSource:
         if spec.output_len is not None and position == spec.output_len - 1:
             return self.eos_token_id
         return filler_token(request_index, position)
+
+
+def stream_for(spec, request_index: int, eos_token_id: int):
+    """A request's token stream as one cheap callable: position -> token id (the engine's hot path)."""
+    scripted = spec.output_token_ids
+    base = FILLER_BASE_TOKEN_ID
+    offset = request_index * 7919
+
+    if scripted is not None:
+        n = len(scripted)
+        return lambda p: scripted[p] if p < n else base + (offset + p * 104729) % FILLER_SPAN
+    eos_position = -1 if spec.output_len is None else spec.output_len - 1
+    return lambda p: eos_token_id if p == eos_position else base + (offset + p * 104729) % FILLER_SPAN
