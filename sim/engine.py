@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from policies import get_policy
 from policies.base import EngineState, SchedulerOutput
+from policies.waiting_queue import make_waiting_queue
 from sim.batch import BatchShape
 from sim.config import EngineConfig
 from sim.invariants import check_budget, check_invariants
@@ -41,7 +42,7 @@ class Engine:
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
         kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
-        self.state = EngineState(config, kv)
+        self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
         self.by_id: dict[str, Request] = {}

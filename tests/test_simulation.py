@@ -113,3 +113,22 @@ def test_prefix_caching_hits_on_shared_system_prompt():
     assert on.summary["prefix_cache_hit_rate"] > 0.05
     assert off.summary["prefix_cache_hit_rate"] == 0
     assert on.summary["ttft_ms_mean"] < off.summary["ttft_ms_mean"]
+
+
+def test_priority_scheduling_admits_the_most_important_waiting_request_first():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64, max_num_seqs=1, scheduling="priority")
+    specs = [RequestSpec(0.0, np.arange(8, dtype=np.int32), output_len=3, request_id=rid, priority=p)
+             for rid, p in (("first", 5), ("low", 9), ("high", 0), ("mid", 5))]
+    rec = run_engine(specs, cfg, COST)
+    order = sorted(rec.requests.request_id, key=lambda r: rec.requests.first_scheduled_time[
+        rec.requests.request_id.index(r)])
+    assert order == ["high", "first", "mid", "low"]  # all four wait when the first step is planned
+
+
+def test_fcfs_ignores_priority():
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64, max_num_seqs=1)
+    specs = [RequestSpec(0.0, np.arange(8, dtype=np.int32), output_len=3, request_id=rid, priority=p)
+             for rid, p in (("a", 5), ("b", 9), ("c", 0))]
+    rec = run_engine(specs, cfg, COST)
+    times = rec.requests.first_scheduled_time
+    assert times[0] < times[1] < times[2]
