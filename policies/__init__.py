@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from policies.base import EngineState, Policy, SchedulerOutput
+from policies.orca import OrcaPolicy
+from policies.sarathi import SarathiPolicy
+from policies.static import StaticBatchingPolicy
 from policies.vllm import VllmV1Policy
+from policies.vllm_v0 import VllmV0Policy
 from sim.errors import ConfigError
 
 POLICIES: dict[str, type[Policy]] = {
-    VllmV1Policy.name: VllmV1Policy,
+    policy.name: policy
+    for policy in (VllmV1Policy, VllmV0Policy, OrcaPolicy, SarathiPolicy, StaticBatchingPolicy)
 }
 
 

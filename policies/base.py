@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sim.config import EngineConfig
+from sim.errors import require
 from sim.kv_cache import KVCacheManager
 from sim.request import Request, RequestStatus
 
@@ -49,27 +50,40 @@ class Policy:
 
     # ----- shared moves ------------------------------------------------------------------
     @staticmethod
-    def chunk(state: EngineState, req: Request, budget: int, num_cached: int = 0) -> int:
-        """Tokens `req` would compute now: what it lacks, capped by the threshold and budget."""
-        n = req.num_tokens - req.num_computed_tokens - num_cached
+    def lacking(req: Request, num_cached: int = 0) -> int:
+        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits)."""
+        return req.num_tokens - req.num_computed_tokens - num_cached
+
+    @staticmethod
+    def is_decode(req: Request) -> bool:
+        """Caught up once already and lacks only the token it sampled last: a decode."""
+        return req.num_tokens - req.num_computed_tokens == 1 and bool(req.output_token_ids)
+
+    def chunk(self, state: EngineState, req: Request, budget: int, num_cached: int = 0) -> int:
+        """Tokens `req` would compute now: what it lacks, capped by the threshold and budget.
+
+        A policy may override this to size chunks its own way (Sarathi fills the budget exactly).
+        """
+        n = self.lacking(req, num_cached)
         threshold = state.config.long_prefill_token_threshold
         if 0 < threshold < n and state.config.enable_chunked_prefill:
             n = threshold
         return min(n, budget)
 
-    @staticmethod
-    def try_admit(state: EngineState, req: Request, budget: int, out: SchedulerOutput,
+    def try_admit(self, state: EngineState, req: Request, budget: int, out: SchedulerOutput,
                   whole_prompt: bool) -> int | None:
         """Admit the head waiting request if its chunk and blocks fit. Returns tokens used or None.
 
-        `whole_prompt`: the request must compute everything it lacks in this step (no chunking).
+        `whole_prompt`: the request must compute everything it lacks in this step (no chunking,
+        no `long_prefill_token_threshold`).
         """
         cached_blocks, num_cached = state.kv.lookup_prefix(req)
-        n = Policy.chunk(state, req, UNLIMITED, num_cached)
-        if n > budget:
-            if whole_prompt:
+        if whole_prompt:
+            n = self.lacking(req, num_cached)
+            if n > budget:
                 return None
-            n = budget
+        else:
+            n = self.chunk(state, req, budget, num_cached)
         if n <= 0 or state.kv.allocate(req, n, cached_blocks, num_cached) is None:
             return None
         state.waiting.popleft()
@@ -81,6 +95,47 @@ class Policy:
         out.admitted.append(req)
         out.scheduled.append((req, n))
         return n
+
+    def admit_waiting(self, state: EngineState, budget: int, out: SchedulerOutput,
+                      whole_prompt: bool) -> int:
+        """Admit waiting requests in order while budget, `max_num_seqs` and KV allow.
+
+        The first that does not fit blocks those behind it (head-of-line). Returns budget left.
+        """
+        max_num_seqs = state.config.max_num_seqs
+        while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
+            used = self.try_admit(state, state.waiting[0], budget, out, whole_prompt)
+            if used is None:
+                break
+            budget -= used
+        return budget
+
+    def decode_running(self, state: EngineState, budget: int, out: SchedulerOutput,
+                       reqs: list[Request] | None = None) -> int:
+        """One token each for `reqs` (default: all running, which must all be decodes), in order.
+
+        Stops when the budget is spent; when KV runs out, preempts victims by recompute (a
+        preempted request is skipped). Returns the budget left.
+        """
+        for req in list(state.running if reqs is None else reqs):
+            if budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            fits, refund = self.allocate_or_preempt(state, req, 1, out)
+            budget += refund
+            if fits:
+                out.scheduled.append((req, 1))
+                budget -= 1
+        return budget
+
+    @staticmethod
+    def require_whole_prompt_budget(config: EngineConfig) -> None:
+        """Whole-prompt policies: the longest prompt (or recompute) must fit one step's budget."""
+        require(config.max_num_batched_tokens >= config.max_model_len, "max_num_batched_tokens",
+                config.max_num_batched_tokens,
+                f"must be >= max_model_len={config.max_model_len} with policy={config.policy!r}:"
+                " it schedules whole prompts, so a longer prompt could never run")
 
     @staticmethod
     def preempt(state: EngineState, victim: Request, out: SchedulerOutput) -> int:
