@@ -19,7 +19,7 @@ class VllmV1Policy(Policy):
         out = SchedulerOutput()
         budget = self.schedule_running(state, state.config.max_num_batched_tokens, out)
         if not out.preempted:
-            self.schedule_waiting(state, budget, out)
+            self.admit_waiting(state, budget, out, whole_prompt=not state.config.enable_chunked_prefill)
         return out
 
     def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput) -> int:
@@ -47,14 +47,4 @@ class VllmV1Policy(Policy):
             scheduled.append((req, n))
             budget -= n
             i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
-        return budget
-
-    def schedule_waiting(self, state: EngineState, budget: int, out: SchedulerOutput) -> int:
-        whole = not state.config.enable_chunked_prefill
-        max_num_seqs = state.config.max_num_seqs
-        while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
-            used = self.try_admit(state, state.waiting[0], budget, out, whole)
-            if used is None:
-                break
-            budget -= used
         return budget

@@ -92,3 +92,19 @@ def engine_configs(draw, max_model_len: int = 256):
 
 def make_engine(config: EngineConfig) -> Engine:
     return Engine(config, LinearCostModel(), config.num_gpu_blocks)
+
+
+def assert_outputs_match_run_until_stop(engine: Engine, specs: list[RequestSpec]) -> None:
+    """Every request's finish reason, stop reason and output count equal run_until_stop on its stream."""
+    from sim.replay import run_until_stop
+    from workloads.token_streams import TokenSource
+
+    source, rec = TokenSource(EOS), engine.requests
+    by_id = {s.request_id: s for s in specs}
+    for i, rid in enumerate(rec.request_id):
+        spec = by_id[rid]
+        stream = [source.token_at(spec, i, p) for p in range(400)]
+        expected = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
+                                  max_model_len=engine.config.max_model_len, token_text={})
+        assert (rec.finish_reason[i], rec.stop_reason[i]) == (expected.finish_reason, expected.stop_reason)
+        assert rec.num_output_tokens[i] == len(expected.output_token_ids)

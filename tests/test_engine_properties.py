@@ -5,29 +5,16 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.replay import run_until_stop
-from workloads.token_streams import TokenSource
-from tests.engine_harness import EOS, drive, engine_configs, make_engine, scripted_specs
+from tests.engine_harness import (EOS, assert_outputs_match_run_until_stop, drive, engine_configs,
+                                  make_engine, scripted_specs)
 
-
-def _stream(spec, index: int, length: int) -> list[int]:
-    source = TokenSource(EOS)
-    return [source.token_at(spec, index, p) for p in range(length)]
 
 
 @given(scripted_specs(), engine_configs())
 def test_outputs_equal_run_until_stop_whatever_the_schedule(specs, config):
     engine = make_engine(config)
     drive(engine, specs)
-    rec = engine.requests
-    for i, rid in enumerate(rec.request_id):
-        spec = next(s for s in specs if s.request_id == rid)
-        expected = run_until_stop(_stream(spec, i, 400), EOS, spec.sampling_params,
-                                  prompt_len=spec.num_prompt_tokens, max_model_len=config.max_model_len,
-                                  token_text={})
-        assert rec.finish_reason[i] == expected.finish_reason
-        assert rec.stop_reason[i] == expected.stop_reason
-        assert rec.num_output_tokens[i] == len(expected.output_token_ids)
+    assert_outputs_match_run_until_stop(engine, specs)
 
 
 @given(scripted_specs(), engine_configs())
