@@ -5,7 +5,7 @@ run simulated vs measured TTFT/TPOT/E2E (mean, p50, p90, p99), duration and thro
 relative error, and writes latency-CDF and running/waiting plots (PNG) to --out.
 
     python benchmarks/fidelity.py [--data ../shared/data/real_vllm_runs] [--out fidelity_out]
-                                  [--arrivals queued|workload]
+                                  [--arrivals queued|workload] [--markdown table.md]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from sim.fidelity.real_runs import DEFAULT_ROOT, find_runs, read_run
-from sim.fidelity.report import compare_run, format_table, write_plots
+from sim.fidelity.report import compare_run, format_table, markdown_rows, write_plots
 
 
 def main() -> None:
@@ -23,11 +23,13 @@ def main() -> None:
     ap.add_argument("--data", default=str(DEFAULT_ROOT))
     ap.add_argument("--out", default="fidelity_out")
     ap.add_argument("--arrivals", default="queued", choices=("queued", "workload"))
+    ap.add_argument("--markdown", help="also write the per-run x metric table here (Markdown)")
     args = ap.parse_args()
     runs = find_runs(args.data)
     if not runs:
         raise SystemExit(f"no real runs under {args.data}")
     warnings.simplefilter("ignore", UserWarning)  # "uncalibrated roofline" for the RTX PRO 6000
+    md = ["| run | metric | sim | real | rel. error |", "|---|---|---|---|---|"]
     for path in runs:
         run = read_run(path)
         t0 = time.perf_counter()
@@ -40,6 +42,9 @@ def main() -> None:
         print(format_table(c))
         for p in write_plots(c, run, Path(args.out)):
             print(f" plot: {p}")
+        md += markdown_rows(c)
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -77,3 +77,16 @@ def format_table(c: RunComparison) -> str:
         lines.append(f" per request {m}: median |rel.err| {c.per_request[f'{m}_median_abs_rel_error']:.1%}, "
                      f"corr {c.per_request[f'{m}_corr']:.3f}")
     return "\n".join(lines)
+
+
+def markdown_rows(c: RunComparison) -> list[str]:
+    """Markdown table rows `| run | metric | sim | real | rel. error |` for one run."""
+    rows = []
+    for row in c.aggregates.itertuples():
+        scale, unit = (1e3, " ms") if row.metric.startswith("tpot") else (1.0, "")
+        name = f"**{row.metric}**" if row.metric in HEADLINE else row.metric
+        rows.append(f"| {c.name} | {name} | {row.sim * scale:.3f}{unit} | {row.real * scale:.3f}{unit} "
+                    f"| {row.rel_error:+.1%} |")
+    rows.append(f"| {c.name} | running curve, mean abs. diff | {c.curve['mean_abs_diff']:.1f} req "
+                f"| | {c.curve['rel_mean_abs_diff']:.1%} of real mean |")
+    return rows
