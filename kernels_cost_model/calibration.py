@@ -58,7 +58,13 @@ class Calibration:
 
 
 def default_coeffs(gpu, family: str) -> Coeffs:
-    """Uncalibrated roofline coefficients for a catalog GPU."""
+    """Uncalibrated roofline coefficients for a catalog GPU (measured all-reduce figures where the
+    collectives catalog has them)."""
+    if family == "all_reduce":
+        from .collectives import measured_all_reduce
+        measured = measured_all_reduce(gpu.name)
+        if measured is not None:
+            return measured
     ce, me, overhead = DEFAULT_EFFICIENCY[family]
     bandwidth = gpu.interconnect_bytes_per_s / 2 if family == "all_reduce" else gpu.hbm_bytes_per_s
     return Coeffs(1.0 / (gpu.bf16_flops_per_s * ce), 1.0 / (bandwidth * me), overhead)

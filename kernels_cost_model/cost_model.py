@@ -188,7 +188,10 @@ class RooflineCostModel:
         tp = self.tensor_parallel_size
         if tp > 1:
             c = self.all_reduce
-            ar = 2.0 * L * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
+            # two per layer, plus one after the vocabulary-parallel embedding
+            ar = (2.0 * L + 1.0) * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
+            if sampled:  # vLLM v1 all-gathers the vocabulary-sharded logits of the sampled rows
+                lm += (tp - 1) / tp * d * sampled * self.model.vocab_size * c.s_per_byte + c.overhead_s
         return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
                 lm, ar)
 

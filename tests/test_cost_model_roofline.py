@@ -71,7 +71,10 @@ def test_norm_and_activation_terms():
 def test_tensor_parallel_splits_and_all_reduce():
     bd = model(tp=2).breakdown(BATCH)
     assert bd["qkv_proj"] == pytest.approx(L * mm(T, H, (Q + 2 * KV) / 2))
-    assert bd["all_reduce"] == pytest.approx(2 * L * (2 * (2 - 1) / 2 * D * T * H * B + C))
+    # two per layer and one after the vocabulary-parallel embedding
+    assert bd["all_reduce"] == pytest.approx((2 * L + 1) * (2 * (2 - 1) / 2 * D * T * H * B + C))
+    # the sampled rows' logits are all-gathered from the vocabulary shards
+    assert bd["lm_head"] == pytest.approx(mm(2, H, V / 2) + (2 - 1) / 2 * D * 2 * V * B + C)
 
 
 def test_tile_rows_penalise_small_matmuls():

@@ -1,0 +1,75 @@
+"""Data + expert parallelism for MoE models: DP ranks that step in lockstep and share their experts.
+
+vLLM's DP + EP runs one engine per GPU (attention and dense layers data-parallel, TP 1) and spreads
+the experts over the ranks. Every MoE layer exchanges tokens between ranks, so the ranks run each
+forward pass together: an idle rank runs a dummy batch, and the step lasts as long as the slowest rank.
+
+Per rank r with batch tokens T_r, T = sum of T_r, E experts (top-k), ep ranks:
+- dense operators, attention, LM head, CPU: the base model's price of rank r's own batch;
+- experts: the rank holds E/ep experts and computes T*k/ep routed rows over the
+  (E/ep)(1-(1-k/E)^T) of them the batch touches (one grouped launch for up, one for down);
+- token exchange: vLLM's default all-to-all ("allgather_reducescatter"): per MoE layer an all-gather
+  of the hidden states and a reduce-scatter of the outputs, each moving (ep-1)/ep of T x hidden x 2 B
+  on the bus, priced with the all-reduce coefficients (latency per call + bus bytes / bandwidth).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.batch import BatchShape
+from sim.errors import require
+
+from .cost_model import RooflineCostModel
+
+#: The batch an idle DP rank runs so the others' collectives can proceed (vLLM's dummy batch).
+DUMMY_BATCH = BatchShape([1], [0], 0)
+
+
+@dataclass(frozen=True)
+class ExpertParallelCostModel:
+    """Prices one lockstep step of `ep` DP ranks of a MoE model. `base` is the TP-1 model."""
+
+    base: RooflineCostModel
+    ep: int
+
+    def __post_init__(self) -> None:
+        require(self.base.router is not None, "model", self.base.model.name, "expert parallelism needs a MoE model")
+        require(isinstance(self.ep, int) and self.ep >= 1, "ep", self.ep, "must be an integer >= 1")
+
+    def rank_breakdown(self, batch: BatchShape, total_tokens: int) -> dict[str, float]:
+        """Seconds per operator family on one rank, given all ranks' tokens this step."""
+        terms = dict(self.base.breakdown(batch))
+        b, d, L = self.base, self.base.dtype_bytes, self.base.layers
+        e, k = b.experts, b.top_k
+        t = max(total_tokens, 1)
+        local = e / self.ep
+        active = local * (1.0 - (1.0 - k / e) ** t)
+        per_expert = t * k / self.ep / active
+        terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
+                            + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
+        c = b.all_reduce
+        bus = (self.ep - 1) / self.ep * t * b.hidden * d
+        terms["all_to_all"] = 2.0 * L * (bus * c.s_per_byte + c.overhead_s) if self.ep > 1 else 0.0
+        return terms
+
+    def step_time(self, batches: list[BatchShape | None]) -> float:
+        """Seconds of one lockstep step; None marks an idle rank (it runs the dummy batch)."""
+        shapes = [x if x is not None else DUMMY_BATCH for x in batches]
+        total = sum(x.total_new_tokens for x in shapes)
+        return max(sum(self.rank_breakdown(x, total).values()) for x in shapes)
+
+
+def expert_bytes(model) -> int:
+    """Bytes of the routed experts' weights (gate, up and down projections of every expert)."""
+    from .models import get_model
+    spec = get_model(model)
+    return 3 * spec.num_layers * spec.num_experts * spec.hidden_size * spec.moe_intermediate_size * spec.dtype_bytes
+
+
+def ep_kv_cache_blocks(model, gpu, ep: int, block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                       max_num_batched_tokens: int = 8192) -> int:
+    """KV blocks per rank when each GPU holds only 1/ep of the experts (TP 1 per rank)."""
+    from .kv_memory import kv_bytes_per_token, kv_cache_blocks
+    freed = expert_bytes(model) * (ep - 1) // ep
+    blocks = kv_cache_blocks(model, gpu, 1, block_size, gpu_memory_utilization, max_num_batched_tokens)
+    return blocks + int(freed // (block_size * kv_bytes_per_token(model, 1)))

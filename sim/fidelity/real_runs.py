@@ -1,0 +1,112 @@
+"""Reader of real vLLM benchmark runs (`../shared/data/real_vllm_runs/`, see its README).
+
+A run folder holds `meta.json` (engine arguments), `requests.jsonl` (per-request timestamps) and
+`timeseries.csv` (running/waiting per second); its workload is a JSONL file in `../workloads/` with
+the real token ids. Clocks (from the data's README): `queued_ts`/`scheduled_ts` are the engine's
+monotonic clock, `first_token_ts`/`last_token_ts` the frontend's; both are the host's monotonic
+clock, so TTFT = first_token_ts - queued_ts, E2E = last_token_ts - queued_ts and
+TPOT = (last_token_ts - first_token_ts) / (output_toks - 1).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.sampling_params import SamplingParams
+from workloads.spec import RequestSpec
+
+#: Where the runs live, relative to the repository root (never copied into the repo).
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real_vllm_runs"
+
+#: The workload file each model's run replays (the README: the Qwen file serves both Qwen runs).
+WORKLOAD_FILES = {"llama": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
+                  "qwen": "sharegpt-qwen3-32b-300-sps10.jsonl"}
+
+#: Settings the README gives for every run (vLLM 0.19 defaults where not passed explicitly).
+RUN_DEFAULTS = dict(block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True,
+                    gpu_memory_utilization=0.9, gpu="rtx-pro-6000")
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One measured run: its engine arguments, workload and measurements."""
+
+    name: str
+    path: Path
+    meta: dict
+    workload: list          # RequestSpec, sorted by arrival, arrival in workload time (s from 0)
+    measured: pd.DataFrame  # per request: request_id, arrival_s, ttft_s, tpot_s, e2e_s, ...
+    timeseries: pd.DataFrame
+    first_arrival_wall_s: float = 0.0
+
+    @property
+    def engine_kwargs(self) -> dict:
+        return self.meta["engine_kwargs"]
+
+    def tick_times(self) -> np.ndarray:
+        """The timeseries' ticks on the replay clock (0 = first request queued): `t` counts from
+        `started_at`, which precedes the first request's wall-clock arrival."""
+        started = pd.Timestamp(self.meta["started_at"]).timestamp()
+        return self.timeseries["t"].to_numpy(float) - (self.first_arrival_wall_s - started)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return int(self.engine_kwargs.get("data_parallel_size") or 1)
+
+
+def find_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
+    """Run folders under `root` (empty when the data is absent)."""
+    root = Path(root)
+    return sorted(p.parent for p in root.glob("*/*/meta.json")) if root.is_dir() else []
+
+
+def workload_file(run_dir: Path, meta: dict) -> Path:
+    key = "llama" if "llama" in meta["model"].lower() else "qwen"
+    return run_dir.parent.parent / "workloads" / WORKLOAD_FILES[key]
+
+
+def read_workload(path: str | Path) -> list[RequestSpec]:
+    """RequestSpecs with the real prompt ids and exactly `output_toks` outputs (ignore_eos)."""
+    specs = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            row = json.loads(line)
+            n = int(row["output_toks"])
+            specs.append(RequestSpec(
+                arrival_time_s=row["arrival_time_ns"] * 1e-9,
+                prompt_token_ids=np.asarray(row["input_tok_ids"], dtype=np.int32),
+                output_len=None, request_id=f"bench-{i}",
+                sampling_params=SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)))
+    return sorted(specs, key=lambda s: s.arrival_time_s)
+
+
+def measured_table(rows: list[dict]) -> pd.DataFrame:
+    """Per-request measured latencies from `requests.jsonl` rows (times relative to first queue)."""
+    df = pd.DataFrame(rows)
+    t0 = df["queued_ts"].min()
+    out = pd.DataFrame({"request_id": df["request_id"], "num_prompt_tokens": df["input_toks"],
+                        "num_output_tokens": df["output_toks"]})
+    out["arrival_s"] = df["queued_ts"] - t0
+    out["scheduled_s"] = df["scheduled_ts"] - t0
+    out["first_token_s"] = df["first_token_ts"] - t0
+    out["finish_s"] = df["last_token_ts"] - t0
+    out["ttft_s"] = df["first_token_ts"] - df["queued_ts"]
+    out["e2e_s"] = df["last_token_ts"] - df["queued_ts"]
+    decode = (df["output_toks"] - 1).where(df["output_toks"] > 1)
+    out["tpot_s"] = (df["last_token_ts"] - df["first_token_ts"]) / decode
+    return out
+
+
+def read_run(run_dir: str | Path) -> RealRun:
+    """Load one run folder and its workload."""
+    run_dir = Path(run_dir)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    with open(run_dir / "requests.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return RealRun(run_dir.name, run_dir, meta, read_workload(workload_file(run_dir, meta)),
+                   measured_table(rows), pd.read_csv(run_dir / "timeseries.csv"),
+                   min(r["arrival_time"] for r in rows))

@@ -1,0 +1,93 @@
+"""Replay a real run in the simulator under its engine arguments.
+
+One engine replica for DP1 runs through `sim.api.simulate`. A data-parallel MoE run (DP2 + expert
+parallelism) runs `sim.fidelity.dp` instead: the ranks step in lockstep, as vLLM's DP engines do.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from sim.api import DeploymentConfig, SimulationConfig, simulate
+from sim.config import EngineConfig
+from kernels_cost_model import get_model
+
+from .real_runs import RUN_DEFAULTS, RealRun
+
+ARRIVALS = ("queued", "workload")
+
+
+def engine_config(run: RealRun) -> EngineConfig:
+    """vLLM's engine arguments of the run; max_model_len None means the model's own limit."""
+    kw = run.engine_kwargs
+    spec = get_model(kw["model"])
+    return EngineConfig(block_size=RUN_DEFAULTS["block_size"],
+                        max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
+                        max_num_seqs=kw["max_num_seqs"], max_num_batched_tokens=kw["max_num_batched_tokens"],
+                        enable_chunked_prefill=RUN_DEFAULTS["enable_chunked_prefill"],
+                        enable_prefix_caching=RUN_DEFAULTS["enable_prefix_caching"],
+                        record_token_times=False)
+
+
+def deployment_config(run: RealRun) -> DeploymentConfig:
+    kw = run.engine_kwargs
+    return DeploymentConfig(model=kw["model"], gpu=RUN_DEFAULTS["gpu"],
+                            tensor_parallel_size=int(kw["tensor_parallel_size"]),
+                            gpu_memory_utilization=RUN_DEFAULTS["gpu_memory_utilization"])
+
+
+def simulation_config(run: RealRun) -> SimulationConfig:
+    return SimulationConfig(engine=engine_config(run), deployment=deployment_config(run), seed=0)
+
+
+def replay_workload(run: RealRun, arrivals: str = "queued") -> list:
+    """The run's requests; arrivals at the engine's measured `queued_ts` (default, the clock the
+    latencies are measured from) or at the workload file's `arrival_time_ns`."""
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals={arrivals!r}: must be one of {ARRIVALS}")
+    specs = run.workload
+    if arrivals == "workload":
+        t0 = specs[0].arrival_time_s
+        return [dataclasses.replace(s, arrival_time_s=s.arrival_time_s - t0) for s in specs]
+    queued = dict(zip(run.measured["request_id"], run.measured["arrival_s"]))
+    moved = [dataclasses.replace(s, arrival_time_s=float(queued[s.request_id])) for s in specs]
+    return sorted(moved, key=lambda s: s.arrival_time_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A simulated run in the comparison's terms: per-request table and per-step table."""
+
+    requests: pd.DataFrame   # request_id, arrival_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s
+    steps: pd.DataFrame      # end_s, num_running, num_waiting (summed over DP ranks)
+    num_gpu_blocks: int
+
+
+def replay(run: RealRun, arrivals: str = "queued", config: SimulationConfig | None = None) -> Replay:
+    """Simulate the run; DP > 1 goes through the lockstep DP loop."""
+    config = config or simulation_config(run)
+    specs = replay_workload(run, arrivals)
+    if run.data_parallel_size > 1:
+        from .dp import replay_data_parallel
+        return replay_data_parallel(config, specs, run.data_parallel_size,
+                                    bool(run.engine_kwargs.get("enable_expert_parallel")))
+    res = simulate(config, workload=specs)
+    return Replay(request_table(res.requests), step_table(res.steps), res.meta["num_gpu_blocks"])
+
+
+def request_table(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"request_id": df["request_id"], "arrival_s": df["arrival_time"],
+                         "first_token_s": df["first_token_time"], "finish_s": df["finish_time"],
+                         "ttft_s": df["ttft_s"], "tpot_s": df["tpot_s"], "e2e_s": df["e2e_s"],
+                         "num_output_tokens": df["num_output_tokens"]})
+
+
+def step_table(steps: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"end_s": steps["start_time"] + steps["duration"],
+                         "duration_s": steps["duration"],
+                         "num_running": steps["num_running"], "num_waiting": steps["num_waiting"],
+                         "num_prefill_tokens": steps["num_prefill_tokens"],
+                         "num_decode_tokens": steps["num_decode_tokens"],
+                         "batch_size": steps["batch_size"]})

@@ -1,0 +1,122 @@
+"""Fidelity replay: reading the real vLLM runs, and the comparison arithmetic on hand-made tables."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernels_cost_model import make_cost_model
+from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
+from kernels_cost_model import kv_cache_blocks
+from sim.batch import BatchShape
+from sim.fidelity import compare
+from sim.fidelity.real_runs import DEFAULT_ROOT, find_runs, measured_table, read_run, read_workload
+from sim.fidelity.replay import engine_config, replay_workload
+
+RUNS = find_runs(DEFAULT_ROOT)
+needs_runs = pytest.mark.skipif(not RUNS, reason="../shared/data/real_vllm_runs not present")
+
+
+# ---- comparison arithmetic on a tiny hand-made example ----------------------------------------
+
+def _requests(ttft, tpot, outputs, arrivals, ids=None):
+    ttft, tpot, outputs, arrivals = map(np.asarray, (ttft, tpot, outputs, arrivals))
+    e2e = ttft + tpot * (outputs - 1)
+    return pd.DataFrame({"request_id": ids or [f"r{i}" for i in range(len(ttft))], "arrival_s": arrivals,
+                         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "finish_s": arrivals + e2e,
+                         "num_output_tokens": outputs})
+
+
+REAL = _requests([1.0, 2.0, 3.0], [0.1, 0.1, 0.1], [11, 11, 11], [0.0, 1.0, 2.0])
+SIM = _requests([1.5, 2.5, 2.0], [0.1, 0.2, 0.1], [11, 11, 11], [0.0, 1.0, 2.0])
+
+
+def test_rel_error_and_aggregates_by_hand():
+    assert compare.rel_error(1.1, 1.0) == pytest.approx(0.1)
+    assert math.isnan(compare.rel_error(1.0, 0.0)) and math.isnan(compare.rel_error(float("nan"), 1.0))
+    agg = compare.aggregate(REAL)
+    assert agg["ttft_s_mean"] == pytest.approx(2.0) and agg["ttft_s_p50"] == pytest.approx(2.0)
+    assert agg["ttft_s_p90"] == pytest.approx(2.8)          # numpy linear interpolation
+    assert agg["e2e_s_mean"] == pytest.approx(3.0)          # ttft + 10 x 0.1
+    assert agg["duration_s"] == pytest.approx(2.0 + 4.0)     # last finish 2 + 3 + 1, first arrival 0
+    assert agg["request_throughput"] == pytest.approx(3 / 6.0)
+    assert agg["output_token_throughput"] == pytest.approx(33 / 6.0)
+    table = compare.compare_aggregates(SIM, REAL).set_index("metric")
+    assert table.loc["ttft_s_mean", "sim"] == pytest.approx(2.0)
+    assert table.loc["tpot_s_mean", "rel_error"] == pytest.approx((0.4 / 3 - 0.1) / 0.1)
+    # sim e2e: 2.5, 4.5, 3.0 -> mean 10/3; real mean 3
+    assert table.loc["e2e_s_mean", "rel_error"] == pytest.approx((10 / 3 - 3) / 3)
+
+
+def test_per_request_join_and_summary():
+    both = compare.per_request(SIM.iloc[::-1], REAL)     # order must not matter: joined by id
+    row = both.set_index("request_id").loc["r2"]
+    assert row["ttft_s_rel_error"] == pytest.approx(-1 / 3)
+    summary = compare.per_request_summary(both)
+    assert summary["ttft_s_median_abs_rel_error"] == pytest.approx(1 / 3)
+    assert summary["tpot_s_median_abs_rel_error"] == pytest.approx(0.0)
+
+
+def test_per_second_sampling_takes_the_last_step_ended():
+    steps = pd.DataFrame({"end_s": [0.5, 1.0, 2.5], "num_running": [1, 2, 3], "num_waiting": [4, 5, 6]})
+    s = compare.sample_per_second(steps, [0.2, 1.0, 2.0, 3.0])
+    assert s["num_running"].tolist() == [0, 2, 2, 3] and s["num_waiting"].tolist() == [0, 5, 5, 6]
+    err = compare.curve_error(np.array([1, 2, 3]), np.array([1, 1, 1]))
+    assert err["mean_abs_diff"] == pytest.approx(1.0) and err["rel_mean_abs_diff"] == pytest.approx(1.0)
+
+
+def test_measured_table_uses_queued_ts_as_arrival(tmp_path):
+    rows = [{"request_id": "a", "input_toks": 5, "output_toks": 3, "arrival_time": 1e9, "queued_ts": 100.0,
+             "scheduled_ts": 100.1, "first_token_ts": 100.5, "last_token_ts": 101.5},
+            {"request_id": "b", "input_toks": 7, "output_toks": 1, "arrival_time": 1e9 + 1, "queued_ts": 101.0,
+             "scheduled_ts": 101.0, "first_token_ts": 101.2, "last_token_ts": 101.2}]
+    m = measured_table(rows).set_index("request_id")
+    assert m.loc["a", "ttft_s"] == pytest.approx(0.5) and m.loc["a", "e2e_s"] == pytest.approx(1.5)
+    assert m.loc["a", "tpot_s"] == pytest.approx(0.5) and math.isnan(m.loc["b", "tpot_s"])
+    assert m.loc["b", "arrival_s"] == pytest.approx(1.0) and m.loc["b", "finish_s"] == pytest.approx(1.2)
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(json.dumps({"input_toks": 2, "output_toks": n, "arrival_time_ns": t,
+                                          "input_tok_ids": [1, 2], "output_tok_ids": [0] * n})
+                              for n, t in ((4, 2_000_000_000), (6, 500_000_000))))
+    specs = read_workload(path)
+    assert [s.arrival_time_s for s in specs] == [0.5, 2.0] and specs[0].request_id == "bench-1"
+    p = specs[0].sampling_params
+    assert p.max_tokens == p.min_tokens == 6 and p.ignore_eos
+
+
+# ---- expert parallelism ------------------------------------------------------------------------
+
+def test_expert_parallel_lockstep_is_the_slowest_rank_and_frees_expert_memory():
+    base = make_cost_model("qwen3-30b-a3b", "rtx-pro-6000", calibration=None)
+    ep = ExpertParallelCostModel(base, 2)
+    big, small = BatchShape([1] * 64, [1000] * 64, 64), BatchShape([1] * 8, [1000] * 8, 8)
+    assert ep.step_time([big, small]) == pytest.approx(ep.step_time([small, big]))
+    assert ep.step_time([big, small]) >= ep.step_time([small, small])
+    assert ep.step_time([big, None]) > 0
+    assert ep_kv_cache_blocks("qwen3-30b-a3b", "rtx-pro-6000", 2, 16, 0.9, 2048) > \
+        kv_cache_blocks("qwen3-30b-a3b", "rtx-pro-6000", 1, 16, 0.9, 2048)
+
+
+# ---- the real runs -----------------------------------------------------------------------------
+
+@needs_runs
+def test_real_runs_read_with_counts_and_arrivals():
+    assert {p.name for p in RUNS} >= {"Llama-3.1-8B", "Qwen3-32B", "Qwen3-30B-A3B-Instruct-2507"}
+    for path in RUNS:
+        run = read_run(path)
+        assert len(run.workload) == len(run.measured) == run.meta["num_requests"] == 300
+        arrivals = np.array([s.arrival_time_s for s in run.workload])
+        assert np.all(np.diff(arrivals) >= 0) and 28 < arrivals[-1] - arrivals[0] < 30.5  # 29.1 s span
+        assert (run.measured["ttft_s"] > 0).all() and (run.measured["tpot_s"] > 0).all()
+        by_id = run.measured.set_index("request_id")
+        for spec in run.workload[:20]:  # same requests: prompt and output lengths agree
+            row = by_id.loc[spec.request_id]
+            assert spec.num_prompt_tokens == row["num_prompt_tokens"]
+            assert spec.sampling_params.max_tokens == row["num_output_tokens"]
+        sent = {s.request_id: s.arrival_time_s - arrivals[0] for s in run.workload}
+        lag = np.array([s.arrival_time_s - sent[s.request_id] for s in replay_workload(run)])
+        assert np.all(np.abs(lag) < 0.5) and abs(lag.mean()) < 0.2  # queued about when sent
+        assert engine_config(run).max_num_seqs == 128 and engine_config(run).max_num_batched_tokens == 2048
+        ticks = run.tick_times()
+        assert abs(ticks[0] - 1.0) < 0.2 and len(ticks) == len(run.timeseries)
