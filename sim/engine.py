@@ -183,6 +183,7 @@ class Engine:
         rec.finish_reason[i] = req.finish_reason
         rec.stop_reason[i] = req.stop_reason
         del self.by_id[req.request_id]
+        self.streams[i] = self.quick_stop[i] = None  # keep records only, not the prompt
         if self.on_finish is not None:
             self.on_finish(req)
 
