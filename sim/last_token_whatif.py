@@ -48,7 +48,8 @@ class StrategyResult:
         return {"strategy": self.strategy, "num_steps": self.num_steps,
                 "step_time_pct": self.step_time_pct, "busy_time_pct": self.busy_time_pct,
                 "peak_extra_mib": self.peak_extra_mib, "mean_e2e_delta_s": self.mean_e2e_delta_s,
-                "p99_e2e_delta_s": self.p99_e2e_delta_s, "asked_mean_e2e_delta_s": self.asked_mean_e2e_delta_s,
+                "p99_e2e_delta_s": self.p99_e2e_delta_s,
+                "asked_mean_e2e_delta_s": self.asked_mean_e2e_delta_s,
                 "requests_asked": len(s.asked), "rows_extracted": s.rows,
                 "speculative_rows": s.speculative_rows, "wasted_rows": s.wasted_rows,
                 "prefill_tokens": s.prefill_tokens, "extra_step_s": s.extra_s}
@@ -71,8 +72,8 @@ def e2e_latencies(records: RunRecords) -> np.ndarray:
     """E2E latency (finish - arrival) per request; NaN for rejected or aborted ones."""
     rec = records.requests
     e2e = np.asarray(rec.finish_time, dtype=float) - np.asarray(rec.arrival_time, dtype=float)
-    done = np.array([r in ("stop", "length") and not rej for r, rej in zip(rec.finish_reason, rec.rejected)],
-                    dtype=bool)
+    done = np.array([reason in ("stop", "length") and not rejected
+                     for reason, rejected in zip(rec.finish_reason, rec.rejected)], dtype=bool)
     e2e[~done] = np.nan
     return e2e
 
@@ -86,20 +87,29 @@ def _pct(new: float, old: float) -> float:
     return 100.0 * (new / old - 1.0) if old else float("nan")
 
 
+def _delta(stat, run: np.ndarray, base: np.ndarray) -> float:
+    if not (np.isfinite(run).any() and np.isfinite(base).any()):
+        return float("nan")
+    return float(stat(run) - stat(base))
+
+
+def _p99(x: np.ndarray) -> float:
+    return np.nanpercentile(x, 99)
+
+
 def summarize(strategy: str, run: RunRecords, stats: HiddenStatesStats, base: RunRecords) -> StrategyResult:
     """A strategy's run against the baseline run."""
     e2e, e2e0 = e2e_latencies(run), e2e_latencies(base)
-    paired = run.requests.request_id == base.requests.request_id
     asked = np.asarray(stats.asked, dtype=int)
-    asked_delta = (float(np.nanmean(e2e[asked] - e2e0[asked])) if paired and asked.size else float("nan"))
-    p99 = float(np.nanpercentile(e2e, 99) - np.nanpercentile(e2e0, 99)) if np.isfinite(e2e0).any() else float("nan")
+    paired = run.requests.request_id == base.requests.request_id and asked.size
     return StrategyResult(
         strategy=strategy, records=run, stats=stats, num_steps=len(run.steps),
         step_time_pct=_pct(_mean_step(run), _mean_step(base)),
         busy_time_pct=_pct(sum(run.steps.duration), sum(base.steps.duration)),
         peak_extra_mib=stats.peak_bytes / MIB,
-        mean_e2e_delta_s=float(np.nanmean(e2e) - np.nanmean(e2e0)) if np.isfinite(e2e0).any() else float("nan"),
-        p99_e2e_delta_s=p99, asked_mean_e2e_delta_s=asked_delta)
+        mean_e2e_delta_s=_delta(np.nanmean, e2e, e2e0),
+        p99_e2e_delta_s=_delta(_p99, e2e, e2e0),
+        asked_mean_e2e_delta_s=_delta(np.nanmean, e2e[asked], e2e0[asked]) if paired else float("nan"))
 
 
 def compare_strategies(workload, config, cost_model, num_gpu_blocks: int | None = None, *,

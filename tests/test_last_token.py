@@ -91,7 +91,8 @@ def test_plan_holds_every_stop_and_definite_last_always_stops(specs, config):
     assert num_stops == len(_done(engine))
 
 
-@pytest.mark.parametrize("profile, reason", [("vllm", "stop"), ("vllm-v1-2025", "length"), ("vllm-v0", "stop")])
+@pytest.mark.parametrize("profile, reason",
+                         [("vllm", "stop"), ("vllm-v1-2025", "length"), ("vllm-v0", "stop")])
 def test_eos_on_the_max_tokens_boundary_was_definite_last(profile, reason):
     spec = RequestSpec(0.0, np.arange(5) + 500, output_token_ids=(5, 5, EOS),
                        sampling_params=SamplingParams(max_tokens=3), request_id="r")
@@ -122,7 +123,8 @@ def _kinds(params: SamplingParams, profile: str, num_positions: int, prompt: int
 def test_stop_string_floor_is_the_profiles():
     params = SamplingParams(max_tokens=5, min_tokens=2, ignore_eos=True, stop="a")
     assert _kinds(params, "vllm", 5) == ["none", "none", "speculative", "speculative", "definite_last"]
-    assert _kinds(params, "vllm-v0", 5) == ["none", "speculative", "speculative", "speculative", "definite_last"]
+    assert _kinds(params, "vllm-v0", 5) == ["none", "speculative", "speculative", "speculative",
+                                            "definite_last"]
     ids = SamplingParams(max_tokens=5, min_tokens=2, ignore_eos=True, stop_token_ids=[9])
     assert _kinds(ids, "vllm", 3) == ["none", "speculative", "speculative"]
     length_only = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -153,8 +155,8 @@ def _assert_same(a, b) -> None:
         x, y = ca[name], cb[name]
         assert len(x) == len(y), name
         for u, v in zip(x, y):
-            same = u == v or (isinstance(u, float) and isinstance(v, float) and math.isnan(u) and math.isnan(v))
-            assert same, (name, u, v)
+            both_nan = isinstance(u, float) and isinstance(v, float) and math.isnan(u) and math.isnan(v)
+            assert u == v or both_nan, (name, u, v)
 
 
 @given(specs_with_stops(), configs, st.sampled_from(["hybrid", "prefill"]))
@@ -172,7 +174,8 @@ def test_hidden_states_off_changes_nothing(specs, config, strategy):
 
 
 def test_fraction_zero_workload_is_the_plain_workload():
-    workload = poisson_workload(rate=20, num_requests=60, lengths="sharegpt", ignore_eos=False, max_tokens=300)
+    workload = poisson_workload(rate=20, num_requests=60, lengths="sharegpt", ignore_eos=False,
+                                max_tokens=300)
     config = EngineConfig(num_gpu_blocks=4000, max_model_len=8192, max_num_batched_tokens=2048)
     cm = LinearCostModel()
     plain = run_engine(workload, config, cm, seed=3)
@@ -224,7 +227,8 @@ def test_hybrid_never_delays_a_completion_only_lengthens_steps(specs, config):
         context = [c for _rid, c, _n, _t, _e in log.rows]
         sampled = sum(c + n == t for _rid, c, n, t, _e in log.rows)
         rows = sum(wants_hidden_states(r) for r in plan.extracted)
-        assert duration == cm.step_time(BatchShape(new, context, sampled)) + cost.resolve(cm).extraction_s(rows)
+        extraction = cost.resolve(cm).extraction_s(rows)
+        assert duration == cm.step_time(BatchShape(new, context, sampled)) + extraction
 
 
 @given(specs_with_stops(), configs)
