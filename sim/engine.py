@@ -162,8 +162,6 @@ class Engine:
             if profile.apply(req, max_model_len):
                 finished.append(req)
         self._retire(finished, now)
-        for hook in self.hooks:
-            hook.on_step_end(self, step, now)
         self._record_step(step, now)
         for req in self.pending_aborts:
             self._abort_now(req, now)
@@ -173,15 +171,27 @@ class Engine:
         return finished
 
     def _retire(self, finished: list[Request], now: float) -> None:
+        if self.hooks:
+            self._retire_with_hooks(finished, now)
+            return
         if not finished:
             return
         done = set(finished)
         self.state.running = [r for r in self.state.running if r not in done]
         for req in finished:
-            if self.hooks and any(hook.on_stop(self, req, now) for hook in self.hooks):
-                self.state.kv.free(req, forget=True)  # a hook completes it later (sim.hooks)
-                continue
             self._finish(req, req.status, now)
+
+    def _retire_with_hooks(self, finished: list[Request], now: float) -> None:
+        """A hook may defer a stopped request's completion (its KV goes now), then ends its step."""
+        done = set(finished)
+        self.state.running = [r for r in self.state.running if r not in done]
+        for req in finished:
+            if any(hook.on_stop(self, req, now) for hook in self.hooks):
+                self.state.kv.free(req, forget=True)
+            else:
+                self._finish(req, req.status, now)
+        for hook in self.hooks:
+            hook.on_step_end(self, now)
 
     def complete(self, req: Request, now: float) -> None:
         """Record the finish of a stopped request whose completion a hook deferred."""

@@ -11,7 +11,7 @@ engine does exactly what it did without them, at the same speed (no per-token ca
   strings, length). True defers its completion: the engine frees its KV blocks now but records
   the finish (finish time, the client's answer) only when the hook calls `engine.complete(req,
   now)`. The first hook that returns True owns the request.
-- `on_step_end(engine, step, now)`: after the step's stops are applied.
+- `on_step_end(engine, now)`: the step's stops are applied (before its pending aborts).
 - `has_work()`: the hook has work that needs a step (e.g. a deferred completion); the engine
   keeps stepping, even with nothing scheduled, until it is done.
 """
@@ -31,5 +31,5 @@ class EngineHook:
         """`req` stopped; True defers its completion until the hook calls `engine.complete`."""
         return False
 
-    def on_step_end(self, engine, step, now: float) -> None:
+    def on_step_end(self, engine, now: float) -> None:
         """The step's results are applied."""

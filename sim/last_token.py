@@ -206,7 +206,7 @@ class HybridExtraction(_CostedHook):
                 self.stats.wasted_rows -= 1
         return False
 
-    def on_step_end(self, engine, step, now: float) -> None:
+    def on_step_end(self, engine, now: float) -> None:
         if self.plans is not None:
             self.plans.append((self._plan, frozenset(self._stopped)))
             self._stopped = set()
@@ -254,7 +254,7 @@ class PostSamplingPrefill(_CostedHook):
         s.prefill_tokens += sum(tokens)
         s.peak_bytes = max(s.peak_bytes, sum(tokens) * cost.kv_bytes_per_token + len(rows) * cost.row_bytes)
 
-    def on_step_end(self, engine, step, now: float) -> None:
+    def on_step_end(self, engine, now: float) -> None:
         for req in self.in_flight:
             engine.complete(req, now)
         self.in_flight = []
