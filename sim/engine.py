@@ -35,7 +35,8 @@ class Step:
 class Engine:
     """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
 
-    def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None):
+    def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
+                 hooks=()):
         self.config = config
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
@@ -51,6 +52,7 @@ class Engine:
         self.on_finish = None          # callback(request) set by the simulation
         self.pending_aborts: list[Request] = []
         self.in_step = False
+        self.hooks = list(hooks)       # sim.hooks.EngineHook objects (none: the plain engine)
 
     # ----- arrivals and aborts ------------------------------------------------------------
     def add_request(self, spec, now: float) -> Request:
@@ -96,12 +98,15 @@ class Engine:
     # ----- the step ------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.state.running or self.state.waiting)
+        return bool(self.state.running or self.state.waiting) or self._hooks_have_work()
+
+    def _hooks_have_work(self) -> bool:
+        return any(hook.has_work() for hook in self.hooks)
 
     def plan_step(self, now: float) -> Step | None:
         """Schedule the next step and price it; None if nothing can run."""
         plan = self.policy.schedule(self.state)
-        if not plan.scheduled:
+        if not plan.scheduled and not self._hooks_have_work():
             return None
         new, context, sampled, decode = [], [], 0, 0
         first_scheduled = self.requests.first_scheduled_time
@@ -121,7 +126,10 @@ class Engine:
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.in_step = True
-        return Step(plan, batch, self.cost_model.step_time(batch), now, decode)
+        step = Step(plan, batch, self.cost_model.step_time(batch), now, decode)
+        for hook in self.hooks:
+            hook.on_plan(self, step)
+        return step
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
         """Apply the step's results at its end: advance, sample caught-up requests, stop, free."""
@@ -165,12 +173,31 @@ class Engine:
         return finished
 
     def _retire(self, finished: list[Request], now: float) -> None:
+        if self.hooks:
+            self._retire_with_hooks(finished, now)
+            return
         if not finished:
             return
         done = set(finished)
         self.state.running = [r for r in self.state.running if r not in done]
         for req in finished:
             self._finish(req, req.status, now)
+
+    def _retire_with_hooks(self, finished: list[Request], now: float) -> None:
+        """A hook may defer a stopped request's completion (its KV goes now), then ends its step."""
+        done = set(finished)
+        self.state.running = [r for r in self.state.running if r not in done]
+        for req in finished:
+            if any(hook.on_stop(self, req, now) for hook in self.hooks):
+                self.state.kv.free(req, forget=True)
+            else:
+                self._finish(req, req.status, now)
+        for hook in self.hooks:
+            hook.on_step_end(self, now)
+
+    def complete(self, req: Request, now: float) -> None:
+        """Record the finish of a stopped request whose completion a hook deferred."""
+        self._finish(req, req.status, now)
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
         req.status = status

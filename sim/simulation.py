@@ -105,16 +105,17 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
 
 
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
-               seed: int = 0, token_text=None, until: float | None = None) -> RunRecords:
+               seed: int = 0, token_text=None, until: float | None = None, hooks=()) -> RunRecords:
     """Simulate one engine replica serving `workload`; returns the run's records.
 
     `workload`: RequestSpecs sorted by arrival, an open-loop workload (`iter_requests`) or a
-    closed-loop one (`process`). `num_gpu_blocks` defaults to the config's.
+    closed-loop one (`process`). `num_gpu_blocks` defaults to the config's. `hooks`: engine hooks
+    (`sim.hooks`; fresh objects per run, they keep state).
     """
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
     env = simpy.Environment()
-    engine = Engine(config, cost_model, blocks, token_text=token_text)
+    engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks)
     proc = EngineProcess(env, engine)
     start_workload(env, workload, proc.submit, seed)
     env.run(until=until)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sim.errors import ConfigError
 from sim.request import Request, RequestStatus
+from sim.text import strings_armed
 
 STOPPED = RequestStatus.FINISHED_STOPPED
 LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
@@ -43,12 +44,22 @@ def _stop_token_ids(req: Request, max_model_len: int | None):
 
 
 def _length(req: Request, max_model_len: int | None):
-    num_output = len(req.output_token_ids)
-    if num_output >= req.sampling_params.max_tokens:
-        return LENGTH, None
-    if max_model_len is not None and req.num_prompt_tokens + num_output >= max_model_len:
+    if length_binds(req, len(req.output_token_ids), max_model_len):
         return LENGTH, None
     return None
+
+
+def length_binds(req: Request, num_output: int, max_model_len: int | None) -> bool:
+    """A length rule stops `req` once it has `num_output` output tokens (`max_tokens`, then
+    `max_model_len` on prompt + output), whatever the token is. Known before sampling."""
+    if num_output >= req.sampling_params.max_tokens:
+        return True
+    return max_model_len is not None and req.num_prompt_tokens + num_output >= max_model_len
+
+
+def token_rules_armed(num_output: int, min_tokens: int) -> bool:
+    """EOS and stop token ids are checked on a request's `num_output`-th output token."""
+    return num_output >= min_tokens
 
 
 CONTENT_CHECKS = {"eos": _eos, "stop_token_ids": _stop_token_ids}
@@ -75,7 +86,7 @@ class StopProfile:
 
     def check_token(self, req: Request, max_model_len: int | None):
         """(status, stop_reason) decided by the token checks alone, or None."""
-        below_floor = len(req.output_token_ids) < req.sampling_params.min_tokens
+        below_floor = not token_rules_armed(len(req.output_token_ids), req.sampling_params.min_tokens)
         for name in self.order:
             check = CONTENT_CHECKS.get(name)
             if check is None:
@@ -133,7 +144,33 @@ def stop_candidates(req: Request, max_model_len: int | None) -> tuple[frozenset,
     ids = set(params.stop_token_ids)
     if not params.ignore_eos and req.eos_token_id is not None:
         ids.add(req.eos_token_id)
-    limit = params.max_tokens
+    return frozenset(ids), length_limit(req, max_model_len)
+
+
+def length_limit(req: Request, max_model_len: int | None) -> int:
+    """The output count from which `length_binds`."""
+    limit = req.sampling_params.max_tokens
     if max_model_len is not None:
         limit = min(limit, max_model_len - req.num_prompt_tokens)
-    return frozenset(ids), limit
+    return limit
+
+
+def must_stop_by_length(req: Request, profile: StopProfile, num_output: int,
+                        max_model_len: int | None) -> bool:
+    """`req` stops on its `num_output`-th output token under `profile` whatever is sampled: a
+    length rule binds there (known before sampling)."""
+    return "length" in profile.order and length_binds(req, num_output, max_model_len)
+
+
+def can_stop_by_content(req: Request, profile: StopProfile, num_output: int) -> bool:
+    """A content rule (EOS unless ignored, stop token ids, stop strings) is armed on `req`'s
+    `num_output`-th output token under `profile`: whether it fires depends on what is sampled.
+
+    Uses the floors the checks themselves use: `token_rules_armed` for the token checks and the
+    stop-string floor of the profile (`strings_armed`: strict in V1, not in V0)."""
+    params = req.sampling_params
+    eos = "eos" in profile.order and not params.ignore_eos and req.eos_token_id is not None
+    ids = "stop_token_ids" in profile.order and bool(params.stop_token_ids)
+    if (eos or ids) and token_rules_armed(num_output, params.min_tokens):
+        return True
+    return bool(params.stop) and strings_armed(num_output, params.min_tokens, profile.strict_min_tokens)

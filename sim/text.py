@@ -89,6 +89,12 @@ class TextState:
         return stop_str
 
     def _past_floor(self, num_output_tokens: int) -> bool:
-        if self.strict_min_tokens:
-            return num_output_tokens > self.min_tokens
-        return num_output_tokens >= self.min_tokens
+        return strings_armed(num_output_tokens, self.min_tokens, self.strict_min_tokens)
+
+
+def strings_armed(num_output_tokens: int, min_tokens: int, strict: bool) -> bool:
+    """Stop strings are looked for on the `num_output_tokens`-th output token: beyond `min_tokens`
+    outputs when `strict` (vLLM V1), from `min_tokens` on otherwise (V0)."""
+    if strict:
+        return num_output_tokens > min_tokens
+    return num_output_tokens >= min_tokens

@@ -8,6 +8,7 @@ from workloads.arrivals import (ArrivalProcess, Constant, Gamma, Poisson, TimeVa
 from workloads.base import ClosedLoopWorkload, OpenLoopWorkload, Workload, as_process, feed, is_closed_loop
 from workloads.closed_loop import ClosedLoopClients
 from workloads.delays import ThinkTime
+from workloads.hidden_states import with_hidden_states
 from workloads.errors import TraceFormatError
 from workloads.lengths import (Copula, Empirical, EmpiricalPairs, Fixed, Independent, LogNormal, Normal,
                                Quantile, Uniform, Zipf)
@@ -29,5 +30,5 @@ __all__ = [
     "Workload", "WorkloadClass", "Zipf", "arrival_times", "as_process", "diurnal", "feed", "gamma_workload",
     "is_closed_loop", "length_preset", "make_rng", "piecewise", "poisson_workload", "preset_info",
     "preset_names", "read_azure", "read_burstgpt", "read_generic", "read_mooncake", "read_trace", "rescale",
-    "workload_class",
+    "with_hidden_states", "workload_class",
 ]
