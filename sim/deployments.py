@@ -37,7 +37,7 @@ class DeploymentReport:
 
 
 def search_deployments(plan: Plan) -> DeploymentReport:
-    """Rank the plan's candidates by $/hour (infeasible ones last)."""
+    """Rank the plan's candidates by $/hour, then headroom (infeasible ones last)."""
     prices = load_prices(plan.prices_path, plan.prices)
     hourly = {c: price_per_gpu_hour(prices, c.gpu) for c in plan.candidates}
     with make_executor(plan.executor, workers=plan.workers) as pool:
@@ -46,8 +46,8 @@ def search_deployments(plan: Plan) -> DeploymentReport:
         confirmed = confirm(plan, pool, replicas)
         curves = rate_curves(plan, pool, caps)
     rows = [_row(plan, c, caps[c], confirmed[c], hourly[c]) for c in plan.candidates]
-    table = pd.DataFrame(rows).sort_values(["feasible", "usd_per_hour", "usd_per_million_output_tokens"],
-                                          ascending=[False, True, True], kind="stable")
+    table = pd.DataFrame(rows).sort_values(["feasible", "usd_per_hour", "headroom"],
+                                          ascending=[False, True, False], kind="stable")
     table.insert(0, "rank", range(1, len(table) + 1))
     return DeploymentReport(table.reset_index(drop=True), {c.label: caps[c] for c in plan.candidates}, curves)
 
