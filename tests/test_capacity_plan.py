@@ -112,3 +112,15 @@ def test_parsers_plug_into_any_subparsers():
     add_sweep_parser(sub)
     args = parser.parse_args(["sweep", "--config", "x.toml", "--executor", "ray", "--address", "auto"])
     assert args.address == "auto" and callable(args.func)
+
+
+def test_engine_flag_grid_multiplies_candidates(tmp_path):
+    text = TINY_PLAN.replace("[prices]", "[search.engine]\nmax_num_seqs = [8, 64]\nenable_chunked_prefill = [true]\n[prices]")
+    plan = Plan.from_toml(write(tmp_path, text))
+    labels = [c.label for c in plan.candidates]
+    assert len(labels) == 4 and "a100 TP1 max_num_seqs=64 enable_chunked_prefill=True" in labels
+    assert plan.candidates[1].config(plan.base).engine.max_num_seqs == 64
+    bad = TINY_PLAN.replace("[prices]", "[search.engine]\nmax_num_seqs = [0]\n[prices]")
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, bad))
+    assert err.value.field == "max_num_seqs"
