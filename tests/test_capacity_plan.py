@@ -1,0 +1,126 @@
+"""Deployment search, plan.toml, prices, the capacity/sweep CLI and the plots."""
+import argparse
+
+import pytest
+
+from sim.capacity_cli import add_capacity_parser, add_sweep_parser, main
+from sim.capacity_plots import pareto_front, save_capacity_plots
+from sim.deployments import search_deployments
+from sim.errors import ConfigError
+from sim.plan import Plan
+from sim.pricing import load_prices, price_per_gpu_hour
+
+TINY_PLAN = """
+seed = 0
+[deployment]
+cost_model = "linear"
+[engine]
+num_gpu_blocks = 2048
+max_model_len = 4096
+[workload]
+num_requests = 30
+max_tokens = 32
+rate = 10.0
+[slo]
+ttft_s = 0.5
+[target]
+rate = 10.0
+ttft_p99_s = 0.5
+[search]
+gpus = ["h100", "a100"]
+tensor_parallel_sizes = [1]
+max_replicas = 8
+seeds = [0]
+rel_tol = 0.1
+executor = "serial"
+curve_points = [0.5, 1.0]
+[prices]
+h100 = 3.0
+a100 = 2.0
+"""
+
+
+def write(tmp_path, text, name="plan.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return search_deployments(Plan.from_toml(write(tmp_path_factory.mktemp("plan"), TINY_PLAN)))
+
+
+def test_search_ranks_by_cost_and_reports_headroom(report):
+    table = report.table
+    assert list(table["rank"]) == [1, 2] and table["feasible"].all()
+    # the linear cost model ignores the GPU: same capacity, so the cheaper GPU wins
+    assert table.iloc[0]["gpu"] == "a100" and table.iloc[0]["usd_per_hour"] <= table.iloc[1]["usd_per_hour"]
+    assert (table["headroom"] >= 1).all() and (table["usd_per_million_output_tokens"] > 0).all()
+    assert set(report.curves["candidate"]) == {"h100 TP1", "a100 TP1"}
+
+
+def test_plots_are_written(report, tmp_path):
+    paths = save_capacity_plots(report, tmp_path, slo_ms=500)
+    assert [p.name for p in paths] == ["throughput_latency.png", "slo_attainment.png", "cost_frontier.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert len(pareto_front(report.table)) >= 1
+
+
+@pytest.mark.parametrize("edit, field", [
+    (('gpus = ["h100", "a100"]', 'gpus = ["h100", "tpu-v9"]'), "deployment.gpu"),
+    (("rate = 10.0\nttft", "rate = -1.0\nttft"), "target.rate"),
+    (("seeds = [0]", "seeds = [0]\nbogus = 1"), "search.bogus"),
+    (('gpus = ["h100", "a100"]', "gpus = []"), "search.gpus"),
+])
+def test_bad_plans_name_field_and_value(tmp_path, edit, field):
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, TINY_PLAN.replace(*edit)))
+    assert err.value.field == field
+
+
+def test_prices_have_sources_and_missing_price_is_named():
+    table = load_prices()
+    assert {"provider", "price_date", "source"} <= set(table.columns) and table["source"].notna().all()
+    assert price_per_gpu_hour(table, "h100") > price_per_gpu_hour(table, "a100")
+    with pytest.raises(ConfigError) as err:
+        price_per_gpu_hour(table, "mi300x")
+    assert err.value.field == "deployment.gpu" and err.value.value == "mi300x"
+
+
+def test_example_plan_parses():
+    plan = Plan.from_toml("examples/plan.toml")
+    assert plan.target_rate == 20 and len(plan.candidates) == 3
+
+
+def test_cli_sweep_writes_table_and_bad_config_exits_2(tmp_path, capsys):
+    sweep = write(tmp_path, TINY_PLAN.split("[target]")[0] + "[sweep]\nseeds = [0, 1]\nrate = [2, 4]\n"
+                  "engine.max_num_seqs = [8, 16]\n", "sweep.toml")
+    out = tmp_path / "out"
+    assert main(["sweep", "--config", str(sweep), "--out", str(out), "--executor", "serial", "--no-progress"]) == 0
+    assert (out / "sweep.csv").read_text().count("\n") == 9
+    bad = write(tmp_path, TINY_PLAN.split("[target]")[0] + "[sweep]\nrate = [0]\n", "bad.toml")
+    assert main(["sweep", "--config", str(bad), "--out", str(out)]) == 2
+    assert "workload.rate" in capsys.readouterr().err
+    assert main(["capacity", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_parsers_plug_into_any_subparsers():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_capacity_parser(sub)
+    add_sweep_parser(sub)
+    args = parser.parse_args(["sweep", "--config", "x.toml", "--executor", "ray", "--address", "auto"])
+    assert args.address == "auto" and callable(args.func)
+
+
+def test_engine_flag_grid_multiplies_candidates(tmp_path):
+    text = TINY_PLAN.replace("[prices]", "[search.engine]\nmax_num_seqs = [8, 64]\nenable_chunked_prefill = [true]\n[prices]")
+    plan = Plan.from_toml(write(tmp_path, text))
+    labels = [c.label for c in plan.candidates]
+    assert len(labels) == 4 and "a100 TP1 max_num_seqs=64 enable_chunked_prefill=True" in labels
+    assert plan.candidates[1].config(plan.base).engine.max_num_seqs == 64
+    bad = TINY_PLAN.replace("[prices]", "[search.engine]\nmax_num_seqs = [0]\n[prices]")
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, bad))
+    assert err.value.field == "max_num_seqs"

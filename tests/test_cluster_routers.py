@@ -1,0 +1,59 @@
+"""Multi-replica clusters and routers."""
+import pytest
+
+from sim import SimulationConfig, simulate
+from sim.cluster import simulate_cluster
+from sim.errors import ConfigError
+from sim.routers import ROUTERS
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    return SimulationConfig.from_dict({
+        "deployment": {"cost_model": "linear"}, "engine": {"num_gpu_blocks": 4000},
+        "workload": {"kind": "sessions", "rate": 2.0, "num_requests": 40}})
+
+
+@pytest.fixture(scope="module")
+def by_router(sessions):
+    return {r: simulate_cluster(sessions, 4, r) for r in ROUTERS}
+
+
+def test_prefix_affinity_beats_round_robin_on_multi_turn_chat(by_router):
+    hit = {r: out.summary["prefix_cache_hit_rate"] for r, out in by_router.items()}
+    assert hit["prefix_affinity"] > hit["round_robin"] + 0.2
+    turns = by_router["prefix_affinity"].results.requests.groupby("session_id")["replica"].nunique()
+    assert (turns == 1).all()                           # every session stays on one replica
+
+
+def test_every_request_is_served_once_and_tables_add_up(by_router):
+    for out in by_router.values():
+        n = out.summary["num_requests"]
+        assert n == sum(r.summary["num_requests"] for r in out.replicas)
+        assert out.results.requests["request_id"].is_unique and out.summary["num_completed"] == n
+        assert out.results.requests["arrival_time"].is_monotonic_increasing
+        assert len(out.per_replica()) == 4
+
+
+def test_round_robin_spreads_evenly_and_one_replica_equals_simulate(sessions):
+    out = simulate_cluster(sessions, 3, "round_robin")
+    counts = out.results.requests["replica"].value_counts()
+    assert counts.max() - counts.min() <= 1
+    one = simulate_cluster(sessions, 1)
+    assert one.replicas[0].summary == simulate(sessions).summary
+
+
+def test_heterogeneous_replicas_and_errors(sessions):
+    out = simulate_cluster(sessions, [{"gpu": "h100"}, {"gpu": "a100"}], "least_outstanding")
+    assert out.summary["num_completed"] == out.summary["num_requests"]
+    with pytest.raises(ConfigError) as err:
+        simulate_cluster(sessions, 2, "random")
+    assert err.value.field == "router"
+    with pytest.raises(ConfigError):
+        simulate_cluster(sessions, 0)
+
+
+def test_cluster_is_deterministic(sessions):
+    a = simulate_cluster(sessions, 3, "least_kv").summary
+    b = simulate_cluster(sessions, 3, "least_kv").summary
+    assert a == b
