@@ -85,6 +85,7 @@ class WorkloadConfig:
             return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
+            require(Path(self.path).is_file(), "workload.path", self.path, "trace file not found")
             return w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                    max_requests=self.num_requests, **common)
         if self.kind == "closed_loop":
@@ -185,15 +186,20 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
 
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,
-             until: float | None = None) -> Results:
-    """Run one simulation. `workload` overrides config.workload (any workload object or spec list)."""
+             until: float | None = None, progress=None) -> Results:
+    """Run one simulation. `workload` overrides config.workload (any workload object or spec list).
+
+    `progress`: optional object with `update(now)`, called once per finished request
+    (`sim.progress.Progress` prints simulated time and requests done to stderr).
+    """
     config = config or SimulationConfig()
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload if workload is not None else config.workload.build(
         config.engine.eos_token_id, config.engine.max_model_len)
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
-                         token_text=token_text, until=until)
+                         token_text=token_text, until=until,
+                         progress=progress)
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__}
     return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
 
