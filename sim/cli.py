@@ -6,6 +6,7 @@ To add a subcommand, write a module with `add_parser(subparsers)` that registers
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         print(f"servesim: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `servesim run | head`: the reader left; the run itself succeeded
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130

@@ -131,9 +131,11 @@ def plot_queue_length(results) -> Figure:
     fig, (top, bottom) = _figure(2, 1, size=(10, 6), sharex=True)
     steps, done = results.steps, _done(results)
     top.plot(_step_ends(steps), steps["num_waiting"], drawstyle="steps-post", color=PREFILL, lw=1)
-    top.set_ylabel("waiting requests")
+    top.set_ylabel("waiting requests\n(incl. preempted)")
     top.set_title("Queue length")
-    bottom.scatter(done["arrival_time"], 1e3 * done["queueing_s"], s=4, color=DECODE, alpha=0.6)
+    bottom.scatter(done["arrival_time"], 1e3 * done["queueing_s"], s=4, color=DECODE, alpha=0.6,
+                   label="one dot per request, at its arrival time")
+    bottom.legend(loc="upper right", fontsize=8)
     bottom.set_ylabel("queueing delay (ms)\n(arrival to first scheduled)")
     bottom.set_xlabel("simulated time (s)")
     for ax in (top, bottom):
@@ -179,19 +181,24 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate",
     and summary columns. One panel per latency family; `hue` splits lines (e.g. policy);
     `slo` maps a metric to a target drawn as a dashed line, e.g. {"ttft_ms_p99": 1000}."""
     families = list(dict.fromkeys(m.split("_")[0] for m in metrics))
-    fig, axes = _figure(1, len(families), size=(5 * len(families), 4.2))
-    groups = sweep.groupby(hue, sort=True) if hue else [(None, sweep)]
-    for name, group in groups:
+    fig, axes = _figure(1, len(families), size=(5.5 * len(families), 4.2))
+    groups = list(sweep.groupby(hue, sort=True)) if hue else [(None, sweep)]
+    styles = ("-", "--", ":", "-.")
+    for g, (name, group) in enumerate(groups):
         group = group.sort_values(x)
         for metric in metrics:
-            ax = axes[families.index(metric.split("_")[0])]
+            family = metric.split("_")[0]
+            ax = axes[families.index(family)]
+            same = [m for m in metrics if m.startswith(family + "_")]
             label = _metric_label(metric).split(" (")[0] + (f", {hue}={name}" if hue else "")
-            ax.plot(group[x], group[metric], marker="o", ms=4, label=label)
+            ax.plot(group[x], group[metric], marker="o", ms=4, color=f"C{g}",
+                    ls=styles[same.index(metric) % len(styles)], label=label)
     for ax, family in zip(axes, families):
         unit = next(_metric_label(m).split("(")[-1].rstrip(")") for m in metrics if m.startswith(family))
         for metric, target in (slo or {}).items():
             if metric.startswith(family + "_"):
-                ax.axhline(target, color="red", ls="--", lw=1, label=f"SLO {_metric_label(metric)}")
+                ax.axhline(target, color="red", ls="--", lw=1,
+                           label=f"SLO: {_metric_label(metric).split(' (')[0]} <= {target:g} {unit}")
         ax.set_xlabel(_metric_label(x) if x != "rate" else "offered load (requests/s)")
         ax.set_ylabel(f"{family.upper()} ({unit})")
         ax.grid(alpha=0.3)

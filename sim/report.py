@@ -46,8 +46,11 @@ def format_summary(summary: dict, meta: dict | None = None) -> str:
                  f"{_num(s['total_token_throughput'], 0)} total tok/s")
     slo = (meta or {}).get("slo") or {}
     targets = ", ".join(f"{k.removesuffix('_s').upper()} <= {v * 1e3:g} ms" for k, v in slo.items())
-    lines.append(f"Goodput      {_num(s['goodput'])} req/s meeting SLO "
-                 f"({targets or 'no SLO given'}); attainment {_num(100 * s['slo_attainment'], 1)}%")
+    if targets:
+        lines.append(f"Goodput      {_num(s['goodput'])} req/s meeting SLO ({targets}); "
+                     f"attainment {_num(100 * s['slo_attainment'], 1)}%")
+    else:
+        lines.append("Goodput      - (no SLO given; set --slo-ttft / --slo-tpot)")
     lines += ["", f"{'Latency':30s}{'mean':>10s}{'p50':>10s}{'p90':>10s}{'p99':>10s}"]
     for label, key, unit in LATENCY_ROWS:
         cells = "".join(f"{_num(s[f'{key}_{q}']):>10s}" for q in ("mean", "p50", "p90", "p99"))

@@ -112,3 +112,12 @@ def test_registry_is_a_list_of_add_parser_functions():
 def test_progress_line_goes_to_stderr(capsys):
     code, out, err = run_cli(capsys, "run", *FAST, "--progress")
     assert code == 0 and "requests done" not in out
+
+
+def test_readme_starts_with_the_two_fresh_machine_commands():
+    from pathlib import Path
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    assert lines[2:6] == ["```bash",
+                          "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && servesim run",
+                          'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest',
+                          "```"]

@@ -149,9 +149,9 @@ def run(args) -> int:
     if progress is not None:
         progress.close()
     table = format_summary(results.summary, results.meta)
-    print(json.dumps(results.summary, indent=2) if args.json else table)
     if args.out:
         save_run(results, args.out, args.format, args.plot_format, table)
+    print(json.dumps(results.summary, indent=2) if args.json else table)
     return 0
 
 
@@ -164,4 +164,4 @@ def save_run(results, out: Path, fmt: str, plot_format: str, table: str) -> None
         from sim.plots import save_plots
         paths = save_plots(results, out / "plots", plot_format)
         written.append(f"{len(paths)} plots in plots/")
-    print(f"\nwrote {', '.join(written)} to {out}", file=sys.stderr)
+    print(f"wrote {', '.join(written)} to {out}", file=sys.stderr)
