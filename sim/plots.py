@@ -82,6 +82,8 @@ def plot_kv_occupancy(results) -> Figure:
     if hit.any():
         ax.scatter(t[hit], occ[hit], marker="x", color="red", zorder=3,
                    label=f"preemption ({int(steps['num_preempted'].sum())} in total)")
+    else:
+        ax.plot([], [], " ", label="no preemptions")
     ax.set_ylim(0, 105)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV cache occupancy (%)")

@@ -24,8 +24,12 @@ def describe_setup(meta: dict) -> str:
     """One line naming model, GPU, policy and traffic from a Results.meta."""
     config = meta.get("config") or {}
     dep, eng, wl = config.get("deployment", {}), config.get("engine", {}), config.get("workload", {})
-    traffic = (f"trace {wl.get('path')}" if wl.get("kind") == "trace"
-               else f"{wl.get('kind')} {wl.get('rate')} req/s, {wl.get('lengths')} lengths")
+    kind = wl.get("kind")
+    traffic = {"trace": f"trace {wl.get('path')}",
+               "closed_loop": f"closed loop, {wl.get('num_users')} users",
+               "sessions": f"chat sessions starting at {wl.get('rate')}/s"}.get(kind, f"{kind} {wl.get('rate')} req/s")
+    if kind not in ("trace", "sessions"):
+        traffic += f", {wl.get('lengths')} lengths"
     return (f"{dep.get('model')} on {dep.get('tensor_parallel_size')}x {dep.get('gpu')} "
             f"({dep.get('cost_model')} cost model), policy {eng.get('policy')}, "
             f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "

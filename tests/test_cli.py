@@ -121,3 +121,12 @@ def test_readme_starts_with_the_two_fresh_machine_commands():
                           "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && servesim run",
                           'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest',
                           "```"]
+
+
+def test_without_pyarrow_out_falls_back_to_csv_and_parquet_is_a_config_error(capsys, tmp_path, monkeypatch):
+    import sim.results
+    monkeypatch.setattr(sim.results, "parquet_available", lambda: False)
+    code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "a"), "--plot-format", "none")
+    assert code == 0 and (tmp_path / "a" / "requests.csv").exists()
+    code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "b"), "--format", "parquet")
+    assert code == 2 and err.startswith("servesim: error: format='parquet': Parquet needs pyarrow")

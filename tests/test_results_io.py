@@ -74,3 +74,24 @@ def test_summary_has_the_documented_keys(results):
                 "slo_attainment", "num_preemptions", "prefix_cache_hit_rate", "kv_occupancy_mean",
                 "kv_occupancy_peak", "kv_time_above_90pct"):
         assert key in s
+
+
+def test_empty_statistics_are_null_in_json_and_nan_after_load(tmp_path):
+    import math
+
+    import numpy as np
+
+    from sim import SamplingParams
+    from workloads import RequestSpec
+    config = SimulationConfig().replace(deployment={"cost_model": "linear"}, engine={"num_gpu_blocks": 600})
+    spec = RequestSpec(0.0, np.arange(10), sampling_params=SamplingParams(max_tokens=1, ignore_eos=True))
+    simulate(config, workload=[spec]).save(tmp_path)
+    text = (tmp_path / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["summary"]["tpot_ms_mean"] is None
+    assert math.isnan(Results.load(tmp_path).summary["tpot_ms_mean"])
+
+
+def test_cli_json_is_strict(capsys):
+    from sim.cli import main
+    assert main(["run", "--num-requests", "1", "--max-tokens", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out, parse_constant=lambda c: 1 / 0)["tpot_ms_mean"] is None

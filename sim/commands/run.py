@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -23,7 +24,10 @@ examples:
   servesim run --rate 20 --num-requests 2000 --slo-ttft 500ms --slo-tpot 50ms
   servesim run --model llama-3.1-70b --gpu h100 --tp 4 --policy vllm --max-num-seqs 512
   servesim run --trace azure_conv.csv --target-rate 10 --out runs/azure
-  servesim run --config my_setup.toml --seed 3 --out runs/seed3 --format csv"""
+  servesim run --config my_setup.toml --seed 3 --out runs/seed3 --format csv
+
+exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
+(one line on stderr: servesim: error: <field>=<value>: <reason>)"""
 
 # flag dest -> (section, field); a flag left unset leaves the config's value alone
 FIELDS = {
@@ -127,7 +131,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, metavar="DIR",
                    help="write requests/steps/tokens tables, summary.json, summary.txt and plots/")
-    g.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table format")
+    g.add_argument("--format", choices=("parquet", "csv"),
+                   help="table format (default: parquet when pyarrow is installed, else csv)")
     g.add_argument("--plot-format", choices=("png", "svg", "none"), default="png", help="plot files")
     g.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -141,22 +146,29 @@ def run(args) -> int:
     from sim.api import simulate
     from sim.progress import Progress
     from sim.report import format_summary
+    from sim.results import summary_json
     config = config_from_args(args)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     known = config.workload.kind in ("poisson", "gamma", "closed_loop")
     progress = Progress(config.workload.num_requests if known else None) if show else None
-    results = simulate(config, progress=progress)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = simulate(config, progress=progress)
     if progress is not None:
         progress.close()
+    for warning in caught:
+        print(f"servesim: warning: {warning.message}", file=sys.stderr)
     table = format_summary(results.summary, results.meta)
     if args.out:
         save_run(results, args.out, args.format, args.plot_format, table)
-    print(json.dumps(results.summary, indent=2) if args.json else table)
+    print(json.dumps(summary_json(results.summary), indent=2) if args.json else table)
     return 0
 
 
-def save_run(results, out: Path, fmt: str, plot_format: str, table: str) -> None:
+def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str) -> None:
     """Tables, summary and plots of one run into `out`."""
+    from sim.results import parquet_available
+    fmt = fmt or ("parquet" if parquet_available() else "csv")
     results.save(out, fmt)
     (out / "summary.txt").write_text(table + "\n")
     written = [f"{fmt} tables", "summary.json", "summary.txt"]
