@@ -41,12 +41,16 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--rate", "-1"], "servesim: error: workload.rate=-1.0: must be > 0"),
     (["--tp", "0"], "servesim: error: deployment.tensor_parallel_size=0: must be an integer >= 1"),
-    (["--model", "gpt-17"], "servesim: error: model='gpt-17': unknown model"),
-    (["--gpu", "tpu-v9"], "servesim: error: gpu='tpu-v9': unknown GPU"),
-    (["--policy", "nope"], "servesim: error: policy='nope': unknown"),
-    (["--num-gpu-blocks", "3"], "servesim: error: num_gpu_blocks=3:"),
+    (["--model", "gpt-17"], "servesim: error: deployment.model='gpt-17': unknown model"),
+    (["--gpu", "tpu-v9"], "servesim: error: deployment.gpu='tpu-v9': unknown GPU"),
+    (["--policy", "nope"], "servesim: error: engine.policy='nope': unknown"),
+    (["--num-gpu-blocks", "3"], "servesim: error: engine.num_gpu_blocks=3:"),
     (["--trace", "/no/such/trace.csv"], "servesim: error: workload.path='/no/such/trace.csv': trace file not found"),
     (["--config", "/no/such.toml"], "servesim: error: config='/no/such.toml': file not found"),
+    (["--lengths", "nope"], "servesim: error: workload.lengths='nope': unknown preset"),
+    (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
+     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=8192"),
+    (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "run", *FAST, *argv)
@@ -56,6 +60,8 @@ def test_config_errors_exit_2_with_one_line(capsys, argv, message):
 
 @pytest.mark.parametrize("toml, message", [
     ("[workload]\nrate = 0\n", "workload.rate=0: must be > 0"),
+    ("[engine]\nmax_num_seqs = 0\n", "engine.max_num_seqs=0: must be an integer >= 1"),
+    ("[engine]\nmax_num_seqs = \"many\"\n", "engine.max_num_seqs='many': must be an integer >= 1"),
     ("[workload]\nspeed = 3\n", "workload.speed=3: unknown setting"),
     ("[gpus]\nn = 1\n", "gpus={'n': 1}: unknown section"),
     ("[engine\n", "not valid TOML"),

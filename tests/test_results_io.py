@@ -95,3 +95,14 @@ def test_cli_json_is_strict(capsys):
     from sim.cli import main
     assert main(["run", "--num-requests", "1", "--max-tokens", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out, parse_constant=lambda c: 1 / 0)["tpot_ms_mean"] is None
+
+
+def test_config_errors_name_the_toml_path():
+    from sim import ConfigError
+    with pytest.raises(ConfigError, match=r"^engine\.max_num_seqs=0: ") as info:
+        SimulationConfig().replace(engine={"max_num_seqs": 0})
+    assert info.value.field == "engine.max_num_seqs"
+    with pytest.raises(ConfigError, match=r"^engine\.speed=3: unknown setting"):
+        SimulationConfig().replace(engine={"speed": 3})
+    with pytest.raises(ConfigError, match=r"^engine\.policy='fifo'"):
+        simulate(SimulationConfig().replace(engine={"policy": "fifo"}))
