@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,7 @@ class WorkloadConfig:
             return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
+            require(Path(self.path).is_file(), "workload.path", self.path, "trace file not found")
             return w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                    max_requests=self.num_requests, **common)
         if self.kind == "closed_loop":
@@ -149,7 +151,10 @@ class SimulationConfig:
         updates = {}
         for name, value in sections.items():
             current = getattr(self, name)
-            updates[name] = dataclasses.replace(current, **value) if isinstance(value, dict) else value
+            if isinstance(value, dict):
+                values = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
+                value = _section(name, type(current), {**values, **value})
+            updates[name] = value
         return dataclasses.replace(self, **updates)
 
 
@@ -161,9 +166,21 @@ def _section(name: str, kind: type, values: dict):
         if key not in known:
             raise ConfigError(f"{name}.{key}", values[key], f"unknown setting; known: {sorted(known)}")
     try:
-        return kind(**values)
+        with within(name):
+            return kind(**values)
     except TypeError as exc:
         raise ConfigError(name, values, str(exc)) from None
+
+
+@contextmanager
+def within(section: str):
+    """Name a ConfigError about a bare field by its TOML path: max_num_seqs -> engine.max_num_seqs."""
+    try:
+        yield
+    except ConfigError as exc:
+        if "." in exc.field or exc.field in ("config", "seed"):
+            raise
+        raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
 
 
 def build_cost_model(deployment: DeploymentConfig):
@@ -171,7 +188,8 @@ def build_cost_model(deployment: DeploymentConfig):
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
-    return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size)
+    with within("deployment"):
+        return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size)
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
@@ -180,20 +198,38 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
         return config.engine.num_gpu_blocks
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
-    return kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                           d.gpu_memory_utilization, e.max_num_batched_tokens)
+    with within("deployment"):
+        return kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
+                               d.gpu_memory_utilization, e.max_num_batched_tokens)
+
+
+def check_names(engine: EngineConfig) -> None:
+    """Fail early, with the TOML path, on an unknown policy or stop profile."""
+    from policies import get_policy
+    from sim.stop_rules import get_profile
+    with within("engine"):
+        get_policy(engine.policy)
+        get_profile(engine.stop_profile)
 
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,
-             until: float | None = None) -> Results:
-    """Run one simulation. `workload` overrides config.workload (any workload object or spec list)."""
+             until: float | None = None, progress=None) -> Results:
+    """Run one simulation. `workload` overrides config.workload (any workload object or spec list).
+
+    `progress`: optional object with `update(now)`, called once per finished request
+    (`sim.progress.Progress` prints simulated time and requests done to stderr).
+    """
     config = config or SimulationConfig()
+    check_names(config.engine)
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
-    traffic = workload if workload is not None else config.workload.build(
-        config.engine.eos_token_id, config.engine.max_model_len)
+    traffic = workload
+    if traffic is None:
+        with within("workload"):
+            traffic = config.workload.build(config.engine.eos_token_id, config.engine.max_model_len)
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
-                         token_text=token_text, until=until)
+                         token_text=token_text, until=until,
+                         progress=progress)
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__}
     return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
 

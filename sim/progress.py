@@ -1,36 +1,66 @@
-"""A dependency-free text progress bar on stderr."""
+"""A progress line for long runs on stderr: items done, and simulated time where there is one.
+
+Callers call `update(now)` once per finished item (a request: no per-token cost; a sweep run).
+The line is redrawn at most every `interval_s` of wall time and only once a run has lasted that
+long, so short runs print nothing. Wall time only paces the display; it never touches results.
+"""
 from __future__ import annotations
 
 import sys
+import time
 
 
 class Progress:
-    """`[#####.....] 50/100` redrawn in place; silent when disabled."""
+    """`[####......] simulated 12.3 s | 450/1000 requests done` redrawn in place on `stream`.
 
-    def __init__(self, total: int, enabled: bool = True, done: int = 0, width: int = 30, stream=None):
-        self.total, self.done, self.width = total, done, width
-        self.enabled, self.stream = enabled, stream or sys.stderr
-        self.cached = done
-        self._draw()
+    unit: what is counted ("requests", "runs"); done: items already finished before the start
+    (shown as reused, e.g. sweep results found on disk); enabled: False draws nothing.
+    """
 
-    def step(self, n: int = 1) -> None:
-        before = self._filled()
-        self.done += n
-        if self._filled() != before or self.done == self.total:
+    def __init__(self, total: int | None = None, stream=None, interval_s: float = 0.5,
+                 clock=time.monotonic, *, unit: str = "requests", done: int = 0, enabled: bool = True):
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s = interval_s
+        self.clock = clock
+        self.unit = unit
+        self.finished = self.reused = done
+        self.enabled = enabled
+        self.now: float | None = None
+        self.last_drawn = clock()
+        self.drawn = False
+
+    def update(self, now: float | None = None) -> None:
+        """One more item finished (at simulated time `now`, if it has one)."""
+        self.finished += 1
+        if now is not None:
+            self.now = now
+        wall = self.clock()
+        if wall - self.last_drawn >= self.interval_s:
+            self.last_drawn = wall
             self._draw()
 
-    def _filled(self) -> int:
-        return int(self.width * self.done / self.total) if self.total else 0
+    def line(self) -> str:
+        """The current progress text."""
+        done = f"{self.finished}/{self.total}" if self.total else str(self.finished)
+        bar = ""
+        if self.total:
+            filled = int(20 * min(1.0, self.finished / self.total))
+            bar = "[" + "#" * filled + "." * (20 - filled) + "] "
+        sim = f"simulated {self.now:9.1f} s | " if self.now is not None else ""
+        reused = f" ({self.reused} reused)" if self.reused else ""
+        return f"{bar}{sim}{done} {self.unit} done{reused}"
 
     def _draw(self) -> None:
-        if not self.enabled or not self.total:
+        if not self.enabled:
             return
-        filled = self._filled()
-        note = f" ({self.cached} reused)" if self.cached else ""
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}{note}")
+        self.stream.write("\r" + self.line())
         self.stream.flush()
+        self.drawn = True
 
     def close(self) -> None:
-        if self.enabled and self.total:
+        """Finish the line (only if one was drawn)."""
+        if self.drawn:
+            self._draw()
             self.stream.write("\n")
             self.stream.flush()

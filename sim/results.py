@@ -1,6 +1,7 @@
 """Results: per-request and per-step tables of a run, its summary, and save/load."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from array import array
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.errors import ConfigError
 from sim.metrics import add_latency_columns, summarize
 from sim.records import RunRecords
 
@@ -61,12 +63,14 @@ class Results:
         """Write requests/steps/tokens tables (parquet or csv) and summary.json into `directory`."""
         if fmt not in ("parquet", "csv"):
             raise ValueError(f"fmt={fmt!r}: must be 'parquet' or 'csv'")
+        if fmt == "parquet" and not parquet_available():
+            raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for name, table in (("requests", self.requests), ("steps", self.steps), ("tokens", self.tokens())):
             path = out / f"{name}.{fmt}"
             table.to_parquet(path, index=False) if fmt == "parquet" else table.to_csv(path, index=False)
-        doc = {"summary": self.summary, "meta": self.meta, "format": fmt}
+        doc = {"summary": summary_json(self.summary), "meta": self.meta, "format": fmt}
         (out / "summary.json").write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
         return out
 
@@ -81,7 +85,18 @@ class Results:
         fmt = doc.get("format", "parquet")
         read = pd.read_parquet if fmt == "parquet" else pd.read_csv
         requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
-        return cls(requests, steps, _token_lists(tokens, len(requests)), doc["summary"], doc["meta"])
+        summary = {k: float("nan") if v is None else v for k, v in doc["summary"].items()}
+        return cls(requests, steps, _token_lists(tokens, len(requests)), summary, doc["meta"])
+
+
+def parquet_available() -> bool:
+    """Whether pandas can write Parquet here (pyarrow installed)."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def summary_json(summary: dict) -> dict:
+    """The summary with NaN/inf (an empty statistic) as None, so the JSON is strict (null)."""
+    return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in summary.items()}
 
 
 def _token_lists(tokens: pd.DataFrame, n: int) -> list:

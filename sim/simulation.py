@@ -93,6 +93,18 @@ def start_workload(env: simpy.Environment, workload, submit, seed: int) -> None:
         env.process(arrivals(env, workload, submit))
 
 
+def watch_finishes(env: simpy.Environment, engine: Engine, progress) -> None:
+    """Call `progress.update(env.now)` after each request finishes (O(1) per request)."""
+    inner = engine.on_finish
+
+    def on_finish(req) -> None:
+        if inner is not None:
+            inner(req)
+        progress.update(env.now)
+
+    engine.on_finish = on_finish
+
+
 def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
     """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
     if num_gpu_blocks is None:
@@ -105,18 +117,22 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
 
 
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
-               seed: int = 0, token_text=None, until: float | None = None, hooks=()) -> RunRecords:
+               seed: int = 0, token_text=None, until: float | None = None, hooks=(),
+               progress=None) -> RunRecords:
     """Simulate one engine replica serving `workload`; returns the run's records.
 
     `workload`: RequestSpecs sorted by arrival, an open-loop workload (`iter_requests`) or a
     closed-loop one (`process`). `num_gpu_blocks` defaults to the config's. `hooks`: engine hooks
-    (`sim.hooks`; fresh objects per run, they keep state).
+    (`sim.hooks`; fresh objects per run, they keep state). `progress`: an object whose
+    `update(now)` is called once per finished request (see sim.progress).
     """
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
     env = simpy.Environment()
     engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks)
     proc = EngineProcess(env, engine)
+    if progress is not None:
+        watch_finishes(env, engine, progress)
     start_workload(env, workload, proc.submit, seed)
     env.run(until=until)
     if until is None and engine.by_id:

@@ -148,13 +148,13 @@ def run_sweep(sweep_points: list[SweepPoint], seeds=(0,), *, executor: str = "po
     store = ResultStore(out_dir)
     summaries = {(i, s): store.get(p.key(s)) for i, p, s in jobs}
     todo = [(i, p, s) for i, p, s in jobs if summaries[(i, s)] is None]
-    bar = Progress(len(jobs), enabled=progress, done=len(jobs) - len(todo))
+    bar = Progress(len(jobs), unit="runs", enabled=progress, done=len(jobs) - len(todo))
     with make_executor(executor, workers=workers, address=address) as pool:
         for n, summary in pool.map_unordered(run_task, [p.task(s) for _, p, s in todo]):
             i, point, seed = todo[n]
             summaries[(i, seed)] = summary
             store.put(point.key(seed), summary)
-            bar.step()
+            bar.update()
     bar.close()
     return pd.DataFrame([_row(i, p, s, summaries[(i, s)]) for i, p, s in jobs])
 

@@ -1,0 +1,1 @@
+"""Subcommands of the `servesim` CLI; each module offers `add_parser(subparsers)`."""

@@ -1,0 +1,138 @@
+"""The servesim CLI: exit codes, one-line error messages, outputs, --help."""
+import json
+
+import pytest
+
+from sim.cli import COMMANDS, build_parser, main
+
+FAST = ["--num-requests", "20", "--rate", "20"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_prints_summary_table(capsys):
+    code, out, err = run_cli(capsys, "run", *FAST, "--slo-ttft", "500ms", "--slo-tpot", "0.05")
+    assert code == 0
+    assert "TTFT (ms)" in out and "TPOT (excl. 1st token)" in out and "Goodput" in out
+    assert "TTFT <= 500 ms" in out and "Traceback" not in err
+
+
+def test_run_json_and_seed(capsys):
+    code, out, _ = run_cli(capsys, "run", *FAST, "--json", "--seed", "4")
+    summary = json.loads(out)
+    assert code == 0 and summary["num_requests"] == 20
+    assert json.loads(run_cli(capsys, "run", *FAST, "--json", "--seed", "4")[1]) == summary
+
+
+def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path), "--format", "csv")
+    assert code == 0 and "wrote" in err
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"requests.csv", "steps.csv", "tokens.csv", "summary.json", "summary.txt", "plots"} <= names
+    assert {p.suffix for p in (tmp_path / "plots").iterdir()} == {".png"}
+    code, out, _ = run_cli(capsys, "plot", str(tmp_path), "--format", "svg", "--out", str(tmp_path / "svg"))
+    assert code == 0 and len(list((tmp_path / "svg").glob("*.svg"))) == 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rate", "-1"], "servesim: error: workload.rate=-1.0: must be > 0"),
+    (["--tp", "0"], "servesim: error: deployment.tensor_parallel_size=0: must be an integer >= 1"),
+    (["--model", "gpt-17"], "servesim: error: deployment.model='gpt-17': unknown model"),
+    (["--gpu", "tpu-v9"], "servesim: error: deployment.gpu='tpu-v9': unknown GPU"),
+    (["--policy", "nope"], "servesim: error: engine.policy='nope': unknown"),
+    (["--num-gpu-blocks", "3"], "servesim: error: engine.num_gpu_blocks=3:"),
+    (["--trace", "/no/such/trace.csv"], "servesim: error: workload.path='/no/such/trace.csv': trace file not found"),
+    (["--config", "/no/such.toml"], "servesim: error: config='/no/such.toml': file not found"),
+    (["--lengths", "nope"], "servesim: error: workload.lengths='nope': unknown preset"),
+    (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
+     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=8192"),
+    (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
+])
+def test_config_errors_exit_2_with_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, "run", *FAST, *argv)
+    assert code == 2
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("[workload]\nrate = 0\n", "workload.rate=0: must be > 0"),
+    ("[engine]\nmax_num_seqs = 0\n", "engine.max_num_seqs=0: must be an integer >= 1"),
+    ("[engine]\nmax_num_seqs = \"many\"\n", "engine.max_num_seqs='many': must be an integer >= 1"),
+    ("[workload]\nspeed = 3\n", "workload.speed=3: unknown setting"),
+    ("[gpus]\nn = 1\n", "gpus={'n': 1}: unknown section"),
+    ("[engine\n", "not valid TOML"),
+])
+def test_bad_config_files_exit_2(capsys, tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    code, _, err = run_cli(capsys, "run", "--config", str(path))
+    assert code == 2 and err.startswith("servesim: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_good_config_file_and_flag_override(capsys, tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('seed = 2\n[workload]\nrate = 30.0\nnum_requests = 15\n[slo]\nttft_s = 0.3\n')
+    code, out, _ = run_cli(capsys, "run", "--config", str(path), "--num-requests", "10", "--json")
+    assert code == 0 and json.loads(out)["num_requests"] == 10
+
+
+@pytest.mark.parametrize("argv", [["run", "--rate", "fast"], ["bogus"], [], ["run", "--slo-ttft", "5 min"]])
+def test_usage_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_plot_of_missing_folder_exits_2(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "plot", str(tmp_path))
+    assert code == 2 and "summary.json" in err
+
+
+def test_unexpected_failure_exits_1(capsys, monkeypatch):
+    import sim.api
+    monkeypatch.setattr(sim.api, "run_engine", lambda *a, **k: 1 / 0)
+    code, _, err = run_cli(capsys, "run", *FAST)
+    assert code == 1 and "servesim: unexpected error: ZeroDivisionError" in err
+
+
+def test_help_documents_commands_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    for word in ("run", "plot", "calibrate", "exit codes", "servesim: error: <field>=<value>: <reason>"):
+        assert word in out
+
+
+def test_registry_is_a_list_of_add_parser_functions():
+    names = set(build_parser()._subparsers._group_actions[0].choices)
+    assert {"run", "plot", "calibrate"} <= names and len(COMMANDS) == len(names)
+
+
+def test_progress_line_goes_to_stderr(capsys):
+    code, out, err = run_cli(capsys, "run", *FAST, "--progress")
+    assert code == 0 and "requests done" not in out
+
+
+def test_readme_starts_with_the_two_fresh_machine_commands():
+    from pathlib import Path
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    assert lines[2:6] == ["```bash",
+                          "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && servesim run",
+                          'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest',
+                          "```"]
+
+
+def test_without_pyarrow_out_falls_back_to_csv_and_parquet_is_a_config_error(capsys, tmp_path, monkeypatch):
+    import sim.results
+    monkeypatch.setattr(sim.results, "parquet_available", lambda: False)
+    code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "a"), "--plot-format", "none")
+    assert code == 0 and (tmp_path / "a" / "requests.csv").exists()
+    code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "b"), "--format", "parquet")
+    assert code == 2 and err.startswith("servesim: error: format='parquet': Parquet needs pyarrow")
