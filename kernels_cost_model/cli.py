@@ -9,6 +9,8 @@ deterministic held-out fifth of the shapes (fitted without them), then save a fi
 """
 from __future__ import annotations
 
+import sys
+
 import argparse
 from pathlib import Path
 
@@ -88,7 +90,7 @@ def run_calibrate(args) -> int:
         print("wrote", save_calibration(cal, out))
         return 0
     except ConfigError as exc:
-        print(f"servesim calibrate: error: {exc}")
+        print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
 
 

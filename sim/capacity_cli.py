@@ -55,7 +55,7 @@ def run_capacity(args) -> int:
             plan = dataclasses.replace(plan, executor=args.executor or plan.executor, workers=args.workers)
         report = search_deployments(plan)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def run_sweep_cmd(args) -> int:
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
                        out_dir=args.out, progress=not args.no_progress)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
     path = Path(args.out) / "sweep.csv"
     df.to_csv(path, index=False)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from sim.plots import new_figure, plot_throughput_latency
 
 
 def _by_rate(runs: pd.DataFrame, group: str, columns: list[str]) -> pd.DataFrame:
@@ -22,22 +20,15 @@ def throughput_latency(runs: pd.DataFrame, group: str = "candidate", latency: st
                        slo_ms: float | None = None):
     """Latency (y) against achieved request throughput (x), one line per `group` value."""
     data = _by_rate(runs, group, ["request_throughput", latency])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, part in data.groupby(group, sort=True):
-        ax.plot(part["request_throughput"], part[latency], marker="o", label=str(name))
-    if slo_ms is not None:
-        ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1, label="SLO")
-    ax.set(xlabel="achieved throughput (req/s)", ylabel=latency.replace("_", " "), yscale="log",
-           title="Throughput vs latency, one replica")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return plot_throughput_latency(data, x="request_throughput", metrics=(latency,), hue=group,
+                                   slo={latency: slo_ms} if slo_ms is not None else None,
+                                   title="Throughput vs latency, one replica")
 
 
 def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", min_attainment: float | None = None):
     """SLO attainment (fraction of requests meeting [slo]) against offered rate, per `group`."""
     data = _by_rate(runs, group, ["slo_attainment"])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (ax,) = new_figure(size=(6.4, 4.2))
     for name, part in data.groupby(group, sort=True):
         ax.plot(part["rate"], part["slo_attainment"], marker="o", label=str(name))
     if min_attainment is not None:
@@ -45,7 +36,6 @@ def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", min_attainm
     ax.set(xlabel="offered rate (req/s)", ylabel="SLO attainment", ylim=(-0.02, 1.02),
            title="SLO attainment vs rate, one replica")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -63,7 +53,7 @@ def pareto_front(table: pd.DataFrame, cost: str = "usd_per_hour", value: str = "
 def cost_frontier(table: pd.DataFrame, cost: str = "usd_per_hour", value: str = "headroom"):
     """Each feasible deployment's cost (x) and headroom (y); the Pareto frontier joined."""
     feasible = table[table["feasible"]]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (ax,) = new_figure(size=(6.4, 4.2))
     ax.scatter(feasible[cost], feasible[value], color="tab:blue")
     for _, row in feasible.iterrows():
         ax.annotate(f"{row['candidate']} x{int(row['replicas'])}", (row[cost], row[value]), fontsize=7,
@@ -75,7 +65,6 @@ def cost_frontier(table: pd.DataFrame, cost: str = "usd_per_hour", value: str = 
     ax.set(xlabel=cost.replace("_", " "), ylabel=f"{value} (capacity / target rate)",
            title="Cost frontier of deployments meeting the SLO")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -93,6 +82,5 @@ def save_capacity_plots(report, out_dir: str | Path, slo_ms: float | None = None
     paths = []
     for name, fig in figures:
         fig.savefig(out / name, dpi=120)
-        plt.close(fig)
         paths.append(out / name)
     return paths

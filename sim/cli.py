@@ -1,4 +1,4 @@
-"""The `servesim` command line: `run`, `plot`, `calibrate`, and any subcommand added to COMMANDS.
+"""The `servesim` command line: run, plot, calibrate, sweep, capacity, and any subcommand in COMMANDS.
 
 To add a subcommand, write a module with `add_parser(subparsers)` that registers it and sets
 `func=handler` (handler(args) -> exit code), and add that function to COMMANDS.
@@ -11,6 +11,7 @@ import sys
 import traceback
 
 from kernels_cost_model.cli import add_calibrate_parser
+from sim.capacity_cli import add_capacity_parser, add_sweep_parser
 from sim.commands import plot, run
 from sim.errors import ConfigError
 
@@ -18,6 +19,8 @@ COMMANDS = [
     run.add_parser,
     plot.add_parser,
     add_calibrate_parser,
+    add_sweep_parser,
+    add_capacity_parser,
 ]
 
 EPILOG = """\

@@ -21,7 +21,8 @@ LATENCIES = (  # (per-request column or "itl", title, unit scale, unit)
 )
 
 
-def _figure(rows: int = 1, cols: int = 1, size=(8, 4.5), **kw):
+def new_figure(rows: int = 1, cols: int = 1, size=(8, 4.5), **kw):
+    """A pyplot-free Figure with constrained layout and its axes, flattened."""
     fig = Figure(figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, **kw)
     return fig, axes.ravel()
@@ -43,7 +44,7 @@ def _fmt(value: float) -> str:
 
 def plot_latency_cdfs(results) -> Figure:
     """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over completed requests, p50/p99 marked."""
-    fig, axes = _figure(2, 2, size=(10, 7))
+    fig, axes = new_figure(2, 2, size=(10, 7))
     done = _done(results)
     for ax, (column, title, scale, unit) in zip(axes, LATENCIES):
         values = _itl(results) if column == "itl" else done[column].to_numpy(dtype=float)
@@ -71,7 +72,7 @@ def _step_ends(steps: pd.DataFrame) -> np.ndarray:
 
 def plot_kv_occupancy(results) -> Figure:
     """KV-cache blocks in use over time (% of the cache), steps with preemptions marked."""
-    fig, (ax,) = _figure(size=(10, 4))
+    fig, (ax,) = new_figure(size=(10, 4))
     steps = results.steps
     total = results.meta.get("num_gpu_blocks")
     occ = 100 * steps["kv_blocks_used"].to_numpy(dtype=float) / total
@@ -104,7 +105,7 @@ def _binned(steps: pd.DataFrame, columns: list[str], bins: int) -> tuple[np.ndar
 
 def plot_batch_composition(results, bins: int = 120) -> Figure:
     """Prefill vs decode tokens per step, and running vs waiting requests, over time."""
-    fig, (top, bottom) = _figure(2, 1, size=(10, 6.5), sharex=True)
+    fig, (top, bottom) = new_figure(2, 1, size=(10, 6.5), sharex=True)
     steps = results.steps
     if steps.empty:
         top.text(0.5, 0.5, "no steps", ha="center", transform=top.transAxes)
@@ -130,7 +131,7 @@ def plot_batch_composition(results, bins: int = 120) -> Figure:
 
 def plot_queue_length(results) -> Figure:
     """Waiting requests over time, and each request's queueing delay against its arrival time."""
-    fig, (top, bottom) = _figure(2, 1, size=(10, 6), sharex=True)
+    fig, (top, bottom) = new_figure(2, 1, size=(10, 6), sharex=True)
     steps, done = results.steps, _done(results)
     top.plot(_step_ends(steps), steps["num_waiting"], drawstyle="steps-post", color=PREFILL, lw=1)
     top.set_ylabel("waiting requests\n(incl. preempted)")
@@ -148,7 +149,7 @@ def plot_queue_length(results) -> Figure:
 def plot_timeline(results, max_requests: int = 50) -> Figure:
     """Per-request Gantt chart of the first `max_requests`: queued, prefill, decode."""
     req = results.requests.head(max_requests)
-    fig, (ax,) = _figure(size=(10, max(3.0, 0.18 * len(req) + 1.5)))
+    fig, (ax,) = new_figure(size=(10, max(3.0, 0.18 * len(req) + 1.5)))
     y = np.arange(len(req))
     phases = ((req["arrival_time"], req["first_scheduled_time"], QUEUE, "queued"),
               (req["first_scheduled_time"], req["first_token_time"], PREFILL, "prefill (to first token)"),
@@ -183,7 +184,7 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate",
     and summary columns. One panel per latency family; `hue` splits lines (e.g. policy);
     `slo` maps a metric to a target drawn as a dashed line, e.g. {"ttft_ms_p99": 1000}."""
     families = list(dict.fromkeys(m.split("_")[0] for m in metrics))
-    fig, axes = _figure(1, len(families), size=(5.5 * len(families), 4.2))
+    fig, axes = new_figure(1, len(families), size=(5.5 * len(families), 4.2))
     groups = list(sweep.groupby(hue, sort=True)) if hue else [(None, sweep)]
     styles = ("-", "--", ":", "-.")
     for g, (name, group) in enumerate(groups):

@@ -123,4 +123,4 @@ def test_engine_flag_grid_multiplies_candidates(tmp_path):
     bad = TINY_PLAN.replace("[prices]", "[search.engine]\nmax_num_seqs = [0]\n[prices]")
     with pytest.raises(ConfigError) as err:
         Plan.from_toml(write(tmp_path, bad))
-    assert err.value.field == "max_num_seqs"
+    assert err.value.field == "engine.max_num_seqs"  # named by its TOML path

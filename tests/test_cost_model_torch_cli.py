@@ -33,7 +33,8 @@ def test_calibrate_from_profile(tmp_path, capsys):
 def test_calibrate_errors_are_exit_code_2(tmp_path, capsys):
     assert main(["calibrate", "--profile", str(tmp_path / "missing.csv")]) == 2
     assert main(["calibrate"]) == 2
-    assert "error" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("servesim: error: ") == 2
 
 
 def test_torch_backend_quick_cpu_profile_calibrates(tmp_path):
