@@ -142,6 +142,9 @@ class RooflineCostModel:
     mixed_decode: tuple[float, float] = (0.0, 0.0)  # s/byte per query head, per KV head; see attention_backend
     all_reduce_curve: CollectiveCurve | None = None  # measured time by size for tp ranks (collectives.py)
     all_gather_curve: CollectiveCurve | None = None
+    #: vLLM's async scheduling: the engine's CPU work for the next step overlaps this step's GPU work,
+    #: so a step lasts max(GPU, CPU) instead of GPU + CPU. Off unless set (dataclasses.replace).
+    async_scheduling: bool = False
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -166,8 +169,10 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
-        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
-                           pf_tile) + (cpu,)
+        gpu = self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
+            cpu = max(0.0, cpu - sum(gpu))
+        return gpu + (cpu,)
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
                pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:

@@ -112,3 +112,19 @@ def test_mixed_term_only_beside_a_prefill_and_only_where_measured():
     assert sum(pro.breakdown(mixed)[k] for k in attn) > 1.2 * sum(h100.breakdown(mixed)[k] for k in attn)
     # a decode row that turns into a 2-token chunk never shortens the step
     assert pro.step_time(BatchShape([2] + [1] * 63, [1499] + [1500] * 63, 64)) >= pro.step_time(decode_only)
+
+
+# ---- async scheduling ---------------------------------------------------------------------------
+
+def test_async_scheduling_hides_cpu_under_gpu_and_is_off_by_default():
+    import dataclasses
+    cm = make_cost_model("llama-3.1-8b", "h100", calibration=None)
+    assert not cm.async_scheduling
+    batch = BatchShape([1] * 32, [500] * 32, 32)
+    sync = cm.breakdown(batch)
+    overlapped = dataclasses.replace(cm, async_scheduling=True)
+    gpu = sum(v for k, v in sync.items() if k != "cpu")
+    assert sync["cpu"] > 0
+    assert overlapped.step_time(batch) == pytest.approx(max(gpu, sync["cpu"]))
+    assert overlapped.breakdown(batch)["cpu"] == pytest.approx(max(0.0, sync["cpu"] - gpu))
+    assert overlapped.step_time(BatchShape([0], [10], 0)) == pytest.approx(cm.step_time(BatchShape([0], [10], 0)))
