@@ -15,6 +15,8 @@ from pathlib import Path
 from sim.batch import BatchShape
 from sim.errors import ConfigError, require
 
+from .attention_backend import mixed_decode_s_per_byte
+from .collectives import CollectiveCurve, collective_curve
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
 from .models import ModelSpec, get_model
@@ -137,6 +139,12 @@ class RooflineCostModel:
     add: Coeffs
     embed: Coeffs
     all_reduce: Coeffs
+    mixed_decode: tuple[float, float] = (0.0, 0.0)  # s/byte per query head, per KV head; see attention_backend
+    all_reduce_curve: CollectiveCurve | None = None  # measured time by size for tp ranks (collectives.py)
+    all_gather_curve: CollectiveCurve | None = None
+    #: vLLM's async scheduling: the engine's CPU work for the next step overlaps this step's GPU work,
+    #: so a step lasts max(GPU, CPU) instead of GPU + CPU. Off unless set (dataclasses.replace).
+    async_scheduling: bool = False
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -161,8 +169,10 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
-        return self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
-                           pf_tile) + (cpu,)
+        gpu = self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
+            cpu = max(0.0, cpu - sum(gpu))
+        return gpu + (cpu,)
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
                pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
@@ -186,11 +196,15 @@ class RooflineCostModel:
         lm = self.lm_head.time(sampled, d) if sampled else 0.0
         ar = 0.0
         tp = self.tensor_parallel_size
-        if tp > 1:
-            c = self.all_reduce
-            # two per layer, plus one after the vocabulary-parallel embedding
-            ar = (2.0 * L + 1.0) * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
-            if sampled:  # vLLM v1 all-gathers the vocabulary-sharded logits of the sampled rows
+        if tp > 1:  # two all-reduces per layer, one after the vocabulary-parallel embedding; vLLM v1
+            c, arc, agc = self.all_reduce, self.all_reduce_curve, self.all_gather_curve  # all-gathers the
+            if arc is not None:                                   # sampled rows' vocabulary-sharded logits
+                ar = (2.0 * L + 1.0) * arc.time(d * t * h)
+            else:
+                ar = (2.0 * L + 1.0) * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
+            if sampled and agc is not None:
+                lm += agc.time(d * sampled * self.model.vocab_size / tp)
+            elif sampled:
                 lm += (tp - 1) / tp * d * sampled * self.model.vocab_size * c.s_per_byte + c.overhead_s
         return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
                 lm, ar)
@@ -211,6 +225,10 @@ class RooflineCostModel:
         m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
         c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
         m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte
+        sq, skv = self.mixed_decode
+        if n_pf and sq:  # FA2 beside a prefill chunk: no GQA packing (attention_backend.py)
+            m_mixed = d * 2.0 * ((n_dec + dec_keys) * self.q_gpu * sq + dec_keys * self.kv_gpu * skv)
+            m_dec = m_mixed if m_mixed > m_dec else m_dec
         compute, memory = c_pf + c_dec, m_pf + m_dec
         overhead = pf.overhead_s if n_pf else dc.overhead_s
         total = (compute if compute > memory else memory) + overhead
@@ -297,4 +315,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
         embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
+        mixed_decode=mixed_decode_s_per_byte(hw.name),
+        all_reduce_curve=collective_curve(hw.name, tp, "all_reduce") if tp > 1 else None,
+        all_gather_curve=collective_curve(hw.name, tp, "all_gather") if tp > 1 else None,
     )

@@ -10,7 +10,8 @@ Per rank r with batch tokens T_r, T = sum of T_r, E experts (top-k), ep ranks:
   (E/ep)(1-(1-k/E)^T) of them the batch touches (one grouped launch for up, one for down);
 - token exchange: vLLM's default all-to-all ("allgather_reducescatter"): per MoE layer an all-gather
   of the hidden states and a reduce-scatter of the outputs, each moving (ep-1)/ep of T x hidden x 2 B
-  on the bus, priced with the all-reduce coefficients (latency per call + bus bytes / bandwidth).
+  on the bus: at the measured all-gather / reduce-scatter curves where this GPU has them for ep ranks
+  (local size T x hidden x 2 B / ep), else with the all-reduce coefficients (latency + bus bytes / bw).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from sim.batch import BatchShape
 from sim.errors import require
 
+from .collectives import collective_curve
 from .cost_model import RooflineCostModel
 
 #: The batch an idle DP rank runs so the others' collectives can proceed (vLLM's dummy batch).
@@ -47,10 +49,18 @@ class ExpertParallelCostModel:
         per_expert = t * k / self.ep / active
         terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
                             + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
-        c = b.all_reduce
-        bus = (self.ep - 1) / self.ep * t * b.hidden * d
-        terms["all_to_all"] = 2.0 * L * (bus * c.s_per_byte + c.overhead_s) if self.ep > 1 else 0.0
+        terms["all_to_all"] = 2.0 * L * self._exchange(t * b.hidden * d) if self.ep > 1 else 0.0
         return terms
+
+    def _exchange(self, total_bytes: float) -> float:
+        """One MoE layer's all-gather + reduce-scatter of `total_bytes` of hidden states over the ranks,
+        at the measured curves where they exist (local size = total / ep), else latency + bus bytes / bw."""
+        gpu, ep = self.base.gpu.name, self.ep
+        ag, rs = collective_curve(gpu, ep, "all_gather"), collective_curve(gpu, ep, "reduce_scatter")
+        if ag is not None and rs is not None:
+            return 0.5 * (ag.time(total_bytes / ep) + rs.time(total_bytes / ep))
+        c = self.base.all_reduce
+        return (ep - 1) / ep * total_bytes * c.s_per_byte + c.overhead_s
 
     def step_time(self, batches: list[BatchShape | None]) -> float:
         """Seconds of one lockstep step; None marks an idle rank (it runs the dummy batch)."""
