@@ -29,7 +29,7 @@ class Step:
     batch: BatchShape
     duration: float
     start: float
-    num_decode: int
+    num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
 
 
 class Engine:
@@ -108,25 +108,20 @@ class Engine:
         plan = self.policy.schedule(self.state)
         if not plan.scheduled and not self._hooks_have_work():
             return None
-        new, context, sampled, decode = [], [], 0, 0
+        scheduled = plan.scheduled
+        new = [n for _, n in scheduled]
+        context = [r.num_computed_tokens for r, _ in scheduled]
+        lacking = [r.num_prompt_tokens + len(r.output_token_ids) - c for (r, _), c in zip(scheduled, context)]
+        caught_up = [n == k for n, k in zip(new, lacking)]  # rows that sample this step
         first_scheduled = self.requests.first_scheduled_time
-        for req, n in plan.scheduled:
-            computed = req.num_computed_tokens
-            new.append(n)
-            context.append(computed)
-            num_output = len(req.output_token_ids)
-            if computed + n == req.num_prompt_tokens + num_output:
-                sampled += 1
-                if n == 1 and num_output:
-                    decode += 1
-                    continue
+        for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
                 first_scheduled[req.index] = now
-        batch = BatchShape(new, context, sampled)
+        batch = BatchShape(new, context, caught_up.count(True))
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.in_step = True
-        step = Step(plan, batch, self.cost_model.step_time(batch), now, decode)
+        step = Step(plan, batch, self.cost_model.step_time(batch), now, 0)
         for hook in self.hooks:
             hook.on_plan(self, step)
         return step
@@ -141,6 +136,7 @@ class Engine:
         first_token = self.requests.first_token_time
         quick_stop = self.quick_stop
         block_size, caching = kv.block_size, kv.enable_prefix_caching
+        num_decode = 0
         for req, n in step.plan.scheduled:
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -150,6 +146,8 @@ class Engine:
             position = len(output)
             if computed != req.num_prompt_tokens + position:
                 continue  # mid-prefill chunk: nothing sampled
+            if n == 1 and position:
+                num_decode += 1
             index = req.index
             token = streams[index](position)
             output.append(token)
@@ -163,6 +161,7 @@ class Engine:
                 continue  # cannot stop on this token under any profile
             if profile.apply(req, max_model_len):
                 finished.append(req)
+        step.num_decode = num_decode
         self._retire(finished, now)
         for req in self.pending_aborts:
             self._abort_now(req, now)

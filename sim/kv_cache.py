@@ -74,14 +74,13 @@ class KVCacheManager:
         bs = self.block_size
         parent = hashes[-1] if hashes else 0
         num_prompt = req.num_prompt_tokens
-        end_token = num_blocks * bs
-        if end_token > num_prompt:
-            tail = np.asarray(req.output_token_ids[:end_token - num_prompt], dtype=np.int32)
-            data = req.prompt_token_ids.tobytes() + tail.tobytes()
-        else:
-            data = req.prompt_token_ids[:end_token].tobytes()
+        first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
+        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes()
+        if end > num_prompt:
+            tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
+            data += np.asarray(tail, dtype=np.int32).tobytes()
         step = 4 * bs  # int32 token ids: every block is compared as the same bytes
-        for start in range(len(hashes) * step, end_token * 4, step):
+        for start in range(0, len(data), step):
             parent = hash((parent, data[start:start + step]))
             hashes.append(parent)
         return hashes
