@@ -133,6 +133,40 @@ for profile in ("vllm", "vllm-v1-2025"):
     print(f"{profile:14s} engine: {row.finish_reason!r} after {row.num_output_tokens} tokens; "
           f"replay: {replay.finish_reason!r}")
     assert row.finish_reason == replay.finish_reason"""),
+    new_markdown_cell("""\
+## Returning the last token's hidden state: which strategy is cheaper?
+
+The hidden state comes out of the forward pass before the engine knows whether the token is the
+last. Length stops are known in advance (`definite_last`); content stops (EOS, stop ids, stop strings)
+are not (`speculative`). *Hybrid* extracts for every request that might stop this step and discards
+the rest; *post-sampling prefill* recomputes each finished request's sequence in the next step.
+Below, every request asks, on a length-bound workload (`ignore_eos`, fixed `max_tokens`) and an
+EOS-heavy one (EOS at each request's natural length); small runs, so the figures are indicative."""),
+    new_code_cell("""\
+import pandas as pd
+from sim.last_token import compare_strategies
+from sim.config import EngineConfig
+from kernels_cost_model import make_cost_model
+from workloads import poisson_workload
+from workloads.hidden_states import with_hidden_states
+
+cost_model = make_cost_model("llama-3.1-8b", "h100")
+engine = EngineConfig(num_gpu_blocks=20000)
+traffic = {
+    "length-bound": poisson_workload(4.0, 150, "sharegpt", max_tokens=128, ignore_eos=True),
+    "EOS-heavy": poisson_workload(4.0, 150, "sharegpt", max_tokens=2048, ignore_eos=False),
+}
+tables = []
+for name, workload in traffic.items():
+    table = compare_strategies(with_hidden_states(workload, 1.0), engine, cost_model, seed=0).table().reset_index()
+    tables.append(table.assign(workload=name))
+pd.concat(tables)[["workload", "strategy", "step_time_pct", "peak_extra_mib", "mean_e2e_delta_s",
+                   "p99_e2e_delta_s"]]"""),
+    new_markdown_cell("""\
+Hybrid adds a small extraction copy per step, even when most extracted rows are wasted (EOS-heavy
+traffic makes every decode `speculative`); post-sampling prefill recomputes whole sequences and
+delays each answer by a step. The crossover moves with hidden size, copy bandwidth and how long the
+sequences are: rerun with your own `HiddenStatesCost` and traffic."""),
 ]
 
 LATENCY = [
