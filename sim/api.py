@@ -137,14 +137,7 @@ class SimulationConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> "SimulationConfig":
         """Read a TOML file with [engine], [deployment], [workload], [slo] sections and `seed`."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("config", str(path), "file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_toml(path))
 
     def replace(self, **sections) -> "SimulationConfig":
         """A copy with some sections or fields replaced, e.g. replace(workload={"rate": 20})."""
@@ -156,6 +149,17 @@ class SimulationConfig:
                 value = _section(name, type(current), {**values, **value})
             updates[name] = value
         return dataclasses.replace(self, **updates)
+
+
+def read_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; a missing or malformed file is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", str(path), "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
 
 
 def _section(name: str, kind: type, values: dict):

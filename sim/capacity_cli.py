@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 
+from sim.api import read_toml
 from sim.errors import ConfigError
 from sim.executors import EXECUTORS
 
@@ -80,12 +80,7 @@ def load_sweep(path: str | Path):
     """(points, seeds) from a sweep TOML: config sections, [sweep] axes (or `configs` list) and seeds."""
     from sim.api import SimulationConfig
     from sim.sweep import grid, points
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("config", str(path), "file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+    data = read_toml(path)
     sweep = data.pop("sweep", None)
     if not isinstance(sweep, dict):
         raise ConfigError("sweep", sweep, "missing [sweep] table of axes")

@@ -9,12 +9,12 @@ shared settings) plus [target] (what "sustainable" means), [search] (candidates)
 from __future__ import annotations
 
 import itertools
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.api import SimulationConfig
 from sim.capacity import CapacityTarget
+from sim.api import read_toml
 from sim.errors import ConfigError, require
 from sim.executors import EXECUTORS
 from sim.routers import ROUTERS
@@ -74,12 +74,7 @@ class Plan:
     @classmethod
     def from_toml(cls, path: str | Path) -> "Plan":
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("config", str(path), "file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+        data = read_toml(path)
         return cls.from_dict(data, root=path.parent)
 
     @classmethod
