@@ -9,11 +9,12 @@ nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXPECTED_TEXT = {"capacity_planning": "Cheapest:"}  # the answer each notebook must print
 
 
 def test_there_are_notebooks():
     assert {p.name for p in NOTEBOOKS} >= {"capacity_what_if.ipynb", "stop_conditions.ipynb",
-                                           "latency_and_kv.ipynb"}
+                                           "latency_and_kv.ipynb", "capacity_planning.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -37,3 +38,5 @@ def test_notebook_executes(path, monkeypatch):
               if "image/png" in o.get("data", {})]
     if "kv" in path.stem or "capacity" in path.stem:
         assert images, f"{path.name}: expected plots in the outputs"
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert EXPECTED_TEXT.get(path.stem, "") in text, f"{path.name}: missing {EXPECTED_TEXT[path.stem]!r}"
