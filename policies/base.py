@@ -84,7 +84,12 @@ class Policy:
                 return None
         else:
             n = self.chunk(state, req, budget, num_cached)
-        if n <= 0 or state.kv.allocate(req, n, cached_blocks, num_cached) is None:
+        if n <= 0:
+            return None
+        if (state.config.scheduler_reserve_full_isl
+                and not state.kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
+            return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
+        if state.kv.allocate(req, n, cached_blocks) is None:
             return None
         state.waiting.popleft()
         req.num_computed_tokens = num_cached

@@ -16,6 +16,9 @@ class EngineConfig:
         GPU by the cost model's KV sizing; the engine itself needs a number).
     max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes.
     long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
+    scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
+        are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
+        thrashing under chunked prefill).
     scheduling: "fcfs" or "priority" (lower `priority` value first; preempts the lowest).
     stop_profile: which stop-rule order to apply (see sim.stop_rules).
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
@@ -30,6 +33,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
+    scheduler_reserve_full_isl: bool = True
     scheduling: str = "fcfs"
     policy: str = "vllm"
     stop_profile: str = "vllm"

@@ -86,27 +86,35 @@ class KVCacheManager:
         return hashes
 
     # ----- allocation -------------------------------------------------------------------------
-    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = (),
-                 num_cached_tokens: int = 0) -> list[int] | None:
-        """Give `req` blocks for `num_new_tokens` more tokens (after `cached_blocks` hits).
+    def _blocks_to_take(self, req: Request, num_new_tokens: int, cached_blocks) -> tuple[int, int]:
+        """(fresh blocks to allocate, cached free blocks to revive) for `num_new_tokens` more tokens
+        after `cached_blocks` prefix hits (whole blocks)."""
+        held = len(self.req_blocks.get(req, ()))
+        total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
+        revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0) if cached_blocks else 0
+        return fresh, revived
+
+    def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        """Whether `num_new_tokens` more tokens (after `cached_blocks` hits) would fit now."""
+        fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
+        return fresh + revived <= len(self.free_queue)
+
+    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> list[int] | None:
+        """Give `req` blocks for `num_new_tokens` more tokens (after `cached_blocks` prefix hits).
 
         Returns the newly allocated blocks, or None if they do not fit (nothing changes then).
         """
-        blocks = self.req_blocks.get(req)
-        held = len(blocks) if blocks is not None else 0
-        total_tokens = req.num_computed_tokens + num_cached_tokens + num_new_tokens
-        num_needed = -(-total_tokens // self.block_size) - held - len(cached_blocks)
-        if num_needed <= 0 and not cached_blocks:
+        fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
+        if fresh == 0 and not cached_blocks:
             return []
-        revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0)
-        if num_needed + revived > len(self.free_queue):
+        if fresh + revived > len(self.free_queue):
             return None
-        if blocks is None:
-            blocks = self.req_blocks[req] = []
+        blocks = self.req_blocks.setdefault(req, [])
         for block in cached_blocks:
             self._touch(block)
             blocks.append(block)
-        new_blocks = [self._pop_free() for _ in range(max(0, num_needed))]
+        new_blocks = [self._pop_free() for _ in range(fresh)]
         blocks.extend(new_blocks)
         return new_blocks
 

@@ -16,7 +16,7 @@ def _req(tokens, name="r") -> Request:
 
 
 def _compute(kv: KVCacheManager, req: Request, n: int, hits=(), num_hit_tokens: int = 0) -> None:
-    assert kv.allocate(req, n, list(hits), num_hit_tokens) is not None
+    assert kv.allocate(req, n, list(hits)) is not None
     req.num_computed_tokens = num_hit_tokens + req.num_computed_tokens + n
     kv.cache_full_blocks(req)
 
@@ -98,7 +98,7 @@ def test_blocks_conserved_under_random_allocate_and_free(ops):
             live[name] = req = _req(np.arange(60) % 7 + name, f"r{name}")
         hits, num_hit = kv.lookup_prefix(req) if req.num_computed_tokens == 0 else ([], 0)
         n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
-        if n > 0 and kv.allocate(req, n, hits, num_hit) is not None:
+        if n > 0 and kv.allocate(req, n, hits) is not None:
             req.num_computed_tokens += num_hit + n
             kv.cache_full_blocks(req)
         owned = {b for blocks in kv.req_blocks.values() for b in blocks}

@@ -132,3 +132,21 @@ def test_fcfs_ignores_priority():
     rec = run_engine(specs, cfg, COST)
     times = rec.requests.first_scheduled_time
     assert times[0] < times[1] < times[2]
+
+
+def _admission_run(reserve_full_isl: bool):
+    """A 96-token-prompt request arrives while another holds most of a 10-block cache."""
+    cfg = EngineConfig(num_gpu_blocks=10, block_size=16, max_model_len=160, max_num_batched_tokens=32,
+                       scheduler_reserve_full_isl=reserve_full_isl, check_invariants=True)
+    late = RequestSpec(0.05, np.arange(96, dtype=np.int32) + 5000, output_len=3, request_id="late")
+    specs = [_spec(0.0, prompt_len=64, out=60, rid="holder", max_tokens=60), late]  # no shared prefix
+    return run_engine(specs, cfg, COST)
+
+
+def test_reserve_full_isl_admits_only_when_the_whole_prompt_fits():
+    """vLLM's default: the first chunk would fit, the whole prompt would not, so it waits."""
+    strict, loose = _admission_run(True), _admission_run(False)
+    i = strict.requests.request_id.index("late")
+    assert strict.requests.first_scheduled_time[i] > loose.requests.first_scheduled_time[i]
+    assert strict.requests.num_preemptions[i] == 0
+    assert sum(loose.requests.num_preemptions) > 0   # admitting on the first chunk thrashes
