@@ -111,13 +111,13 @@ class Engine:
         scheduled = plan.scheduled
         new = [n for _, n in scheduled]
         context = [r.num_computed_tokens for r, _ in scheduled]
-        lacking = [r.num_prompt_tokens + len(r.output_token_ids) - c for (r, _), c in zip(scheduled, context)]
-        caught_up = [n == k for n, k in zip(new, lacking)]  # rows that sample this step
+        sampled = sum(1 for r, n in scheduled  # rows that catch up, so sample, this step
+                      if r.num_computed_tokens + n == r.num_prompt_tokens + len(r.output_token_ids))
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
                 first_scheduled[req.index] = now
-        batch = BatchShape(new, context, caught_up.count(True))
+        batch = BatchShape(new, context, sampled)
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.in_step = True

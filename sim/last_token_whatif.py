@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from sim.last_token import STRATEGIES, HiddenStatesCost, HiddenStatesStats, make_hook
+from sim.metrics import add_latency_columns
 from sim.records import RunRecords
 from sim.simulation import run_engine
 
@@ -71,13 +73,9 @@ class StrategyComparison:
 
 
 def e2e_latencies(records: RunRecords) -> np.ndarray:
-    """E2E latency (finish - arrival) per request; NaN for rejected or aborted ones."""
-    rec = records.requests
-    e2e = np.asarray(rec.finish_time, dtype=float) - np.asarray(rec.arrival_time, dtype=float)
-    done = np.array([reason in ("stop", "length") and not rejected
-                     for reason, rejected in zip(rec.finish_reason, rec.rejected)], dtype=bool)
-    e2e[~done] = np.nan
-    return e2e
+    """E2E latency (finish - arrival) per request; NaN where not completed (sim.metrics' rule)."""
+    requests = add_latency_columns(pd.DataFrame(records.requests.columns()))
+    return requests["e2e_s"].where(requests["completed"]).to_numpy(dtype=float)
 
 
 def _mean_step(records: RunRecords) -> float:

@@ -53,7 +53,7 @@ def meets_slo(df: pd.DataFrame, ttft_s: float | None = None, tpot_s: float | Non
 
 def itl_values(token_times, completed: np.ndarray) -> np.ndarray:
     """Pooled inter-token gaps of completed requests (empty if token times were not kept)."""
-    gaps = [np.diff(np.frombuffer(t, dtype=float)) for t, ok in zip(token_times, completed)
+    gaps = [np.diff(np.asarray(t, dtype=float)) for t, ok in zip(token_times, completed)
             if ok and t is not None and len(t) > 1]
     return np.concatenate(gaps) if gaps else np.empty(0)
 

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from sim.metrics import itl_values
+
 PREFILL, DECODE, QUEUE = "#e8743b", "#1f77b4", "#bbbbbb"
 LATENCIES = (  # (per-request column or "itl", title, unit scale, unit)
     ("ttft_s", "TTFT (time to first token)", 1e3, "ms"),
@@ -32,12 +34,6 @@ def _done(results) -> pd.DataFrame:
     return results.requests[results.requests["completed"].astype(bool)]
 
 
-def _itl(results) -> np.ndarray:
-    gaps = [np.diff(np.asarray(t, dtype=float)) for t, ok in zip(results.token_times,
-            results.requests["completed"].astype(bool)) if ok and t is not None and len(t) > 1]
-    return np.concatenate(gaps) if gaps else np.empty(0)
-
-
 def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -47,7 +43,8 @@ def plot_latency_cdfs(results) -> Figure:
     fig, axes = new_figure(2, 2, size=(10, 7))
     done = _done(results)
     for ax, (column, title, scale, unit) in zip(axes, LATENCIES):
-        values = _itl(results) if column == "itl" else done[column].to_numpy(dtype=float)
+        values = (itl_values(results.token_times, results.requests["completed"].astype(bool))
+                  if column == "itl" else done[column].to_numpy(dtype=float))
         values = np.sort(values[~np.isnan(values)]) * scale
         ax.set_title(title)
         ax.set_xlabel(f"{title.split(' ')[0]} ({unit})")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.metrics import describe
+
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
-STATS = ("mean", "p50", "p90", "p99")
 
 
 def rel_error(sim: float, real: float) -> float:
@@ -20,17 +21,11 @@ def rel_error(sim: float, real: float) -> float:
     return (sim - real) / real
 
 
-def stat(values, name: str) -> float:
-    arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
-    if not arr.size:
-        return float("nan")
-    return float(arr.mean()) if name == "mean" else float(np.percentile(arr, int(name[1:])))
-
-
 def aggregate(requests: pd.DataFrame) -> dict[str, float]:
     """Latency statistics, duration (first arrival to last finish) and throughputs of one run."""
-    out = {f"{m}_{s}": stat(requests[m], s) for m in LATENCIES for s in STATS}
+    out = {}
+    for m in LATENCIES:
+        out.update(describe(requests[m], m))  # m_mean, m_p50, m_p90, m_p99
     duration = float(requests["finish_s"].max() - requests["arrival_s"].min())
     out["duration_s"] = duration
     out["request_throughput"] = len(requests) / duration if duration > 0 else float("nan")
