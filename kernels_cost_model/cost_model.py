@@ -23,7 +23,8 @@ from .models import ModelSpec, get_model
 from .roofline import Coeffs
 
 #: Engine CPU time per step (scheduling, input preparation, sampling, detokenising outputs).
-#: Assumed, not fitted (no public measurements in the profiles): base + per request + per token.
+#: Assumed defaults (no public measurements in the profiles): base + per request + per token. The
+#: per-request figure can be set per deployment (`cpu_per_request_s`); docs/fidelity.md fits one.
 CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
 
 #: Operator families in a breakdown, in pricing order.
@@ -143,8 +144,13 @@ class RooflineCostModel:
     all_reduce_curve: CollectiveCurve | None = None  # measured time by size for tp ranks (collectives.py)
     all_gather_curve: CollectiveCurve | None = None
     #: vLLM's async scheduling: the engine's CPU work for the next step overlaps this step's GPU work,
-    #: so a step lasts max(GPU, CPU) instead of GPU + CPU. Off unless set (dataclasses.replace).
+    #: so a step lasts max(GPU, CPU) instead of GPU + CPU.
     async_scheduling: bool = False
+    #: Multiplier on every collective's measured (or modelled) time: 1 = the microbenchmark figures.
+    #: A host whose serving collectives run slower than its sweep (see docs/fidelity.md) sets it.
+    collective_scale: float = 1.0
+    #: Engine time per scheduled request per step (the CPU term's slope; CPU_PER_REQUEST_S by default).
+    cpu_per_request_s: float = CPU_PER_REQUEST_S
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -165,7 +171,7 @@ class RooflineCostModel:
         else:
             pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = 0
         tokens = n_dec + pf_tok
-        cpu = (CPU_BASE_S + CPU_PER_REQUEST_S * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
+        cpu = (CPU_BASE_S + self.cpu_per_request_s * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
@@ -203,11 +209,12 @@ class RooflineCostModel:
             else:
                 ar = (2.0 * L + 1.0) * (2.0 * (tp - 1) / tp * d * t * h * c.s_per_byte + c.overhead_s)
             if sampled and agc is not None:
-                lm += agc.time(d * sampled * self.model.vocab_size / tp)
+                lm += self.collective_scale * agc.time(d * sampled * self.model.vocab_size / tp)
             elif sampled:
-                lm += (tp - 1) / tp * d * sampled * self.model.vocab_size * c.s_per_byte + c.overhead_s
+                lm += self.collective_scale * ((tp - 1) / tp * d * sampled * self.model.vocab_size * c.s_per_byte
+                                               + c.overhead_s)
         return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
-                lm, ar)
+                lm, ar * self.collective_scale)
 
     def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
                    pf_pairs: float, pf_tile: float) -> tuple[float, float]:
@@ -276,12 +283,18 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
 
 def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
                     calibration: str | Path | Calibration | None = "default",
-                    cpu_overhead: bool = True) -> RooflineCostModel:
+                    cpu_overhead: bool = True, async_scheduling: bool = False,
+                    collective_scale: float = 1.0, cpu_per_request_s: float | None = None) -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
     warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
+    async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
+    the default CPU_PER_REQUEST_S).
     """
+    require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
+    cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
+    require(0 <= cpu_per_request_s < 1, "cpu_per_request_s", cpu_per_request_s, "must be in [0, 1) seconds")
     spec, hw = get_model(model), get_gpu(gpu)
     tp = tensor_parallel_size
     require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
@@ -318,4 +331,6 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         mixed_decode=mixed_decode_s_per_byte(hw.name),
         all_reduce_curve=collective_curve(hw.name, tp, "all_reduce") if tp > 1 else None,
         all_gather_curve=collective_curve(hw.name, tp, "all_gather") if tp > 1 else None,
+        async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
+        cpu_per_request_s=float(cpu_per_request_s),
     )

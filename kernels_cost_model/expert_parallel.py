@@ -49,7 +49,8 @@ class ExpertParallelCostModel:
         per_expert = t * k / self.ep / active
         terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
                             + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
-        terms["all_to_all"] = 2.0 * L * self._exchange(t * b.hidden * d) if self.ep > 1 else 0.0
+        terms["all_to_all"] = (2.0 * L * b.collective_scale * self._exchange(t * b.hidden * d)
+                               if self.ep > 1 else 0.0)
         return terms
 
     def _exchange(self, total_bytes: float) -> float:

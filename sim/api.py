@@ -29,6 +29,9 @@ class DeploymentConfig:
     """Model, GPU and parallelism; how the step time and the KV-cache size are found.
 
     cost_model: "roofline" (calibrated per-operator model) or "linear" (sim.cost defaults).
+    async_scheduling: vLLM's async scheduling (the engine's CPU work hides behind the GPU step).
+    collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
+    cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     """
 
     model: str = "llama-3.1-8b"
@@ -36,6 +39,9 @@ class DeploymentConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     cost_model: str = "roofline"
+    async_scheduling: bool = False
+    collective_scale: float = 1.0
+    cpu_per_request_s: float | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
@@ -44,6 +50,13 @@ class DeploymentConfig:
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.cost_model in ("roofline", "linear"), "deployment.cost_model", self.cost_model,
                 "must be 'roofline' or 'linear'")
+        require(isinstance(self.async_scheduling, bool), "deployment.async_scheduling", self.async_scheduling,
+                "must be true or false")
+        require(isinstance(self.collective_scale, (int, float)) and self.collective_scale > 0,
+                "deployment.collective_scale", self.collective_scale, "must be a number > 0")
+        require(self.cpu_per_request_s is None or (isinstance(self.cpu_per_request_s, (int, float))
+                                                   and 0 <= self.cpu_per_request_s < 1),
+                "deployment.cpu_per_request_s", self.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -193,7 +206,10 @@ def build_cost_model(deployment: DeploymentConfig):
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
     with within("deployment"):
-        return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size)
+        return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
+                               async_scheduling=deployment.async_scheduling,
+                               collective_scale=deployment.collective_scale,
+                               cpu_per_request_s=deployment.cpu_per_request_s)
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

@@ -120,3 +120,49 @@ def test_real_runs_read_with_counts_and_arrivals():
         assert engine_config(run).max_num_seqs == 128 and engine_config(run).max_num_batched_tokens == 2048
         ticks = run.tick_times()
         assert abs(ticks[0] - 1.0) < 0.2 and len(ticks) == len(run.timeseries)
+
+
+# ---- the host figures fitted end to end ----------------------------------------------------------
+
+def test_grid_fit_picks_the_lowest_headline_error(monkeypatch):
+    from sim.fidelity import fit
+    from sim.fidelity.host import HostFit
+    seen = []
+
+    def fake_rms(run, host):  # a bowl with its bottom at collective_scale 2.2
+        seen.append(host)
+        return abs(host.collective_scale - 2.2) + (host.cpu_per_request_s or 0)
+
+    monkeypatch.setattr(fit, "headline_rms", fake_rms)
+    best, errors = fit.grid_fit(None, HostFit(cpu_per_request_s=1e-5), "collective_scale", fit.SCALE_GRID)
+    assert best == pytest.approx(2.2) and len(errors) == len(fit.SCALE_GRID)
+    assert all(h.cpu_per_request_s == 1e-5 for h in seen)  # the other figure stays as given
+    host = fit.fit_host({fit.CPU_FIT_RUN: None, fit.COLLECTIVE_FIT_RUN: None}, report=lambda s: None)
+    assert host.cpu_per_request_s == 0.0 and host.collective_scale == pytest.approx(2.2)
+
+
+def test_host_figures_reach_the_cost_model():
+    from sim.api import DeploymentConfig, build_cost_model
+    from sim.errors import ConfigError
+    d = DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2)
+    base = build_cost_model(d)
+    slow = build_cost_model(DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2,
+                                             collective_scale=2.0, cpu_per_request_s=2e-5))
+    batch = BatchShape([1] * 64, [500] * 64, 64)
+    b0, b1 = base.breakdown(batch), slow.breakdown(batch)
+    assert b1["all_reduce"] == pytest.approx(2 * b0["all_reduce"])
+    assert b1["cpu"] - b0["cpu"] == pytest.approx(64 * (2e-5 - 4e-6))
+    assert b1["mlp"] == b0["mlp"]
+    for bad in ({"collective_scale": 0}, {"collective_scale": float("nan")}, {"cpu_per_request_s": -1e-6},
+                {"async_scheduling": "yes"}):
+        with pytest.raises(ConfigError, match="deployment"):
+            DeploymentConfig(**bad)
+
+
+@needs_runs
+def test_replay_with_the_fitted_host_meets_the_goal_on_every_run():
+    from sim.fidelity.fit import HOST
+    from sim.fidelity.report import HEADLINE, compare_run
+    for path in RUNS:
+        agg = compare_run(read_run(path), host=HOST).aggregates.set_index("metric")["rel_error"]
+        assert all(abs(agg[m]) < 0.10 for m in HEADLINE), (path.name, agg[list(HEADLINE)].to_dict())

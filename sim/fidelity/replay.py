@@ -14,6 +14,7 @@ from sim.api import DeploymentConfig, SimulationConfig, simulate
 from sim.config import EngineConfig
 from kernels_cost_model import get_model
 
+from .host import UNFITTED, HostFit
 from .real_runs import RUN_DEFAULTS, RealRun
 
 ARRIVALS = ("queued", "workload")
@@ -31,15 +32,17 @@ def engine_config(run: RealRun) -> EngineConfig:
                         record_token_times=False)
 
 
-def deployment_config(run: RealRun) -> DeploymentConfig:
+def deployment_config(run: RealRun, host: HostFit = UNFITTED) -> DeploymentConfig:
+    """The run's GPUs and parallelism, with the runs' host figures `host` (`sim.fidelity.fit`)."""
     kw = run.engine_kwargs
     return DeploymentConfig(model=kw["model"], gpu=RUN_DEFAULTS["gpu"],
                             tensor_parallel_size=int(kw["tensor_parallel_size"]),
-                            gpu_memory_utilization=RUN_DEFAULTS["gpu_memory_utilization"])
+                            gpu_memory_utilization=RUN_DEFAULTS["gpu_memory_utilization"],
+                            collective_scale=host.collective_scale, cpu_per_request_s=host.cpu_per_request_s)
 
 
-def simulation_config(run: RealRun) -> SimulationConfig:
-    return SimulationConfig(engine=engine_config(run), deployment=deployment_config(run), seed=0)
+def simulation_config(run: RealRun, host: HostFit = UNFITTED) -> SimulationConfig:
+    return SimulationConfig(engine=engine_config(run), deployment=deployment_config(run, host), seed=0)
 
 
 def replay_workload(run: RealRun, arrivals: str = "queued") -> list:

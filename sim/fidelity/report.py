@@ -9,7 +9,8 @@ import pandas as pd
 
 from . import compare, plots
 from .real_runs import RealRun
-from .replay import Replay, replay
+from .host import UNFITTED, HostFit
+from .replay import Replay, replay, simulation_config
 
 #: The issue's goal: these within 10 % of the measurement.
 HEADLINE = ("ttft_s_mean", "tpot_s_mean", "e2e_s_mean", "duration_s")
@@ -34,8 +35,8 @@ def queue_curves(run: RealRun, sim: Replay) -> pd.DataFrame:
                          "running_sim": s["num_running"].to_numpy(), "waiting_sim": s["num_waiting"].to_numpy()})
 
 
-def compare_run(run: RealRun, arrivals: str = "queued") -> RunComparison:
-    sim = replay(run, arrivals)
+def compare_run(run: RealRun, arrivals: str = "queued", host: HostFit = UNFITTED) -> RunComparison:
+    sim = replay(run, arrivals, simulation_config(run, host))
     queues = _extend(queue_curves(run, sim), sim)
     both = compare.per_request(sim.requests, run.measured)
     curve = compare.curve_error(queues["running_sim"].to_numpy(), queues["running_real"].to_numpy())

@@ -1,0 +1,107 @@
+"""Measured RTX PRO 6000 kernel times from LLMServingSim's vLLM 0.19 profiler, as profile rows.
+
+`data/profiles/rtx-pro-6000_*.csv` hold a transcribed subset of casys-kaist/LLMServingSim
+`profiler/perf/RTXPRO6000/<model>/bf16/tp<N>/{dense,attention}.csv` (MIT; every row names its file and
+commit): per-layer kernel times at token counts 1-2048 and attention times for pure-decode and
+pure-prefill launches. Their layer names map onto this project's operators with the model's shapes
+on one GPU (`tp`). Mixed launches (decodes beside a chunk) are priced by `attention_backend.py`.
+"""
+from __future__ import annotations
+
+import csv
+from importlib import resources
+from pathlib import Path
+
+from .models import ModelSpec, get_model
+from .profile_schema import validate_row
+
+DEVICE = "rtx-pro-6000"
+LICENCE = ("measurements: casys-kaist/LLMServingSim profiler/perf/RTXPRO6000 (vLLM 0.19, bf16), "
+           "MIT licence (c) casys-kaist; see data/LICENSE-llmservingsim-MIT.txt")
+#: Layers with no operator of ours: Qwen3's per-head q/k norms, the sampler (priced in the LM head).
+SKIPPED_LAYERS = ("qk_norm", "q_norm", "k_norm", "sampler")
+
+
+def _dense_shape(layer: str, spec: ModelSpec, tp: int, t: int) -> tuple[str, int, int, int] | None:
+    """(our operator, m, n, k) for one dense.csv layer of `spec` on one of `tp` GPUs."""
+    h, hd = spec.hidden_size, spec.head_dim
+    heads, kv = spec.num_heads // tp, max(spec.num_kv_heads // tp, 1)
+    inter = spec.intermediate_size // tp
+    shapes = {
+        "qkv_proj": ("qkv_proj", t, (heads + 2 * kv) * hd, h),
+        "o_proj": ("o_proj", t, h, heads * hd),
+        "gate_up_proj": ("mlp_up", t, 2 * inter, h),
+        "down_proj": ("mlp_down", t, h, inter),
+        "lm_head": ("lm_head", t, spec.vocab_size // tp, h),
+        "act_fn": ("silu_mul", t, inter, 0),
+        "layernorm": ("rms_norm", t, h, 0),
+        "final_layernorm": ("rms_norm", t, h, 0),
+        "rotary_emb": ("rope", t, (heads + kv) * hd, 0),
+        "embedding": ("embedding", t, h, 0),
+    }
+    if spec.is_moe and layer in ("gate_up_proj", "down_proj", "act_fn"):
+        return None  # the MoE model's MLP is its experts (moe.csv), not a dense layer
+    return shapes.get(layer)
+
+
+def _attention_row(raw: dict, spec: ModelSpec, tp: int) -> dict | None:
+    """Pure-decode or pure-prefill launch; mixed launches are left to attention_backend.py."""
+    n_dec, chunk = int(float(raw["n_decode"] or 0)), int(float(raw["prefill_chunk"] or 0))
+    if n_dec and chunk:
+        return None
+    heads, kv = spec.num_heads // tp, max(spec.num_kv_heads // tp, 1)
+    row = {"num_heads": heads, "num_kv_heads": kv, "head_dim": spec.head_dim}
+    if n_dec:  # kv_decode counts the keys a decode row reads, its new token included
+        return {**row, "operator": "decode_attention", "batch": n_dec,
+                "context": int(float(raw["kv_decode"])) - 1}
+    keys = float(raw["prefill_key"])
+    if keys < chunk - 1:  # keys below the chunk: a split over several requests the file does not record
+        return None
+    return {**row, "operator": "prefill_attention", "batch": 1, "chunk": chunk,
+            "context": max(0, round(keys - chunk))}
+
+
+def _rows_of(raw: dict, origin: str, line: int) -> list[dict]:
+    spec, tp = get_model(raw["model"]), int(raw["tp"])
+    kernel = raw["kernel"].strip()
+    if kernel in SKIPPED_LAYERS or kernel.startswith("moe:"):
+        return []
+    if kernel == "attention":
+        row = _attention_row(raw, spec, tp)
+    else:
+        shape = _dense_shape(kernel, spec, tp, int(float(raw["tokens"])))
+        row = None if shape is None else dict(zip(("operator", "m", "n", "k"), shape))
+    if row is None:
+        return []
+    row.update({"tp": tp, "dtype": "bfloat16", "measured_s": float(raw["time_us"]) * 1e-6, "device": DEVICE,
+                "source": f'{raw["source"]} [{kernel}]'})
+    return [validate_row(row, origin, line)]
+
+
+def profile_files() -> list[Path]:
+    """The transcribed profile subsets shipped with the package."""
+    folder = resources.files("kernels_cost_model").joinpath("data", "profiles")
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.startswith(DEVICE) and p.name.endswith(".csv"))
+
+
+def read_profiles(paths: list[Path] | None = None) -> list[dict]:
+    """Profile rows (see profile_schema.py) from the transcribed RTX PRO 6000 files."""
+    rows: list[dict] = []
+    for path in paths or profile_files():
+        with open(path, newline="") as fh:
+            for line, raw in enumerate(csv.DictReader(fh), start=2):
+                rows.extend(_rows_of(raw, path.name, line))
+    return rows
+
+
+def fit_rtx_pro_6000_calibration(paths: list[Path] | None = None) -> tuple:
+    """(calibration fitted on the fit split, held-out rows), as `fit_vidur_calibrations` does for Vidur."""
+    from .calibration import HOLDOUT_RULE, fit_profile, holdout_split, relative_errors, uncalibrated
+    from .hardware import get_gpu
+
+    fit_rows, held = holdout_split(read_profiles(paths))
+    gpu = get_gpu(DEVICE)
+    cal = fit_profile(fit_rows, DEVICE, fallback=uncalibrated(gpu))
+    cal.provenance.update({"licence": LICENCE, "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
+                           "holdout_error": relative_errors(held, cal)})
+    return cal, held
