@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_cost_model import make_cost_model  # noqa: E402
-from sim.batch import BatchShape  # noqa: E402
+from kernels_cost_model.batch import BatchShape  # noqa: E402
 
 
 def batches() -> dict[str, BatchShape]:

@@ -7,7 +7,7 @@ Poisson arrivals, two kinds of traffic:
 - EOS-heavy: the model's EOS ends most answers (natural ShareGPT lengths), max_tokens 2048.
 
 For each, a fraction of the requests asks for hidden states, and each strategy is compared with
-the same run without hidden states (`sim.last_token_whatif.compare_strategies`). Columns: step %
+the same run without hidden states (`sim.whatif.last_token_whatif.compare_strategies`). Columns: step %
 (mean step duration change), added % (seconds added to steps / baseline total step time), peak MiB
 (extraction buffer; for post-sampling prefill also the recompute's KV), E2E mean / p99 change over
 all requests, asked ms (mean E2E change of the requests that asked), rows copied to the host, and
@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_cost_model import kv_cache_blocks, make_cost_model  # noqa: E402
-from sim.config import EngineConfig  # noqa: E402
-from sim.last_token_whatif import compare_strategies  # noqa: E402
+from sim.core.config import EngineConfig  # noqa: E402
+from sim.whatif.last_token_whatif import compare_strategies  # noqa: E402
 from workloads import poisson_workload  # noqa: E402
 from workloads.hidden_states import with_hidden_states  # noqa: E402
 

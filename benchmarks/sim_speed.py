@@ -12,9 +12,9 @@ import argparse
 import time
 import tracemalloc
 
-from sim.config import EngineConfig
-from sim.cost import LinearCostModel
-from sim.simulation import run_engine
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.engine.simulation import run_engine
 from workloads import poisson_workload
 
 

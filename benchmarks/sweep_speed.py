@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd  # noqa: E402
 
 from sim import SimulationConfig  # noqa: E402
-from sim.sweep import grid, run_sweep  # noqa: E402
+from sim.planning.sweep import grid, run_sweep  # noqa: E402
 
 
 def sweep_points(n_configs: int, n_requests: int):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 from .roofline import FAMILIES, Coeffs, operator_cost, operator_rows
 

@@ -14,7 +14,7 @@ import sys
 import argparse
 from pathlib import Path
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 from .calibration import (Calibration, fit_profile, holdout_split, relative_errors,
                           save_calibration, uncalibrated)

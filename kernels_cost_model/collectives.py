@@ -17,7 +17,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 
 from ._catalog import read_catalog
 from .roofline import Coeffs

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from operator import mul
 from pathlib import Path
 
-from sim.batch import BatchShape
-from sim.errors import ConfigError, require
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import ConfigError, require
 
 from .attention_backend import mixed_decode_s_per_byte
 from .collectives import CollectiveCurve, collective_curve

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.batch import BatchShape
-from sim.errors import require
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import require
 
 from .collectives import collective_curve
 from .cost_model import RooflineCostModel

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, require
 
 from ._catalog import alias_index, normalise, read_catalog
 

@@ -8,7 +8,7 @@ it from the widest live tensors of one layer plus the sampler's fp32 logits.
 """
 from __future__ import annotations
 
-from sim.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, require
 
 from .hardware import get_gpu
 from .models import get_model

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sim.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, require
 
 from ._catalog import alias_index, normalise, read_catalog
 

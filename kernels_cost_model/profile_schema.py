@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 from .roofline import OPERATOR_FAMILY
 

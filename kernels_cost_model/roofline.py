@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")

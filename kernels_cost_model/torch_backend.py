@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 from .models import get_model
 from .profile_schema import validate_row

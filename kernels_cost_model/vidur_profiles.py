@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 from .profile_schema import validate_row
 

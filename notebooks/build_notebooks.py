@@ -51,7 +51,7 @@ TTFT; `max_num_seqs` only matters once it binds; doubling the load past capacity
 into the dominant term of TTFT and starts preemptions when the KV cache fills."""),
     new_markdown_cell("## Latency against load\n\nA small sweep of the arrival rate, with and without chunked prefill."),
     new_code_cell("""\
-from sim.plots import plot_throughput_latency
+from sim.plots.run_plots import plot_throughput_latency
 
 rows = []
 for chunked in (True, False):
@@ -144,8 +144,8 @@ Below, every request asks, on a length-bound workload (`ignore_eos`, fixed `max_
 EOS-heavy one (EOS at each request's natural length); small runs, so the figures are indicative."""),
     new_code_cell("""\
 import pandas as pd
-from sim.last_token import compare_strategies
-from sim.config import EngineConfig
+from sim.whatif import compare_strategies
+from sim.core.config import EngineConfig
 from kernels_cost_model import make_cost_model
 from workloads import poisson_workload
 from workloads.hidden_states import with_hidden_states
@@ -173,7 +173,7 @@ LATENCY = [
     new_markdown_cell("""\
 # Latency distributions and KV-cache occupancy
 
-One busy run of the default setup, seen through `sim.plots`. Every plot function takes a `Results`
+One busy run of the default setup, seen through `sim.plots.run_plots`. Every plot function takes a `Results`
 and returns a matplotlib Figure (`fig.savefig("x.png")` writes it; `servesim run --out DIR` writes
 them all)."""),
     new_code_cell(SETUP + """

@@ -7,7 +7,7 @@ from policies.sarathi import SarathiPolicy
 from policies.static import StaticBatchingPolicy
 from policies.vllm import VllmV1Policy
 from policies.vllm_v0 import VllmV0Policy
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 POLICIES: dict[str, type[Policy]] = {
     policy.name: policy

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sim.config import EngineConfig
-from sim.errors import require
-from sim.kv_cache import KVCacheManager
-from sim.request import Request, RequestStatus
+from sim.core.config import EngineConfig
+from kernels_cost_model.errors import require
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import Request, RequestStatus
 
 UNLIMITED = 1 << 62
 

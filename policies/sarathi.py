@@ -10,7 +10,7 @@ request is preempted by recompute, and nobody is admitted in that step.
 from __future__ import annotations
 
 from policies.base import EngineState, Policy, SchedulerOutput
-from sim.request import Request, RequestStatus
+from sim.core.request import Request, RequestStatus
 
 
 class SarathiPolicy(Policy):

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from sim.config import EngineConfig
-from sim.cost import LinearCostModel
-from sim.engine import Engine
-from sim.sampling_params import SamplingParams
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.engine.engine import Engine
+from sim.core.sampling_params import SamplingParams
 from workloads.spec import RequestSpec
 
 EOS = 2
@@ -96,7 +96,7 @@ def make_engine(config: EngineConfig) -> Engine:
 
 def assert_outputs_match_run_until_stop(engine: Engine, specs: list[RequestSpec]) -> None:
     """Every request's finish reason, stop reason and output count equal run_until_stop on its stream."""
-    from sim.replay import run_until_stop
+    from sim.core.replay import run_until_stop
     from workloads.token_streams import TokenSource
 
     source, rec = TokenSource(EOS), engine.requests

@@ -4,10 +4,10 @@ import math
 import pytest
 
 from sim import SimulationConfig
-from sim.capacity import (CapacityTarget, bracket_and_bisect, max_sustainable_rate, set_rate,
+from sim.planning.capacity import (CapacityTarget, bracket_and_bisect, max_sustainable_rate, set_rate,
                           summarize_seeds)
-from sim.cost import LinearCostModel
-from sim.errors import ConfigError
+from sim.core.cost import LinearCostModel
+from kernels_cost_model.errors import ConfigError
 import workloads as w
 
 N, PROMPT, OUTPUT = 40, 256, 32

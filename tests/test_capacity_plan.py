@@ -3,12 +3,12 @@ import argparse
 
 import pytest
 
-from sim.capacity_cli import add_capacity_parser, add_sweep_parser, main
-from sim.capacity_plots import pareto_front, save_capacity_plots
-from sim.deployments import search_deployments
-from sim.errors import ConfigError
-from sim.plan import Plan
-from sim.pricing import load_prices, price_per_gpu_hour
+from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main
+from sim.plots.capacity import pareto_front, save_capacity_plots
+from sim.planning.deployments import search_deployments
+from kernels_cost_model.errors import ConfigError
+from sim.planning.plan import Plan
+from sim.planning.pricing import load_prices, price_per_gpu_hour
 
 TINY_PLAN = """
 seed = 0

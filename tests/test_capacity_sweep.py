@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from sim import SimulationConfig
-from sim.errors import ConfigError
-from sim import sweep as sweep_mod
-from sim.sweep import grid, points, run_sweep
+from kernels_cost_model.errors import ConfigError
+from sim.planning import sweep as sweep_mod
+from sim.planning.sweep import grid, points, run_sweep
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 TINY = {"deployment": {"cost_model": "linear"}, "engine": {"num_gpu_blocks": 1024, "max_model_len": 4096},

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from sim.cli import COMMANDS, build_parser, main
+from sim.cli.main import COMMANDS, build_parser, main
 
 FAST = ["--num-requests", "20", "--rate", "20"]
 
@@ -95,8 +95,8 @@ def test_plot_of_missing_folder_exits_2(capsys, tmp_path):
 
 
 def test_unexpected_failure_exits_1(capsys, monkeypatch):
-    import sim.api
-    monkeypatch.setattr(sim.api, "run_engine", lambda *a, **k: 1 / 0)
+    import sim.api.simulator
+    monkeypatch.setattr(sim.api.simulator, "run_engine", lambda *a, **k: 1 / 0)
     code, _, err = run_cli(capsys, "run", *FAST)
     assert code == 1 and "servesim: unexpected error: ZeroDivisionError" in err
 
@@ -130,8 +130,8 @@ def test_readme_starts_with_the_two_fresh_machine_commands():
 
 
 def test_without_pyarrow_out_falls_back_to_csv_and_parquet_is_a_config_error(capsys, tmp_path, monkeypatch):
-    import sim.results
-    monkeypatch.setattr(sim.results, "parquet_available", lambda: False)
+    import sim.api.results
+    monkeypatch.setattr(sim.api.results, "parquet_available", lambda: False)
     code, _, _ = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "a"), "--plot-format", "none")
     assert code == 0 and (tmp_path / "a" / "requests.csv").exists()
     code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "b"), "--format", "parquet")

@@ -2,9 +2,9 @@
 import pytest
 
 from sim import SimulationConfig, simulate
-from sim.cluster import simulate_cluster
-from sim.errors import ConfigError
-from sim.routers import ROUTERS
+from sim.planning.cluster import simulate_cluster
+from kernels_cost_model.errors import ConfigError
+from sim.planning.routers import ROUTERS
 
 
 @pytest.fixture(scope="module")

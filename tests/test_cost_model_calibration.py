@@ -13,8 +13,8 @@ from kernels_cost_model.calibration import (fit_family, holdout_split, predict, 
 from kernels_cost_model.hardware import get_gpu
 from kernels_cost_model.profile_schema import COLUMNS, validate_row
 from kernels_cost_model.roofline import FAMILIES
-from sim.batch import BatchShape
-from sim.errors import ConfigError
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import ConfigError
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
 TRUE = {"matmul": Coeffs(1.3e-15, 3.1e-13, 7e-6, 120.0), "elementwise": Coeffs(0.0, 4e-13, 2e-6),

@@ -6,7 +6,7 @@ import pytest
 from kernels_cost_model import get_gpu, get_model, list_gpus, list_models
 from kernels_cost_model.hardware import _catalog as gpu_catalog
 from kernels_cost_model.models import _catalog as model_catalog
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 REQUIRED_GPUS = ["a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm", "h100-pcie",
                  "h200", "l40s", "l4", "a10g", "rtx-4090", "rtx-pro-6000", "mi300x"]

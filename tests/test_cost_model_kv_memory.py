@@ -3,7 +3,7 @@ import pytest
 
 from kernels_cost_model import kv_bytes_per_token, kv_cache_blocks
 from kernels_cost_model.kv_memory import NON_TORCH_RESERVE_BYTES, SAMPLER_ROWS
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 
 
 def test_kv_bytes_per_token_llama_3_1_8b():

@@ -7,8 +7,8 @@ from kernels_cost_model.attention_backend import mixed_decode_s_per_byte
 from kernels_cost_model.collectives import CollectiveCurve, collective_curve
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel
 from kernels_cost_model.roofline import FAMILIES
-from sim.batch import BatchShape
-from sim.errors import ConfigError
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import ConfigError
 
 A, B, C = 1e-15, 1e-12, 1e-6  # seconds per FLOP, per byte, per launch
 US = 1e-6

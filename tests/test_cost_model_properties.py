@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
 from kernels_cost_model.roofline import FAMILIES
-from sim.batch import BatchShape
+from kernels_cost_model.batch import BatchShape
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -3,7 +3,7 @@ import pytest
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
 from kernels_cost_model.roofline import FAMILIES, decode_attention, matmul, prefill_attention, roofline
-from sim.batch import BatchShape
+from kernels_cost_model.batch import BatchShape
 
 A, B, C = 1e-15, 1e-12, 1e-6  # seconds per FLOP, per byte, per launch
 

@@ -41,7 +41,7 @@ def test_torch_backend_quick_cpu_profile_calibrates(tmp_path):
     pytest.importorskip("torch")
     from kernels_cost_model import make_cost_model
     from kernels_cost_model.profile_schema import read_profile
-    from sim.batch import BatchShape
+    from kernels_cost_model.batch import BatchShape
     out = tmp_path / "cpu.json"
     assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--out", str(out)]) == 0
     rows = read_profile(out.with_suffix(".profile.csv"))
@@ -54,6 +54,6 @@ def test_torch_backend_quick_cpu_profile_calibrates(tmp_path):
 def test_torch_backend_rejects_unknown_device():
     pytest.importorskip("torch")
     from kernels_cost_model.torch_backend import measure_profile
-    from sim.errors import ConfigError
+    from kernels_cost_model.errors import ConfigError
     with pytest.raises(ConfigError):
         measure_profile(device="tpu")

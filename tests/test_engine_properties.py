@@ -59,7 +59,7 @@ def test_everything_finishes_and_kv_is_released(specs, config):
 
 @given(scripted_specs(max_requests=6))
 def test_infinite_kv_never_preempts(specs):
-    from sim.config import EngineConfig
+    from sim.core.config import EngineConfig
     config = EngineConfig(num_gpu_blocks=4096, max_model_len=256, eos_token_id=EOS,
                           max_num_batched_tokens=64, check_invariants=True)
     engine = make_engine(config)
@@ -69,7 +69,7 @@ def test_infinite_kv_never_preempts(specs):
 
 @given(st.integers(1, 250), st.integers(1, 100), st.integers(0, 40))
 def test_single_request_ttft_is_sum_of_prefill_steps(prompt_len, budget, threshold):
-    from sim.config import EngineConfig
+    from sim.core.config import EngineConfig
     from workloads.spec import RequestSpec
     config = EngineConfig(num_gpu_blocks=64, max_model_len=256, eos_token_id=EOS,
                           max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,

@@ -9,7 +9,7 @@ import pytest
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
 from kernels_cost_model import kv_cache_blocks
-from sim.batch import BatchShape
+from kernels_cost_model.batch import BatchShape
 from sim.fidelity import compare
 from sim.fidelity.real_runs import DEFAULT_ROOT, find_runs, measured_table, read_run, read_workload
 from sim.fidelity.replay import engine_config, replay_workload
@@ -142,8 +142,8 @@ def test_grid_fit_picks_the_lowest_headline_error(monkeypatch):
 
 
 def test_host_figures_reach_the_cost_model():
-    from sim.api import DeploymentConfig, build_cost_model
-    from sim.errors import ConfigError
+    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from kernels_cost_model.errors import ConfigError
     d = DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2)
     base = build_cost_model(d)
     slow = build_cost_model(DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2,

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.kv_cache import KVCacheManager
-from sim.request import Request
-from sim.sampling_params import SamplingParams
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import Request
+from sim.core.sampling_params import SamplingParams
 
 
 def _req(tokens, name="r") -> Request:

@@ -14,17 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.batch import BatchShape
-from sim.config import EngineConfig
-from sim.cost import LinearCostModel
-from sim.engine import Engine
-from sim.last_token import (HiddenStatesCost, HybridExtraction, PostSamplingPrefill, plan_extraction,
+from kernels_cost_model.batch import BatchShape
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.engine.engine import Engine
+from sim.whatif.last_token import (HiddenStatesCost, HybridExtraction, PostSamplingPrefill, plan_extraction,
                             wants_hidden_states)
-from sim.last_token_whatif import compare_strategies
-from sim.request import Request
-from sim.sampling_params import SamplingParams
-from sim.simulation import run_engine
-from sim.stop_rules import PROFILES, get_profile
+from sim.whatif.last_token_whatif import compare_strategies
+from sim.core.request import Request
+from sim.core.sampling_params import SamplingParams
+from sim.engine.simulation import run_engine
+from sim.core.stop_rules import PROFILES, get_profile
 from tests.engine_harness import EOS, drive, engine_configs
 from workloads import make_rng, poisson_workload
 from workloads.hidden_states import with_hidden_states

@@ -6,8 +6,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from sim import SimulationConfig, simulate
-from sim.plots import PLOTS, plot_throughput_latency, save_plots
-from sim.progress import Progress
+from sim.plots.run_plots import PLOTS, plot_throughput_latency, save_plots
+from sim.api.progress import Progress
 
 
 @pytest.fixture(scope="module")

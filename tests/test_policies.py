@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import POLICIES, Policy
-from sim.config import EngineConfig
-from sim.errors import ConfigError
+from sim.core.config import EngineConfig
+from kernels_cost_model.errors import ConfigError
 from workloads.spec import RequestSpec
 from tests.engine_harness import (EOS, assert_outputs_match_run_until_stop, drive, engine_configs,
                                   make_engine, scripted_specs)

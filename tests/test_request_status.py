@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sim import Request, RequestStatus, SamplingParams, finish_reason, is_finished
-from sim.request import finish_reason_of
+from sim.core.request import finish_reason_of
 
 ALIVE = (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
 EXPECTED_REASON = {

@@ -92,7 +92,7 @@ def test_empty_statistics_are_null_in_json_and_nan_after_load(tmp_path):
 
 
 def test_cli_json_is_strict(capsys):
-    from sim.cli import main
+    from sim.cli.main import main
     assert main(["run", "--num-requests", "1", "--max-tokens", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out, parse_constant=lambda c: 1 / 0)["tpot_ms_mean"] is None
 

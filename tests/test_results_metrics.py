@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sim import SamplingParams, SimulationConfig, simulate
-from sim.cost import LinearCostModel
+from sim.core.cost import LinearCostModel
 from workloads import RequestSpec
 
 CM = LinearCostModel()

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from sim import SimulationConfig, simulate
-from sim.config import EngineConfig
-from sim.cost import LinearCostModel
-from sim.errors import ConfigError
-from sim.sampling_params import SamplingParams
-from sim.simulation import run_engine
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from kernels_cost_model.errors import ConfigError
+from sim.core.sampling_params import SamplingParams
+from sim.engine.simulation import run_engine
 from workloads import ClosedLoopClients, poisson_workload
 from workloads.spec import RequestSpec
 

@@ -2,7 +2,7 @@
 
 The oracle walks output positions one at a time and spells each profile's rules out longhand:
 `==` comparisons on the caps, a brute-force scan of every substring position for stop strings.
-It shares no code with sim.stop_rules or sim.text. Sources: vllm/v1/core/sched/utils.py
+It shares no code with sim.core.stop_rules or sim.core.text. Sources: vllm/v1/core/sched/utils.py
 (check_stop), vllm/v1/engine/detokenizer.py (update, check_stop_strings),
 vllm/engine/output_processor/stop_checker.py (V0).
 """
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim import SamplingParams, run_until_stop
-from sim.text import BYTE_EOS_TOKEN_ID
+from sim.core.text import BYTE_EOS_TOKEN_ID
 from workloads.strategies import sampling_params, stop_scenarios, stop_strings, word_streams
 
 PROFILES = ("vllm", "vllm-v1-2025", "vllm-v0")

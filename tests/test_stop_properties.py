@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim import SamplingParams, run_until_stop
-from sim.text import BYTE_EOS_TOKEN_ID
+from sim.core.text import BYTE_EOS_TOKEN_ID
 from workloads.strategies import (StopScenario, sampling_params, stop_scenarios, text_token_ids,
                                   word_streams)
 

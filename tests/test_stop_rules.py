@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sim import ConfigError, PROFILES, SamplingParams, StopProfile, get_profile, run_until_stop
-from sim.text import BYTE_EOS_TOKEN_ID, find_stop_string
+from sim.core.text import BYTE_EOS_TOKEN_ID, find_stop_string
 
 EOS = 2
 VOCAB = {

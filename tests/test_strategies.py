@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from sim.text import BYTE_EOS_TOKEN_ID
+from sim.core.text import BYTE_EOS_TOKEN_ID
 from workloads.strategies import (STOPPER_KINDS, stop_scenarios, stop_strings, text_token_ids,
                                   token_ids_of, word_streams)
 

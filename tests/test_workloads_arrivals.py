@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 from workloads import (Constant, Gamma, Poisson, TraceTimes, arrival_times, diurnal, make_rng, piecewise,
                        rescale)
 

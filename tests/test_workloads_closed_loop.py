@@ -5,7 +5,7 @@ import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 from workloads import (ClosedLoopClients, ClosedLoopWorkload, Fixed, Independent, SessionWorkload, ThinkTime,
                        Uniform, as_process, is_closed_loop, make_rng, poisson_workload)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 from workloads import (Copula, Empirical, EmpiricalPairs, Fixed, Independent, LogNormal, Normal, Quantile,
                        TraceFormatError, Uniform, Zipf, length_preset, make_rng, preset_info, preset_names)
 from workloads.presets import PRESET_FILE

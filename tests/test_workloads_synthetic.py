@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 from workloads import (Constant, Fixed, Independent, Mix, OpenLoopWorkload, SyntheticWorkload, Uniform,
                        gamma_workload, is_closed_loop, make_rng, poisson_workload, workload_class)
 

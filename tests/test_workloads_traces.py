@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import ConfigError
+from kernels_cost_model.errors import ConfigError
 from workloads import SyntheticWorkload, TraceFormatError, TraceTimes, TraceWorkload, make_rng, read_trace
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

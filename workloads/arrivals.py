@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.traces import read_trace
 
 

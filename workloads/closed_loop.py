@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.errors import require
-from sim.sampling_params import SamplingParams
+from kernels_cost_model.errors import require
+from sim.core.sampling_params import SamplingParams
 from workloads.delays import ThinkTime, as_think_time
 from workloads.presets import resolve_lengths
 from workloads.spec import RequestSpec

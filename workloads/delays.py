@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Errors for workload input files. Parameter errors use sim.errors.ConfigError."""
+"""Errors for workload input files. Parameter errors use kernels_cost_model.errors.ConfigError."""
 from __future__ import annotations
 
 from pathlib import Path

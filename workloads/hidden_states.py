@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.base import is_closed_loop
 from workloads.spec import RequestSpec
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.errors import TraceFormatError
 
 

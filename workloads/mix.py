@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.arrivals import Poisson
 from workloads.spec import RequestSpec
 from workloads.synthetic import SyntheticWorkload

@@ -11,7 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.lengths import Copula, LogNormal, Quantile
 
 PRESET_FILE = Path(__file__).resolve().parent / "data" / "length_presets.json"

@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 
 
 def _name_words(name: str) -> list[int]:

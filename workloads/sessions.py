@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sim.errors import require
-from sim.sampling_params import SamplingParams
+from kernels_cost_model.errors import require
+from sim.core.sampling_params import SamplingParams
 from workloads.arrivals import Poisson, arrival_times
 from workloads.delays import ThinkTime, as_think_time
 from workloads.lengths import LogNormal, Uniform

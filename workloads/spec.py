@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.errors import require
-from sim.sampling_params import SamplingParams
+from kernels_cost_model.errors import require
+from sim.core.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -3,7 +3,7 @@
 Needs hypothesis, which ships with the dev extra (`pip install "servesim[dev]"`); the simulator
 itself does not import this module.
 
-Streams use the default byte tokenizer (`sim.text`): ids 0-255 are latin-1 characters and
+Streams use the default byte tokenizer (`sim.core.text`): ids 0-255 are latin-1 characters and
 `BYTE_EOS_TOKEN_ID` (256) is EOS with no text, so a stream of ids reads as a string.
 `stop_scenarios()` is the one to start from: it places EOS, a stop token id or a stop string at a
 chosen output position, biased towards the boundaries that matter (exactly `min_tokens`,
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from sim.sampling_params import SamplingParams
-from sim.text import BYTE_EOS_TOKEN_ID
+from sim.core.sampling_params import SamplingParams
+from sim.core.text import BYTE_EOS_TOKEN_ID
 
 ALPHABET = "abcd."
 """Default characters of scripted text: few enough that stop strings also occur by chance."""

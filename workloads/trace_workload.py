@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import require
-from sim.sampling_params import SamplingParams
+from kernels_cost_model.errors import require
+from sim.core.sampling_params import SamplingParams
 from workloads.errors import TraceFormatError
 from workloads.spec import RequestSpec
 from workloads.tokens import block_tokens, hashed_tokens, random_tokens

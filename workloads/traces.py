@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from sim.errors import require
+from kernels_cost_model.errors import require
 from workloads.errors import TraceFormatError
 
 

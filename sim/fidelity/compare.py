@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.metrics import describe
+from sim.api.metrics import describe
 
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 

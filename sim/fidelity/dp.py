@@ -10,12 +10,12 @@ from __future__ import annotations
 import pandas as pd
 import simpy
 
-from sim.api import SimulationConfig, build_cost_model
-from sim.engine import Engine
-from sim.metrics import add_latency_columns
+from sim.api.simulator import SimulationConfig, build_cost_model
+from sim.engine.engine import Engine
+from sim.api.metrics import add_latency_columns
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
 
-from .replay import Replay, request_table, step_table
+from .tables import Replay, request_table, step_table
 
 
 def lb_score(engine: Engine) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.sampling_params import SamplingParams
+from sim.core.sampling_params import SamplingParams
 from workloads.spec import RequestSpec
 
 #: Where the runs live, relative to the repository root (never copied into the repo).

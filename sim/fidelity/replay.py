@@ -1,21 +1,21 @@
 """Replay a real run in the simulator under its engine arguments.
 
-One engine replica for DP1 runs through `sim.api.simulate`. A data-parallel MoE run (DP2 + expert
+One engine replica for DP1 runs through `sim.api.simulator.simulate`. A data-parallel MoE run (DP2 + expert
 parallelism) runs `sim.fidelity.dp` instead: the ranks step in lockstep, as vLLM's DP engines do.
 """
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-import pandas as pd
 
-from sim.api import DeploymentConfig, SimulationConfig, simulate
-from sim.config import EngineConfig
+from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.core.config import EngineConfig
 from kernels_cost_model import get_model
 
+from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
 from .real_runs import RUN_DEFAULTS, RealRun
+from .tables import Replay, request_table, step_table
 
 ARRIVALS = ("queued", "workload")
 
@@ -59,38 +59,12 @@ def replay_workload(run: RealRun, arrivals: str = "queued") -> list:
     return sorted(moved, key=lambda s: s.arrival_time_s)
 
 
-@dataclasses.dataclass(frozen=True)
-class Replay:
-    """A simulated run in the comparison's terms: per-request table and per-step table."""
-
-    requests: pd.DataFrame   # request_id, arrival_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s
-    steps: pd.DataFrame      # end_s, num_running, num_waiting (summed over DP ranks)
-    num_gpu_blocks: int
-
-
 def replay(run: RealRun, arrivals: str = "queued", config: SimulationConfig | None = None) -> Replay:
     """Simulate the run; DP > 1 goes through the lockstep DP loop."""
     config = config or simulation_config(run)
     specs = replay_workload(run, arrivals)
     if run.data_parallel_size > 1:
-        from .dp import replay_data_parallel
         return replay_data_parallel(config, specs, run.data_parallel_size,
                                     bool(run.engine_kwargs.get("enable_expert_parallel")))
     res = simulate(config, workload=specs)
     return Replay(request_table(res.requests), step_table(res.steps), res.meta["num_gpu_blocks"])
-
-
-def request_table(df: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({"request_id": df["request_id"], "arrival_s": df["arrival_time"],
-                         "first_token_s": df["first_token_time"], "finish_s": df["finish_time"],
-                         "ttft_s": df["ttft_s"], "tpot_s": df["tpot_s"], "e2e_s": df["e2e_s"],
-                         "num_output_tokens": df["num_output_tokens"]})
-
-
-def step_table(steps: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({"end_s": steps["start_time"] + steps["duration"],
-                         "duration_s": steps["duration"],
-                         "num_running": steps["num_running"], "num_waiting": steps["num_waiting"],
-                         "num_prefill_tokens": steps["num_prefill_tokens"],
-                         "num_decode_tokens": steps["num_decode_tokens"],
-                         "batch_size": steps["batch_size"]})

@@ -1,0 +1,114 @@
+"""Results: per-request and per-step tables of a run, its summary, and save/load."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kernels_cost_model.errors import ConfigError
+from sim.api.metrics import add_latency_columns, summarize
+from sim.core.records import RunRecords
+
+
+@dataclass
+class Results:
+    """What a simulation produced.
+
+    requests: one row per request (times in simulated seconds, derived ttft_s/tpot_s/e2e_s/...).
+    steps: one row per engine step (start, duration, tokens, batch, KV blocks, queue lengths).
+    token_times: per request, every token's emission time (None where not recorded).
+    summary: the metrics of `sim.api.metrics.summarize`; `meta` holds config and provenance.
+    """
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    token_times: list
+    summary: dict
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, records: RunRecords, slo: dict | None = None, meta: dict | None = None) -> "Results":
+        requests = add_latency_columns(pd.DataFrame(records.requests.columns()))
+        steps = pd.DataFrame(records.steps.columns())
+        steps["kv_occupancy"] = steps["kv_blocks_used"] / records.num_gpu_blocks if len(steps) else []
+        meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
+                    end_time=records.end_time, slo=slo or {})
+        summary = summarize(requests, steps, records.requests.token_times, records.num_gpu_blocks, slo)
+        return cls(requests, steps, records.requests.token_times, summary, meta)
+
+    def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,
+                 e2e_s: float | None = None) -> "Results":
+        """The same run summarised against other SLOs."""
+        slo = {k: v for k, v in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2e_s", e2e_s)) if v is not None}
+        summary = summarize(self.requests, self.steps, self.token_times, self.meta["num_gpu_blocks"], slo)
+        return Results(self.requests, self.steps, self.token_times, summary, dict(self.meta, slo=slo))
+
+    def tokens(self) -> pd.DataFrame:
+        """Long table of token emissions: request index, position, time."""
+        rows = [(i, np.arange(len(t)), np.frombuffer(t, dtype=float))
+                for i, t in enumerate(self.token_times) if t is not None and len(t)]
+        if not rows:
+            return pd.DataFrame({"request_index": [], "position": [], "time": []})
+        return pd.DataFrame({"request_index": np.concatenate([np.full(len(p), i) for i, p, _ in rows]),
+                             "position": np.concatenate([p for _, p, _ in rows]),
+                             "time": np.concatenate([t for _, _, t in rows])})
+
+    # ----- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | Path, fmt: str = "parquet") -> Path:
+        """Write requests/steps/tokens tables (parquet or csv) and summary.json into `directory`."""
+        if fmt not in ("parquet", "csv"):
+            raise ValueError(f"fmt={fmt!r}: must be 'parquet' or 'csv'")
+        if fmt == "parquet" and not parquet_available():
+            raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in (("requests", self.requests), ("steps", self.steps), ("tokens", self.tokens())):
+            path = out / f"{name}.{fmt}"
+            table.to_parquet(path, index=False) if fmt == "parquet" else table.to_csv(path, index=False)
+        doc = {"summary": summary_json(self.summary), "meta": self.meta, "format": fmt}
+        (out / "summary.json").write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Results":
+        """Read what `save` wrote."""
+        src = Path(directory)
+        summary_path = src / "summary.json"
+        if not summary_path.exists():
+            raise FileNotFoundError(f"{summary_path}: no summary.json; is this a servesim output folder?")
+        doc = json.loads(summary_path.read_text())
+        fmt = doc.get("format", "parquet")
+        read = pd.read_parquet if fmt == "parquet" else pd.read_csv
+        requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
+        summary = {k: float("nan") if v is None else v for k, v in doc["summary"].items()}
+        return cls(requests, steps, _token_lists(tokens, len(requests)), summary, doc["meta"])
+
+
+def parquet_available() -> bool:
+    """Whether pandas can write Parquet here (pyarrow installed)."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def summary_json(summary: dict) -> dict:
+    """The summary with NaN/inf (an empty statistic) as None, so the JSON is strict (null)."""
+    return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in summary.items()}
+
+
+def _token_lists(tokens: pd.DataFrame, n: int) -> list:
+    lists = [None] * n
+    for index, group in tokens.groupby("request_index", sort=True):
+        lists[int(index)] = array("d", group.sort_values("position")["time"].to_numpy())
+    return lists
+
+
+def _jsonable(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)

@@ -1,0 +1,81 @@
+"""The `servesim` command line: run, plot, calibrate, sweep, capacity, and any subcommand in COMMANDS.
+
+To add a subcommand, write a module with `add_parser(subparsers)` that registers it and sets
+`func=handler` (handler(args) -> exit code), and add that function to COMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from kernels_cost_model.cli import add_calibrate_parser
+from sim.cli.capacity import add_capacity_parser, add_sweep_parser
+from sim.cli import plot, run
+from kernels_cost_model.errors import ConfigError
+
+COMMANDS = [
+    run.add_parser,
+    plot.add_parser,
+    add_calibrate_parser,
+    add_sweep_parser,
+    add_capacity_parser,
+]
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  unexpected failure (a bug: the traceback is printed; please report it)
+  2  usage or configuration error; one line on stderr:
+     servesim: error: <field>=<value>: <reason>
+
+`servesim COMMAND --help` lists each command's options."""
+
+USER_ERRORS = (ConfigError, FileNotFoundError, IsADirectoryError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every subcommand of COMMANDS registered."""
+    parser = argparse.ArgumentParser(
+        prog="servesim", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Deterministic discrete-event simulator of a vLLM-style LLM serving engine.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from workloads.errors import TraceFormatError
+    return USER_ERRORS + (TraceFormatError,)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `servesim` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except _user_errors() as exc:
+        print(f"servesim: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `servesim run | head`: the reader left; the run itself succeeded
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's last resort: exit code 1, with the traceback
+        traceback.print_exc()
+        print(f"servesim: unexpected error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{exc.filename}: file not found"
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,1 +1,0 @@
-"""Subcommands of the `servesim` CLI; each module offers `add_parser(subparsers)`."""

@@ -1,0 +1,68 @@
+"""EngineConfig: the engine knobs, with vLLM's names, validated at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import require
+
+SCHEDULING_ORDERS = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler and KV-cache settings of one engine replica.
+
+    num_gpu_blocks: KV-cache size in blocks of `block_size` tokens (None: sized from the model and
+        GPU by the cost model's KV sizing; the engine itself needs a number).
+    max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes.
+    long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
+    scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
+        are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
+        thrashing under chunked prefill).
+    scheduling: "fcfs" or "priority" (lower `priority` value first; preempts the lowest).
+    stop_profile: which stop-rule order to apply (see sim.core.stop_rules).
+    check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
+    record_token_times: keep every token's emission time (needed for ITL).
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    scheduler_reserve_full_isl: bool = True
+    scheduling: str = "fcfs"
+    policy: str = "vllm"
+    stop_profile: str = "vllm"
+    eos_token_id: int = 2
+    check_invariants: bool = False
+    record_token_times: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(self.num_gpu_blocks is None or (_is_int(self.num_gpu_blocks) and self.num_gpu_blocks >= 1),
+                "num_gpu_blocks", self.num_gpu_blocks, "must be an integer >= 1 or None")
+        require(_is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
+                "long_prefill_token_threshold", self.long_prefill_token_threshold, "must be >= 0")
+        require(self.scheduling in SCHEDULING_ORDERS, "scheduling", self.scheduling,
+                f"must be one of {SCHEDULING_ORDERS}")
+        require(_is_int(self.eos_token_id) and self.eos_token_id >= 0, "eos_token_id",
+                self.eos_token_id, "must be an integer >= 0")
+        require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+                "max_num_batched_tokens", self.max_num_batched_tokens,
+                f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"
+                " (a prompt must fit one step whole)")
+        if self.num_gpu_blocks is not None:
+            capacity = self.num_gpu_blocks * self.block_size
+            require(capacity >= self.max_model_len, "num_gpu_blocks", self.num_gpu_blocks,
+                    f"KV cache holds {capacity} tokens ({self.num_gpu_blocks} blocks x {self.block_size}),"
+                    f" less than one max_model_len={self.max_model_len} request")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,167 @@
+"""Paged KV cache with prefix caching, as vLLM's V1 KV-cache manager does it.
+
+Blocks hold `block_size` tokens. A request owns a list of blocks covering its computed tokens.
+With prefix caching, every full block is named by a chained hash of its token ids (the parent
+block's hash and its own tokens); a new request reuses the longest run of cached blocks matching
+its prefix. Freed blocks keep their hash and sit in a free queue: a later hit takes them back,
+and allocation evicts the least recently freed first.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from sim.core.request import Request
+
+
+class KVCacheManager:
+    """Owns every block; the scheduler only calls allocate / free / lookup_prefix."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_gpu_blocks))
+        self.cached: dict[int, int] = {}          # block hash -> block id
+        self.req_blocks: dict[Request, list[int]] = {}
+        self.req_hashes: dict[Request, list[int]] = {}
+        self.num_hashed_blocks: dict[Request, int] = {}
+
+    # ----- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (cached-but-free ones included: they are evictable)."""
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_gpu_blocks - len(self.free_queue)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks still holding a reusable prefix."""
+        return sum(1 for b in self.free_queue if self.block_hash[b] is not None)
+
+    def blocks_of(self, req: Request) -> list[int]:
+        return self.req_blocks.get(req, [])
+
+    # ----- prefix cache ----------------------------------------------------------------------
+    def lookup_prefix(self, req: Request) -> tuple[list[int], int]:
+        """Cached blocks matching the request's prefix, and the tokens they cover.
+
+        At most `num_tokens - 1` tokens hit, so the last token is computed and yields logits.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hashes = self._hashes(req, max_blocks)
+        hits = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def _hashes(self, req: Request, num_blocks: int) -> list[int]:
+        """Chained hashes of the request's first `num_blocks` full blocks (memoised)."""
+        hashes = self.req_hashes.setdefault(req, [])
+        if len(hashes) >= num_blocks:
+            return hashes
+        bs = self.block_size
+        parent = hashes[-1] if hashes else 0
+        num_prompt = req.num_prompt_tokens
+        first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
+        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes()
+        if end > num_prompt:
+            tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
+            data += np.asarray(tail, dtype=np.int32).tobytes()
+        step = 4 * bs  # int32 token ids: every block is compared as the same bytes
+        for start in range(0, len(data), step):
+            parent = hash((parent, data[start:start + step]))
+            hashes.append(parent)
+        return hashes
+
+    # ----- allocation -------------------------------------------------------------------------
+    def _blocks_to_take(self, req: Request, num_new_tokens: int, cached_blocks) -> tuple[int, int]:
+        """(fresh blocks to allocate, cached free blocks to revive) for `num_new_tokens` more tokens
+        after `cached_blocks` prefix hits (whole blocks)."""
+        held = len(self.req_blocks.get(req, ()))
+        total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
+        revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0) if cached_blocks else 0
+        return fresh, revived
+
+    def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        """Whether `num_new_tokens` more tokens (after `cached_blocks` hits) would fit now."""
+        fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
+        return fresh + revived <= len(self.free_queue)
+
+    def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> list[int] | None:
+        """Give `req` blocks for `num_new_tokens` more tokens (after `cached_blocks` prefix hits).
+
+        Returns the newly allocated blocks, or None if they do not fit (nothing changes then).
+        """
+        fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
+        if fresh == 0 and not cached_blocks:
+            return []
+        if fresh + revived > len(self.free_queue):
+            return None
+        blocks = self.req_blocks.setdefault(req, [])
+        for block in cached_blocks:
+            self._touch(block)
+            blocks.append(block)
+        new_blocks = [self._pop_free() for _ in range(fresh)]
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def _touch(self, block: int) -> None:
+        if self.ref_cnt[block] == 0:
+            del self.free_queue[block]
+        self.ref_cnt[block] += 1
+
+    def _pop_free(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        old_hash = self.block_hash[block]
+        if old_hash is not None:
+            if self.cached.get(old_hash) == block:
+                del self.cached[old_hash]
+            self.block_hash[block] = None
+        self.ref_cnt[block] = 1
+        return block
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Register the request's newly full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = req.num_computed_tokens // self.block_size
+        done = self.num_hashed_blocks.get(req, 0)
+        if num_full <= done:
+            return
+        hashes = self._hashes(req, num_full)
+        blocks = self.req_blocks[req]
+        for i in range(done, num_full):
+            block = blocks[i]
+            if self.block_hash[block] is None:
+                self.block_hash[block] = hashes[i]
+                self.cached.setdefault(hashes[i], block)
+        self.num_hashed_blocks[req] = num_full
+
+    def free(self, req: Request, forget: bool = False) -> None:
+        """Release the request's blocks; tail blocks go first in the eviction order.
+
+        `forget` also drops its memoised hashes (when the request is gone for good).
+        """
+        blocks = self.req_blocks.pop(req, None)
+        self.num_hashed_blocks.pop(req, None)
+        if forget:
+            self.req_hashes.pop(req, None)
+        if not blocks:
+            return
+        for block in reversed(blocks):
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                self.free_queue[block] = None

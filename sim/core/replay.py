@@ -1,0 +1,52 @@
+"""run_until_stop: the engine's update stage replayed over a scripted token stream."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import require
+from sim.core.request import Request, RequestStatus
+from sim.core.sampling_params import SamplingParams
+from sim.core.stop_rules import StopProfile, get_profile
+from sim.core.text import TextState, as_token_text
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What the client sees for one request."""
+
+    output_token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None
+    text: str
+    status: RequestStatus
+
+
+def make_text_state(params: SamplingParams, profile: StopProfile, token_text=None) -> TextState:
+    """A fresh TextState for a request under `profile`."""
+    return TextState(as_token_text(token_text), params.stop, params.include_stop_str_in_output,
+                     params.min_tokens, profile.strict_min_tokens, profile.earliest_stop_string)
+
+
+def run_until_stop(token_stream: Iterable[int], eos_token_id: int | None,
+                   sampling_params: SamplingParams, *, prompt_len: int = 0,
+                   max_model_len: int | None = None,
+                   token_text: Mapping[int, str] | Callable[[int], str] | None = None,
+                   profile: str | StopProfile = "vllm") -> StopResult:
+    """Append tokens from `token_stream` one at a time until a stop rule fires.
+
+    Tokens after the stop are never read. A stream that runs out first gives finish_reason None.
+    """
+    require(isinstance(prompt_len, int) and prompt_len >= 0, "prompt_len", prompt_len, "must be >= 0")
+    require(max_model_len is None or max_model_len > prompt_len, "max_model_len", max_model_len,
+            f"must exceed prompt_len={prompt_len}")
+    rules = get_profile(profile)
+    req = Request("scripted", range(prompt_len), sampling_params, eos_token_id,
+                  text_state=make_text_state(sampling_params, rules, token_text))
+    req.status = RequestStatus.RUNNING
+    for token_id in token_stream:
+        req.output_token_ids.append(token_id)
+        if rules.apply(req, max_model_len):
+            break
+    return StopResult(req.output_token_ids, req.finish_reason, req.stop_reason,
+                      req.text_state.text, req.status)

@@ -1,0 +1,97 @@
+"""Request state: one ordered status enum and token counts (no phases)."""
+from __future__ import annotations
+
+import enum
+
+from sim.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request. The order is load-bearing: finished means `> PREEMPTED`."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+def is_finished(status: RequestStatus) -> bool:
+    """True once the request can no longer be scheduled."""
+    return status > RequestStatus.PREEMPTED
+
+
+def finish_reason_of(status: RequestStatus) -> str | None:
+    """The API finish_reason for a status; None while the request is alive."""
+    return _FINISH_REASONS.get(status)
+
+
+def finish_reason(request: "Request") -> str | None:
+    """The API finish_reason of a request: "stop", "length", "abort" or None while unfinished."""
+    return _FINISH_REASONS.get(request.status)
+
+
+class Request:
+    """A request inside the engine.
+
+    Counts tokens: `num_prompt_tokens`, `num_computed_tokens` (KV written so far) and
+    `output_token_ids`. Whether it is "in prefill" is derived: `num_computed_tokens < num_tokens - 1`
+    after its first token, or below `num_prompt_tokens` before it.
+    """
+
+    __slots__ = (
+        "request_id", "arrival_time", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
+        "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
+        "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
+                 eos_token_id: int | None, arrival_time: float = 0.0, priority: int = 0,
+                 text_state=None, spec=None, index: int = 0):
+        self.request_id = request_id
+        self.arrival_time = arrival_time
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.stop_reason: int | str | None = None
+        self.priority = priority
+        self.text_state = text_state
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0
+        self.spec = spec
+        self.index = index
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self.status)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"computed={self.num_computed_tokens}, output={len(self.output_token_ids)})")

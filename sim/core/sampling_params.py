@@ -1,0 +1,63 @@
+"""SamplingParams: the per-request stop knobs, with vLLM's names and meaning."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import require
+
+
+def _as_tuple(value, field: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, int)):
+        return (value,)
+    require(isinstance(value, (list, tuple)), field, value, "must be a list")
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What decides when a request stops.
+
+    max_tokens: cap on output tokens (finish_reason "length" when it binds).
+    min_tokens: EOS, stop token ids and stop strings cannot stop a request below this many outputs.
+    ignore_eos: the model's EOS does not stop the request (benchmark-style fixed-length runs).
+    stop_token_ids: extra token ids that stop the request; stop_reason is the id.
+    stop: strings that stop the request when they appear in the output text; stop_reason is the string.
+    include_stop_str_in_output: keep the stop string (and EOS / stop-token text) in the text.
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        stop_ids = _as_tuple(self.stop_token_ids, "stop_token_ids")
+        stop = _as_tuple(self.stop, "stop")
+        object.__setattr__(self, "stop_token_ids", stop_ids)
+        object.__setattr__(self, "stop", stop)
+        self._validate(stop_ids, stop)
+
+    def _validate(self, stop_ids: tuple, stop: tuple) -> None:
+        require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens,
+                "must be an integer >= 1")
+        require(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", self.min_tokens,
+                "must be an integer >= 0")
+        require(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+                f"must not exceed max_tokens={self.max_tokens}")
+        require(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "must be a bool")
+        require(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output",
+                self.include_stop_str_in_output, "must be a bool")
+        for token_id in stop_ids:
+            require(_is_int(token_id) and token_id >= 0, "stop_token_ids", stop_ids,
+                    f"entries must be integers >= 0, got {token_id!r}")
+        for text in stop:
+            require(isinstance(text, str) and text != "", "stop", stop,
+                    f"entries must be non-empty strings, got {text!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,176 @@
+"""Stop rules as named profiles: the order of checks is a user-visible API.
+
+A profile is data: the ordered token checks the engine core runs after appending a token, and how
+stop strings (checked on the detokenized text) interact with them. Profiles:
+
+- "vllm" (default): vLLM V1 today (vllm/v1/core/sched/utils.py `check_stop`, then
+  vllm/v1/engine/detokenizer.py). Below `min_tokens` only the length rules can stop a request;
+  EOS, then stop token ids, then length (`max_model_len` on prompt + output, `max_tokens`); then the
+  detokenizer's stop strings, which win over a length cap on the same token. EOS exactly on the
+  `max_tokens` boundary reports "stop". Among stop strings completed by one token, the one
+  completing earliest in the text wins (ties: list order).
+- "vllm-v1-2025": V1 before October 2025: the length check ran first, so that tie reports "length";
+  stop strings were taken in list order (earliest-completing came with vLLM PR #49391).
+- "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings (list order), then length; stop
+  strings are looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked
+  for on a token that already stopped by EOS or a stop token id.
+
+In every profile `min_tokens` gates the content checks only (EOS, stop token ids, stop strings);
+the length rules always bind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import ConfigError
+from sim.core.request import Request, RequestStatus
+from sim.core.text import strings_armed
+
+STOPPED = RequestStatus.FINISHED_STOPPED
+LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def _eos(req: Request, max_model_len: int | None):
+    if req.output_token_ids[-1] == req.eos_token_id and not req.sampling_params.ignore_eos:
+        return STOPPED, None
+    return None
+
+
+def _stop_token_ids(req: Request, max_model_len: int | None):
+    last = req.output_token_ids[-1]
+    if last in req.sampling_params.stop_token_ids:
+        return STOPPED, last
+    return None
+
+
+def _length(req: Request, max_model_len: int | None):
+    if length_binds(req, len(req.output_token_ids), max_model_len):
+        return LENGTH, None
+    return None
+
+
+def length_binds(req: Request, num_output: int, max_model_len: int | None) -> bool:
+    """A length rule stops `req` once it has `num_output` output tokens (`max_tokens`, then
+    `max_model_len` on prompt + output), whatever the token is. Known before sampling."""
+    if num_output >= req.sampling_params.max_tokens:
+        return True
+    return max_model_len is not None and req.num_prompt_tokens + num_output >= max_model_len
+
+
+def token_rules_armed(num_output: int, min_tokens: int) -> bool:
+    """EOS and stop token ids are checked on a request's `num_output`-th output token."""
+    return num_output >= min_tokens
+
+
+CONTENT_CHECKS = {"eos": _eos, "stop_token_ids": _stop_token_ids}
+LENGTH_CHECKS = {"length": _length}
+
+
+@dataclass(frozen=True)
+class StopProfile:
+    """An ordered set of stop checks.
+
+    order: token checks in the order the engine runs them ("eos", "stop_token_ids", "length").
+    strings_after_token_stop: stop strings are still looked for on a token that stopped by EOS or a
+        stop token id (only matters with include_stop_str_in_output, when that text is shown).
+    strict_min_tokens: stop strings need more than `min_tokens` outputs (V1) rather than at least.
+    earliest_stop_string: of several stop strings completed by one token, the one completing
+        earliest in the text wins (V1 today); otherwise the first in list order (V0, older V1).
+    """
+
+    name: str
+    order: tuple[str, ...]
+    strings_after_token_stop: bool
+    strict_min_tokens: bool
+    earliest_stop_string: bool = True
+
+    def check_token(self, req: Request, max_model_len: int | None):
+        """(status, stop_reason) decided by the token checks alone, or None."""
+        below_floor = not token_rules_armed(len(req.output_token_ids), req.sampling_params.min_tokens)
+        for name in self.order:
+            check = CONTENT_CHECKS.get(name)
+            if check is None:
+                check = LENGTH_CHECKS[name]
+            elif below_floor:
+                continue
+            result = check(req, max_model_len)
+            if result is not None:
+                return result
+        return None
+
+    def apply(self, req: Request, max_model_len: int | None) -> bool:
+        """Run every rule on the token just appended; set status and stop_reason. True if stopped."""
+        result = self.check_token(req, max_model_len)
+        text = req.text_state
+        if text is not None:
+            token_stop = result is not None and result[0] == STOPPED
+            hide = token_stop and not req.sampling_params.include_stop_str_in_output
+            check = self.strings_after_token_stop or not token_stop
+            found = text.append(req.output_token_ids[-1], len(req.output_token_ids), hide, check)
+            if found is not None:
+                result = (STOPPED, found)
+        if result is None:
+            return False
+        req.status, req.stop_reason = result
+        return True
+
+
+PROFILES: dict[str, StopProfile] = {
+    "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length"), True, True),
+    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids"), True, True,
+                                earliest_stop_string=False),
+    "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
+                           earliest_stop_string=False),
+}
+
+
+def get_profile(name: str | StopProfile) -> StopProfile:
+    """Look a profile up by name (a StopProfile passes through)."""
+    if isinstance(name, StopProfile):
+        return name
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError("stop_profile", name, f"unknown; choose from {sorted(PROFILES)}") from None
+
+
+def stop_candidates(req: Request, max_model_len: int | None) -> tuple[frozenset, int]:
+    """What can stop a request that has no stop strings, under every profile.
+
+    Returns (token ids that may stop it, output count at which a length rule binds). A token not
+    in the set, appended below that count, cannot stop it; the engine skips the full check then.
+    """
+    params = req.sampling_params
+    ids = set(params.stop_token_ids)
+    if not params.ignore_eos and req.eos_token_id is not None:
+        ids.add(req.eos_token_id)
+    return frozenset(ids), length_limit(req, max_model_len)
+
+
+def length_limit(req: Request, max_model_len: int | None) -> int:
+    """The output count from which `length_binds`."""
+    limit = req.sampling_params.max_tokens
+    if max_model_len is not None:
+        limit = min(limit, max_model_len - req.num_prompt_tokens)
+    return limit
+
+
+def must_stop_by_length(req: Request, profile: StopProfile, num_output: int,
+                        max_model_len: int | None) -> bool:
+    """`req` stops on its `num_output`-th output token under `profile` whatever is sampled: a
+    length rule binds there (known before sampling)."""
+    return "length" in profile.order and length_binds(req, num_output, max_model_len)
+
+
+def can_stop_by_content(req: Request, profile: StopProfile, num_output: int) -> bool:
+    """A content rule (EOS unless ignored, stop token ids, stop strings) is armed on `req`'s
+    `num_output`-th output token under `profile`: whether it fires depends on what is sampled.
+
+    Uses the floors the checks themselves use: `token_rules_armed` for the token checks and the
+    stop-string floor of the profile (`strings_armed`: strict in V1, not in V0)."""
+    params = req.sampling_params
+    eos = "eos" in profile.order and not params.ignore_eos and req.eos_token_id is not None
+    ids = "stop_token_ids" in profile.order and bool(params.stop_token_ids)
+    if (eos or ids) and token_rules_armed(num_output, params.min_tokens):
+        return True
+    return bool(params.stop) and strings_armed(num_output, params.min_tokens, profile.strict_min_tokens)

@@ -1,0 +1,235 @@
+"""The engine step as a plain object: schedule -> price -> (time passes) -> sample and update.
+
+No SimPy here: `sim.engine.simulation` drives it. Tokens become visible at the end of the step, for every
+request whose computed tokens catch up with all its tokens (the catch-up rule).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies import get_policy
+from policies.base import EngineState, SchedulerOutput
+from policies.waiting_queue import make_waiting_queue
+from kernels_cost_model.batch import BatchShape
+from sim.core.config import EngineConfig
+from sim.core.invariants import check_budget, check_invariants
+from sim.core.kv_cache import KVCacheManager
+from sim.core.records import RequestRecords, RunRecords, StepRecords
+from sim.core.replay import make_text_state
+from sim.core.request import Request, RequestStatus
+from sim.core.stop_rules import get_profile, stop_candidates
+from workloads.token_streams import stream_for
+
+
+@dataclass(slots=True)
+class Step:
+    """A planned step: the scheduler's output, its batch shape and its duration."""
+
+    plan: SchedulerOutput
+    batch: BatchShape
+    duration: float
+    start: float
+    num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
+
+
+class Engine:
+    """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
+
+    def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
+                 hooks=()):
+        self.config = config
+        self.cost_model = cost_model
+        self.policy = get_policy(config.policy)
+        self.stop_profile = get_profile(config.stop_profile)
+        self.token_text = token_text
+        kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
+        self.requests = RequestRecords()
+        self.steps = StepRecords()
+        self.by_id: dict[str, Request] = {}
+        self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
+        self.streams: list = []        # per request index: position -> token id
+        self.on_finish = None          # callback(request) set by the simulation
+        self.pending_aborts: list[Request] = []
+        self.in_step = False
+        self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
+
+    # ----- arrivals and aborts ------------------------------------------------------------
+    def add_request(self, spec, now: float) -> Request:
+        """Queue a request; one whose prompt exceeds max_model_len is recorded as rejected."""
+        index = len(self.requests)
+        request_id = spec.request_id or f"req-{index}"
+        if request_id in self.by_id:
+            raise ValueError(f"request_id={request_id!r}: already in flight; ids must be unique")
+        self.requests.add(spec, request_id, now, self.config.record_token_times)
+        params = spec.sampling_params
+        text = make_text_state(params, self.stop_profile, self.token_text) if params.stop else None
+        req = Request(request_id, spec.prompt_token_ids, params, self.config.eos_token_id, now,
+                      spec.priority, text, spec, index)
+        self.by_id[request_id] = req
+        self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
+        self.streams.append(stream_for(spec, index, self.config.eos_token_id))
+        if req.num_prompt_tokens > self.config.max_model_len:
+            self.requests.rejected[index] = True
+            self._finish(req, RequestStatus.FINISHED_IGNORED, now)
+        else:
+            self.state.waiting.append(req)
+        return req
+
+    def abort(self, request_id: str, now: float) -> None:
+        """Client disconnect: finish as aborted and free KV now (or at the end of the running step)."""
+        req = self.by_id.get(request_id)
+        if req is None or req.is_finished:
+            return
+        if self.in_step and req.status == RequestStatus.RUNNING:
+            self.pending_aborts.append(req)
+            return
+        self._abort_now(req, now)
+
+    def _abort_now(self, req: Request, now: float) -> None:
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.state.running.remove(req)
+        else:
+            self.state.waiting.remove(req)
+        self._finish(req, RequestStatus.FINISHED_ABORTED, now)
+
+    # ----- the step ------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.state.running or self.state.waiting) or self._hooks_have_work()
+
+    def _hooks_have_work(self) -> bool:
+        return any(hook.has_work() for hook in self.hooks)
+
+    def plan_step(self, now: float) -> Step | None:
+        """Schedule the next step and price it; None if nothing can run."""
+        plan = self.policy.schedule(self.state)
+        if not plan.scheduled and not self._hooks_have_work():
+            return None
+        scheduled = plan.scheduled
+        new = [n for _, n in scheduled]
+        context = [r.num_computed_tokens for r, _ in scheduled]
+        sampled = sum(1 for r, n in scheduled  # rows that catch up, so sample, this step
+                      if r.num_computed_tokens + n == r.num_prompt_tokens + len(r.output_token_ids))
+        first_scheduled = self.requests.first_scheduled_time
+        for req in plan.admitted:
+            if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
+                first_scheduled[req.index] = now
+        batch = BatchShape(new, context, sampled)
+        if self.config.check_invariants:
+            check_budget(plan, self.config)
+        self.in_step = True
+        step = Step(plan, batch, self.cost_model.step_time(batch), now, 0)
+        for hook in self.hooks:
+            hook.on_plan(self, step)
+        return step
+
+    def finish_step(self, step: Step, now: float) -> list[Request]:
+        """Apply the step's results at its end: advance, sample caught-up requests, stop, free."""
+        self.in_step = False
+        finished = []
+        kv, streams, profile = self.state.kv, self.streams, self.stop_profile
+        max_model_len = self.config.max_model_len
+        token_times = self.requests.token_times
+        first_token = self.requests.first_token_time
+        quick_stop = self.quick_stop
+        block_size, caching = kv.block_size, kv.enable_prefix_caching
+        num_decode = 0
+        for req, n in step.plan.scheduled:
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            if caching and computed % block_size < n:
+                kv.cache_full_blocks(req)  # a block filled up this step
+            output = req.output_token_ids
+            position = len(output)
+            if computed != req.num_prompt_tokens + position:
+                continue  # mid-prefill chunk: nothing sampled
+            if n == 1 and position:
+                num_decode += 1
+            index = req.index
+            token = streams[index](position)
+            output.append(token)
+            if position == 0:
+                first_token[index] = now
+            times = token_times[index]
+            if times is not None:
+                times.append(now)
+            quick = quick_stop[index]
+            if quick is not None and token not in quick[0] and position + 1 < quick[1]:
+                continue  # cannot stop on this token under any profile
+            if profile.apply(req, max_model_len):
+                finished.append(req)
+        step.num_decode = num_decode
+        self._retire(finished, now)
+        for req in self.pending_aborts:
+            self._abort_now(req, now)
+        self.pending_aborts.clear()
+        self._record_step(step, now)
+        if self.config.check_invariants:
+            check_invariants(self)
+        return finished
+
+    def _retire(self, finished: list[Request], now: float) -> None:
+        if self.hooks:
+            self._retire_with_hooks(finished, now)
+            return
+        if not finished:
+            return
+        done = set(finished)
+        self.state.running = [r for r in self.state.running if r not in done]
+        for req in finished:
+            self._finish(req, req.status, now)
+
+    def _retire_with_hooks(self, finished: list[Request], now: float) -> None:
+        """A hook may defer a stopped request's completion (its KV goes now), then ends its step."""
+        done = set(finished)
+        self.state.running = [r for r in self.state.running if r not in done]
+        for req in finished:
+            if any(hook.on_stop(self, req, now) for hook in self.hooks):
+                self.state.kv.free(req, forget=True)
+            else:
+                self._finish(req, req.status, now)
+        for hook in self.hooks:
+            hook.on_step_end(self, now)
+
+    def complete(self, req: Request, now: float) -> None:
+        """Record the finish of a stopped request whose completion a hook deferred."""
+        self._finish(req, req.status, now)
+
+    def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
+        req.status = status
+        self.state.kv.free(req, forget=True)
+        rec, i = self.requests, req.index
+        rec.finish_time[i] = now
+        rec.num_output_tokens[i] = len(req.output_token_ids)
+        rec.num_preemptions[i] = req.num_preemptions
+        rec.num_cached_tokens[i] = req.num_cached_tokens
+        rec.finish_reason[i] = req.finish_reason
+        rec.stop_reason[i] = req.stop_reason
+        del self.by_id[req.request_id]
+        self.streams[i] = self.quick_stop[i] = None  # keep records only, not the prompt
+        if self.on_finish is not None:
+            self.on_finish(req)
+
+    def _record_step(self, step: Step, now: float) -> None:
+        s, kv, state = self.steps, self.state.kv, self.state
+        decode = step.num_decode
+        total = sum(step.batch.num_new_tokens)
+        s.start_time.append(step.start)
+        s.duration.append(step.duration)
+        s.num_prefill_tokens.append(total - decode)
+        s.num_decode_tokens.append(decode)
+        s.batch_size.append(len(step.plan.scheduled))
+        s.num_sampled.append(step.batch.num_sampled)
+        s.num_preempted.append(len(step.plan.preempted))
+        s.kv_blocks_used.append(kv.num_used_blocks)
+        s.kv_blocks_cached.append(len(kv.cached))
+        s.kv_blocks_free.append(kv.num_free_blocks)
+        s.num_running.append(len(state.running))
+        s.num_waiting.append(len(state.waiting))
+
+    def records(self, end_time: float) -> RunRecords:
+        return RunRecords(self.requests, self.steps, self.state.kv.num_gpu_blocks,
+                          self.config.block_size, end_time)

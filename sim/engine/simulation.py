@@ -1,0 +1,141 @@
+"""SimPy processes around the engine: arrivals, client aborts and the engine loop.
+
+One `simpy.Environment` per simulation. The engine loop sleeps on an event while there is no work
+(never busy-waits); an arrival or abort wakes it. Each step is one `timeout` of the priced duration.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import simpy
+
+from sim.core.config import EngineConfig
+from kernels_cost_model.errors import ConfigError
+from sim.engine.engine import Engine
+from sim.core.invariants import InvariantError
+from sim.core.records import RunRecords
+
+
+class EngineProcess:
+    """Wires an Engine into a SimPy environment and exposes `submit` for workloads."""
+
+    def __init__(self, env: simpy.Environment, engine: Engine):
+        self.env = env
+        self.engine = engine
+        self.wakeup: simpy.Event | None = None
+        self.done_events: dict = {}
+        engine.on_finish = self._on_finish
+        env.process(self.loop())
+
+    def submit(self, spec) -> simpy.Event:
+        """Hand a request to the engine now; the event succeeds when it finishes."""
+        done = self.env.event()
+        req = self.engine.add_request(spec, self.env.now)
+        if req.is_finished:
+            done.succeed(req)
+        else:
+            self.done_events[req] = done
+            if spec.abort_time_s is not None:
+                self.env.process(self._abort_at(req.request_id, spec.abort_time_s))
+            self._wake()
+        return done
+
+    def _abort_at(self, request_id: str, when: float):
+        yield self.env.timeout(max(0.0, when - self.env.now))
+        self.engine.abort(request_id, self.env.now)
+        self._wake()
+
+    def _on_finish(self, req) -> None:
+        done = self.done_events.pop(req, None)
+        if done is not None:
+            done.succeed(req)
+
+    def _wake(self) -> None:
+        if self.wakeup is not None and not self.wakeup.triggered:
+            self.wakeup.succeed()
+
+    def loop(self):
+        """The engine loop: plan a step, let its time pass, apply its results; sleep when idle."""
+        env, engine = self.env, self.engine
+        while True:
+            step = engine.plan_step(env.now) if engine.has_work else None
+            if step is None:
+                self.wakeup = env.event()
+                yield self.wakeup
+                self.wakeup = None
+                continue
+            yield env.timeout(step.duration)
+            engine.finish_step(step, env.now)
+
+
+def arrivals(env: simpy.Environment, specs: Iterable, submit):
+    """Open-loop arrivals: submit each spec at its arrival time (specs sorted by arrival)."""
+    for spec in specs:
+        delay = spec.arrival_time_s - env.now
+        if delay < 0:
+            raise ValueError(f"{spec.request_id or 'request'}.arrival_time_s={spec.arrival_time_s}: "
+                             f"arrivals must be sorted (previous arrival at {env.now})")
+        if delay > 0:
+            yield env.timeout(delay)
+        submit(spec)
+
+
+def start_workload(env: simpy.Environment, workload, submit, seed: int) -> None:
+    """Start the process feeding `workload` (a list of specs, open- or closed-loop) into `submit`."""
+    from workloads.base import is_closed_loop
+    from workloads.rng import make_rng
+    rng = make_rng(seed, "workload")
+    if is_closed_loop(workload):
+        env.process(workload.process(env, submit, rng))
+    elif hasattr(workload, "iter_requests"):
+        env.process(arrivals(env, workload.iter_requests(rng), submit))
+    else:
+        env.process(arrivals(env, workload, submit))
+
+
+def watch_finishes(env: simpy.Environment, engine: Engine, progress) -> None:
+    """Call `progress.update(env.now)` after each request finishes (O(1) per request)."""
+    inner = engine.on_finish
+
+    def on_finish(req) -> None:
+        if inner is not None:
+            inner(req)
+        progress.update(env.now)
+
+    engine.on_finish = on_finish
+
+
+def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
+    """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
+    if num_gpu_blocks is None:
+        raise ConfigError("num_gpu_blocks", None, "not set; give a number or size it from the GPU")
+    if num_gpu_blocks * config.block_size < config.max_model_len:
+        raise ConfigError("num_gpu_blocks", num_gpu_blocks,
+                          f"KV cache holds {num_gpu_blocks * config.block_size} tokens, less than one "
+                          f"max_model_len={config.max_model_len} request")
+    return num_gpu_blocks
+
+
+def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
+               seed: int = 0, token_text=None, until: float | None = None, hooks=(),
+               progress=None) -> RunRecords:
+    """Simulate one engine replica serving `workload`; returns the run's records.
+
+    `workload`: RequestSpecs sorted by arrival, an open-loop workload (`iter_requests`) or a
+    closed-loop one (`process`). `num_gpu_blocks` defaults to the config's. `hooks`: engine hooks
+    (`sim.core.hooks`; fresh objects per run, they keep state). `progress`: an object whose
+    `update(now)` is called once per finished request (see sim.api.progress).
+    """
+    blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
+                               config)
+    env = simpy.Environment()
+    engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks)
+    proc = EngineProcess(env, engine)
+    if progress is not None:
+        watch_finishes(env, engine, progress)
+    start_workload(env, workload, proc.submit, seed)
+    env.run(until=until)
+    if until is None and engine.by_id:
+        stuck = sorted(engine.by_id)[:5]
+        raise InvariantError(f"{len(engine.by_id)} requests never finished (e.g. {stuck})")
+    return engine.records(env.now)

@@ -1,0 +1,1 @@
+"""Capacity planning: sweeps, executors, capacity search, plans, deployments, clusters, routers, pricing."""

@@ -1,0 +1,127 @@
+"""A capacity plan: traffic, SLO target, candidate deployments and prices (plan.toml).
+
+    plan = Plan.from_toml("examples/plan.toml")
+
+The file is a simulation config ([engine], [deployment], [workload], [slo], seed: the traffic and the
+shared settings) plus [target] (what "sustainable" means), [search] (candidates) and [prices]
+($/GPU-hour overrides). Schema and example: docs/capacity.md, examples/plan.toml.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.api.simulator import SimulationConfig
+from sim.planning.capacity import CapacityTarget
+from sim.api.simulator import read_toml
+from kernels_cost_model.errors import ConfigError, require
+from sim.planning.executors import EXECUTORS
+from sim.planning.routers import ROUTERS
+from sim.planning.sweep import make_point
+
+SEARCH_KEYS = {"gpus", "tensor_parallel_sizes", "candidates", "engine", "max_replicas", "router", "seeds",
+               "rel_tol", "executor", "workers", "curve_points"}
+TARGET_KEYS = {"rate", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "min_attainment", "percentile"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment shape to price: GPU, tensor parallelism and engine flag overrides."""
+
+    gpu: str
+    tensor_parallel_size: int
+    engine: tuple = ()
+
+    @property
+    def label(self) -> str:
+        flags = "".join(f" {k}={v}" for k, v in self.engine)
+        return f"{self.gpu} TP{self.tensor_parallel_size}{flags}"
+
+    def config(self, base: SimulationConfig) -> SimulationConfig:
+        overrides = {"deployment.gpu": self.gpu, "deployment.tensor_parallel_size": self.tensor_parallel_size}
+        overrides.update({f"engine.{k}": v for k, v in self.engine})
+        return make_point(base, overrides).config
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything `search_deployments` needs."""
+
+    base: SimulationConfig
+    target_rate: float
+    target: CapacityTarget
+    candidates: tuple[Candidate, ...]
+    max_replicas: int = 16
+    router: str = "least_outstanding"
+    seeds: tuple[int, ...] = (0, 1)
+    rel_tol: float = 0.05
+    executor: str = "pool"
+    workers: int | None = None
+    curve_points: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25)
+    prices: dict = field(default_factory=dict)
+    prices_path: str | None = None
+
+    def __post_init__(self) -> None:
+        require(self.target_rate > 0, "target.rate", self.target_rate, "must be > 0")
+        require(len(self.candidates) > 0, "search", self.candidates, "no candidate deployments")
+        require(isinstance(self.max_replicas, int) and self.max_replicas >= 1, "search.max_replicas",
+                self.max_replicas, "must be an integer >= 1")
+        require(self.router in ROUTERS, "search.router", self.router, f"must be one of {ROUTERS}")
+        require(self.executor in EXECUTORS, "search.executor", self.executor, f"must be one of {EXECUTORS}")
+        require(len(self.seeds) > 0, "search.seeds", self.seeds, "give at least one seed")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "Plan":
+        path = Path(path)
+        data = read_toml(path)
+        return cls.from_dict(data, root=path.parent)
+
+    @classmethod
+    def from_dict(cls, data: dict, root: Path | None = None) -> "Plan":
+        data = dict(data)
+        target, search = _table(data.pop("target", {}), "target"), _table(data.pop("search", {}), "search")
+        prices = dict(_table(data.pop("prices", {}), "prices"))
+        _known(target, TARGET_KEYS, "target")
+        _known(search, SEARCH_KEYS, "search")
+        base = SimulationConfig.from_dict(data)
+        rate = target.pop("rate", base.workload.rate)
+        path = prices.pop("path", None)
+        if path is not None and root is not None:
+            path = str((root / path).resolve())
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()
+                  if k not in ("gpus", "tensor_parallel_sizes", "candidates", "engine")}
+        return cls(base, rate, CapacityTarget(**target), candidates(search, base), prices=prices,
+                   prices_path=path, **kwargs)
+
+
+def candidates(search: dict, base: SimulationConfig) -> tuple[Candidate, ...]:
+    """Explicit [[search.candidates]] or gpus x tensor_parallel_sizes, each x the [search.engine] grid."""
+    engine = _table(search.get("engine", {}), "search.engine")
+    for key, values in engine.items():
+        require(isinstance(values, list) and values, f"search.engine.{key}", values, "must be a non-empty list")
+    flags = [tuple(zip(engine, combo)) for combo in itertools.product(*engine.values())] or [()]
+    if "candidates" in search:
+        shapes = [(c.get("gpu"), c.get("tensor_parallel_size", c.get("tp", 1))) for c in search["candidates"]]
+    else:
+        gpus = search.get("gpus", [base.deployment.gpu])
+        tps = search.get("tensor_parallel_sizes", [base.deployment.tensor_parallel_size])
+        require(isinstance(gpus, list) and gpus, "search.gpus", gpus, "must be a non-empty list")
+        require(isinstance(tps, list) and tps, "search.tensor_parallel_sizes", tps, "must be a non-empty list")
+        shapes = list(itertools.product(gpus, tps))
+    out = tuple(Candidate(g, tp, f) for g, tp in shapes for f in flags)
+    for c in out:
+        c.config(base)  # validates GPU name, TP and engine flags now, naming the field
+    return out
+
+
+def _table(value, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(name, value, "must be a table")
+    return dict(value)
+
+
+def _known(values: dict, known: set, name: str) -> None:
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{name}.{key}", values[key], f"unknown setting; known: {sorted(known)}")

@@ -1,0 +1,46 @@
+"""GPU prices ($ per GPU-hour) for deployment search, with their sources.
+
+The defaults (sim/gpu_prices.csv) are public cloud list prices: provider, instance, region, price
+type and date in each row. Prices move; pass your own with `load_prices(overrides={"h100": 2.99})`
+or a CSV with the same `gpu,usd_per_gpu_hour` columns.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kernels_cost_model.errors import ConfigError, require
+
+DEFAULT_PRICES = Path(__file__).resolve().parent / "gpu_prices.csv"
+
+
+def _canonical(gpu: str) -> str:
+    from kernels_cost_model import get_gpu
+    return get_gpu(gpu).name
+
+
+def load_prices(path: str | Path | None = None, overrides: dict[str, float] | None = None) -> pd.DataFrame:
+    """The price table (indexed by canonical GPU name), from `path` or the defaults, plus overrides."""
+    source = Path(path) if path is not None else DEFAULT_PRICES
+    try:
+        table = pd.read_csv(source)
+    except FileNotFoundError:
+        raise ConfigError("prices.path", str(source), "file not found") from None
+    require({"gpu", "usd_per_gpu_hour"} <= set(table.columns), "prices.path", str(source),
+            "needs columns gpu and usd_per_gpu_hour")
+    table["gpu"] = [_canonical(g) for g in table["gpu"]]
+    table = table.set_index("gpu")
+    for gpu, price in (overrides or {}).items():
+        require(isinstance(price, (int, float)) and price > 0, f"prices.{gpu}", price, "must be a number > 0")
+        table.loc[_canonical(gpu), ["usd_per_gpu_hour", "source"]] = [float(price), "user override"]
+    return table
+
+
+def price_per_gpu_hour(prices: pd.DataFrame, gpu: str) -> float:
+    """$ per GPU-hour of `gpu`; ConfigError naming the GPU when the table has no price."""
+    name = _canonical(gpu)
+    if name not in prices.index:
+        raise ConfigError("deployment.gpu", gpu, f"no price for {name}; add it under [prices] "
+                          f"(known: {sorted(prices.index)})")
+    return float(prices.loc[name, "usd_per_gpu_hour"])
