@@ -39,19 +39,19 @@ variants = {
     "max_num_seqs 512": base.replace(engine={"max_num_seqs": 512}),
     "2x load": base.replace(workload={"rate": 2 * RATE, "num_requests": 2 * N}),
 }
-columns = ["ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p99", "itl_ms_p99", "request_throughput",
-           "goodput", "slo_attainment", "num_preemptions", "kv_occupancy_peak"]
+columns = ["median_ttft_ms", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "request_throughput",
+           "request_goodput", "slo_attainment", "num_preemptions", "kv_occupancy_peak"]
 table = pd.DataFrame({name: simulate(config).summary for name, config in variants.items()}).T[columns]
 table"""),
     new_markdown_cell("""\
-How to read it: `goodput` counts requests per second that met both targets (TTFT <= 500 ms and
+How to read it: `request_goodput` counts requests per second that met both targets (TTFT <= 500 ms and
 TPOT <= 50 ms); `slo_attainment` is their fraction. TPOT excludes the first token. A smaller token
-budget bounds how long a decode waits behind a long prefill (compare `itl_ms_p99`) at the cost of
+budget bounds how long a decode waits behind a long prefill (compare `p99_itl_ms`) at the cost of
 TTFT; `max_num_seqs` only matters once it binds; doubling the load past capacity turns the queue
 into the dominant term of TTFT and starts preemptions when the KV cache fills."""),
     new_markdown_cell("## Latency against load\n\nA small sweep of the arrival rate, with and without chunked prefill."),
     new_code_cell("""\
-from sim.plots.run_plots import plot_throughput_latency
+from sim.plots import plot_throughput_latency
 
 rows = []
 for chunked in (True, False):
@@ -60,7 +60,7 @@ for chunked in (True, False):
                               engine={"enable_chunked_prefill": chunked})
         rows.append({"rate": rate, "chunked_prefill": chunked, **simulate(config).summary})
 sweep = pd.DataFrame(rows)
-plot_throughput_latency(sweep, x="rate", hue="chunked_prefill", slo={"ttft_ms_p99": 500, "tpot_ms_p99": 50})"""),
+plot_throughput_latency(sweep, x="rate", hue="chunked_prefill", slo={"p99_ttft_ms": 500, "p99_tpot_ms": 50})"""),
 ]
 
 STOP = [
@@ -180,7 +180,7 @@ them all)."""),
 from sim import plots
 
 results = simulate(SimulationConfig(seed=0).replace(workload={"rate": 12.0, "num_requests": 300}))
-results.summary["ttft_ms_p99"], results.summary["num_preemptions"]"""),
+results.summary["p99_ttft_ms"], results.summary["num_preemptions"]"""),
     new_markdown_cell("TTFT, TPOT (first token excluded), inter-token latency and end-to-end latency, with p50 and p99 marked."),
     new_code_cell("plots.plot_latency_cdfs(results)"),
     new_markdown_cell("KV blocks in use over time; red crosses mark steps that preempted a request to free blocks."),

@@ -16,3 +16,7 @@ from sim.api.results import Results  # noqa: E402
 
 __all__ += ["DeploymentConfig", "EngineConfig", "Results", "SLOConfig", "SimulationConfig",
             "WorkloadConfig", "simulate"]
+
+from sim.api.version import __version__  # noqa: E402
+
+__all__ += ["__version__"]

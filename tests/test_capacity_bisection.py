@@ -71,8 +71,8 @@ def test_spread_over_seeds_is_a_t_interval():
 
 
 def test_target_checks_and_errors(config):
-    summary = {"ttft_ms_p99": 900.0, "tpot_ms_p99": 40.0, "e2e_s_p99": 5.0, "slo_attainment": 0.95,
-               "num_completed": 10, "num_requests": 11, "num_rejected": 1}
+    summary = {"p99_ttft_ms": 900.0, "p99_tpot_ms": 40.0, "p99_e2el_ms": 5000.0, "slo_attainment": 0.95,
+               "completed": 10, "num_requests": 11, "num_rejected": 1}
     assert CapacityTarget(ttft_p99_s=1.0, tpot_p99_s=0.05, min_attainment=0.9).holds(summary)
     assert not CapacityTarget(ttft_p99_s=0.8).holds(summary)
     assert not CapacityTarget(min_attainment=0.99).holds(summary)

@@ -3,7 +3,8 @@ import argparse
 
 import pytest
 
-from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main
+from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main, recommended
+from sim.planning.capacity import CapacityTarget
 from sim.plots.capacity import pareto_front, save_capacity_plots
 from sim.planning.deployments import search_deployments
 from kernels_cost_model.errors import ConfigError
@@ -61,7 +62,7 @@ def test_search_ranks_by_cost_and_reports_headroom(report):
 
 
 def test_plots_are_written(report, tmp_path):
-    paths = save_capacity_plots(report, tmp_path, slo_ms=500)
+    paths = save_capacity_plots(report, tmp_path, CapacityTarget(ttft_p99_s=0.5), recommended(report.table))
     assert [p.name for p in paths] == ["throughput_latency.png", "slo_attainment.png", "cost_frontier.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert len(pareto_front(report.table)) >= 1

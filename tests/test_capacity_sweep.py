@@ -35,7 +35,7 @@ def test_grid_is_the_product_with_one_row_per_config_and_seed(base):
     pts = grid(base, {"rate": [1, 2], "engine.max_num_seqs": [8, 16, 32]})
     assert len(pts) == 6 and pts[-1].config.engine.max_num_seqs == 32 and pts[-1].config.workload.rate == 2
     df = run_sweep(pts[:2], seeds=[0, 1], executor="serial")
-    assert list(df["seed"]) == [0, 1, 0, 1] and {"ttft_ms_p99", "goodput", "workload.rate"} <= set(df.columns)
+    assert list(df["seed"]) == [0, 1, 0, 1] and {"p99_ttft_ms", "request_goodput", "workload.rate"} <= set(df.columns)
 
 
 @pytest.mark.parametrize("axes, field", [

@@ -30,7 +30,7 @@ def test_every_request_is_served_once_and_tables_add_up(by_router):
     for out in by_router.values():
         n = out.summary["num_requests"]
         assert n == sum(r.summary["num_requests"] for r in out.replicas)
-        assert out.results.requests["request_id"].is_unique and out.summary["num_completed"] == n
+        assert out.results.requests["request_id"].is_unique and out.summary["completed"] == n
         assert out.results.requests["arrival_time"].is_monotonic_increasing
         assert len(out.per_replica()) == 4
 
@@ -45,7 +45,7 @@ def test_round_robin_spreads_evenly_and_one_replica_equals_simulate(sessions):
 
 def test_heterogeneous_replicas_and_errors(sessions):
     out = simulate_cluster(sessions, [{"gpu": "h100"}, {"gpu": "a100"}], "least_outstanding")
-    assert out.summary["num_completed"] == out.summary["num_requests"]
+    assert out.summary["completed"] == out.summary["num_requests"]
     with pytest.raises(ConfigError) as err:
         simulate_cluster(sessions, 2, "random")
     assert err.value.field == "router"

@@ -6,7 +6,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from sim import SimulationConfig, simulate
-from sim.plots.run_plots import PLOTS, plot_throughput_latency, save_plots
+from sim.plots import PLOTS, plot_throughput_latency, save_plots
 from sim.api.progress import Progress
 
 
@@ -34,9 +34,9 @@ def test_save_plots_png_and_svg(results, tmp_path):
 
 def test_throughput_latency_from_a_sweep_table(tmp_path):
     sweep = pd.DataFrame({"rate": [1, 2, 4, 1, 2, 4], "policy": ["a"] * 3 + ["b"] * 3,
-                          "ttft_ms_p99": [50, 80, 900, 40, 60, 300], "ttft_ms_p50": [20, 30, 200, 20, 25, 90],
-                          "tpot_ms_p99": [10, 12, 30, 11, 13, 20], "tpot_ms_p50": [8, 9, 15, 8, 9, 12]})
-    fig = plot_throughput_latency(sweep, hue="policy", slo={"ttft_ms_p99": 500})
+                          "p99_ttft_ms": [50, 80, 900, 40, 60, 300], "median_ttft_ms": [20, 30, 200, 20, 25, 90],
+                          "p99_tpot_ms": [10, 12, 30, 11, 13, 20], "median_tpot_ms": [8, 9, 15, 8, 9, 12]})
+    fig = plot_throughput_latency(sweep, hue="policy", slo={"p99_ttft_ms": 500})
     assert len(fig.axes) == 2 and fig.axes[0].get_ylabel() == "TTFT (ms)"
     fig.savefig(tmp_path / "sweep.png")
 

@@ -4,6 +4,8 @@ import json
 import pandas as pd
 import pytest
 
+from sim import __version__
+
 from sim import Results, SimulationConfig, simulate
 
 SMALL = SimulationConfig().replace(workload={"num_requests": 60, "rate": 20.0}, slo={"ttft_s": 0.2})
@@ -38,8 +40,9 @@ def test_loaded_results_resummarise_identically(results, tmp_path):
 def test_summary_json_is_plain_json(results, tmp_path):
     results.save(tmp_path)
     doc = json.loads((tmp_path / "summary.json").read_text())
-    assert set(doc) == {"summary", "meta", "format"}
+    assert set(doc) == {"servesim_version", "summary", "meta", "format"}
     assert doc["meta"]["config"]["deployment"]["model"] == "llama-3.1-8b"
+    assert doc["servesim_version"] == doc["meta"]["servesim_version"] == __version__
 
 
 def test_load_names_a_folder_without_summary(tmp_path):
@@ -67,10 +70,11 @@ def test_another_seed_gives_other_traffic(results):
 
 def test_summary_has_the_documented_keys(results):
     s = results.summary
-    for family in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_s", "queueing_ms"):
-        for stat in ("mean", "p50", "p90", "p99"):
-            assert f"{family}_{stat}" in s
-    for key in ("request_throughput", "output_token_throughput", "total_token_throughput", "goodput",
+    for metric in ("ttft", "tpot", "itl", "e2el", "queueing"):
+        for stat in ("mean", "median", "std", "p90", "p99"):
+            assert f"{stat}_{metric}_ms" in s
+    for key in ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+                "max_output_tokens_per_s", "max_concurrent_requests", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
                 "slo_attainment", "num_preemptions", "prefix_cache_hit_rate", "kv_occupancy_mean",
                 "kv_occupancy_peak", "kv_time_above_90pct"):
         assert key in s
@@ -87,14 +91,14 @@ def test_empty_statistics_are_null_in_json_and_nan_after_load(tmp_path):
     spec = RequestSpec(0.0, np.arange(10), sampling_params=SamplingParams(max_tokens=1, ignore_eos=True))
     simulate(config, workload=[spec]).save(tmp_path)
     text = (tmp_path / "summary.json").read_text()
-    assert "NaN" not in text and json.loads(text)["summary"]["tpot_ms_mean"] is None
-    assert math.isnan(Results.load(tmp_path).summary["tpot_ms_mean"])
+    assert "NaN" not in text and json.loads(text)["summary"]["mean_tpot_ms"] is None
+    assert math.isnan(Results.load(tmp_path).summary["mean_tpot_ms"])
 
 
 def test_cli_json_is_strict(capsys):
     from sim.cli.main import main
     assert main(["run", "--num-requests", "1", "--max-tokens", "1", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out, parse_constant=lambda c: 1 / 0)["tpot_ms_mean"] is None
+    assert json.loads(capsys.readouterr().out, parse_constant=lambda c: 1 / 0)["mean_tpot_ms"] is None
 
 
 def test_config_errors_name_the_toml_path():

@@ -40,32 +40,32 @@ SPAN = 1.0 + B_E2E          # first arrival (0) to last finish
 
 def test_latencies_by_hand():
     s = tiny_run().summary
-    assert s["ttft_ms_mean"] == pytest.approx(1e3 * (A_TTFT + B_TTFT) / 2)
-    assert s["ttft_ms_p50"] == pytest.approx(1e3 * (A_TTFT + B_TTFT) / 2)
-    assert s["tpot_ms_mean"] == pytest.approx(1e3 * (A_TPOT + B_TPOT) / 2)   # first token excluded
-    assert s["e2e_s_mean"] == pytest.approx((A_E2E + B_E2E) / 2)
-    assert s["queueing_ms_mean"] == pytest.approx(0.0)
+    assert s["mean_ttft_ms"] == pytest.approx(1e3 * (A_TTFT + B_TTFT) / 2)
+    assert s["median_ttft_ms"] == pytest.approx(1e3 * (A_TTFT + B_TTFT) / 2)
+    assert s["mean_tpot_ms"] == pytest.approx(1e3 * (A_TPOT + B_TPOT) / 2)   # first token excluded
+    assert s["mean_e2el_ms"] == pytest.approx(1e3 * (A_E2E + B_E2E) / 2)
+    assert s["mean_queueing_ms"] == pytest.approx(0.0)
     itl = A_STEPS[1:] + B_STEPS[1:]
-    assert s["itl_ms_mean"] == pytest.approx(1e3 * np.mean(itl))
+    assert s["mean_itl_ms"] == pytest.approx(1e3 * np.mean(itl))
 
 
 def test_throughput_by_hand():
     s = tiny_run().summary
-    assert s["duration_s"] == pytest.approx(SPAN)
+    assert s["duration"] == pytest.approx(SPAN)
     assert s["request_throughput"] == pytest.approx(2 / SPAN)
-    assert s["output_token_throughput"] == pytest.approx(6 / SPAN)
+    assert s["output_throughput"] == pytest.approx(6 / SPAN)
     assert s["total_token_throughput"] == pytest.approx((6 + 150) / SPAN)
-    assert (s["num_requests"], s["num_completed"], s["num_preemptions"]) == (2, 2, 0)
+    assert (s["num_requests"], s["completed"], s["num_preemptions"]) == (2, 2, 0)
 
 
 def test_goodput_and_attainment_by_hand():
     # TTFT SLO between B's and A's TTFT: only B meets it.
     s = tiny_run(ttft_s=(A_TTFT + B_TTFT) / 2).summary
     assert s["slo_attainment"] == pytest.approx(0.5)
-    assert s["goodput"] == pytest.approx(1 / SPAN)
+    assert s["request_goodput"] == pytest.approx(1 / SPAN)
     # TPOT SLO both meet; E2E SLO neither meets.
     assert tiny_run(tpot_s=max(A_TPOT, B_TPOT) * 1.01).summary["slo_attainment"] == 1.0
-    assert tiny_run(e2e_s=min(A_E2E, B_E2E) / 2).summary["goodput"] == 0.0
+    assert tiny_run(e2e_s=min(A_E2E, B_E2E) / 2).summary["request_goodput"] == 0.0
 
 
 def test_with_slo_matches_config_slo():
@@ -89,6 +89,6 @@ def test_one_token_request_has_no_tpot():
     config = SimulationConfig().replace(deployment={"cost_model": "linear"}, engine={"num_gpu_blocks": 600})
     spec = RequestSpec(0.0, np.arange(10), sampling_params=SamplingParams(max_tokens=1, ignore_eos=True))
     r = simulate(config, workload=[spec])
-    assert math.isnan(r.summary["tpot_ms_mean"]) and math.isnan(r.summary["itl_ms_mean"])
-    assert r.summary["ttft_ms_mean"] == pytest.approx(1e3 * step_s(10, 0))
+    assert math.isnan(r.summary["mean_tpot_ms"]) and math.isnan(r.summary["mean_itl_ms"])
+    assert r.summary["mean_ttft_ms"] == pytest.approx(1e3 * step_s(10, 0))
     assert r.summary["slo_attainment"] == 1.0

@@ -112,7 +112,7 @@ def test_prefix_caching_hits_on_shared_system_prompt():
                                                                  "enable_prefix_caching": False}}))
     assert on.summary["prefix_cache_hit_rate"] > 0.05
     assert off.summary["prefix_cache_hit_rate"] == 0
-    assert on.summary["ttft_ms_mean"] < off.summary["ttft_ms_mean"]
+    assert on.summary["mean_ttft_ms"] < off.summary["mean_ttft_ms"]
 
 
 def test_priority_scheduling_admits_the_most_important_waiting_request_first():

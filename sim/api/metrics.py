@@ -1,20 +1,31 @@
-"""Serving metrics, defined as the common serving benchmarks (vLLM's benchmark_serving) define them.
+"""Serving metrics, named and defined as `vllm bench serve` names and defines them.
 
 - TTFT: first token time - arrival.
-- TPOT: (E2E - TTFT) / (output tokens - 1); excludes the first token; requests with one token have none.
+- TPOT: (E2EL - TTFT) / (output tokens - 1); excludes the first token; requests with one token have none.
 - ITL: gaps between consecutive tokens of a request, pooled over requests.
-- E2EL: finish - arrival.  Queueing delay: first scheduled - arrival.
+- E2EL: finish - arrival.  Queueing delay (servesim's own): first scheduled - arrival.
 - Throughput over the run's span (first arrival to last finish): requests/s, output tokens/s,
   total (prompt + output) tokens/s.
-- Goodput: completed requests per second that meet every given SLO; SLO attainment: their fraction.
+- request_goodput: completed requests per second that meet every given SLO; slo_attainment: their fraction.
 Only completed requests (finish_reason "stop" or "length", not rejected) enter latency figures.
+
+Latency keys follow vllm bench serve: `mean_ttft_ms`, `median_ttft_ms`, `std_ttft_ms` and one
+`p<P>_ttft_ms` per requested percentile (default 90 and 99), for ttft, tpot, itl, e2el and queueing.
 """
 from __future__ import annotations
+
+import re
+import warnings
 
 import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
+"""Percentiles of `describe` (the fidelity comparison's own statistics)."""
+METRIC_PERCENTILES = (90, 99)
+"""Percentiles every summary reports beside mean, median and std (`--metric-percentiles`)."""
+LATENCY_METRICS = {  # vLLM's metric name -> per-request column (or "itl": pooled token gaps)
+    "ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl", "e2el": "e2e_s", "queueing": "queueing_s"}
 
 
 def describe(values, name: str, scale: float = 1.0) -> dict[str, float]:
@@ -24,6 +35,32 @@ def describe(values, name: str, scale: float = 1.0) -> dict[str, float]:
     out = {f"{name}_mean": float(arr.mean()) if arr.size else float("nan")}
     for p in PERCENTILES:
         out[f"{name}_p{p}"] = float(np.percentile(arr, p)) if arr.size else float("nan")
+    return out
+
+
+def percentile_word(p: float) -> str:
+    """99 -> '99', 99.9 -> '99.9' (how vLLM spells a percentile in a key)."""
+    p = float(p)
+    return str(int(p)) if p.is_integer() else str(p)
+
+
+def latency_key(metric: str, statistic: str | float) -> str:
+    """('ttft', 'mean') -> 'mean_ttft_ms'; ('ttft', 99) -> 'p99_ttft_ms'; ('ttft', 50) -> 'median_ttft_ms'."""
+    if not isinstance(statistic, str):
+        statistic = "median" if float(statistic) == 50 else f"p{percentile_word(statistic)}"
+    return f"{statistic}_{metric}_ms"
+
+
+def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
+    """mean, median, std (population, as numpy and vLLM) and percentiles of seconds `values`, in ms."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)] * 1e3
+    empty = not arr.size
+    out = {latency_key(metric, "mean"): float("nan") if empty else float(arr.mean()),
+           latency_key(metric, "median"): float("nan") if empty else float(np.median(arr)),
+           latency_key(metric, "std"): float("nan") if empty else float(arr.std())}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{metric}_ms"] = float("nan") if empty else float(np.percentile(arr, p))
     return out
 
 
@@ -72,26 +109,47 @@ def kv_occupancy(steps: pd.DataFrame, num_gpu_blocks: int) -> dict[str, float]:
     }
 
 
+def peak_output_rate(done: pd.DataFrame, token_times) -> dict[str, float]:
+    """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
+    and the requests in flight (arrived, not finished) during that second."""
+    times = [np.asarray(token_times[i], dtype=float) for i in done.index
+             if i < len(token_times) and token_times[i] is not None]
+    times = np.concatenate(times) if times else np.empty(0)
+    if not times.size:
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    start = float(done["arrival_time"].min())
+    counts = np.bincount(np.floor(times - start).astype(int).clip(min=0))
+    second = int(counts.argmax())
+    lo, hi = start + second, start + second + 1
+    in_flight = (done["arrival_time"] < hi) & (done["finish_time"] >= lo)
+    return {"max_output_tokens_per_s": float(counts[second]), "max_concurrent_requests": int(in_flight.sum())}
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_blocks: int,
-              slo: dict | None = None) -> dict[str, float]:
-    """The run's summary: latencies, throughput, goodput, preemption, prefix caching, KV occupancy."""
+              slo: dict | None = None, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
+    """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV."""
     done = requests[requests["completed"]]
     span = float(requests["finish_time"].max() - requests["arrival_time"].min()) if len(done) else 0.0
     per_s = (lambda x: x / span) if span > 0 else (lambda x: float("nan"))
-    out = {
+    out_tokens, in_tokens = int(done["num_output_tokens"].sum()), int(done["num_prompt_tokens"].sum())
+    out = Summary({
         "num_requests": int(len(requests)),
-        "num_completed": int(len(done)),
+        "completed": int(len(done)),
+        "failed": int(len(requests) - len(done)),
         "num_aborted": int((requests["finish_reason"] == "abort").sum()),
         "num_rejected": int(requests["rejected"].sum()),
-        "duration_s": span,
+        "duration": span,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
         "request_throughput": per_s(len(done)),
-        "output_token_throughput": per_s(float(done["num_output_tokens"].sum())),
-        "total_token_throughput": per_s(float(done["num_output_tokens"].sum() + done["num_prompt_tokens"].sum())),
-    }
-    for column, name in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"), ("queueing_s", "queueing")):
-        out.update(describe(done[column], f"{name}_ms" if name != "e2e" else "e2e_s",
-                            1e3 if name != "e2e" else 1.0))
-    out.update(describe(itl_values(token_times, requests["completed"].to_numpy()), "itl_ms", 1e3))
+        "output_throughput": per_s(float(out_tokens)),
+        "total_token_throughput": per_s(float(out_tokens + in_tokens)),
+    })
+    out.update(peak_output_rate(done, token_times))
+    for metric, column in LATENCY_METRICS.items():
+        values = (itl_values(token_times, requests["completed"].to_numpy()) if column == "itl"
+                  else done[column])
+        out.update(latency_stats(values, metric, percentiles))
     out.update(_goodput(requests, slo or {}, per_s))
     prompt = float(requests["num_prompt_tokens"].sum())
     out["prefix_cache_hit_rate"] = float(requests["num_cached_tokens"].sum()) / prompt if prompt else 0.0
@@ -104,4 +162,35 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_
 def _goodput(requests: pd.DataFrame, slo: dict, per_s) -> dict[str, float]:
     ok = meets_slo(requests, slo.get("ttft_s"), slo.get("tpot_s"), slo.get("e2e_s"))
     n = len(requests)
-    return {"goodput": per_s(float(ok.sum())), "slo_attainment": float(ok.sum()) / n if n else float("nan")}
+    return {"request_goodput": per_s(float(ok.sum())),
+            "slo_attainment": float(ok.sum()) / n if n else float("nan")}
+
+
+LEGACY_KEYS = {"num_completed": "completed", "duration_s": "duration", "goodput": "request_goodput",
+               "output_token_throughput": "output_throughput"}
+_LEGACY_LATENCY = re.compile(r"^(ttft|tpot|itl|queueing|e2e)_(ms|s)_(mean|p\d+)$")
+
+
+class Summary(dict):
+    """A run's summary. Keys servesim used before vLLM's names (`ttft_ms_p99`, `e2e_s_mean`,
+    `goodput`, ...) still read, converted, with a DeprecationWarning naming the new key."""
+
+    def __missing__(self, key):
+        new, scale = legacy_key(key)
+        if new is None or new not in self:
+            raise KeyError(key)
+        warnings.warn(f"summary key {key!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=2)
+        return self[new] * scale
+
+
+def legacy_key(key: str) -> tuple[str | None, float]:
+    """(new key, factor from the new value to the old unit) for an old summary key, or (None, 1)."""
+    if key in LEGACY_KEYS:
+        return LEGACY_KEYS[key], 1.0
+    match = _LEGACY_LATENCY.match(key)
+    if match is None:
+        return None, 1.0
+    metric, unit, stat = match.groups()
+    metric = "e2el" if metric == "e2e" else metric
+    stat = "median" if stat == "p50" else stat
+    return latency_key(metric, stat), 1e-3 if unit == "s" else 1.0

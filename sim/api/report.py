@@ -1,15 +1,18 @@
-"""The summary of a run as a plain-text table (what `servesim run` prints)."""
+"""The summary of a run as a plain-text table (what `servesim run` prints).
+
+Columns size to their content; a latency row whose largest figure reaches 10 s is shown in seconds.
+"""
 from __future__ import annotations
 
 import math
+import re
 
-LATENCY_ROWS = (  # (label, summary key prefix, unit)
-    ("TTFT", "ttft_ms", "ms"),
-    ("TPOT (excl. 1st token)", "tpot_ms", "ms"),
-    ("ITL", "itl_ms", "ms"),
-    ("E2E latency", "e2e_s", "s"),
-    ("Queueing delay", "queueing_ms", "ms"),
-)
+from sim.api.metrics import LATENCY_METRICS, latency_key, percentile_word
+
+LATENCY_LABELS = {"ttft": "TTFT", "tpot": "TPOT (excl. 1st token)", "itl": "ITL", "e2el": "E2E latency",
+                  "queueing": "Queueing delay"}
+SECONDS_FROM_MS = 10_000.0
+"""A latency row switches from ms to s once its largest figure reaches this many ms."""
 
 
 def _num(value, digits: int = 2) -> str:
@@ -20,8 +23,16 @@ def _num(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def describe_cost_model(meta: dict) -> str:
+    """The cost model as `simulate` described it (calibrated or not), or the config's name for it."""
+    described = meta.get("cost_model_description")
+    if described:
+        return described
+    return f"{(meta.get('config') or {}).get('deployment', {}).get('cost_model')} cost model"
+
+
 def describe_setup(meta: dict) -> str:
-    """One line naming model, GPU, policy and traffic from a Results.meta."""
+    """One line naming model, GPU, cost model, policy and traffic from a Results.meta."""
     config = meta.get("config") or {}
     dep, eng, wl = config.get("deployment", {}), config.get("engine", {}), config.get("workload", {})
     kind = wl.get("kind")
@@ -31,34 +42,65 @@ def describe_setup(meta: dict) -> str:
     if kind not in ("trace", "sessions"):
         traffic += f", {wl.get('lengths')} lengths"
     return (f"{dep.get('model')} on {dep.get('tensor_parallel_size')}x {dep.get('gpu')} "
-            f"({dep.get('cost_model')} cost model), policy {eng.get('policy')}, "
+            f"({describe_cost_model(meta)}), policy {eng.get('policy')}, "
             f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
             f"{traffic}; seed {config.get('seed')}")
 
 
-def format_summary(summary: dict, meta: dict | None = None) -> str:
-    """A readable multi-section table of a summary dict (keys of sim.api.metrics.summarize)."""
+def summary_percentiles(summary: dict) -> list[str]:
+    """The percentile words a summary holds (from its TTFT keys), e.g. ['90', '99']."""
+    found = (re.fullmatch(r"p([\d.]+)_ttft_ms", key) for key in summary)
+    return sorted((m.group(1) for m in found if m), key=float)
+
+
+def latency_table(summary: dict, metrics=None, percentiles=None) -> list[str]:
+    """Rows of the latency table: label, then mean, median and each percentile, sized to fit."""
+    metrics = list(metrics or LATENCY_METRICS)
+    percentiles = [percentile_word(p) for p in (percentiles or summary_percentiles(summary)) if float(p) != 50]
+    stats = ["mean", "median"] + [f"p{p}" for p in percentiles]
+    rows = []
+    for metric in metrics:
+        values = [summary.get(latency_key(metric, "mean"))] + [
+            summary.get(f"{s}_{metric}_ms") for s in stats[1:]]
+        finite = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+        seconds = bool(finite) and max(abs(v) for v in finite) >= SECONDS_FROM_MS
+        unit, scale = ("s", 1e-3) if seconds else ("ms", 1.0)
+        cells = [_num(v * scale if isinstance(v, (int, float)) else v) for v in values]
+        rows.append([f"{LATENCY_LABELS.get(metric, metric)} ({unit})"] + cells)
+    header = ["Latency"] + stats
+    return align([header] + rows)
+
+
+def align(rows: list[list[str]]) -> list[str]:
+    """Left-aligned first column, right-aligned others, each as wide as its widest cell + 2."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [row[0].ljust(widths[0]) + "".join(cell.rjust(w + 2) for cell, w in zip(row[1:], widths[1:]))
+            for row in rows]
+
+
+def format_summary(summary: dict, meta: dict | None = None, metrics=None, percentiles=None) -> str:
+    """A readable multi-section table of a summary dict (keys of sim.api.metrics.summarize).
+
+    metrics: latency rows to show (`--percentile-metrics`, default all); percentiles: columns
+    beside mean and median (`--metric-percentiles`, default those the summary holds)."""
     s = summary
     lines = []
     if meta:
         lines += [describe_setup(meta), ""]
-    lines.append(f"Requests     {s['num_completed']} completed of {s['num_requests']}"
+    lines.append(f"Requests     {s['completed']} completed of {s['num_requests']}"
                  f" ({s['num_aborted']} aborted, {s['num_rejected']} rejected)"
-                 f" over {_num(s['duration_s'])} s simulated")
+                 f" over {_num(s['duration'])} s simulated")
     lines.append(f"Throughput   {_num(s['request_throughput'])} req/s, "
-                 f"{_num(s['output_token_throughput'], 0)} output tok/s, "
+                 f"{_num(s['output_throughput'], 0)} output tok/s, "
                  f"{_num(s['total_token_throughput'], 0)} total tok/s")
     slo = (meta or {}).get("slo") or {}
     targets = ", ".join(f"{k.removesuffix('_s').upper()} <= {v * 1e3:g} ms" for k, v in slo.items())
     if targets:
-        lines.append(f"Goodput      {_num(s['goodput'])} req/s meeting SLO ({targets}); "
+        lines.append(f"Goodput      {_num(s['request_goodput'])} req/s meeting SLO ({targets}); "
                      f"attainment {_num(100 * s['slo_attainment'], 1)}%")
     else:
         lines.append("Goodput      - (no SLO given; set --slo-ttft / --slo-tpot)")
-    lines += ["", f"{'Latency':30s}{'mean':>10s}{'p50':>10s}{'p90':>10s}{'p99':>10s}"]
-    for label, key, unit in LATENCY_ROWS:
-        cells = "".join(f"{_num(s[f'{key}_{q}']):>10s}" for q in ("mean", "p50", "p90", "p99"))
-        lines.append(f"{label + ' (' + unit + ')':30s}{cells}")
+    lines += [""] + latency_table(s, metrics, percentiles)
     lines += ["",
               f"KV cache     occupancy mean {_num(100 * s['kv_occupancy_mean'], 1)}%, "
               f"peak {_num(100 * s['kv_occupancy_peak'], 1)}%, "

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
-from sim.api.metrics import add_latency_columns, summarize
+from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, summarize
+from sim.api.version import __version__
 from sim.core.records import RunRecords
 
 
@@ -32,21 +33,31 @@ class Results:
     meta: dict = field(default_factory=dict)
 
     @classmethod
-    def from_records(cls, records: RunRecords, slo: dict | None = None, meta: dict | None = None) -> "Results":
+    def from_records(cls, records: RunRecords, slo: dict | None = None, meta: dict | None = None,
+                     percentiles=METRIC_PERCENTILES) -> "Results":
         requests = add_latency_columns(pd.DataFrame(records.requests.columns()))
         steps = pd.DataFrame(records.steps.columns())
         steps["kv_occupancy"] = steps["kv_blocks_used"] / records.num_gpu_blocks if len(steps) else []
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
-                    end_time=records.end_time, slo=slo or {})
-        summary = summarize(requests, steps, records.requests.token_times, records.num_gpu_blocks, slo)
+                    end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
+        summary = summarize(requests, steps, records.requests.token_times, records.num_gpu_blocks, slo, percentiles)
         return cls(requests, steps, records.requests.token_times, summary, meta)
 
     def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,
                  e2e_s: float | None = None) -> "Results":
         """The same run summarised against other SLOs."""
         slo = {k: v for k, v in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2e_s", e2e_s)) if v is not None}
-        summary = summarize(self.requests, self.steps, self.token_times, self.meta["num_gpu_blocks"], slo)
-        return Results(self.requests, self.steps, self.token_times, summary, dict(self.meta, slo=slo))
+        return self._resummarized(slo, self.meta.get("percentiles", METRIC_PERCENTILES))
+
+    def with_percentiles(self, percentiles) -> "Results":
+        """The same run summarised with other percentiles beside mean, median and std (e.g. 50, 99.9)."""
+        return self._resummarized(self.meta.get("slo") or {}, tuple(percentiles))
+
+    def _resummarized(self, slo: dict, percentiles) -> "Results":
+        summary = summarize(self.requests, self.steps, self.token_times, self.meta["num_gpu_blocks"], slo,
+                            percentiles)
+        meta = dict(self.meta, slo=slo, percentiles=list(percentiles))
+        return Results(self.requests, self.steps, self.token_times, summary, meta)
 
     def tokens(self) -> pd.DataFrame:
         """Long table of token emissions: request index, position, time."""
@@ -59,18 +70,23 @@ class Results:
                              "time": np.concatenate([t for _, _, t in rows])})
 
     # ----- persistence ----------------------------------------------------------------------
-    def save(self, directory: str | Path, fmt: str = "parquet") -> Path:
-        """Write requests/steps/tokens tables (parquet or csv) and summary.json into `directory`."""
-        if fmt not in ("parquet", "csv"):
-            raise ValueError(f"fmt={fmt!r}: must be 'parquet' or 'csv'")
+    def save(self, directory: str | Path, fmt: str | None = None) -> Path:
+        """Write requests/steps/tokens tables and summary.json into `directory`.
+
+        fmt: "parquet" or "csv"; None (default) = Parquet when pyarrow is installed, else CSV
+        (`pip install pyarrow`, or the `parquet` extra, for Parquet)."""
+        if fmt not in ("parquet", "csv", None):
+            raise ConfigError("fmt", fmt, "must be 'parquet' or 'csv'")
         if fmt == "parquet" and not parquet_available():
             raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
+        fmt = fmt or ("parquet" if parquet_available() else "csv")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for name, table in (("requests", self.requests), ("steps", self.steps), ("tokens", self.tokens())):
             path = out / f"{name}.{fmt}"
             table.to_parquet(path, index=False) if fmt == "parquet" else table.to_csv(path, index=False)
-        doc = {"summary": summary_json(self.summary), "meta": self.meta, "format": fmt}
+        doc = {"servesim_version": __version__, "summary": summary_json(self.summary), "meta": self.meta,
+               "format": fmt}
         (out / "summary.json").write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
         return out
 
@@ -85,7 +101,7 @@ class Results:
         fmt = doc.get("format", "parquet")
         read = pd.read_parquet if fmt == "parquet" else pd.read_csv
         requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
-        summary = {k: float("nan") if v is None else v for k, v in doc["summary"].items()}
+        summary = Summary({k: float("nan") if v is None else v for k, v in doc["summary"].items()})
         return cls(requests, steps, _token_lists(tokens, len(requests)), summary, doc["meta"])
 
 

@@ -2,7 +2,7 @@
 
     from sim import SimulationConfig, simulate
     results = simulate(SimulationConfig())          # Llama-3.1-8B, one H100, ShareGPT-like Poisson
-    print(results.summary["ttft_ms_p99"])
+    print(results.summary["p99_ttft_ms"])
 
 A config is four frozen sections (engine, deployment, workload, slo) and a seed; it reads from a
 TOML file with the same section and key names (`SimulationConfig.from_toml`).
@@ -19,6 +19,7 @@ from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
+from sim.api.version import __version__
 from sim.engine.simulation import run_engine
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
@@ -250,8 +251,21 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
                          token_text=token_text, until=until,
                          progress=progress)
-    meta = {"config": _plain(config), "cost_model": type(cost_model).__name__}
+    meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
+            "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__}
     return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+
+
+def describe_cost_model(cost_model) -> str:
+    """What prices the steps, for the summary header: 'roofline cost model calibrated on h100-sxm
+    kernels', 'uncalibrated roofline cost model (datasheet peaks)' or 'linear cost model'."""
+    calibration = getattr(cost_model, "calibration", None)
+    if calibration is None:
+        name = "linear" if isinstance(cost_model, LinearCostModel) else type(cost_model).__name__
+        return f"{name} cost model"
+    if calibration.provenance.get("kind") == "uncalibrated roofline":
+        return "uncalibrated roofline cost model (datasheet peaks)"
+    return f"roofline cost model calibrated on {calibration.device} kernels"
 
 
 def _plain(config: SimulationConfig) -> dict:

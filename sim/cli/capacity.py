@@ -18,11 +18,25 @@ from kernels_cost_model.errors import ConfigError
 from sim.planning.executors import EXECUTORS
 
 TABLE_COLUMNS = ["rank", "candidate", "replicas", "num_gpus", "usd_per_hour", "usd_per_million_output_tokens",
-                 "capacity_per_replica", "headroom", "feasible", "ttft_ms_p99_at_target", "tpot_ms_p99_at_target"]
+                 "capacity_per_replica", "capacity_95ci", "headroom", "feasible", "p99_ttft_ms_at_target",
+                 "p99_tpot_ms_at_target"]
+CAPACITY_DESCRIPTION = """\
+Rank deployments (GPU x tensor parallelism x replicas x engine flags) by cost for a traffic and an
+SLO target, from a plan TOML (docs/capacity.md, examples/plan.toml). Per candidate: the max
+sustainable rate of one replica (bisection over rates, several seeds, with a 95% interval), the
+replicas needed, a cluster run at the target rate that confirms it, $/hour and $/million output
+tokens. Writes deployments.csv, curves.csv and throughput_latency / slo_attainment /
+cost_frontier plots to --out."""
+SWEEP_DESCRIPTION = """\
+Run a grid (or list) of configurations x seeds in parallel, one summary row per run, from a sweep
+TOML: the config sections plus [sweep] axes (rate = [5, 10, 20], engine.max_num_seqs = [...]) and
+seeds (examples/sweep.toml). Writes sweep.csv, results/<key>.json per run (a rerun reuses them) and
+plots/latency_vs_load.png and plots/throughput_vs_load.png (seeds averaged, one line per other axis)."""
 
 
 def add_capacity_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("capacity", help="rank deployments by cost for a traffic and an SLO (plan.toml)")
+    p = subparsers.add_parser("capacity", help="rank deployments by cost for a traffic and an SLO (plan.toml)",
+                              description=CAPACITY_DESCRIPTION)
     p.add_argument("--config", required=True, help="plan.toml (see docs/capacity.md)")
     p.add_argument("--out", default="capacity-out", help="folder for deployments.csv, curves.csv and plots")
     p.add_argument("--executor", choices=EXECUTORS, help="override [search].executor")
@@ -33,13 +47,15 @@ def add_capacity_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sweep", help="run a grid of configs x seeds in parallel into one table")
+    p = subparsers.add_parser("sweep", help="run a grid of configs x seeds in parallel into one table",
+                              description=SWEEP_DESCRIPTION)
     p.add_argument("--config", required=True, help="sweep TOML: config sections plus [sweep] axes and seeds")
     p.add_argument("--out", default="sweep-out", help="folder: results/<key>.json per run, sweep.csv")
     p.add_argument("--executor", choices=EXECUTORS, default="pool")
     p.add_argument("--address", help="Ray cluster address (executor ray); none starts a local cluster")
     p.add_argument("--workers", type=int, help="processes / Ray CPUs (default: all cores)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.set_defaults(func=run_sweep_cmd)
     return p
 
@@ -62,15 +78,41 @@ def run_capacity(args) -> int:
     report.table.to_csv(out / "deployments.csv", index=False)
     report.curves.to_csv(out / "curves.csv", index=False)
     print(format_table(report.table, plan.target_rate))
+    best = recommended(report.table)
+    print(describe_recommended(best, plan.target_rate))
     if not args.no_plots:
-        slo_ms = plan.target.ttft_p99_s * 1e3 if plan.target.ttft_p99_s else None
-        for path in save_capacity_plots(report, out, slo_ms, plan.target.min_attainment):
+        for path in save_capacity_plots(report, out, plan.target, best):
             print(f"wrote {path}")
     return 0
 
 
+def recommended(table: pd.DataFrame) -> dict | None:
+    """The deployment ranked first, if feasible: label, replicas and one replica's capacity interval."""
+    feasible = table[table["feasible"].astype(bool)]
+    if feasible.empty:
+        return None
+    row = feasible.iloc[0]
+    return {"label": row["candidate"], "replicas": int(row["replicas"]), "rate": float(row["capacity_per_replica"]),
+            "low": float(row["capacity_low"]), "high": float(row["capacity_high"]),
+            "seeds": int(row.get("capacity_seeds", 0)), "usd_per_hour": float(row["usd_per_hour"])}
+
+
+def describe_recommended(best: dict | None, target_rate: float) -> str:
+    """One paragraph on the recommended deployment and how sure its capacity is."""
+    if best is None:
+        return f"no candidate sustains {target_rate:g} req/s within [search] max_replicas"
+    text = (f"recommended: {best['label']} x {best['replicas']} replicas, ${best['usd_per_hour']:.2f}/hour; "
+            f"one replica sustains {best['rate']:.3g} req/s (95% interval {best['low']:.3g} to "
+            f"{best['high']:.3g} over {best['seeds']} seeds)")
+    if best["low"] < 0.5 * best["rate"]:
+        text += "; the interval is wide: add seeds ([search] seeds) to narrow it"
+    return text
+
+
 def format_table(table: pd.DataFrame, target_rate: float) -> str:
     """The ranked table as text."""
+    table = table.assign(capacity_95ci=[f"{lo:.3g} to {hi:.3g}" for lo, hi in
+                                        zip(table["capacity_low"], table["capacity_high"])])
     shown = table[[c for c in TABLE_COLUMNS if c in table.columns]]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
         return f"deployments for {target_rate:g} req/s, cheapest first:\n{shown.to_string(index=False)}"
@@ -113,7 +155,27 @@ def run_sweep_cmd(args) -> int:
     path = Path(args.out) / "sweep.csv"
     df.to_csv(path, index=False)
     print(f"{len(df)} runs ({len(sweep_points)} configs x {len(seeds)} seeds) -> {path}")
+    if not args.no_plots:
+        for plot_path in save_sweep_plots(df, Path(args.out) / "plots"):
+            print(f"wrote {plot_path}")
     return 0
+
+
+def save_sweep_plots(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Latency and throughput against the sweep's load axis (its rate, else its first axis)."""
+    from sim.plots.sweep import plot_throughput_latency, varied_axes
+    axes = varied_axes(df, x="")
+    loads = [a for a in axes if a.split(".")[-1] in ("rate", "target_rate")]
+    x = (loads or [a for a in axes if pd.api.types.is_numeric_dtype(df[a])] or [None])[0]
+    if x is None:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {"latency_vs_load.png": plot_throughput_latency(df, x=x),
+               "throughput_vs_load.png": plot_throughput_latency(
+                   df, x=x, metrics=("request_throughput", "request_goodput"), title="Throughput vs load")}
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=120)
+    return [out / name for name in figures]
 
 
 def main(argv: list[str] | None = None) -> int:

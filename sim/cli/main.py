@@ -12,8 +12,9 @@ import traceback
 
 from kernels_cost_model.cli import add_calibrate_parser
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser
-from sim.cli import plot, run
+from sim.cli import plot, report, run
 from kernels_cost_model.errors import ConfigError
+from sim.api.version import __version__
 
 COMMANDS = [
     run.add_parser,
@@ -21,6 +22,7 @@ COMMANDS = [
     add_calibrate_parser,
     add_sweep_parser,
     add_capacity_parser,
+    report.add_parser,
 ]
 
 EPILOG = """\
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servesim", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Deterministic discrete-event simulator of a vLLM-style LLM serving engine.")
+    parser.add_argument("--version", action="version", version=f"servesim {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(subparsers)

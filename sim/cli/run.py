@@ -7,6 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from sim.cli.output import add_output_flags, save_outputs, summary_options
 from kernels_cost_model.errors import ConfigError
 
 DESCRIPTION = """\
@@ -16,15 +17,17 @@ With no arguments it runs the built-in default: Llama-3.1-8B on one H100 (calibr
 model), the vLLM scheduling policy with chunked prefill and prefix caching, 1000 requests of
 ShareGPT-like lengths arriving as a Poisson process at 5 req/s, seed 0. A --config TOML file
 ([engine], [deployment], [workload], [slo] sections and `seed`) replaces the default; flags
-override either."""
+override either. Flags carry vLLM's engine-argument and `vllm bench serve` names; the short
+forms (--tp, --rate, --num-requests, --no-chunked-prefill, ...) are aliases."""
 
 EXAMPLES = """\
 examples:
   servesim run
-  servesim run --rate 20 --num-requests 2000 --slo-ttft 500ms --slo-tpot 50ms
-  servesim run --model llama-3.1-70b --gpu h100 --tp 4 --policy vllm --max-num-seqs 512
+  servesim run --request-rate 20 --num-prompts 2000 --goodput ttft:500 tpot:50
+  servesim run --model llama-3.1-70b --gpu h100 --tensor-parallel-size 4 --max-num-seqs 512
   servesim run --trace azure_conv.csv --target-rate 10 --out runs/azure
-  servesim run --config my_setup.toml --seed 3 --out runs/seed3 --format csv
+  servesim run --config my_setup.toml --seed 3 --out runs/seed3 --table-format csv
+  servesim run --save-result --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99
 
 exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
 (one line on stderr: servesim: error: <field>=<value>: <reason>)"""
@@ -34,22 +37,24 @@ FIELDS = {
     "model": ("deployment", "model"), "gpu": ("deployment", "gpu"),
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
-    "cost_model": ("deployment", "cost_model"),
+    "cost_model": ("deployment", "cost_model"), "async_scheduling": ("deployment", "async_scheduling"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
     "num_gpu_blocks": ("engine", "num_gpu_blocks"),
     "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
-    "prefix_caching": ("engine", "enable_prefix_caching"),
+    "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
     "cv": ("workload", "cv"), "num_users": ("workload", "num_users"),
     "max_tokens": ("workload", "max_tokens"), "shared_prefix_len": ("workload", "shared_prefix_len"),
+    "ignore_eos": ("workload", "ignore_eos"),
     "trace": ("workload", "path"), "trace_format": ("workload", "format"),
     "target_rate": ("workload", "target_rate"),
     "slo_ttft": ("slo", "ttft_s"), "slo_tpot": ("slo", "tpot_s"), "slo_e2e": ("slo", "e2e_s"),
 }
+GOODPUT_NAMES = {"ttft": "slo_ttft", "tpot": "slo_tpot", "e2el": "slo_e2e"}
 
 
 def duration(text: str) -> float:
@@ -62,52 +67,86 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 0.5, 0.5s, 500ms)") from None
 
 
+def goodput_pair(text: str) -> tuple[str, float]:
+    """vllm bench serve's --goodput item 'ttft:500' (milliseconds) -> ('slo_ttft', 0.5 seconds)."""
+    name, _, value = text.partition(":")
+    if name not in GOODPUT_NAMES:
+        raise argparse.ArgumentTypeError(f"{text!r}: the metric must be one of {', '.join(GOODPUT_NAMES)}")
+    try:
+        return GOODPUT_NAMES[name], float(value) / 1e3
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY:MILLISECONDS, e.g. ttft:500") from None
+
+
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     """The flags that change a SimulationConfig (shared with other subcommands)."""
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with the whole setup")
     g = p.add_argument_group("deployment")
     g.add_argument("--model", help="catalog model, e.g. llama-3.1-8b, qwen2.5-7b, llama-3.1-70b")
     g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x")
-    g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size (GPUs per replica)")
+    g.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, metavar="N",
+                   help="GPUs per replica (alias --tp)")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="fraction of GPU memory")
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="hide the engine's CPU time behind the GPU step")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
-    for flag, what in (("--max-num-seqs", "requests in one batch"),
-                       ("--max-num-batched-tokens", "token budget of one step"),
-                       ("--max-model-len", "longest prompt + output"),
-                       ("--block-size", "tokens per KV block"),
-                       ("--num-gpu-blocks", "KV-cache size (default: sized from model and GPU)"),
-                       ("--long-prefill-token-threshold", "cap on one request's prefill chunk")):
-        g.add_argument(flag, type=int, metavar="N", help=what)
+    for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch"),
+                              (("--max-num-batched-tokens",), None, "token budget of one step"),
+                              (("--max-model-len",), None, "longest prompt + output"),
+                              (("--block-size",), None, "tokens per KV block"),
+                              (("--num-gpu-blocks-override", "--num-gpu-blocks"), "num_gpu_blocks",
+                               "KV-cache size in blocks (default: sized from model and GPU)"),
+                              (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
+        g.add_argument(*flags, **({"dest": dest} if dest else {}), type=int, metavar="N", help=what)
+    g.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action=argparse.BooleanOptionalAction,
+                   default=None, help="split long prompts into chunks under the token budget (default on)")
     g.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False,
-                   help="prefill each prompt whole in one step")
+                   help=argparse.SUPPRESS)
+    g.add_argument("--enable-prefix-caching", dest="prefix_caching", action=argparse.BooleanOptionalAction,
+                   default=None, help="automatic prefix caching (default on)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False,
-                   help="disable automatic prefix caching")
+                   help=argparse.SUPPRESS)
+    g.add_argument("--scheduling-policy", dest="scheduling", choices=("fcfs", "priority"),
+                   help="order of waiting requests (default fcfs)")
+    _add_workload_flags(p)
+    g = p.add_argument_group("SLO (for goodput and attainment)")
+    for flag in ("ttft", "tpot", "e2e"):
+        g.add_argument(f"--slo-{flag}", type=duration, metavar="T",
+                       help=f"{flag.upper()} target, seconds or with a unit: 0.5, 500ms")
+    g.add_argument("--goodput", nargs="+", type=goodput_pair, metavar="KEY:MS",
+                   help="vllm bench serve's form of the same targets, in ms: ttft:500 tpot:50 e2el:20000")
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=("poisson", "gamma", "closed_loop", "sessions"),
                    help="arrival process (default poisson); --trace selects trace replay")
-    g.add_argument("--rate", type=float, metavar="R", help="arrival rate, requests/s")
-    g.add_argument("--num-requests", type=int, metavar="N", help="requests to simulate")
-    g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt, arxiv_summarization, bwb_translation, azure_conv, azure_code, mooncake_conversation")
+    g.add_argument("--request-rate", "--rate", dest="rate", type=float, metavar="R",
+                   help="arrival rate, requests/s (alias --rate)")
+    g.add_argument("--num-prompts", "--num-requests", dest="num_requests", type=int, metavar="N",
+                   help="requests to simulate (alias --num-requests)")
+    g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt, arxiv_summarization, "
+                   "bwb_translation, azure_conv, azure_code, mooncake_conversation")
     g.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
     g.add_argument("--num-users", type=int, metavar="N", help="closed loop: concurrent clients")
     g.add_argument("--max-tokens", type=int, metavar="N", help="cap every request's output")
+    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="generate each request's full output length (default on)")
     g.add_argument("--shared-prefix-len", type=int, metavar="N", help="tokens of a common prompt prefix")
     g.add_argument("--trace", metavar="PATH", help="replay a trace file (Azure, Mooncake, BurstGPT, CSV)")
     g.add_argument("--trace-format", metavar="FMT", help="azure, mooncake, burstgpt or generic (default: detected)")
     g.add_argument("--target-rate", type=float, metavar="R", help="rescale trace arrivals to R req/s")
     g.add_argument("--seed", type=int, help="random seed (same seed, same results)")
-    g = p.add_argument_group("SLO (for goodput and attainment)")
-    for flag in ("ttft", "tpot", "e2e"):
-        g.add_argument(f"--slo-{flag}", type=duration, metavar="T",
-                       help=f"{flag.upper()} target, seconds or with a unit: 0.5, 500ms")
 
 
 def config_from_args(args):
     """The SimulationConfig the flags describe (ConfigError on a bad value)."""
     from sim.api.simulator import SimulationConfig
     config = SimulationConfig.from_toml(args.config) if args.config else SimulationConfig()
+    for dest, seconds in getattr(args, "goodput", None) or ():
+        setattr(args, dest, seconds)
     sections: dict[str, dict] = {}
     for dest, (section, name) in FIELDS.items():
         value = getattr(args, dest, None)
@@ -128,15 +167,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=DESCRIPTION, epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p)
-    g = p.add_argument_group("output")
-    g.add_argument("--out", type=Path, metavar="DIR",
-                   help="write requests/steps/tokens tables, summary.json, summary.txt and plots/")
-    g.add_argument("--format", choices=("parquet", "csv"),
-                   help="table format (default: parquet when pyarrow is installed, else csv)")
-    g.add_argument("--plot-format", choices=("png", "svg", "none"), default="png", help="plot files")
-    g.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress line on stderr (default: when stderr is a terminal)")
+    add_output_flags(p)
     p.set_defaults(func=run)
     return p
 
@@ -148,6 +179,7 @@ def run(args) -> int:
     from sim.api.report import format_summary
     from sim.api.results import summary_json
     config = config_from_args(args)
+    metrics, percentiles = summary_options(args)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     known = config.workload.kind in ("poisson", "gamma", "closed_loop")
     progress = Progress(config.workload.num_requests if known else None) if show else None
@@ -158,22 +190,9 @@ def run(args) -> int:
         progress.close()
     for warning in caught:
         print(f"servesim: warning: {warning.message}", file=sys.stderr)
-    table = format_summary(results.summary, results.meta)
-    if args.out:
-        save_run(results, args.out, args.format, args.plot_format, table)
+    if percentiles is not None:
+        results = results.with_percentiles(percentiles)
+    table = format_summary(results.summary, results.meta, metrics)
+    save_outputs(args, results, table, status=show)
     print(json.dumps(summary_json(results.summary), indent=2) if args.json else table)
     return 0
-
-
-def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str) -> None:
-    """Tables, summary and plots of one run into `out`."""
-    from sim.api.results import parquet_available
-    fmt = fmt or ("parquet" if parquet_available() else "csv")
-    results.save(out, fmt)
-    (out / "summary.txt").write_text(table + "\n")
-    written = [f"{fmt} tables", "summary.json", "summary.txt"]
-    if plot_format != "none":
-        from sim.plots.run_plots import save_plots
-        paths = save_plots(results, out / "plots", plot_format)
-        written.append(f"{len(paths)} plots in plots/")
-    print(f"wrote {', '.join(written)} to {out}", file=sys.stderr)

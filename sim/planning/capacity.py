@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from sim.api.metrics import latency_key
 from sim.api.simulator import SimulationConfig, simulate
 from kernels_cost_model.errors import require
 from sim.planning.executors import make_executor
@@ -49,15 +50,21 @@ class CapacityTarget:
         require(any(getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name != "percentile"),
                 "target", self, "give at least one bound")
 
+    def as_slo(self) -> dict:
+        """The bounds as a per-request SLO ({"ttft_s": ..., ...}): a p99 bound holds while at least
+        99 % of requests are within it, so attainment against this SLO shows how close a rate is."""
+        pairs = (("ttft_s", self.ttft_p99_s), ("tpot_s", self.tpot_p99_s), ("e2e_s", self.e2e_p99_s))
+        return {name: value for name, value in pairs if value is not None}
+
     def holds(self, summary: dict) -> bool:
         """Whether a run's summary meets every bound."""
         p = self.percentile
-        checks = [(self.ttft_p99_s, summary[f"ttft_ms_p{p}"] / 1e3), (self.tpot_p99_s, summary[f"tpot_ms_p{p}"] / 1e3),
-                  (self.e2e_p99_s, summary[f"e2e_s_p{p}"])]
+        checks = [(bound, summary[latency_key(metric, p)] / 1e3) for bound, metric in
+                  ((self.ttft_p99_s, "ttft"), (self.tpot_p99_s, "tpot"), (self.e2e_p99_s, "e2el"))]
         ok = all(bound is None or (value == value and value <= bound) for bound, value in checks)
         if self.min_attainment is not None:
             ok &= summary["slo_attainment"] >= self.min_attainment
-        return ok and summary["num_completed"] == summary["num_requests"] - summary["num_rejected"]
+        return ok and summary["completed"] == summary["num_requests"] - summary["num_rejected"]
 
 
 @dataclass
@@ -173,7 +180,7 @@ def summarize_seeds(results: list[dict]) -> CapacityResult:
 
 def attainment_curve(evaluations: pd.DataFrame) -> pd.DataFrame:
     """Per rate: fraction of seeds meeting the target and mean metrics (for plots)."""
-    cols = ["holds", "slo_attainment", "ttft_ms_p99", "tpot_ms_p99", "request_throughput"]
+    cols = ["holds", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms", "request_throughput"]
     return evaluations.groupby("rate", as_index=False)[cols].mean().sort_values("rate")
 
 

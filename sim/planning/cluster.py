@@ -2,7 +2,7 @@
 
     from sim.planning.cluster import simulate_cluster
     out = simulate_cluster(config, replicas=4, router="prefix_affinity")
-    out.results.summary["ttft_ms_p99"], [r.summary["prefix_cache_hit_rate"] for r in out.replicas]
+    out.results.summary["p99_ttft_ms"], [r.summary["prefix_cache_hit_rate"] for r in out.replicas]
 
 One SimPy environment, one `EngineProcess` per replica; the workload submits to the router, which
 forwards each request to the replica it picks. The engine is untouched: each replica keeps its own

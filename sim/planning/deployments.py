@@ -133,14 +133,18 @@ def _mean(summaries: list[dict]) -> dict:
 
 
 def rate_curves(plan: Plan, pool, caps: dict) -> pd.DataFrame:
-    """One replica of each candidate at fractions of its capacity (first seed): latency/attainment curves."""
+    """One replica of each candidate at fractions of its capacity (first seed): latency/attainment curves.
+
+    The runs' SLO is the target's bounds, so their slo_attainment is the fraction of requests within them."""
     tasks, meta = [], []
+    bounds = plan.target.as_slo()
+    slo = {"ttft_s": None, "tpot_s": None, "e2e_s": None, **bounds} if bounds else {}
     for c, cap in caps.items():
         if cap is None or cap.rate <= 0:
             continue
         for fraction in plan.curve_points:
             rate = cap.rate * fraction
-            config = _at_rate(c.config(plan.base), rate).replace(seed=plan.seeds[0])
+            config = _at_rate(c.config(plan.base), rate).replace(seed=plan.seeds[0], **({"slo": slo} if slo else {}))
             tasks.append({"config": dataclasses.asdict(config), "replicas": 1, "router": plan.router})
             meta.append({"candidate": c.label, "rate": rate, "fraction_of_capacity": fraction})
     rows = [dict(meta[i], holds=plan.target.holds(s), **s) for i, s in pool.map_unordered(run_task, tasks)]
@@ -152,13 +156,13 @@ def _row(plan: Plan, c: Candidate, cap: CapacityResult | None, done: dict, price
     feasible = bool(done["ok"]) and n is not None and n <= plan.max_replicas
     gpus = n * c.tensor_parallel_size if n else None
     usd_h = gpus * price if gpus else math.nan
-    out_tps = s["output_token_throughput"] if s else math.nan
+    out_tps = s["output_throughput"] if s else math.nan
     row = {"candidate": c.label, "gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size,
            **dict(c.engine), "replicas": n, "num_gpus": gpus, "usd_per_gpu_hour": price, "usd_per_hour": usd_h,
            "usd_per_million_output_tokens": usd_h / (out_tps * 3600) * 1e6 if s and out_tps > 0 else math.nan,
            "capacity_per_replica": cap.rate if cap else 0.0, "capacity_low": cap.low if cap else 0.0,
-           "capacity_high": cap.high if cap else 0.0,
+           "capacity_high": cap.high if cap else 0.0, "capacity_seeds": len(cap.per_seed) if cap else 0,
            "headroom": n * cap.rate / plan.target_rate if cap and n else math.nan, "feasible": feasible}
-    for key in ("ttft_ms_p99", "tpot_ms_p99", "slo_attainment", "output_token_throughput"):
+    for key in ("p99_ttft_ms", "p99_tpot_ms", "slo_attainment", "output_throughput"):
         row[f"{key}_at_target"] = s[key] if s else math.nan
     return row

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.api.simulator import SimulationConfig
+from sim.api.simulator import SimulationConfig, build_cost_model
 from sim.planning.capacity import CapacityTarget
 from sim.api.simulator import read_toml
 from kernels_cost_model.errors import ConfigError, require
@@ -111,8 +111,19 @@ def candidates(search: dict, base: SimulationConfig) -> tuple[Candidate, ...]:
         shapes = list(itertools.product(gpus, tps))
     out = tuple(Candidate(g, tp, f) for g, tp in shapes for f in flags)
     for c in out:
-        c.config(base)  # validates GPU name, TP and engine flags now, naming the field
+        _check_candidate(c, base)
     return out
+
+
+def _check_candidate(c: Candidate, base: SimulationConfig) -> None:
+    """GPU name, TP and engine flags now, and that the model can be split `tensor_parallel_size`
+    ways (heads divide): an impossible shape is a plan error naming the candidate, not an
+    infeasible row. Whether it fits in memory is the search's question."""
+    config = c.config(base)
+    try:
+        build_cost_model(config.deployment)
+    except ConfigError as exc:
+        raise ConfigError(f"search candidate {c.label!r}: {exc.field}", exc.value, exc.reason) from None
 
 
 def _table(value, name: str) -> dict:

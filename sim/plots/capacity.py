@@ -9,33 +9,48 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.plots.run_plots import new_figure, plot_throughput_latency
+from sim.api.metrics import latency_key
+from sim.plots.run_plots import legend_outside, new_figure
+from sim.plots.sweep import plot_throughput_latency
 
 
-def _by_rate(runs: pd.DataFrame, group: str, columns: list[str]) -> pd.DataFrame:
-    return runs.groupby([group, "rate"], as_index=False)[columns].mean().sort_values([group, "rate"])
+def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile: int = 99,
+                       slo_ms: dict | None = None, capacity: dict | None = None):
+    """p<percentile> TTFT and TPOT (y) against the offered rate (x), one line per `group` value.
+
+    slo_ms: {"ttft": ms, "tpot": ms} bounds drawn as dashed lines; capacity: {"label", "rate", "low",
+    "high"} of the recommended deployment, shaded as its 95% interval."""
+    metrics = [latency_key(m, percentile) for m in ("ttft", "tpot")]
+    slo = {latency_key(m, percentile): v for m, v in (slo_ms or {}).items() if v is not None}
+    fig = plot_throughput_latency(runs, x="rate", metrics=metrics, hue=group, slo=slo,
+                                  title="Latency vs offered rate, one replica", x_label="offered rate (req/s)")
+    if capacity:
+        for ax in fig.axes:
+            ax.axvspan(capacity["low"], capacity["high"], color="tab:green", alpha=0.12,
+                       label=f"{capacity['label']}: capacity {capacity['rate']:.3g} req/s\n"
+                             f"(95% CI {capacity['low']:.3g} to {capacity['high']:.3g})")
+            ax.axvline(capacity["rate"], color="tab:green", lw=1)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7)
+    return fig
 
 
-def throughput_latency(runs: pd.DataFrame, group: str = "candidate", latency: str = "ttft_ms_p99",
-                       slo_ms: float | None = None):
-    """Latency (y) against achieved request throughput (x), one line per `group` value."""
-    data = _by_rate(runs, group, ["request_throughput", latency])
-    return plot_throughput_latency(data, x="request_throughput", metrics=(latency,), hue=group,
-                                   slo={latency: slo_ms} if slo_ms is not None else None,
-                                   title="Throughput vs latency, one replica")
-
-
-def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", min_attainment: float | None = None):
-    """SLO attainment (fraction of requests meeting [slo]) against offered rate, per `group`."""
-    data = _by_rate(runs, group, ["slo_attainment"])
-    fig, (ax,) = new_figure(size=(6.4, 4.2))
+def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile: int = 99,
+                       bounds: str = "", min_attainment: float | None = None):
+    """Fraction of requests within the target's bounds against offered rate, per `group`; a
+    p<percentile> bound holds while at least percentile % of requests are within it."""
+    data = runs.groupby([group, "rate"], as_index=False)["slo_attainment"].mean().sort_values([group, "rate"])
+    fig, (ax,) = new_figure(size=(8.4, 4.2))
     for name, part in data.groupby(group, sort=True):
         ax.plot(part["rate"], part["slo_attainment"], marker="o", label=str(name))
+    ax.axhline(percentile / 100, color="red", ls="--", lw=1.2, label=f"{percentile}% (a p{percentile} bound)")
     if min_attainment is not None:
-        ax.axhline(min_attainment, color="grey", linestyle="--", linewidth=1, label="target")
-    ax.set(xlabel="offered rate (req/s)", ylabel="SLO attainment", ylim=(-0.02, 1.02),
-           title="SLO attainment vs rate, one replica")
-    ax.legend(fontsize=8)
+        ax.axhline(min_attainment, color="grey", ls="--", lw=1, label=f"min_attainment {min_attainment:g}")
+    low = min([percentile / 100, min_attainment or 1.0, float(data["slo_attainment"].min())])
+    ax.set(xlabel="offered rate (req/s)", ylabel="fraction of requests within the bounds",
+           ylim=(max(0.0, low - 0.25 * (1 - low) - 0.01), 1.002),
+           title=f"SLO attainment vs offered rate, one replica{': ' + bounds if bounds else ''}")
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
     return fig
 
 
@@ -68,15 +83,22 @@ def cost_frontier(table: pd.DataFrame, cost: str = "usd_per_hour", value: str = 
     return fig
 
 
-def save_capacity_plots(report, out_dir: str | Path, slo_ms: float | None = None,
-                        min_attainment: float | None = None) -> list[Path]:
-    """Write throughput_latency.png, slo_attainment.png and cost_frontier.png; returns their paths."""
+def save_capacity_plots(report, out_dir: str | Path, target=None, recommended: dict | None = None) -> list[Path]:
+    """Write throughput_latency.png, slo_attainment.png and cost_frontier.png; returns their paths.
+
+    target: the plan's CapacityTarget (bounds drawn, percentile used); recommended: the capacity
+    {"label", "rate", "low", "high"} of the deployment ranked first."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    p = target.percentile if target is not None else 99
+    slo_ms = {"ttft": _ms(target, "ttft_p99_s"), "tpot": _ms(target, "tpot_p99_s")}
+    bounds = ", ".join(f"{m.upper()} <= {v:g} ms" for m, v in slo_ms.items() if v is not None)
     figures = []
     if not report.curves.empty:
-        figures += [("throughput_latency.png", throughput_latency(report.curves, slo_ms=slo_ms)),
-                    ("slo_attainment.png", attainment_vs_rate(report.curves, min_attainment=min_attainment))]
+        figures += [("throughput_latency.png", throughput_latency(report.curves, percentile=p, slo_ms=slo_ms,
+                                                                  capacity=recommended)),
+                    ("slo_attainment.png", attainment_vs_rate(report.curves, percentile=p, bounds=bounds,
+                                                              min_attainment=getattr(target, "min_attainment", None)))]
     if report.table["feasible"].any():
         figures.append(("cost_frontier.png", cost_frontier(report.table)))
     paths = []
@@ -84,3 +106,8 @@ def save_capacity_plots(report, out_dir: str | Path, slo_ms: float | None = None
         fig.savefig(out / name, dpi=120)
         paths.append(out / name)
     return paths
+
+
+def _ms(target, name: str) -> float | None:
+    value = getattr(target, name, None) if target is not None else None
+    return value * 1e3 if value is not None else None

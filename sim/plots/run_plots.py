@@ -15,12 +15,16 @@ from matplotlib.figure import Figure
 from sim.api.metrics import itl_values
 
 PREFILL, DECODE, QUEUE = "#e8743b", "#1f77b4", "#bbbbbb"
-LATENCIES = (  # (per-request column or "itl", title, unit scale, unit)
-    ("ttft_s", "TTFT (time to first token)", 1e3, "ms"),
-    ("tpot_s", "TPOT (time per output token, excl. first)", 1e3, "ms"),
-    ("itl", "ITL (inter-token latency)", 1e3, "ms"),
-    ("e2e_s", "E2E latency", 1.0, "s"),
+LATENCIES = (  # (per-request column or "itl", title)
+    ("ttft_s", "TTFT (time to first token)"),
+    ("tpot_s", "TPOT (time per output token, excl. first)"),
+    ("itl", "ITL (inter-token latency)"),
+    ("e2e_s", "E2E latency"),
 )
+CLIP_PERCENTILE = 99.9
+"""CDF panels end at this percentile when larger values would squash the body; a note says so."""
+SECONDS_FROM = 10.0
+"""Latencies whose p99 reaches this many seconds are drawn in s, not ms."""
 
 
 def new_figure(rows: int = 1, cols: int = 1, size=(8, 4.5), **kw):
@@ -28,6 +32,19 @@ def new_figure(rows: int = 1, cols: int = 1, size=(8, 4.5), **kw):
     fig = Figure(figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, **kw)
     return fig, axes.ravel()
+
+
+def legend_outside(ax, **kw) -> None:
+    """The axes' legend to the right of the plot area, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+
+
+def time_unit(seconds) -> tuple[float, str]:
+    """(scale, unit) for latencies in seconds: ms, or s once their p99 reaches SECONDS_FROM."""
+    arr = np.asarray(seconds, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    large = arr.size and np.percentile(arr, 99) >= SECONDS_FROM
+    return (1.0, "s") if large else (1e3, "ms")
 
 
 def _done(results) -> pd.DataFrame:
@@ -38,14 +55,23 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def _latency_values(results, column: str) -> np.ndarray:
+    if column == "itl":
+        return itl_values(results.token_times, results.requests["completed"].astype(bool))
+    return _done(results)[column].to_numpy(dtype=float)
+
+
 def plot_latency_cdfs(results) -> Figure:
-    """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over completed requests, p50/p99 marked."""
+    """Empirical CDFs of TTFT, TPOT, ITL and E2E latency over completed requests, p50/p99 marked.
+
+    Each panel ends at p99.9 when the values beyond it would squash the body (a note gives how
+    many and the largest); a panel whose p99 reaches 10 s is in seconds."""
     fig, axes = new_figure(2, 2, size=(10, 7))
-    done = _done(results)
-    for ax, (column, title, scale, unit) in zip(axes, LATENCIES):
-        values = (itl_values(results.token_times, results.requests["completed"].astype(bool))
-                  if column == "itl" else done[column].to_numpy(dtype=float))
-        values = np.sort(values[~np.isnan(values)]) * scale
+    for ax, (column, title) in zip(axes, LATENCIES):
+        values = _latency_values(results, column)
+        values = np.sort(values[~np.isnan(values)])
+        scale, unit = time_unit(values)
+        values = values * scale
         ax.set_title(title)
         ax.set_xlabel(f"{title.split(' ')[0]} ({unit})")
         ax.set_ylabel("fraction of " + ("token gaps" if column == "itl" else "requests"))
@@ -57,10 +83,22 @@ def plot_latency_cdfs(results) -> Figure:
         for q, style in ((50, ":"), (99, "--")):
             v = np.percentile(values, q)
             ax.axvline(v, color="k", ls=style, lw=1, label=f"p{q} = {_fmt(v)} {unit}")
+        _clip_tail(ax, values, unit)
         ax.set_ylim(0, 1.01)
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"Latency distributions ({len(done)} completed requests)")
+    fig.suptitle(f"Latency distributions ({len(_done(results))} completed requests)")
     return fig
+
+
+def _clip_tail(ax, values: np.ndarray, unit: str) -> None:
+    """End the x axis at p99.9 when the largest value lies far beyond it, and say so on the plot."""
+    edge, top = np.percentile(values, CLIP_PERCENTILE), values[-1]
+    if top <= 1.5 * edge or edge <= 0:
+        return
+    beyond = int((values > edge).sum())
+    ax.set_xlim(min(0.0, values[0]), edge * 1.02)
+    ax.text(0.98, 0.5, f"x axis ends at p{CLIP_PERCENTILE:g}:\n{beyond} larger values\nup to {_fmt(top)} {unit}",
+            transform=ax.transAxes, ha="right", va="center", fontsize=7, color="dimgrey")
 
 
 def _step_ends(steps: pd.DataFrame) -> np.ndarray:
@@ -87,7 +125,7 @@ def plot_kv_occupancy(results) -> Figure:
     ax.set_ylabel("KV cache occupancy (%)")
     ax.set_title(f"KV-cache occupancy ({total} blocks of {results.meta.get('block_size')} tokens)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -114,13 +152,13 @@ def plot_batch_composition(results, bins: int = 120) -> Figure:
                color=PREFILL, label="prefill tokens (incl. chunks)")
     top.set_ylabel("tokens per step\n(mean per time bin)")
     top.set_title("Batch composition")
-    top.legend(loc="upper right", fontsize=8)
+    legend_outside(top)
     t = _step_ends(steps)
     bottom.plot(t, steps["num_running"], drawstyle="steps-post", color=DECODE, lw=1, label="running")
     bottom.plot(t, steps["num_waiting"], drawstyle="steps-post", color=PREFILL, lw=1, label="waiting")
     bottom.set_ylabel("requests")
     bottom.set_xlabel("simulated time (s)")
-    bottom.legend(loc="upper right", fontsize=8)
+    legend_outside(bottom)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     return fig
@@ -133,19 +171,38 @@ def plot_queue_length(results) -> Figure:
     top.plot(_step_ends(steps), steps["num_waiting"], drawstyle="steps-post", color=PREFILL, lw=1)
     top.set_ylabel("waiting requests\n(incl. preempted)")
     top.set_title("Queue length")
-    bottom.scatter(done["arrival_time"], 1e3 * done["queueing_s"], s=4, color=DECODE, alpha=0.6,
-                   label="one dot per request, at its arrival time")
-    bottom.legend(loc="upper right", fontsize=8)
-    bottom.set_ylabel("queueing delay (ms)\n(arrival to first scheduled)")
+    scale, unit = time_unit(done["queueing_s"])
+    bottom.scatter(done["arrival_time"], scale * done["queueing_s"], s=4, color=DECODE, alpha=0.6,
+                   label="one dot per request,\nat its arrival time")
+    legend_outside(bottom)
+    bottom.set_ylabel(f"queueing delay ({unit})\n(arrival to first scheduled)")
     bottom.set_xlabel("simulated time (s)")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     return fig
 
 
+def timeline_window(requests: pd.DataFrame, max_requests: int) -> tuple[pd.DataFrame, str]:
+    """Up to `max_requests` consecutive requests (by arrival) showing what happened, and why these:
+    the build-up to and the drain after the longest queueing delay, or the first ones if none waited."""
+    ordered = requests.sort_values("arrival_time", kind="stable")
+    if len(ordered) <= max_requests:
+        return ordered, f"all {len(ordered)} requests"
+    queueing = ordered["queueing_s"].fillna(0.0).to_numpy()
+    if queueing.max() <= 0:
+        return ordered.head(max_requests), f"first {max_requests} of {len(ordered)} requests (none queued)"
+    peak = int(queueing.argmax())
+    start = min(max(0, peak - (3 * max_requests) // 4), len(ordered) - max_requests)
+    why = (f"{max_requests} of {len(ordered)} requests around the longest queueing delay "
+           f"({_fmt(queueing[peak])} s, request {ordered['request_id'].iloc[peak]})")
+    return ordered.iloc[start:start + max_requests], why
+
+
 def plot_timeline(results, max_requests: int = 50) -> Figure:
-    """Per-request Gantt chart of the first `max_requests`: queued, prefill, decode."""
-    req = results.requests.head(max_requests)
+    """Per-request Gantt chart (queued, prefill, decode) of a window of `max_requests` chosen by
+    `timeline_window`; preempted requests outlined in red with their count, steps that preempted
+    marked along the top."""
+    req, why = timeline_window(results.requests, max_requests)
     fig, (ax,) = new_figure(size=(10, max(3.0, 0.18 * len(req) + 1.5)))
     y = np.arange(len(req))
     phases = ((req["arrival_time"], req["first_scheduled_time"], QUEUE, "queued"),
@@ -153,58 +210,31 @@ def plot_timeline(results, max_requests: int = 50) -> Figure:
               (req["first_token_time"], req["finish_time"], DECODE, "decode"))
     for start, end, color, label in phases:
         width = (end - start).fillna(0).to_numpy(dtype=float)
-        ax.barh(y, width, left=start.fillna(0).to_numpy(dtype=float), height=0.8, color=color,
-                label=label)
+        ax.barh(y, width, left=start.fillna(0).to_numpy(dtype=float), height=0.8, color=color, label=label)
+    _mark_preemptions(ax, results.steps, req, y)
     ax.set_yticks(y, req["request_id"].astype(str), fontsize=6 if len(req) > 30 else 8)
-    ax.set_ylim(len(req) - 0.5, -0.5)
+    ax.set_ylim(len(req) - 0.5, -1.5)
     ax.set_xlabel("simulated time (s)")
-    shown = f"first {len(req)} of {len(results.requests)}" if len(results.requests) > len(req) else "all"
-    ax.set_title(f"Request timeline ({shown} requests)")
+    ax.set_title(f"Request timeline: {why}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    legend_outside(ax)
     return fig
 
 
-def _metric_label(key: str) -> str:
-    """'ttft_ms_p99' -> 'TTFT p99 (ms)'; other keys pass through with underscores as spaces."""
-    parts = key.split("_")
-    if len(parts) == 3 and parts[1] in ("ms", "s"):
-        return f"{parts[0].upper()} {parts[2]} ({parts[1]})"
-    return key.replace("_", " ")
-
-
-def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate",
-                            metrics=("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99"),
-                            hue: str | None = None, slo: dict | None = None,
-                            title: str = "Latency vs load") -> Figure:
-    """Latency against load across a sweep: one row per run, `x` (e.g. rate, request_throughput)
-    and summary columns. One panel per latency family; `hue` splits lines (e.g. policy);
-    `slo` maps a metric to a target drawn as a dashed line, e.g. {"ttft_ms_p99": 1000}."""
-    families = list(dict.fromkeys(m.split("_")[0] for m in metrics))
-    fig, axes = new_figure(1, len(families), size=(5.5 * len(families), 4.2))
-    groups = list(sweep.groupby(hue, sort=True)) if hue else [(None, sweep)]
-    styles = ("-", "--", ":", "-.")
-    for g, (name, group) in enumerate(groups):
-        group = group.sort_values(x)
-        for metric in metrics:
-            family = metric.split("_")[0]
-            ax = axes[families.index(family)]
-            same = [m for m in metrics if m.startswith(family + "_")]
-            label = _metric_label(metric).split(" (")[0] + (f", {hue}={name}" if hue else "")
-            ax.plot(group[x], group[metric], marker="o", ms=4, color=f"C{g}",
-                    ls=styles[same.index(metric) % len(styles)], label=label)
-    for ax, family in zip(axes, families):
-        unit = next(_metric_label(m).split("(")[-1].rstrip(")") for m in metrics if m.startswith(family))
-        for metric, target in (slo or {}).items():
-            if metric.startswith(family + "_"):
-                ax.axhline(target, color="red", ls="--", lw=1,
-                           label=f"SLO: {_metric_label(metric).split(' (')[0]} <= {target:g} {unit}")
-        ax.set_xlabel(_metric_label(x) if x != "rate" else "offered load (requests/s)")
-        ax.set_ylabel(f"{family.upper()} ({unit})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    return fig
+def _mark_preemptions(ax, steps: pd.DataFrame, req: pd.DataFrame, y: np.ndarray) -> None:
+    hit = req["num_preemptions"].to_numpy() > 0
+    if hit.any():
+        left = req["arrival_time"].to_numpy(dtype=float)[hit]
+        right = req["finish_time"].fillna(req["arrival_time"]).to_numpy(dtype=float)[hit]
+        ax.barh(y[hit], right - left, left=left, height=0.8, fill=False, edgecolor="red", lw=1,
+                label="preempted (times shown)")
+        for yy, x, n in zip(y[hit], right, req["num_preemptions"].to_numpy()[hit]):
+            ax.text(x, yy, f" x{int(n)}", va="center", fontsize=6, color="red")
+    lo, hi = float(req["arrival_time"].min()), float(req["finish_time"].max())
+    at = _step_ends(steps)[(steps["num_preempted"].to_numpy() > 0)]
+    at = at[(at >= lo) & (at <= hi)]
+    if at.size:
+        ax.scatter(at, np.full(at.size, -1.0), marker="v", color="red", s=12, label="step with a preemption")
 
 
 PLOTS = {

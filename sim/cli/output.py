@@ -1,0 +1,116 @@
+"""Output flags of `servesim run`: tables, plots, JSON, `vllm bench serve`-style result files.
+
+Table format and image format have distinct names (`--table-format`, `--plot-format`); the old
+`--format` still selects the table format.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.api.metrics import LATENCY_METRICS
+
+TABLE_FORMATS = ("parquet", "csv")
+PLOT_FORMATS = ("png", "svg")
+
+
+def csv_list(kind, allowed=None):
+    """argparse type: 'a,b,c' -> tuple of `kind` values (each in `allowed`, if given)."""
+    def parse(text: str) -> tuple:
+        try:
+            items = tuple(kind(item.strip()) for item in text.split(",") if item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: not a comma-separated list of {kind.__name__}") from None
+        bad = [i for i in items if allowed is not None and i not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(allowed or ())}")
+        return items
+    return parse
+
+
+def percentile(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 100:
+        raise ValueError(text)
+    return value
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, metavar="DIR",
+                   help="write requests/steps/tokens tables, summary.json, summary.txt and plots/")
+    g.add_argument("--table-format", "--format", dest="table_format", choices=TABLE_FORMATS,
+                   help="table format (default: parquet when pyarrow is installed, else csv; alias --format)")
+    g.add_argument("--plot-format", choices=PLOT_FORMATS + ("none",), default="png", help="plot image format")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line and status on stderr (default: when stderr is a terminal)")
+    g = p.add_argument_group("metrics (vllm bench serve's names)")
+    g.add_argument("--percentile-metrics", type=csv_list(str, tuple(LATENCY_METRICS)), metavar="LIST",
+                   help=f"latency rows to report: {','.join(LATENCY_METRICS)} (default all)")
+    g.add_argument("--metric-percentiles", type=csv_list(percentile), metavar="LIST",
+                   help="percentiles beside mean and median, e.g. 50,90,99.9 (default 90,99)")
+    g.add_argument("--save-result", action="store_true",
+                   help="write the results as JSON in vllm bench serve's --save-result schema")
+    g.add_argument("--save-detailed", action="store_true", help="with per-request lists (ttfts, itls, ...)")
+    g.add_argument("--result-dir", type=Path, metavar="DIR", help="where --save-result writes (default: --out or .)")
+    g.add_argument("--result-filename", metavar="NAME",
+                   help="file name (default <label>-<rate>qps-<model>-<date>.json, as vLLM)")
+    g.add_argument("--label", help="label (prefix) of the result file (default servesim)")
+    g.add_argument("--metadata", nargs="*", type=key_value, metavar="KEY=VALUE", default=(),
+                   help="extra key-value pairs recorded in the result JSON")
+
+
+def summary_options(args) -> tuple[tuple | None, tuple | None]:
+    """(latency metrics to show, percentiles to compute) from the flags (None = defaults)."""
+    return args.percentile_metrics, args.metric_percentiles
+
+
+def save_outputs(args, results, table: str, status: bool) -> None:
+    """Tables, summary and plots into --out; the vLLM-style result file with --save-result."""
+    if args.out:
+        save_run(results, args.out, args.table_format, args.plot_format, table, status)
+    if args.save_result:
+        path = save_result(results, args)
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str, status: bool = False) -> None:
+    """Tables, summary and plots of one run into `out`; `status` says on stderr what is being written."""
+    from sim.api.results import parquet_available
+    fmt = fmt or ("parquet" if parquet_available() else "csv")
+    if status:
+        print(f"servesim: writing {fmt} tables to {out} ...", file=sys.stderr, flush=True)
+    results.save(out, fmt)
+    (out / "summary.txt").write_text(table + "\n")
+    written = [f"{fmt} tables", "summary.json", "summary.txt"]
+    if plot_format != "none":
+        from sim.plots.run_plots import save_plots
+        if status:
+            print(f"servesim: writing plots to {out / 'plots'} ...", file=sys.stderr, flush=True)
+        paths = save_plots(results, out / "plots", plot_format)
+        written.append(f"{len(paths)} plots in plots/")
+    print(f"wrote {', '.join(written)} to {out}", file=sys.stderr)
+
+
+def save_result(results, args) -> Path:
+    """`--save-result`: vllm bench serve's JSON into --result-dir (default --out, else .)."""
+    from sim.api.bench_result import bench_serve_result, result_filename
+    metadata = dict(args.metadata)
+    doc = bench_serve_result(results, args.percentile_metrics or ("ttft", "tpot", "itl", "e2el"),
+                             args.metric_percentiles or (99.0,), label=args.label, metadata=metadata,
+                             detailed=args.save_detailed)
+    folder = args.result_dir or args.out or Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (args.result_filename or result_filename(doc, args.label))
+    path.write_text(json.dumps(doc, indent=2))
+    return path
