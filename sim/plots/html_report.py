@@ -1,8 +1,9 @@
 """`servesim report RUN_DIR`: one self-contained HTML page of a saved run.
 
-The page holds the summary table, the configuration, every plot of `sim.plots.PLOTS` as inline SVG
-and the per-request table with a search box and sortable columns (a few lines of inline
-JavaScript). Nothing is loaded from elsewhere: the file can be mailed or archived as it is.
+The page holds the summary table, the configuration, every plot of `PLOTS` as inline SVG and the
+per-request table with a search box and sortable columns (a few lines of inline JavaScript;
+`report.html#filter=length` opens it filtered). Nothing is loaded from elsewhere: the file can be
+mailed or archived as it is.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ REQUEST_COLUMNS = (  # (column, header, scale, digits)
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#222}
-pre{background:#f6f8fa;padding:1rem;overflow-x:auto;font-size:13px}
+pre{background:#f6f8fa;padding:1rem;overflow-x:auto;font-size:13px;white-space:pre-wrap}
 figure{margin:1.5rem 0} figure svg{max-width:100%;height:auto}
 figcaption{font-weight:600;margin-bottom:.3rem}
 table{border-collapse:collapse;font-size:13px} td,th{padding:2px 8px;border-bottom:1px solid #ddd}
@@ -46,6 +47,8 @@ function show() {
   count.textContent = n + ' of ' + rows.length + ' requests';
 }
 input.addEventListener('input', show);
+const preset = new URLSearchParams(location.hash.slice(1)).get('filter');
+if (preset) input.value = preset;
 document.querySelectorAll('#requests th').forEach((th, i) => th.addEventListener('click', () => {
   const asc = th.dataset.dir !== 'asc'; th.dataset.dir = asc ? 'asc' : 'desc';
   const key = r => { const t = r.cells[i].textContent, v = parseFloat(t); return isNaN(v) ? t : v; };
