@@ -5,7 +5,7 @@ import pytest
 
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main, recommended
 from sim.planning.capacity import CapacityTarget
-from sim.plots.capacity import pareto_front, save_capacity_plots
+from sim.plots.capacity import attainment_vs_rate, pareto_front, save_capacity_plots, throughput_latency
 from sim.planning.deployments import search_deployments
 from kernels_cost_model.errors import ConfigError
 from sim.planning.plan import Plan
@@ -125,3 +125,44 @@ def test_engine_flag_grid_multiplies_candidates(tmp_path):
     with pytest.raises(ConfigError) as err:
         Plan.from_toml(write(tmp_path, bad))
     assert err.value.field == "engine.max_num_seqs"  # named by its TOML path
+
+
+def test_a_tp_that_does_not_divide_the_heads_is_an_error_naming_the_candidate(tmp_path, capsys):
+    text = TINY_PLAN.replace("[deployment]\n", '[deployment]\nmodel = "llama-3.1-70b"\n').replace(
+        "tensor_parallel_sizes = [1]", "tensor_parallel_sizes = [1, 3]")
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, text))
+    assert "h100 TP3" in err.value.field and err.value.value == 3 and "num_heads=64" in err.value.reason
+    assert main(["capacity", "--config", str(tmp_path / "plan.toml"), "--out", str(tmp_path / "o")]) == 2
+    err_line = capsys.readouterr().err
+    assert err_line.startswith("servesim: error: search candidate 'h100 TP3'") and err_line.count("\n") == 1
+
+
+def test_latency_plot_is_against_offered_rate_with_tpot_bounds_and_capacity(report):
+    best = recommended(report.table)
+    target = CapacityTarget(ttft_p99_s=0.5, tpot_p99_s=0.001)
+    fig = throughput_latency(report.curves, slo_ms={"ttft": 500, "tpot": 1}, capacity=best)
+    ttft, tpot = fig.axes
+    assert ttft.get_ylabel().startswith("TTFT") and tpot.get_ylabel().startswith("TPOT")
+    for ax, bound in ((ttft, 500), (tpot, 1)):
+        assert ax.get_xlabel() == "offered rate (req/s)" and ax.get_ylim()[1] > bound  # the bound is in view
+        xs = {round(x, 6) for line in ax.get_lines() if line.get_marker() == "o" for x in line.get_xdata()}
+        assert xs == {round(r, 6) for r in report.curves["rate"]}
+        assert any("95% CI" in p.get_label() for p in ax.patches)
+    assert target.as_slo() == {"ttft_s": 0.5, "tpot_s": 0.001}
+
+
+def test_attainment_plot_is_against_the_targets_bounds_and_zoomed(report):
+    curves = report.curves
+    assert (curves["slo_attainment"] < 1).any()  # the curve runs count requests within the target's bounds
+    fig = attainment_vs_rate(curves, percentile=99, bounds="TTFT <= 500 ms")
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    assert low <= curves["slo_attainment"].min() and high <= 1.01 and 0.99 in [l.get_ydata()[0] for l in ax.lines]
+
+
+def test_capacity_prints_the_recommended_capacity_interval(tmp_path, capsys):
+    code = main(["capacity", "--config", str(write(tmp_path, TINY_PLAN)), "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert code == 0 and "capacity_95ci" in out
+    assert "recommended: a100 TP1 x" in out and "95% interval" in out and "over 1 seeds" in out

@@ -12,7 +12,8 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.api.simulator import SimulationConfig, build_cost_model
+from kernels_cost_model import make_cost_model
+from sim.api.simulator import SimulationConfig
 from sim.planning.capacity import CapacityTarget
 from sim.api.simulator import read_toml
 from kernels_cost_model.errors import ConfigError, require
@@ -119,9 +120,9 @@ def _check_candidate(c: Candidate, base: SimulationConfig) -> None:
     """GPU name, TP and engine flags now, and that the model can be split `tensor_parallel_size`
     ways (heads divide): an impossible shape is a plan error naming the candidate, not an
     infeasible row. Whether it fits in memory is the search's question."""
-    config = c.config(base)
-    try:
-        build_cost_model(config.deployment)
+    d = c.config(base).deployment
+    try:  # the roofline's shape checks, whichever cost model prices the steps
+        make_cost_model(d.model, d.gpu, d.tensor_parallel_size, calibration=None)
     except ConfigError as exc:
         raise ConfigError(f"search candidate {c.label!r}: {exc.field}", exc.value, exc.reason) from None
 

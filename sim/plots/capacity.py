@@ -36,8 +36,12 @@ def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile:
 
 def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile: int = 99,
                        bounds: str = "", min_attainment: float | None = None):
-    """Fraction of requests within the target's bounds against offered rate, per `group`; a
-    p<percentile> bound holds while at least percentile % of requests are within it."""
+    """Fraction of admitted requests (prompts over max_model_len are rejected at any load) within the
+    target's bounds against offered rate, per `group`; a p<percentile> bound holds while at least
+    percentile % of them are within it."""
+    admitted = runs["num_requests"] - runs["num_rejected"] if "num_rejected" in runs else None
+    runs = runs.assign(slo_attainment=runs["slo_attainment"] * runs["num_requests"] / admitted.clip(lower=1)
+                       if admitted is not None else runs["slo_attainment"])
     data = runs.groupby([group, "rate"], as_index=False)["slo_attainment"].mean().sort_values([group, "rate"])
     fig, (ax,) = new_figure(size=(8.4, 4.2))
     for name, part in data.groupby(group, sort=True):
@@ -46,7 +50,7 @@ def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile:
     if min_attainment is not None:
         ax.axhline(min_attainment, color="grey", ls="--", lw=1, label=f"min_attainment {min_attainment:g}")
     low = min([percentile / 100, min_attainment or 1.0, float(data["slo_attainment"].min())])
-    ax.set(xlabel="offered rate (req/s)", ylabel="fraction of requests within the bounds",
+    ax.set(xlabel="offered rate (req/s)", ylabel="fraction of admitted requests\nwithin the bounds",
            ylim=(max(0.0, low - 0.25 * (1 - low) - 0.01), 1.002),
            title=f"SLO attainment vs offered rate, one replica{': ' + bounds if bounds else ''}")
     ax.grid(alpha=0.3)
