@@ -101,11 +101,12 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                               (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
         g.add_argument(*flags, **({"dest": dest} if dest else {}), type=int, metavar="N", help=what)
     g.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action=argparse.BooleanOptionalAction,
-                   default=None, help="split long prompts into chunks under the token budget (default on)")
+                   default=None, help="split long prompts into chunks under the token budget "
+                   "(default on; alias --no-chunked-prefill)")
     g.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_const", const=False,
                    help=argparse.SUPPRESS)
     g.add_argument("--enable-prefix-caching", dest="prefix_caching", action=argparse.BooleanOptionalAction,
-                   default=None, help="automatic prefix caching (default on)")
+                   default=None, help="automatic prefix caching (default on; alias --no-prefix-caching)")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False,
                    help=argparse.SUPPRESS)
     g.add_argument("--scheduling-policy", dest="scheduling", choices=("fcfs", "priority"),
