@@ -29,9 +29,10 @@ def config_of(*argv):
     (["--goodput", "ttft:500", "tpot:50", "e2el:20000"], ["--slo-ttft", "500ms", "--slo-tpot", "50ms",
                                                           "--slo-e2e", "20s"]),
     (["--table-format", "csv"], ["--format", "csv"]),
+    (["--burstiness", "0.25"], ["--workload", "gamma", "--cv", "2"]),
 ])
 def test_vllm_names_mean_what_the_short_names_mean(vllm, short):
-    if vllm[0] != "--goodput":  # --goodput keeps its own namespace entry; the config is what counts
+    if vllm[0] not in ("--goodput", "--burstiness"):  # these keep their own entry; the config is what counts
         assert build_parser().parse_args(["run", *vllm]) == build_parser().parse_args(["run", *short])
     assert config_of(*vllm) == config_of(*short)
 
@@ -123,3 +124,13 @@ def test_bench_serve_result_from_simulate_uses_vllm_defaults():
     assert {k for k in doc if k.endswith("_ms")} == {f"{s}_{m}_ms" for s in ("mean", "median", "std", "p99")
                                                      for m in ("ttft", "tpot", "itl")}
     assert "ttfts" not in doc
+
+
+def test_a_run_saved_before_the_new_names_loads_with_them(tmp_path):
+    from sim.api.results import Results
+    results = simulate(SimulationConfig().replace(workload={"num_requests": 10, "rate": 20.0}))
+    results.save(tmp_path, "csv")
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    doc["summary"] = {"num_completed": 10, "ttft_ms_p99": 1.0}  # what servesim 0.1 wrote, in part
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    assert Results.load(tmp_path).summary["p99_ttft_ms"] == pytest.approx(results.summary["p99_ttft_ms"])

@@ -102,7 +102,10 @@ class Results:
         read = pd.read_parquet if fmt == "parquet" else pd.read_csv
         requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
         summary = Summary({k: float("nan") if v is None else v for k, v in doc["summary"].items()})
-        return cls(requests, steps, _token_lists(tokens, len(requests)), summary, doc["meta"])
+        token_times, meta = _token_lists(tokens, len(requests)), doc["meta"]
+        if "completed" not in summary:  # saved before vLLM's names: summarise the tables again
+            summary = summarize(requests, steps, token_times, meta["num_gpu_blocks"], meta.get("slo"))
+        return cls(requests, steps, token_times, summary, meta)
 
 
 def parquet_available() -> bool:

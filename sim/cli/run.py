@@ -131,6 +131,8 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt, arxiv_summarization, "
                    "bwb_translation, azure_conv, azure_code, mooncake_conversation")
     g.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
+    g.add_argument("--burstiness", type=float, metavar="B",
+                   help="vllm bench serve's gamma shape: 1 is Poisson, below 1 burstier (cv = 1/sqrt(B))")
     g.add_argument("--num-users", type=int, metavar="N", help="closed loop: concurrent clients")
     g.add_argument("--max-tokens", type=int, metavar="N", help="cap every request's output")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
@@ -153,6 +155,11 @@ def config_from_args(args):
         value = getattr(args, dest, None)
         if value is not None:
             sections.setdefault(section, {})[name] = value
+    burstiness = getattr(args, "burstiness", None)
+    if burstiness is not None and burstiness != 1.0:  # vLLM's gamma shape; 1.0 is its Poisson process
+        if burstiness <= 0:
+            raise ConfigError("--burstiness", burstiness, "must be > 0")
+        sections.setdefault("workload", {}).update(kind="gamma", cv=burstiness ** -0.5)
     if getattr(args, "trace", None):
         sections["workload"]["kind"] = "trace"
     if getattr(args, "seed", None) is not None:

@@ -72,7 +72,9 @@ def _cell(value, scale, digits) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return '<td class="n">-</td>'
     if scale is None:
-        return f'<td class="n">{value}</td>' if isinstance(value, (int, float)) else f"<td>{html.escape(str(value))}</td>"
+        if isinstance(value, (int, float)):
+            return f'<td class="n">{value}</td>'
+        return f"<td>{html.escape(str(value))}</td>"
     return f'<td class="n">{float(value) * scale:.{digits}f}</td>'
 
 

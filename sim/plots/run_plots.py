@@ -1,4 +1,4 @@
-"""Plots of a run (and of a sweep of runs), as matplotlib Figures.
+"""Plots of one run, as matplotlib Figures (across runs: `sim.plots.sweep`).
 
 Figures are built with `matplotlib.figure.Figure` directly, not pyplot: no global figure state, and
 `fig.savefig("x.png")` renders with the Agg backend whatever backend is active. Every function

@@ -18,6 +18,7 @@ from sim.api.metrics import legacy_key
 DEFAULT_METRICS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
 LATENCY_KEY = re.compile(r"^(mean|median|std|p[\d.]+)_([a-z0-9]+)_ms$")
 NOT_AXES = {"point", "key", "seed"}
+LINE_STYLES = ("-", "--", ":", "-.")
 
 
 def resolve_column(df: pd.DataFrame, name: str) -> str:
@@ -70,30 +71,43 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate", metrics=DEFAUL
     axes = np.atleast_1d(fig.subplots(1, len(families), squeeze=False).ravel())
     stats = sweep.groupby(hues + [x], dropna=False, sort=True)[metrics].agg(["mean", "min", "max"])
     groups = stats.groupby(level=list(range(len(hues))), sort=True) if hues else [(None, stats)]
-    styles = ("-", "--", ":", "-.")
+    seeds = sweep["seed"].nunique() if "seed" in sweep else 1
     for g, (name, part) in enumerate(groups):
-        xs = part.index.get_level_values(x).to_numpy(dtype=float)
         where = ", ".join(f"{h.split('.')[-1]}={v}" for h, v in zip(hues, np.atleast_1d(name))) if hues else ""
         for metric in metrics:
-            family, stat = metric_label(metric)
-            ax = axes[families.index(family)]
-            scale, _ = _unit(sweep[[m for m in metrics if metric_label(m)[0] == family]].to_numpy(float))
-            same = [m for m in metrics if metric_label(m)[0] == family]
-            ax.plot(xs, part[(metric, "mean")] * scale, marker="o", ms=4, color=f"C{g}",
-                    ls=styles[same.index(metric) % len(styles)], label=" ".join(filter(None, [stat, where])))
-            if sweep["seed"].nunique() > 1 if "seed" in sweep else False:
-                ax.fill_between(xs, part[(metric, "min")] * scale, part[(metric, "max")] * scale,
-                                color=f"C{g}", alpha=0.12, lw=0)
+            family = metric_label(metric)[0]
+            style = LINE_STYLES[_same_family(metrics, family).index(metric) % len(LINE_STYLES)]
+            _draw(axes[families.index(family)], part, x, metric, f"C{g}", where,
+                  _family_unit(sweep, metrics, family)[0], style=style, band=seeds > 1)
     for ax, family in zip(axes, families):
         _finish_panel(ax, sweep, family, metrics, slo or {}, x_label or _x_label(x))
-    seeds = sweep["seed"].nunique() if "seed" in sweep else 1
     fig.suptitle(title + (f" (mean of {seeds} seeds; band: min to max)" if seeds > 1 else ""))
     return fig
 
 
+def _same_family(metrics: list[str], family: str) -> list[str]:
+    return [m for m in metrics if metric_label(m)[0] == family]
+
+
+def _family_unit(sweep: pd.DataFrame, metrics: list[str], family: str) -> tuple[float, str]:
+    same = _same_family(metrics, family)
+    return _unit(sweep[same].to_numpy(float)) if LATENCY_KEY.match(same[0]) else (1.0, "")
+
+
+def _draw(ax, part: pd.DataFrame, x: str, metric: str, color: str, where: str, scale: float, style: str,
+          band: bool) -> None:
+    """One line: the seeds' mean of `metric` against `x`, and their min-max band if there are several."""
+    xs = part.index.get_level_values(x).to_numpy(dtype=float)
+    label = " ".join(filter(None, [metric_label(metric)[1], where]))
+    ax.plot(xs, part[(metric, "mean")] * scale, marker="o", ms=4, color=color, ls=style, label=label)
+    if band:
+        ax.fill_between(xs, part[(metric, "min")] * scale, part[(metric, "max")] * scale, color=color,
+                        alpha=0.12, lw=0)
+
+
 def _finish_panel(ax, sweep: pd.DataFrame, family: str, metrics: list[str], slo: dict, x_label: str) -> None:
-    same = [m for m in metrics if metric_label(m)[0] == family]
-    scale, unit = _unit(sweep[same].to_numpy(float)) if LATENCY_KEY.match(same[0]) else (1.0, "")
+    same = _same_family(metrics, family)
+    scale, unit = _family_unit(sweep, metrics, family)
     top = ax.get_ylim()[1]
     for metric, target in slo.items():
         metric = resolve_column(sweep, metric) if metric not in same else metric
