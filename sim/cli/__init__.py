@@ -1,4 +1,4 @@
-"""The `servesim` command line: run, plot, sweep, capacity, calibrate."""
+"""The `servesim` command line: run, plot, report, sweep, capacity, calibrate."""
 from sim.cli.main import main
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""The `servesim` command line: run, plot, calibrate, sweep, capacity, and any subcommand in COMMANDS.
+"""The `servesim` command line: run, plot, report, calibrate, sweep, capacity, and any subcommand in COMMANDS.
 
 To add a subcommand, write a module with `add_parser(subparsers)` that registers it and sets
 `func=handler` (handler(args) -> exit code), and add that function to COMMANDS.
