@@ -44,6 +44,12 @@ def test_report_is_one_self_contained_page(report):
     assert len(re.findall(r"<tr><td>req-\d+</td>", text)) == 40
 
 
+def test_report_of_a_folder_that_is_no_run_is_one_error_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: ") and "summary.json" in err and err.count("\n") == 1
+
+
 def browser():
     found = next((shutil.which(name) for name in BROWSERS if shutil.which(name)), None)
     if found is None:

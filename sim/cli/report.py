@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 DESCRIPTION = """\
@@ -23,6 +22,5 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def report(args) -> int:
     """Handler of `servesim report`."""
     from sim.plots.html_report import write_report
-    print(f"servesim: writing the report of {args.dir} ...", file=sys.stderr, flush=True)
     print(write_report(args.dir, args.out))
     return 0
