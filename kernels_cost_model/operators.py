@@ -70,8 +70,14 @@ def moe_operator(cal: Calibration, hidden: float, inter: float, experts: float, 
 
 
 def all_reduce_curve(cal: Calibration, gpu_name: str, tp: int, collective: str = "all_reduce") -> CollectiveCurve | None:
-    """The measured curve for `tp` ranks: the calibration's (vLLM's own all-reduce), else the catalog's."""
-    points = cal.curves.get(f"{collective}@{tp}") if tp > 1 else None
-    if points:
-        return CollectiveCurve.from_points(points)
-    return collective_curve(gpu_name, tp, collective) if tp > 1 else None
+    """The measured curve for `tp` ranks: a host's own sweep in data/collective_curves.csv where one is
+    catalogued (it names the transport that host runs, e.g. NCCL over PCIe on RTX PRO 6000 with vLLM
+    0.19, whose custom all-reduce does not run on sm_12x), else the calibration's (vLLM's all-reduce as
+    AIConfigurator measured it on that GPU's system), else None."""
+    if tp <= 1:
+        return None
+    catalogued = collective_curve(gpu_name, tp, collective)
+    if catalogued is not None:
+        return catalogued
+    points = cal.curves.get(f"{collective}@{tp}")
+    return CollectiveCurve.from_points(points) if points else None
