@@ -7,6 +7,7 @@ all-reduce times are kept as curves by message size per group size (`curves["all
 from __future__ import annotations
 
 import datetime as _dt
+from functools import lru_cache
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -82,10 +83,11 @@ def default_coeffs(gpu, family: str) -> Coeffs:
     return Coeffs(1.0 / (gpu.bf16_flops_per_s * ce), 1.0 / (bandwidth * me), overhead)
 
 
+@lru_cache(maxsize=None)
 def uncalibrated(gpu, derived: bool = True) -> Calibration:
     """Datasheet peaks x default efficiencies: the ones derived from the calibrated GPUs of the same
     architecture where shipped (derived_defaults.py), else DEFAULT_EFFICIENCY. A measured all-reduce
-    of this GPU (collectives.csv) wins over both."""
+    of this GPU (collectives.csv) wins over both. Built once per GPU; shared, do not mutate."""
     coeffs = {f: default_coeffs(gpu, f) for f in FAMILIES}
     defaults = shipped_defaults() if derived else {}
     if not defaults:
@@ -213,8 +215,9 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ConfigError("calibration", str(path), f"unreadable calibration file: {exc}") from exc
 
 
+@lru_cache(maxsize=None)
 def shipped_calibration(gpu_name: str) -> Calibration | None:
-    """The calibration shipped in data/calibration/<gpu>.json, or None."""
+    """The calibration shipped in data/calibration/<gpu>.json, or None (loaded once; shared, do not mutate)."""
     res = resources.files("kernels_cost_model").joinpath("data", "calibration", f"{gpu_name}.json")
     if not res.is_file():
         return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from functools import lru_cache
 
 from .roofline import OPERATOR_FAMILY, Coeffs
 
@@ -51,14 +52,15 @@ def shape_key(row: dict) -> str | None:
     return None
 
 
+@lru_cache(maxsize=None)
+def _parse(key: str) -> tuple[float, ...]:
+    """The shape of a key: "matmul@4096x1024" -> (4096.0, 1024.0)."""
+    return tuple(float(p) for p in key.split("@", 1)[1].replace("x", "/").split("/"))
+
+
 def _shapes(coeffs: dict, family: str) -> dict[tuple[float, ...], Coeffs]:
     prefix = family + "@"
-    out = {}
-    for key, c in coeffs.items():
-        if key.startswith(prefix):
-            parts = key[len(prefix):].replace("x", "/").split("/")
-            out[tuple(float(p) for p in parts)] = c
-    return out
+    return {_parse(key): c for key, c in coeffs.items() if key.startswith(prefix)}
 
 
 def _blend(corners: list[tuple[float, Coeffs]]) -> Coeffs:
