@@ -2,9 +2,10 @@
 
 Reads `../shared/data/real_vllm_runs/` (see its README; never copied into the repo), prints for every
 run simulated vs measured TTFT/TPOT/E2E (mean, p50, p90, p99), duration and throughput with the
-relative error, and writes latency-CDF and running/waiting plots (PNG) to --out. Replays use the
-two host figures fitted end to end (`sim.fidelity.fit.HOST`; `--fit` refits them, each on its own
-run); a closing summary also gives every run with nothing fitted end to end.
+relative error, and writes latency-CDF and running/waiting plots (PNG) to --out. Replays use nothing
+fitted end to end to these runs: kernels and collectives at their shipped calibration, the engine's CPU
+term at its default. `--fit` also fits two host figures end to end, each on its own run
+(`sim.fidelity.fit`), and prints every run with them too, labelled as fitted.
 
     python benchmarks/fidelity.py [--data ../shared/data/real_vllm_runs] [--out fidelity_out]
                                   [--arrivals queued|workload] [--markdown table.md] [--fit]
@@ -16,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from sim.fidelity.fit import COLLECTIVE_FIT_RUN, CPU_FIT_RUN, HOST, fit_host
+from sim.fidelity.fit import COLLECTIVE_FIT_RUN, CPU_FIT_RUN, fit_host
 from sim.fidelity.host import UNFITTED
 from sim.fidelity.real_runs import DEFAULT_ROOT, find_runs, read_run
 from sim.fidelity.report import HEADLINE, compare_run, format_table, markdown_rows, write_plots
@@ -27,10 +28,12 @@ def headline(c) -> str:
     return "  ".join(f"{m.split('_')[0]} {agg[m] * 100:+6.1f}%" for m in HEADLINE)
 
 
-def role(name: str) -> str:
+def role(name: str, fitted_host: bool) -> str:
+    if not fitted_host:
+        return "nothing fitted to it"
     fitted = [f for f, run in (("cpu_per_request_s", CPU_FIT_RUN), ("collective_scale", COLLECTIVE_FIT_RUN))
               if run == name]
-    return f"fitted: {', '.join(fitted)}" if fitted else "held out"
+    return f"fit run for {', '.join(fitted)}" if fitted else "held out from the host fit"
 
 
 def main() -> None:
@@ -39,32 +42,34 @@ def main() -> None:
     ap.add_argument("--out", default="fidelity_out")
     ap.add_argument("--arrivals", default="queued", choices=("queued", "workload"))
     ap.add_argument("--markdown", help="also write the per-run x metric table here (Markdown)")
-    ap.add_argument("--fit", action="store_true", help="refit the two host figures first")
+    ap.add_argument("--fit", action="store_true", help="also fit two host figures end to end and show them")
     args = ap.parse_args()
     runs = find_runs(args.data)
     if not runs:
         raise SystemExit(f"no real runs under {args.data}")
     warnings.simplefilter("ignore", UserWarning)
-    host = fit_host({p.name: read_run(p) for p in runs}) if args.fit else HOST
+    fitted = fit_host({p.name: read_run(p) for p in runs}) if args.fit else None
     md = ["| run | metric | sim | real | rel. error |", "|---|---|---|---|---|"]
     summary = []
     for path in runs:
         run = read_run(path)
         t0 = time.perf_counter()
-        c = compare_run(run, args.arrivals, host)
+        c = compare_run(run, args.arrivals, UNFITTED)
         wall = time.perf_counter() - t0
         kw = run.engine_kwargs
-        print(f"\n== {run.name} ({role(run.name)}): TP{kw['tensor_parallel_size']} DP{run.data_parallel_size}"
+        print(f"\n== {run.name}: TP{kw['tensor_parallel_size']} DP{run.data_parallel_size}"
               f"{' EP' if kw.get('enable_expert_parallel') else ''}, {len(run.measured)} requests, "
-              f"KV {c.sim.num_gpu_blocks} blocks/rank, {host}, simulated in {wall:.1f} s")
+              f"KV {c.sim.num_gpu_blocks} blocks/rank, nothing fitted end to end, simulated in {wall:.1f} s")
         print(format_table(c))
         for p in write_plots(c, run, Path(args.out)):
             print(f" plot: {p}")
         md += markdown_rows(c)
-        summary.append((run.name, headline(c), headline(compare_run(run, args.arrivals, UNFITTED))))
-    print(f"\nHeadline relative errors (goal: within 10 %); host figures {host}")
-    for name, fitted, unfitted in summary:
-        print(f" {name:28s} {role(name):34s} {fitted}\n {'':28s} {'nothing fitted end to end':34s} {unfitted}")
+        summary.append((run.name, headline(c), headline(compare_run(run, args.arrivals, fitted)) if fitted else ""))
+    print("\nHeadline relative errors (goal: within 10 %), nothing fitted end to end to these runs")
+    for name, unfitted, with_fit in summary:
+        print(f" {name:28s} {role(name, False):34s} {unfitted}")
+        if with_fit:
+            print(f" {'':28s} {'FITTED ' + role(name, True):34s} {with_fit}  ({fitted})")
     if args.markdown:
         Path(args.markdown).write_text("\n".join(md) + "\n")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import median
 
 from kernels_cost_model.errors import require
 
@@ -41,10 +42,15 @@ class CollectiveCurve:
 
     @classmethod
     def from_points(cls, points) -> "CollectiveCurve":
-        """From (bytes, seconds) measurements: sorted by size, each time raised to the largest time of
-        any smaller size (measurement noise can make a larger message read faster)."""
+        """From (bytes, seconds) measurements: repeats of a size merged to their median, sorted by size,
+        each time raised to the largest time of any smaller size (measurement noise can make a larger
+        message read faster)."""
+        by_size: dict[float, list[float]] = {}
+        for size, sec in points:
+            by_size.setdefault(float(size), []).append(float(sec))
         sizes, seconds, top = [], [], 0.0
-        for size, sec in sorted(points):
+        for size, secs in sorted(by_size.items()):
+            sec = median(secs)
             top = max(top, sec)
             sizes.append(float(size))
             seconds.append(top)

@@ -8,18 +8,21 @@ fixed list of operators.
 from __future__ import annotations
 
 import warnings
+from bisect import bisect_left
 from dataclasses import dataclass
-from operator import mul
 from pathlib import Path
 
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError, require
 
 from .attention_backend import mixed_decode_s_per_byte
-from .collectives import CollectiveCurve, collective_curve
+from .batch_fold import _fold_prefill_rows
+from .collectives import CollectiveCurve
+from .cuda_graph import capture_sizes
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
 from .models import ModelSpec, get_model
+from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
 from .roofline import Coeffs
 
 #: Engine CPU time per step (scheduling, input preparation, sampling, detokenising outputs).
@@ -31,81 +34,6 @@ CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
 BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",
                   "norms_activations", "lm_head", "all_reduce", "cpu")
 
-
-
-#: Use the scan path while prefill rows and their distinct sizes stay this few.
-_SCAN_MAX_ROWS, _SCAN_MAX_SIZES = 32, 8
-
-
-def _indices_of(values: list[int], wanted) -> list[int]:
-    """Indices of the entries equal to any of `wanted` (few), by list.count/index scans in C."""
-    found: list[int] = []
-    for v in wanted:
-        i = -1
-        for _ in range(values.count(v)):
-            i = values.index(v, i + 1)
-            found.append(i)
-    return found
-
-
-def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
-    """Distinct entries > 1 (prefill chunk sizes): past the zeros and ones of the sorted list."""
-    distinct: list[int] = []
-    for v in sorted(values)[n_zero + n_one:]:
-        if not distinct or v != distinct[-1]:
-            distinct.append(v)
-    return distinct
-
-
-def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
-    """(tokens, context, query-key pairs, tile weight, rows) of the prefill rows (> 1 new token),
-    and the context of rows with 0 new tokens (they read nothing)."""
-    n = len(new)
-    n_zero = new.count(0)
-    if n_dec == 0 and n_zero == 0:  # all rows are prefill chunks: C-level reductions
-        tok, cp, cc, pctx = sum(new), sum(map(mul, new, ctx)), sum(map(mul, new, new)), sum(ctx)
-        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0
-    chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
-    rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
-    pf_tok = pf_ctx = idle_ctx = n_pf = 0
-    pf_pairs = pf_tile = 0.0
-    if rows is not None:  # a few prefill rows, found by C-level scans
-        pairs = ((new[i], ctx[i]) for i in rows)
-        if n_zero:
-            idle_ctx = sum(ctx[i] for i in _indices_of(new, (0,)))
-    else:                 # many prefill rows: one plain pass
-        pairs = zip(new, ctx)
-    for c, p in pairs:
-        if c > 1:
-            pf_tok += c
-            pf_ctx += p
-            pf_pairs += c * p + 0.5 * c * (c + 1)
-            pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the weight of the per-row tile penalty
-            n_pf += 1
-        elif c == 0 and rows is None:
-            idle_ctx += p
-    return pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx
-
-
-@dataclass(frozen=True, slots=True)
-class _Matmul:
-    """One weight matmul on one GPU: [rows x k] @ [k x n]; weight = k*n elements."""
-
-    weight: float
-    width: float          # k + n: activation elements read and written per row
-    s_per_flop: float
-    s_per_byte: float
-    overhead_s: float
-    tile_rows: float
-
-    def time(self, rows: float, dtype_bytes: float) -> float:
-        compute = 2.0 * rows * self.weight * self.s_per_flop * (1.0 + self.tile_rows / rows)
-        memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
-        return (compute if compute > memory else memory) + self.overhead_s
-
-
-def _matmul(c: Coeffs, k: float, n: float) -> _Matmul:
-    return _Matmul(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +54,12 @@ class RooflineCostModel:
     inter_gpu: float       # MLP intermediate width per GPU (per expert for MoE)
     experts: float
     top_k: float
-    qkv: _Matmul
-    o: _Matmul
-    up: _Matmul
-    down: _Matmul
-    router: _Matmul | None
-    lm_head: _Matmul
+    qkv: MatmulOp
+    o: MatmulOp
+    up: MatmulOp
+    down: MatmulOp
+    router: MatmulOp | None
+    lm_head: MatmulOp
     prefill: Coeffs
     decode: Coeffs
     norm: Coeffs
@@ -151,6 +79,11 @@ class RooflineCostModel:
     collective_scale: float = 1.0
     #: Engine time per scheduled request per step (the CPU term's slope; CPU_PER_REQUEST_S by default).
     cpu_per_request_s: float = CPU_PER_REQUEST_S
+    #: The experts as one measured FusedMoE operator (calibrations with MoE kernels); None = grouped matmuls.
+    fused_moe: FusedMoE | None = None
+    #: vLLM's CUDA-graph capture sizes (cuda_graph.py); a batch of up to the largest runs padded to
+    #: the next one (empty = eager: no padding).
+    cuda_graph_sizes: tuple[int, ...] = ()
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -175,10 +108,17 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
-        gpu = self._price(tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _padded(self, tokens: int) -> int:
+        """Tokens the forward pass runs: vLLM pads a batch to the next CUDA-graph capture size."""
+        sizes = self.cuda_graph_sizes
+        if not sizes or tokens > sizes[-1]:
+            return tokens
+        return sizes[bisect_left(sizes, tokens)]
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
                pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
@@ -237,7 +177,7 @@ class RooflineCostModel:
             m_mixed = d * 2.0 * ((n_dec + dec_keys) * self.q_gpu * sq + dec_keys * self.kv_gpu * skv)
             m_dec = m_mixed if m_mixed > m_dec else m_dec
         compute, memory = c_pf + c_dec, m_pf + m_dec
-        overhead = pf.overhead_s if n_pf else dc.overhead_s
+        overhead = (pf.overhead_s if n_pf else dc.overhead_s) + n_pf * pf.s_per_seq + n_dec * dc.s_per_seq
         total = (compute if compute > memory else memory) + overhead
         alone_pf = (c_pf if c_pf > m_pf else m_pf) if n_pf else 0.0
         alone_dec = (c_dec if c_dec > m_dec else m_dec) if n_dec else 0.0
@@ -245,8 +185,11 @@ class RooflineCostModel:
         return total * share_pf, total * (1.0 - share_pf)
 
     def _moe(self, t: float, d: float) -> tuple[float, float]:
-        """Experts as grouped matmuls over the experts a batch touches; router and permutes apart."""
+        """Experts as the measured fused operator, or as grouped matmuls over the experts a batch
+        touches (router and permutes apart)."""
         e, k = self.experts, self.top_k
+        if self.fused_moe is not None:  # the measured FusedMoE layer includes top-k, permutes and combine
+            return self.fused_moe.time(t, e, k, d), self.router.time(t, d)
         active = e * (1.0 - (1.0 - k / e) ** t)       # expected distinct experts hit by t tokens
         rows = t * k
         per_expert = rows / active
@@ -263,7 +206,8 @@ def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
     (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
     normally satisfy this already; a noisy user profile might not."""
     return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
-                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows)
+                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows,
+                  max(pf.s_per_seq, dec.s_per_seq))
 
 
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
@@ -284,13 +228,15 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
 def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
-                    collective_scale: float = 1.0, cpu_per_request_s: float | None = None) -> RooflineCostModel:
+                    collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
+                    max_num_seqs: int = 256, enforce_eager: bool = False) -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
     warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
+    max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
     """
     require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
@@ -307,30 +253,34 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     def co(family: str, op: str) -> Coeffs:
         return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
 
+    def mm(op: str, k: float, n: float) -> MatmulOp:
+        return matmul_operator(cal, op, k, n)
+
     h, hd = spec.hidden_size, spec.head_dim
     q_gpu = spec.q_dim / tp
     kv_gpu = max(1, spec.num_kv_heads // tp) * hd
     inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
-    mm = "matmul"
+    heads, kv_heads = spec.num_heads / tp, max(1, spec.num_kv_heads // tp)
     return RooflineCostModel(
         model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
         layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
         q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
         experts=float(spec.num_experts), top_k=float(spec.num_experts_per_tok),
-        qkv=_matmul(co(mm, "qkv_proj"), h, q_gpu + 2 * kv_gpu),
-        o=_matmul(co(mm, "o_proj"), q_gpu, h),
-        up=_matmul(co(mm, "mlp_up"), h, 2 * inter),
-        down=_matmul(co(mm, "mlp_down"), inter, h),
-        router=_matmul(co(mm, "moe_router"), h, spec.num_experts) if spec.is_moe else None,
-        lm_head=_matmul(co(mm, "lm_head"), h, spec.vocab_size / tp),
-        prefill=_consistent_prefill(cal.coeffs["prefill_attention"], cal.coeffs["decode_attention"]),
-        decode=cal.coeffs["decode_attention"],
+        qkv=mm("qkv_proj", h, q_gpu + 2 * kv_gpu), o=mm("o_proj", q_gpu, h),
+        up=mm("mlp_up", h, 2 * inter), down=mm("mlp_down", inter, h),
+        router=mm("moe_router", h, spec.num_experts) if spec.is_moe else None,
+        lm_head=mm("lm_head", h, spec.vocab_size / tp),
+        prefill=_consistent_prefill(attention_operator(cal, "prefill_attention", heads, kv_heads, hd),
+                                    attention_operator(cal, "decode_attention", heads, kv_heads, hd)),
+        decode=attention_operator(cal, "decode_attention", heads, kv_heads, hd),
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
         embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
         mixed_decode=mixed_decode_s_per_byte(hw.name),
-        all_reduce_curve=collective_curve(hw.name, tp, "all_reduce") if tp > 1 else None,
-        all_gather_curve=collective_curve(hw.name, tp, "all_gather") if tp > 1 else None,
+        all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce"),
+        all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather"),
+        fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
+        cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
     )

@@ -47,8 +47,11 @@ class ExpertParallelCostModel:
         local = e / self.ep
         active = local * (1.0 - (1.0 - k / e) ** t)
         per_expert = t * k / self.ep / active
-        terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
-                            + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
+        if b.fused_moe is not None:  # the measured FusedMoE: this rank's experts, k/ep of them per token
+            terms["mlp"] = L * b.fused_moe.time(t, local, k / self.ep, d)
+        else:
+            terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
+                                + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
         terms["all_to_all"] = (2.0 * L * b.collective_scale * self._exchange(t * b.hidden * d)
                                if self.ep > 1 else 0.0)
         return terms

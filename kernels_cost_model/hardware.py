@@ -25,6 +25,14 @@ class GPU:
     interconnect_bytes_per_s: float
     interconnect: str = ""
     source: str = ""
+    #: Architecture generation (ampere, ada, hopper, blackwell, cdna3): sets the derived default
+    #: efficiencies of a GPU with no calibration (derived_defaults.py).
+    architecture: str = ""
+
+    @property
+    def has_nvlink(self) -> bool:
+        """Whether GPUs of this kind talk over NVLink (else PCIe or another fabric)."""
+        return "nvlink" in self.interconnect.lower()
 
     def __post_init__(self) -> None:
         require(self.bf16_flops_per_s > 0, "bf16_flops_per_s", self.bf16_flops_per_s, "must be > 0")
@@ -44,6 +52,7 @@ def _row_to_gpu(row: dict[str, str]) -> GPU:
         interconnect_bytes_per_s=float(row["interconnect_bytes_per_s"]),
         interconnect=row["interconnect"],
         source=row["source"],
+        architecture=row.get("architecture", ""),
     )
 
 

@@ -1,22 +1,20 @@
-"""Measured RTX PRO 6000 kernel times from LLMServingSim's vLLM 0.19 profiler, as profile rows.
+"""Measured kernel times from LLMServingSim's vLLM 0.19 profiler (RTX 4090, RTX PRO 6000), as profile rows.
 
-`data/profiles/rtx-pro-6000_*.csv` hold a transcribed subset of casys-kaist/LLMServingSim
-`profiler/perf/RTXPRO6000/<model>/bf16/tp<N>/{dense,attention}.csv` (MIT; every row names its file and
-commit): per-layer kernel times at token counts 1-2048 and attention times for pure-decode and
-pure-prefill launches. Their layer names map onto this project's operators with the model's shapes
-on one GPU (`tp`). Mixed launches (decodes beside a chunk) are priced by `attention_backend.py`.
+casys-kaist/LLMServingSim `profiler/perf/<hardware>/<org>/<model>/bf16/tp<N>/{dense,attention}.csv` (MIT),
+read in place from the shared data folder (never copied): per-layer kernel times at token counts
+1-2048 and attention times for pure-decode and pure-prefill launches. Layer names map onto this
+project's operators with the model's shapes on one GPU (`tp`). Mixed launches (decodes beside a chunk)
+are priced by `attention_backend.py`.
 """
 from __future__ import annotations
 
 import csv
-from importlib import resources
 from pathlib import Path
 
 from .models import ModelSpec, get_model
 from .profile_schema import validate_row
 
-DEVICE = "rtx-pro-6000"
-LICENCE = ("measurements: casys-kaist/LLMServingSim profiler/perf/RTXPRO6000 (vLLM 0.19, bf16), "
+LICENCE = ("measurements: casys-kaist/LLMServingSim profiler/perf (vLLM 0.19, bf16), "
            "MIT licence (c) casys-kaist; see data/LICENSE-llmservingsim-MIT.txt")
 #: Layers with no operator of ours: Qwen3's per-head q/k norms, the sampler (priced in the LM head).
 SKIPPED_LAYERS = ("qk_norm", "q_norm", "k_norm", "sampler")
@@ -61,7 +59,7 @@ def _attention_row(raw: dict, spec: ModelSpec, tp: int) -> dict | None:
             "context": max(0, round(keys - chunk))}
 
 
-def _rows_of(raw: dict, origin: str, line: int) -> list[dict]:
+def _rows_of(raw: dict, origin: str, line: int, device: str) -> list[dict]:
     spec, tp = get_model(raw["model"]), int(raw["tp"])
     kernel = raw["kernel"].strip()
     if kernel in SKIPPED_LAYERS or kernel.startswith("moe:"):
@@ -73,35 +71,32 @@ def _rows_of(raw: dict, origin: str, line: int) -> list[dict]:
         row = None if shape is None else dict(zip(("operator", "m", "n", "k"), shape))
     if row is None:
         return []
-    row.update({"tp": tp, "dtype": "bfloat16", "measured_s": float(raw["time_us"]) * 1e-6, "device": DEVICE,
+    row.update({"tp": tp, "dtype": "bfloat16", "measured_s": float(raw["time_us"]) * 1e-6, "device": device,
                 "source": f'{raw["source"]} [{kernel}]'})
     return [validate_row(row, origin, line)]
 
 
-def profile_files() -> list[Path]:
-    """The transcribed profile subsets shipped with the package."""
-    folder = resources.files("kernels_cost_model").joinpath("data", "profiles")
-    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.startswith(DEVICE) and p.name.endswith(".csv"))
+#: LLMServingSim hardware folder -> our GPU catalog name.
+HARDWARE = {"RTXPRO6000": "rtx-pro-6000", "RTX4090": "rtx-4090"}
+SHARED_COMMIT = "5daddb21"
 
 
-def read_profiles(paths: list[Path] | None = None) -> list[dict]:
-    """Profile rows (see profile_schema.py) from the transcribed RTX PRO 6000 files."""
+def read_shared_profiles(root: str | Path, hardware: str) -> list[dict]:
+    """Profile rows read in place from `llmservingsim/<hardware>/<org>/<model>/bf16/tp<N>/{dense,attention}.csv`
+    under root (../shared/data/kernel_profiles): the files are streamed, never copied."""
+    base = Path(root) / "llmservingsim" / hardware
+    files = sorted(base.glob("*/*/bf16/tp*/dense.csv")) + sorted(base.glob("*/*/bf16/tp*/attention.csv"))
     rows: list[dict] = []
-    for path in paths or profile_files():
-        with open(path, newline="") as fh:
+    for path in files:
+        org, model, _, tp_dir = path.relative_to(base).parts[:4]
+        rel = path.relative_to(Path(root) / "llmservingsim").as_posix()
+        context = {"model": f"{org}/{model}", "tp": tp_dir[2:],
+                   "source": f"casys-kaist/LLMServingSim@{SHARED_COMMIT} profiler/perf/{rel} (vLLM 0.19.0)"}
+        with path.open(newline="") as fh:
             for line, raw in enumerate(csv.DictReader(fh), start=2):
-                rows.extend(_rows_of(raw, path.name, line))
+                if path.name == "attention.csv":
+                    raw = {"kernel": "attention", "prefill_key": raw["kv_prefill"], **raw}
+                else:
+                    raw = {"kernel": raw["layer"], **raw}
+                rows.extend(_rows_of({**raw, **context}, rel, line, HARDWARE[hardware]))
     return rows
-
-
-def fit_rtx_pro_6000_calibration(paths: list[Path] | None = None) -> tuple:
-    """(calibration fitted on the fit split, held-out rows), as `fit_vidur_calibrations` does for Vidur."""
-    from .calibration import HOLDOUT_RULE, fit_profile, holdout_split, relative_errors, uncalibrated
-    from .hardware import get_gpu
-
-    fit_rows, held = holdout_split(read_profiles(paths))
-    gpu = get_gpu(DEVICE)
-    cal = fit_profile(fit_rows, DEVICE, fallback=uncalibrated(gpu))
-    cal.provenance.update({"licence": LICENCE, "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
-                           "holdout_error": relative_errors(held, cal)})
-    return cal, held

@@ -4,11 +4,12 @@ Columns (blank where an operator does not use one):
 
 | column | meaning |
 |---|---|
-| operator | qkv_proj, o_proj, mlp_up, mlp_down, lm_head, moe_router, matmul, rms_norm, silu_mul, rope, add, embedding, prefill_attention, decode_attention, all_reduce |
+| operator | qkv_proj, o_proj, mlp_up, mlp_down, lm_head, moe_router, matmul, rms_norm, silu_mul, rope, add, embedding, prefill_attention, decode_attention, all_reduce, moe |
 | m, n, k | matmul [m x k] @ [k x n]; elementwise ops use m (tokens) and n (width) |
 | batch, chunk, context | attention: requests, new tokens per request, cached tokens per request |
 | num_heads, num_kv_heads, head_dim | attention heads on this GPU |
 | tp, size_bytes | all-reduce: GPUs in the group and message bytes |
+| num_experts, top_k | moe: experts on this GPU and experts per token (m tokens, n hidden, k intermediate per GPU) |
 | dtype | float16, bfloat16, float32, float8 |
 | measured_s | measured seconds (one kernel call) |
 | device | the GPU catalog name, or e.g. "cpu" |
@@ -26,9 +27,9 @@ from kernels_cost_model.errors import ConfigError
 from .roofline import OPERATOR_FAMILY
 
 COLUMNS = ("operator", "m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads",
-           "head_dim", "tp", "size_bytes", "dtype", "measured_s", "device", "source")
+           "head_dim", "tp", "size_bytes", "num_experts", "top_k", "dtype", "measured_s", "device", "source")
 NUMERIC = ("m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads", "head_dim",
-           "tp", "size_bytes")
+           "tp", "size_bytes", "num_experts", "top_k")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
 REQUIRED = {
     "matmul": ("m", "n", "k"),
@@ -36,6 +37,7 @@ REQUIRED = {
     "prefill_attention": ("chunk", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "decode_attention": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "all_reduce": ("size_bytes", "tp"),
+    "moe": ("m", "n", "k", "num_experts", "top_k"),
 }
 
 

@@ -15,6 +15,10 @@ from kernels_cost_model.errors import require
 
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
+#: Families a calibration may add (a fused MoE layer); without one the cost model prices grouped matmuls.
+OPTIONAL_FAMILIES = ("moe",)
+#: Families whose launches pay a cost per sequence (Coeffs.s_per_seq).
+SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention")
 
 #: Profile operator name -> family.
 OPERATOR_FAMILY = {
@@ -23,26 +27,28 @@ OPERATOR_FAMILY = {
     "rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
     "embedding": "elementwise",
     "prefill_attention": "prefill_attention", "decode_attention": "decode_attention",
-    "all_reduce": "all_reduce",
+    "all_reduce": "all_reduce", "moe": "moe",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Coeffs:
-    """One family's roofline coefficients: seconds per FLOP, per byte, per launch; tile rows."""
+    """One family's roofline coefficients: seconds per FLOP, per byte, per launch; tile rows; seconds
+    per sequence of an attention launch (its work units: query loads, split-KV reductions)."""
 
     s_per_flop: float
     s_per_byte: float
     overhead_s: float
     tile_rows: float = 0.0
+    s_per_seq: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows"):
+        for name in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq"):
             value = getattr(self, name)
             require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
 
-    def time(self, flops: float, nbytes: float, rows: float = 1.0) -> float:
-        return roofline(flops, nbytes, rows, self)
+    def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0) -> float:
+        return roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq
 
 
 def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:
@@ -103,14 +109,39 @@ def all_reduce(size_bytes: float, tp: float) -> tuple[float, float]:
     return 0.0, (2.0 * (tp - 1) / tp * size_bytes) if tp > 1 else 0.0
 
 
+def experts_hit(tokens: float, experts: float, top_k: float) -> float:
+    """Expected distinct experts that `tokens` tokens routed uniformly to `top_k` of `experts` touch."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def moe(tokens: float, hidden: float, inter: float, experts: float, top_k: float,
+        dtype_bytes: int) -> tuple[float, float]:
+    """Fused MoE experts on one GPU: gate/up ([h x 2i]) and down ([i x h]) for each routed token.
+
+    Bytes: the weights of every expert hit, the tokens in and out, the routed rows' intermediates.
+    """
+    rows = tokens * top_k
+    flops = 2.0 * rows * 3.0 * hidden * inter
+    weights = experts_hit(tokens, experts, top_k) * 3.0 * hidden * inter
+    return flops, dtype_bytes * (weights + 2.0 * tokens * hidden + 3.0 * rows * inter)
+
+
 def operator_rows(row: dict) -> float:
-    """The row count that sets tile efficiency: matmul m, prefill chunk (query rows per request)."""
+    """The row count that sets tile efficiency: matmul m, prefill chunk (query rows per request),
+    rows per expert of a MoE layer."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "matmul":
         return max(row["m"], 1.0)
     if family == "prefill_attention":
         return max(row["chunk"], 1.0)
+    if family == "moe":
+        return max(row["m"] * row["top_k"] / experts_hit(row["m"], row["num_experts"], row["top_k"]), 1.0)
     return 1.0  # decode attention: one query row per request (its tile factor is a constant)
+
+
+def operator_seqs(row: dict) -> float:
+    """Sequences in an attention launch (each pays Coeffs.s_per_seq); 0 for other families."""
+    return row["batch"] if OPERATOR_FAMILY[row["operator"]] in SEQUENCE_FAMILIES else 0.0
 
 
 def operator_cost(row: dict) -> tuple[float, float]:
@@ -127,4 +158,6 @@ def operator_cost(row: dict) -> tuple[float, float]:
     if family == "decode_attention":
         return decode_attention(row["context"], row["batch"], row["num_heads"], row["num_kv_heads"],
                                 row["head_dim"], d)
+    if family == "moe":
+        return moe(row["m"], row["n"], row["k"], row["num_experts"], row["top_k"], d)
     return all_reduce(row["size_bytes"], row["tp"])

@@ -80,33 +80,3 @@ def read_vidur_network(root: str | Path) -> list[dict]:
                                           "measured_s": float(raw["time_stats.all_reduce.median"]) / 1e3,
                                           "device": device, "source": source}, source))
     return rows
-
-
-def fit_vidur_calibrations(root: str | Path) -> dict[str, tuple]:
-    """Per device: (calibration fitted on the fit split, held-out rows). Used to build the shipped files."""
-    from .calibration import HOLDOUT_RULE, fit_profile, holdout_split, relative_errors, uncalibrated
-    from .hardware import get_gpu
-
-    rows = read_vidur_compute(root) + read_vidur_network(root)
-    result = {}
-    for device in sorted({r["device"] for r in rows}):
-        fit_rows, held = holdout_split([r for r in rows if r["device"] == device])
-        cal = fit_profile(fit_rows, device, fallback=uncalibrated(get_gpu(device)))
-        cal.provenance.update({
-            "licence": "measurements: microsoft/vidur data/profiling, MIT licence (c) Microsoft Corporation",
-            "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
-            "holdout_error": relative_errors(held, cal),
-            "derived_efficiency": _efficiencies(cal, get_gpu(device)),
-        })
-        result[device] = (cal, held)
-    return result
-
-
-def _efficiencies(cal, gpu) -> dict[str, dict[str, float]]:
-    """Fitted coefficients read back as fractions of the datasheet peaks (for humans)."""
-    out = {}
-    for name, c in sorted(cal.coeffs.items()):
-        bw = gpu.interconnect_bytes_per_s / 2 if name == "all_reduce" else gpu.hbm_bytes_per_s
-        out[name] = {"compute": round(1 / (c.s_per_flop * gpu.bf16_flops_per_s), 3) if c.s_per_flop else None,
-                     "memory": round(1 / (c.s_per_byte * bw), 3) if c.s_per_byte else None}
-    return out

@@ -17,7 +17,8 @@ def rf(flops, nbytes):
 
 
 def model(name="llama-3.1-8b", tp=1, **kw):
-    return make_cost_model(name, "h100", tp, calibration=simple_calibration(**kw), cpu_overhead=False)
+    return make_cost_model(name, "h100", tp, calibration=simple_calibration(**kw), cpu_overhead=False,
+                           enforce_eager=True)  # hand computations below use the unpadded token count
 
 
 # llama-3.1-8b: H=4096, L=32, 32 heads, 8 KV heads, head_dim 128, I=14336, V=128256, bf16

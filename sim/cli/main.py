@@ -10,16 +10,15 @@ import os
 import sys
 import traceback
 
-from kernels_cost_model.cli import add_calibrate_parser
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser
-from sim.cli import plot, report, run
+from sim.cli import calibrate, plot, report, run
 from kernels_cost_model.errors import ConfigError
 from sim.api.version import __version__
 
 COMMANDS = [
     run.add_parser,
     plot.add_parser,
-    add_calibrate_parser,
+    calibrate.add_parser,
     add_sweep_parser,
     add_capacity_parser,
     report.add_parser,

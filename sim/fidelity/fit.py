@@ -1,4 +1,8 @@
-"""The two figures fitted end to end, each on one run; every other run is held out for it.
+"""Two host figures fitted end to end, each on one run; every other run is held out for it.
+
+Nothing shipped uses these fits: the default replay prices every run with measured kernels and
+collectives only (`host.UNFITTED`). `python benchmarks/fidelity.py --fit` shows what fitting them would
+give, for a user deciding whether to fit their own host (labelled as fitted wherever printed).
 
 Kernels are priced from measured RTX PRO 6000 kernel profiles and collectives from a measured two-GPU
 NCCL sweep, yet the runs take longer than those measurements add up to, in two ways (docs/fidelity.md):
@@ -24,8 +28,6 @@ from .real_runs import RealRun
 CPU_FIT_RUN, COLLECTIVE_FIT_RUN = "Llama-3.1-8B", "Qwen3-32B"
 CPU_GRID = tuple(float(x) * 1e-6 for x in range(0, 41, 2))          # 0-40 us per request
 SCALE_GRID = tuple(float(x) for x in np.round(np.arange(1.0, 3.51, 0.1), 2))
-#: `python benchmarks/fidelity.py --fit` reproduces these.
-HOST = HostFit(collective_scale=2.5, cpu_per_request_s=18e-6)
 
 
 def headline_rms(run: RealRun, host: HostFit) -> float:

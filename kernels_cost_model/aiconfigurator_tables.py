@@ -1,0 +1,162 @@
+"""Streaming readers for NVIDIA AIConfigurator's vLLM kernel tables (Apache-2.0), as profile rows.
+
+The tables are never copied: pass the folder that holds `aiconfigurator/` (../shared/data/kernel_profiles).
+Each Parquet file is read in record batches (pyarrow), one GPU's one family at a time. Rows become this
+project's profile rows (profile_schema.py) for the shapes the simulator prices: bf16 GEMMs, full
+(unwindowed) bf16-KV attention at head_dim 64/128, vLLM's all-reduce captured in a CUDA graph, and
+bf16 MoE layers with balanced routing. A table whose columns, units or values are not what the
+collector writes raises `MalformedTableError`, naming the file, column and value.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+from .errors import ConfigError
+from .profile_schema import validate_row
+
+#: AIConfigurator system folder -> our GPU catalog name (hardware.py).
+SYSTEMS = {
+    "a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
+    "b300_sxm": "b300", "gb200": "gb200", "gb300": "gb300", "l40s": "l40s",
+    "rtx_pro_6000_server": "rtx-pro-6000",
+}
+ORIGIN = "ai-dynamo/aiconfigurator@095f58a5 aic-core/src/aiconfigurator_core/systems/data"
+LICENCE = ("measurements: ai-dynamo/aiconfigurator vLLM tables @095f58a5, Apache-2.0 (c) NVIDIA; "
+           "see data/LICENSE-aiconfigurator-Apache-2.0.txt")
+#: Head sizes of the catalog models; other head sizes run other kernels (FA4 at 512) and are skipped.
+HEAD_DIMS = (64, 128)
+#: Matmul widths below this are not weight matmuls of any catalog model at TP <= 8.
+MIN_MATMUL_WIDTH = 512
+#: Families and their table: (subfolder, file, columns every row must have).
+TABLES = {
+    "gemm": ("gemm", "gemm_perf.parquet", ("version", "gemm_dtype", "m", "n", "k", "latency")),
+    "context_attention": ("attention", "context_attention_perf.parquet",
+                          ("version", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+                           "kv_cache_dtype", "latency")),
+    "generation_attention": ("attention", "generation_attention_perf.parquet",
+                             ("version", "batch_size", "step", "num_heads", "num_key_value_heads", "head_dim",
+                              "kv_cache_dtype", "latency")),
+    "all_reduce": ("comm", "custom_allreduce_perf.parquet",
+                   ("version", "num_gpus", "message_size", "kernel_source", "latency")),
+    "moe": ("moe", "moe_perf.parquet", ("version", "moe_dtype", "num_tokens", "hidden_size", "inter_size",
+                                        "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
+                                        "latency")),
+}
+#: Columns read where a table has them (a100's attention tables predate sliding windows).
+OPTIONAL_COLUMNS = ("window_size",)
+BATCH_ROWS = 16384
+
+
+class MalformedTableError(ConfigError):
+    """A kernel table that is not in the layout the AIConfigurator collector writes."""
+
+
+def table_path(root: str | Path, system: str, kind: str) -> Path | None:
+    """The newest vLLM version folder's table of this kind for a system, or None when absent."""
+    sub, name, _ = TABLES[kind]
+    backend = "vllm"
+    base = Path(root) / "aiconfigurator" / system / sub / backend
+    found = sorted(base.glob(f"*/{name}"), key=lambda p: tuple(int(x) for x in p.parent.name.split(".")
+                                                             if x.isdigit()))
+    return found[-1] if found else None
+
+
+def _records(path: Path, columns: tuple[str, ...]) -> Iterator[dict]:
+    """Rows of a Parquet table as dicts, one record batch at a time; checks the schema first."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # optional dependency (pyproject extra "parquet")
+        raise ConfigError("pyarrow", None, "reading AIConfigurator tables needs pyarrow "
+                          "(pip install 'servesim[parquet]')") from exc
+    try:
+        handle = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise MalformedTableError(str(path), None, f"not a readable Parquet file: {exc}") from exc
+    missing = [c for c in columns if c not in handle.schema_arrow.names]
+    if missing:
+        raise MalformedTableError(f"{path}:columns", handle.schema_arrow.names, f"lacks columns {missing}")
+    wanted = [*columns, *(c for c in OPTIONAL_COLUMNS if c in handle.schema_arrow.names)]
+    for batch in handle.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
+        yield from batch.to_pylist()
+
+
+def _number(path: Path, row: dict, column: str, minimum: float = 0.0) -> float:
+    value = row.get(column)
+    if not isinstance(value, (int, float)) or value != value or value < minimum:
+        raise MalformedTableError(f"{path}:{column}", value, f"must be a number >= {minimum}")
+    return float(value)
+
+
+def _latency_s(path: Path, row: dict) -> float:
+    """`latency` is milliseconds in every table; one call can take neither 0 nor over a minute."""
+    ms = _number(path, row, "latency")
+    if not 0.0 < ms < 6e4:
+        raise MalformedTableError(f"{path}:latency", ms, "must be a time in ms in (0, 60000)")
+    return ms * 1e-3
+
+
+def _source(path: Path, root: Path, version: str) -> str:
+    return f"{ORIGIN}/{path.relative_to(Path(root) / 'aiconfigurator').as_posix()} (vLLM {version})"
+
+
+def read_table(root: str | Path, system: str, kind: str) -> Iterator[dict]:
+    """Profile rows of one table (see module docstring for the shapes kept); nothing if absent."""
+    path = table_path(root, system, kind)
+    if path is None:
+        return
+    device = SYSTEMS[system]
+    convert = {"gemm": _gemm, "context_attention": _attention, "generation_attention": _attention,
+               "all_reduce": _all_reduce, "moe": _moe}[kind]
+    for raw in _records(path, TABLES[kind][2]):
+        row = convert(path, raw, kind)
+        if row is not None:
+            row.update(device=device, source=_source(path, Path(root), str(raw["version"])))
+            yield validate_row(row, str(path))
+
+
+def _gemm(path: Path, raw: dict, kind: str) -> dict | None:
+    m, n, k = (_number(path, raw, c, 1) for c in ("m", "n", "k"))
+    if raw["gemm_dtype"] not in ("bfloat16", "float16") or min(n, k) < MIN_MATMUL_WIDTH:
+        return None
+    return {"operator": "matmul", "m": m, "n": n, "k": k, "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
+
+
+def _attention(path: Path, raw: dict, kind: str) -> dict | None:
+    heads, kv, hd = (_number(path, raw, c) for c in ("num_heads", "num_key_value_heads", "head_dim"))
+    batch = _number(path, raw, "batch_size", 1)
+    if raw["kv_cache_dtype"] != "bfloat16" or hd not in HEAD_DIMS or raw.get("window_size", 0):
+        return None
+    if heads < 1:
+        raise MalformedTableError(f"{path}:num_heads", heads, "must be >= 1")
+    kv = kv or heads  # the loader's convention: 0 KV heads means MHA
+    row = {"batch": batch, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd, "dtype": "bfloat16",
+           "measured_s": _latency_s(path, raw)}
+    if kind == "generation_attention":  # one new token over `step` cached ones
+        return {**row, "operator": "decode_attention", "context": _number(path, raw, "step")}
+    return {**row, "operator": "prefill_attention", "chunk": _number(path, raw, "isl", 1), "context": 0}
+
+
+def _all_reduce(path: Path, raw: dict, kind: str) -> dict | None:
+    if raw["kernel_source"] != "vLLM_custom_graph":
+        return None  # vLLM serves from CUDA graphs; the eager rows time a path it does not take
+    ranks = _number(path, raw, "num_gpus", 2)
+    return {"operator": "all_reduce", "tp": ranks, "size_bytes": 2.0 * _number(path, raw, "message_size", 1),
+            "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
+
+
+def _moe(path: Path, raw: dict, kind: str) -> dict | None:
+    if raw["moe_dtype"] != "bfloat16" or raw["distribution"] != "balanced":
+        return None
+    # this GPU holds experts/ep experts, each split tp ways; balanced routing sends it topk/ep rows a token
+    tp, ep = _number(path, raw, "moe_tp_size", 1), _number(path, raw, "moe_ep_size", 1)
+    return {"operator": "moe", "m": _number(path, raw, "num_tokens", 1), "n": _number(path, raw, "hidden_size", 1),
+            "k": _number(path, raw, "inter_size", 1) / tp, "num_experts": _number(path, raw, "num_experts", 1) / ep,
+            "top_k": _number(path, raw, "topk", 1) / ep, "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
+
+
+def read_system(root: str | Path, system: str) -> list[dict]:
+    """Every kept row of one system's tables."""
+    if system not in SYSTEMS:
+        raise ConfigError("system", system, f"unknown AIConfigurator system; known: {sorted(SYSTEMS)}")
+    return [row for kind in TABLES for row in read_table(root, system, kind)]

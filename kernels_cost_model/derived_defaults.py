@@ -1,0 +1,94 @@
+"""Default coefficients for a GPU with no calibration, derived from the calibrated GPUs.
+
+Every fitted coefficient is read back as a fraction of its GPU's datasheet peak (compute efficiency =
+peak FLOP/s x s_per_flop inverted, memory efficiency likewise against HBM bandwidth, or against the
+interconnect for all-reduce) plus its absolute launch overhead, tile rows and per-sequence time. The
+default for a family is the median over the calibrated GPUs of the same architecture generation
+(`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe), else over all of
+them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
+GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at.
+
+`data/derived_defaults.json` holds the result (benchmarks/fit_shipped_calibration.py writes it), with
+the GPUs each figure comes from.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from statistics import median
+
+from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs
+
+FILE = "derived_defaults.json"
+
+
+def _bandwidth(gpu, family: str) -> float:
+    return gpu.interconnect_bytes_per_s / 2 if family == "all_reduce" else gpu.hbm_bytes_per_s
+
+
+def group_of(gpu, family: str) -> str:
+    """The group whose medians price this GPU's family: architecture, or interconnect for all-reduce."""
+    if family.split("@")[0].split(".")[0] == "all_reduce":
+        return "nvlink" if gpu.has_nvlink else "pcie"
+    return gpu.architecture or "unknown"
+
+
+def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
+    base = family.split("@")[0].split(".")[0]
+    return {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
+            "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
+            "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq}
+
+
+def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
+    base = family.split("@")[0].split(".")[0]
+    return Coeffs(1.0 / (e["compute"] * gpu.bf16_flops_per_s) if e["compute"] else 0.0,
+                  1.0 / (e["memory"] * _bandwidth(gpu, base)) if e["memory"] else 0.0,
+                  e["overhead_s"], e["tile_rows"], e["s_per_seq"])
+
+
+def derive_defaults(calibrations: dict, gpus: dict) -> dict:
+    """{"groups": {group: {key: efficiency}}, "all": {...}} from calibrations' fitted keys (4 significant
+    digits; family keys also list the GPUs they come from).
+
+    calibrations: device -> Calibration; gpus: device -> GPU. Only fitted families (and their shape and
+    operator keys) count; a family a calibration took from defaults does not feed the defaults.
+    """
+    samples: dict[tuple[str, str], list] = {}
+    for device, cal in sorted(calibrations.items()):
+        fitted = set(cal.provenance.get("fitted_families", ()))
+        for key, c in cal.coeffs.items():
+            if key.split("@")[0].split(".")[0] not in fitted or "." in key:
+                continue
+            e = to_efficiency(c, gpus[device], key)
+            samples.setdefault((group_of(gpus[device], key), key), []).append((device, e))
+            samples.setdefault(("all", key), []).append((device, e))
+    out: dict = {"groups": {}, "all": {}}
+    for (group, key), items in sorted(samples.items()):
+        merged = {f: float(f"{median(e[f] for _, e in items):.4g}") for f in items[0][1]}
+        if "@" not in key:  # shape keys come from the same GPUs as their family
+            merged["from"] = [d for d, _ in items]
+        (out["all"] if group == "all" else out["groups"].setdefault(group, {}))[key] = merged
+    return out
+
+
+def derived_coeffs(gpu, defaults: dict, families=(*FAMILIES, *OPTIONAL_FAMILIES),
+                   shapes: bool = True) -> dict[str, Coeffs]:
+    """Coefficients for `gpu` from derived defaults: its group's figure for each key, else all GPUs'."""
+    out = {}
+    keys = set(defaults.get("all", {}))
+    for key in sorted(keys):
+        family = key.split("@")[0]
+        if family not in families or ("@" in key and not shapes):
+            continue
+        e = defaults["groups"].get(group_of(gpu, key), {}).get(key) or defaults["all"][key]
+        out[key] = from_efficiency(e, gpu, key)
+    return out
+
+
+@lru_cache(maxsize=1)
+def shipped_defaults() -> dict:
+    """The derived defaults shipped in data/derived_defaults.json ({} when none is shipped)."""
+    res = resources.files("kernels_cost_model").joinpath("data", FILE)
+    return json.loads(res.read_text()) if res.is_file() else {}

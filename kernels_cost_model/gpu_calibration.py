@@ -1,0 +1,127 @@
+"""Build the shipped calibration of every GPU with public kernel measurements.
+
+Sources, read in place from the shared data folder (never copied; see data/NOTICE.md):
+
+| GPU | AIConfigurator (vLLM tables) | other |
+|---|---|---|
+| a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | Vidur per-layer profiles (norms, activations only) |
+| h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
+| rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
+| rtx-4090 | - | LLMServingSim vLLM 0.19 per-layer profiles |
+
+Each device's rows are split by `holdout_split` (every 5th distinct shape by rank); the fit sees only
+the fit split, and the error on the held-out split is recorded in the file. Families a device has no
+measurements for (elementwise on the AIConfigurator-only GPUs) take the derived defaults of its
+architecture (derived_defaults.py), and the file says so.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .aiconfigurator_tables import LICENCE as AIC_LICENCE
+from .aiconfigurator_tables import SYSTEMS, read_system
+from .derived_defaults import derive_defaults, derived_coeffs, group_of
+from .calibration import HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors, uncalibrated
+from .hardware import get_gpu
+from .llmservingsim_profiles import LICENCE as LSS_LICENCE
+from .llmservingsim_profiles import read_shared_profiles
+from .roofline import FAMILIES, Coeffs
+
+VIDUR_LICENCE = "measurements: microsoft/vidur data/profiling @7d475133, MIT licence (c) Microsoft Corporation"
+#: Families AIConfigurator measures through vLLM's own layers: Vidur's older rows of them are not used.
+NEWER_ELSEWHERE = ("matmul", "all_reduce")
+#: device -> (AIConfigurator system or None, LLMServingSim hardware folder or None, Vidur profiles?)
+SOURCES = {
+    "a100-sxm-80gb": ("a100_sxm", None, True),
+    "h100-sxm": ("h100_sxm", None, True),
+    "h200": ("h200_sxm", None, False),
+    "b200": ("b200_sxm", None, False),
+    "b300": ("b300_sxm", None, False),
+    "gb200": ("gb200", None, False),
+    "gb300": ("gb300", None, False),
+    "l40s": ("l40s", None, False),
+    "rtx-pro-6000": ("rtx_pro_6000_server", "RTXPRO6000", False),
+    "rtx-4090": (None, "RTX4090", False),
+}
+
+
+def device_rows(root: str | Path, device: str) -> list[dict]:
+    """Every measured kernel of one device, from all its sources, in a fixed order."""
+    system, hardware, vidur = SOURCES[device]
+    rows: list[dict] = []
+    if vidur:  # Vidur's norms and activations; vLLM's own GEMMs and all-reduce (AIConfigurator) win
+        from .vidur_profiles import read_vidur_compute, read_vidur_network
+        vidur_rows = read_vidur_compute(root) + ([] if system else read_vidur_network(root))
+        rows += [r for r in vidur_rows if r["device"] == device
+                 and not (system and r["family"] in NEWER_ELSEWHERE)]
+    if hardware:
+        rows += read_shared_profiles(root, hardware)
+    if system:
+        assert SYSTEMS[system] == device, (system, device)
+        rows += read_system(root, system)
+    return rows
+
+
+def software_versions(rows: list[dict]) -> list[str]:
+    """The runtime versions the rows' sources name ("vLLM 0.24.0", "vLLM 0.19.0", "Vidur profiler")."""
+    found = set()
+    for r in rows:
+        match = re.search(r"\((vLLM [^)]*)\)", r["source"])
+        found.add(match.group(1) if match else ("Vidur profiler (vLLM-based)" if "vidur" in r["source"]
+                                                else "LLMServingSim profiler, vLLM 0.19.0"))
+    return sorted(found)
+
+
+def fit_device(root: str | Path, device: str, fallback: Calibration | None = None) -> tuple[Calibration, list]:
+    """(calibration fitted on the device's fit split, its held-out rows) with provenance recorded."""
+    rows = device_rows(root, device)
+    fit_rows, held = holdout_split(rows)
+    cal = fit_profile(fit_rows, device, fallback=fallback or uncalibrated(get_gpu(device), derived=False))
+    system, hardware, vidur = SOURCES[device]
+    cal.provenance.update({
+        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware), (VIDUR_LICENCE, vidur))
+                    if used],
+        "software": software_versions(rows),
+        "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
+        "holdout_error": relative_errors(held, cal),
+    })
+    cal.provenance.pop("fit_error", None)  # the held-out error is the one that counts; keep files small
+    return cal, held
+
+
+def fit_all(root: str | Path, devices=None) -> tuple[dict[str, tuple[Calibration, list]], dict]:
+    """Fit every device with measurements, derive the defaults from them, then give each device the
+    derived default of each family it lacks. Returns ({device: (calibration, held-out rows)}, defaults)."""
+    fits = {d: fit_device(root, d) for d in (devices or SOURCES)}
+    defaults = derive_defaults({d: cal for d, (cal, _) in fits.items()}, {d: get_gpu(d) for d in fits})
+    out = {}
+    for device, (cal, held) in fits.items():
+        filled = rounded(with_derived_families(cal, get_gpu(device), defaults))
+        filled.provenance["holdout_error"] = relative_errors(held, filled)
+        out[device] = (filled, held)
+    return out, defaults
+
+
+def rounded(cal: Calibration, digits: int = 6) -> Calibration:
+    """The calibration with coefficients and curve times to `digits` significant digits (small files;
+    the held-out error is computed after rounding, so the file reproduces it exactly)."""
+    def r(x: float) -> float:
+        return float(f"{x:.{digits}g}")
+    coeffs = {k: Coeffs(*(r(getattr(c, f)) for f in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows",
+                                                       "s_per_seq"))) for k, c in cal.coeffs.items()}
+    curves = {k: [[size, r(sec)] for size, sec in v] for k, v in cal.curves.items()}
+    return Calibration(cal.device, coeffs, cal.provenance, curves)
+
+
+def with_derived_families(cal: Calibration, gpu, defaults: dict) -> Calibration:
+    """The calibration with each family it has no measurements of taken from the derived defaults."""
+    missing = [f for f in FAMILIES if f not in cal.provenance.get("fitted_families", ())]
+    if not missing:
+        return cal
+    coeffs = {**cal.coeffs, **derived_coeffs(gpu, defaults, families=missing, shapes=False)}
+    provenance = {**cal.provenance, "unfitted_families": {
+        f: f"derived default ({group_of(gpu, f)} GPUs: "
+           f"{', '.join((defaults['groups'].get(group_of(gpu, f), {}).get(f) or defaults['all'][f])['from'])})"
+        for f in missing}}
+    return Calibration(cal.device, coeffs, provenance, cal.curves)

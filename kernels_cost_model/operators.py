@@ -1,0 +1,83 @@
+"""The priced operators of one model on one GPU, each with the calibration's coefficients for its shape.
+
+`make_cost_model` builds these once: a `MatmulOp` per weight (coefficients of its (n, k) shape, else of
+its operator, else of the matmul family), the attention coefficients of the head layout on one GPU, a
+fused MoE operator where the calibration measured one, and the all-reduce curve of the group size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calibration import Calibration
+from .collectives import CollectiveCurve, collective_curve
+from .roofline import Coeffs, experts_hit
+from .shape_keys import attention_coeffs, matmul_coeffs, moe_coeffs
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulOp:
+    """One weight matmul on one GPU: [rows x k] @ [k x n]; weight = k*n elements."""
+
+    weight: float
+    width: float          # k + n: activation elements read and written per row
+    s_per_flop: float
+    s_per_byte: float
+    overhead_s: float
+    tile_rows: float
+
+    def time(self, rows: float, dtype_bytes: float) -> float:
+        compute = 2.0 * rows * self.weight * self.s_per_flop * (1.0 + self.tile_rows / rows)
+        memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
+        return (compute if compute > memory else memory) + self.overhead_s
+
+
+def matmul_operator(cal: Calibration, op: str, k: float, n: float) -> MatmulOp:
+    """The `MatmulOp` of weight [k x n], priced at its shape's coefficients where calibrated."""
+    c = (matmul_coeffs(cal.coeffs, n, k) or cal.coeffs.get(f"matmul.{op}") or cal.coeffs["matmul"])
+    return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+
+
+def attention_operator(cal: Calibration, family: str, heads: float, kv_heads: float, head_dim: float) -> Coeffs:
+    """Coefficients of an attention launch with this head layout on one GPU."""
+    return attention_coeffs(cal.coeffs, family, heads, kv_heads, head_dim) or cal.coeffs[family]
+
+
+@dataclass(frozen=True, slots=True)
+class FusedMoE:
+    """vLLM's FusedMoE layer on one GPU, priced as one measured operator (roofline.moe)."""
+
+    hidden: float
+    inter: float          # per expert, on this GPU
+    coeffs: Coeffs
+
+    def time(self, tokens: float, experts: float, top_k: float, dtype_bytes: float) -> float:
+        """Seconds for `tokens` tokens over `experts` experts on this GPU, `top_k` of them per token."""
+        c, h, i = self.coeffs, self.hidden, self.inter
+        active = experts_hit(tokens, experts, top_k)
+        rows = tokens * top_k
+        flops = 6.0 * rows * h * i
+        nbytes = dtype_bytes * (active * 3.0 * h * i + 2.0 * tokens * h + 3.0 * rows * i)
+        compute = flops * c.s_per_flop * (1.0 + c.tile_rows * active / rows)
+        memory = nbytes * c.s_per_byte
+        return (compute if compute > memory else memory) + c.overhead_s
+
+
+def moe_operator(cal: Calibration, hidden: float, inter: float, experts: float, top_k: float) -> FusedMoE | None:
+    """The fused MoE operator where the calibration measured MoE layers, else None (grouped matmuls)."""
+    if "moe" not in cal.coeffs:
+        return None
+    return FusedMoE(hidden, inter, moe_coeffs(cal.coeffs, hidden, inter, experts, top_k) or cal.coeffs["moe"])
+
+
+def all_reduce_curve(cal: Calibration, gpu_name: str, tp: int, collective: str = "all_reduce") -> CollectiveCurve | None:
+    """The measured curve for `tp` ranks: a host's own sweep in data/collective_curves.csv where one is
+    catalogued (it names the transport that host runs, e.g. NCCL over PCIe on RTX PRO 6000 with vLLM
+    0.19, whose custom all-reduce does not run on sm_12x), else the calibration's (vLLM's all-reduce as
+    AIConfigurator measured it on that GPU's system), else None."""
+    if tp <= 1:
+        return None
+    catalogued = collective_curve(gpu_name, tp, collective)
+    if catalogued is not None:
+        return catalogued
+    points = cal.curves.get(f"{collective}@{tp}")
+    return CollectiveCurve.from_points(points) if points else None

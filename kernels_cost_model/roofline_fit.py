@@ -1,0 +1,110 @@
+"""Fit one family's roofline coefficients to measured kernel times.
+
+Model: pred = max(F * s_per_flop * (1 + tile_rows / rows), B * s_per_byte) + overhead_s + seqs * s_per_seq,
+with F the FLOPs, B the bytes, `rows` the rows of a tile (matmul m, prefill chunk) and `seqs` the
+sequences of an attention launch (each costs a work unit whatever its length). The fit minimises the
+squared *relative* error sum((pred - t) / t)^2. The max() makes it piecewise linear, so we alternate:
+assign each sample to the compute or memory side under the current coefficients, solve the weighted
+non-negative linear least-squares problem, repeat until the assignment stops changing, from several
+starting thresholds on arithmetic intensity F/B. Families with no FLOPs (elementwise, all-reduce) are a
+single solve. `robust` then reweights (IRLS, weights 1/sqrt|relative error|) towards least absolute
+relative error, so a few odd kernels cannot drag the rest.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ConfigError
+from .roofline import Coeffs
+
+ROBUST_ROUNDS, ROBUST_FLOOR = 10, 0.005
+_STARTS = 21
+
+
+def predict_arrays(c: Coeffs, flops, nbytes, rows, seqs=None) -> np.ndarray:
+    """Vectorised Coeffs.time over arrays (rows >= 1)."""
+    compute = flops * c.s_per_flop * (1.0 + c.tile_rows / rows)
+    t = np.where(flops > 0, np.maximum(compute, nbytes * c.s_per_byte), nbytes * c.s_per_byte) + c.overhead_s
+    return t if seqs is None else t + c.s_per_seq * seqs
+
+
+class _Problem:
+    """The design columns of one family's samples; solve() fits a compute/memory assignment."""
+
+    def __init__(self, flops, nbytes, seconds, rows, seqs):
+        self.f, self.b, self.t = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds))
+        if len(self.t) < 2:
+            raise ConfigError("profile", len(self.t), "need at least 2 measurements to fit a family")
+        self.rows = np.ones_like(self.t) if rows is None else np.maximum(np.asarray(rows, dtype=float), 1.0)
+        self.seqs = None if seqs is None else np.asarray(seqs, dtype=float)
+        self.tiled = len(np.unique(self.rows)) > 1
+        self.per_seq = self.seqs is not None and len(np.unique(self.seqs)) > 1
+        self.w = 1.0 / self.t
+
+    def solve(self, side: np.ndarray, g: np.ndarray) -> Coeffs:
+        f, b, ones = self.f, self.b, np.ones_like(self.t)
+        cols = {"flop": np.where(side, f, 0.0), "byte": np.where(side, 0.0, b), "one": ones}
+        if self.tiled and f.any():
+            cols["tile"] = np.where(side, f / self.rows, 0.0)
+        if self.per_seq:
+            cols["seq"] = self.seqs
+        if not f.any():
+            del cols["flop"]
+        sol = dict(zip(cols, _nnls_lite(np.column_stack(list(cols.values())) * (self.w * g)[:, None], g)))
+        a = sol.get("flop", 0.0)
+        return Coeffs(float(a), float(sol["byte"]), float(sol["one"]),
+                      float(sol.get("tile", 0.0) / a) if a > 0 else 0.0, float(sol.get("seq", 0.0)))
+
+    def side(self, c: Coeffs) -> np.ndarray:
+        return self.f * c.s_per_flop * (1.0 + c.tile_rows / self.rows) >= self.b * c.s_per_byte
+
+    def relative(self, c: Coeffs) -> np.ndarray:
+        return predict_arrays(c, self.f, self.b, self.rows, self.seqs) * self.w - 1.0
+
+
+def fit_family(flops, nbytes, seconds, rows=None, seqs=None, max_iter: int = 50, robust: bool = True) -> Coeffs:
+    """Coefficients of one family (see module docstring)."""
+    p = _Problem(flops, nbytes, seconds, rows, seqs)
+    g = np.ones_like(p.t)
+    if not p.f.any():
+        c = p.solve(np.zeros_like(p.t, dtype=bool), g)
+    else:
+        c = _best_assignment(p, g, max_iter)
+    if robust:
+        for _ in range(ROBUST_ROUNDS):
+            g = 1.0 / np.sqrt(np.maximum(np.abs(p.relative(c)), ROBUST_FLOOR))
+            c = p.solve(p.side(c) if p.f.any() else np.zeros_like(p.t, dtype=bool), g)
+    return c
+
+
+def _best_assignment(p: _Problem, g: np.ndarray, max_iter: int) -> Coeffs:
+    """The compute/memory boundary is (nearly) a threshold on F/B: refine from several, keep the best."""
+    intensity = p.f / np.maximum(p.b, 1e-300)
+    best, best_loss = None, np.inf
+    for threshold in [np.inf, *np.unique(np.quantile(intensity, np.linspace(0.0, 1.0, _STARTS)))]:
+        side = intensity >= threshold
+        for _ in range(max_iter):
+            c = p.solve(side, g)
+            new_side = p.side(c)
+            if np.array_equal(new_side, side):
+                break
+            side = new_side
+        loss = float(np.sum(p.relative(c) ** 2))
+        if best is None or loss < best_loss * (1.0 - 1e-12):
+            best, best_loss = c, loss
+    return best
+
+
+def _nnls_lite(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients by active-set elimination (few columns)."""
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)
+    active = [j for j in range(a.shape[1]) if np.abs(a[:, j]).max() > 0]
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active] / scale[active], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0.0
+            x[active] = sol / scale[active]
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x

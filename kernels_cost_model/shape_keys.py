@@ -1,0 +1,138 @@
+"""Coefficients per kernel shape: which fitted coefficients price a matmul, an attention launch, a MoE layer.
+
+One efficiency per family does not fit every kernel: a GEMM's efficiency depends on its weight's
+(n, k) (tiles, split-K, wave counts), an attention kernel's on its head layout (query heads, KV heads,
+head size: how FlashAttention packs query heads that share a KV head). Calibrations fitted on a grid of
+shapes therefore also hold coefficients per shape, keyed `family@shape`:
+
+- `matmul@<n>x<k>` (output features x input features),
+- `prefill_attention@<heads>/<kv_heads>/<head_dim>`, `decode_attention@...` (heads on one GPU),
+- `moe@<hidden>/<inter>/<experts>/<top_k>` (per GPU).
+
+Lookup: the exact shape; else, for matmuls, bilinear interpolation in (log n, log k) between the four
+grid shapes around it; for attention, the nearest fitted layout with the same head size (distance in
+log query-heads-per-KV-head, then log heads); else the caller falls back to the family's coefficients.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from functools import lru_cache
+
+from .roofline import OPERATOR_FAMILY, Coeffs
+
+_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def matmul_key(n: float, k: float) -> str:
+    return f"matmul@{_num(n)}x{_num(k)}"
+
+
+def attention_key(family: str, heads: float, kv_heads: float, head_dim: float) -> str:
+    return f"{family}@{_num(heads)}/{_num(kv_heads)}/{_num(head_dim)}"
+
+
+def moe_key(hidden: float, inter: float, experts: float, top_k: float) -> str:
+    return f"moe@{_num(hidden)}/{_num(inter)}/{_num(experts)}/{_num(top_k)}"
+
+
+def shape_key(row: dict) -> str | None:
+    """The shape key of a profile row, or None for families priced per operator only."""
+    family = OPERATOR_FAMILY[row["operator"]]
+    if row["operator"] == "matmul":
+        return matmul_key(row["n"], row["k"])
+    if family in ("prefill_attention", "decode_attention"):
+        return attention_key(family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
+    if family == "moe":
+        return moe_key(row["n"], row["k"], row["num_experts"], row["top_k"])
+    return None
+
+
+@lru_cache(maxsize=None)
+def _parse(key: str) -> tuple[float, ...]:
+    """The shape of a key: "matmul@4096x1024" -> (4096.0, 1024.0)."""
+    return tuple(float(p) for p in key.split("@", 1)[1].replace("x", "/").split("/"))
+
+
+def _shapes(coeffs: dict, family: str) -> dict[tuple[float, ...], Coeffs]:
+    prefix = family + "@"
+    return {_parse(key): c for key, c in coeffs.items() if key.startswith(prefix)}
+
+
+def _blend(corners: list[tuple[float, Coeffs]]) -> Coeffs:
+    return Coeffs(*(sum(w * getattr(c, f) for w, c in corners) for f in _FIELDS))
+
+
+def matmul_coeffs(coeffs: dict, n: float, k: float) -> Coeffs | None:
+    """Coefficients of an [. x k] @ [k x n] GEMM: exact grid shape, else bilinear in log n, log k."""
+    exact = coeffs.get(matmul_key(n, k))
+    if exact is not None:
+        return exact
+    grid = _shapes(coeffs, "matmul")
+    if not grid:
+        return None
+    ns, ks = sorted({s[0] for s in grid}), sorted({s[1] for s in grid})
+    (n0, n1, wn), (k0, k1, wk) = _bracket(ns, n), _bracket(ks, k)
+    corners = [((1 - wn) * (1 - wk), (n0, k0)), (wn * (1 - wk), (n1, k0)), ((1 - wn) * wk, (n0, k1)),
+               (wn * wk, (n1, k1))]
+    if any(w > 0 and s not in grid for w, s in corners):
+        return None
+    return _blend([(w, grid[s]) for w, s in corners if w > 0])
+
+
+def _bracket(values: list[float], x: float) -> tuple[float, float, float]:
+    """(lower, upper, weight of upper) of x among sorted values in log space, clamped at the ends."""
+    if x <= values[0]:
+        return values[0], values[0], 0.0
+    if x >= values[-1]:
+        return values[-1], values[-1], 0.0
+    i = bisect_right(values, x)
+    lo, hi = values[i - 1], values[i]
+    return lo, hi, (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
+def attention_coeffs(coeffs: dict, family: str, heads: float, kv_heads: float, head_dim: float) -> Coeffs | None:
+    """Coefficients of an attention launch with this head layout (see module docstring)."""
+    exact = coeffs.get(attention_key(family, heads, kv_heads, head_dim))
+    if exact is not None:
+        return exact
+    same_dim = [(s, c) for s, c in _shapes(coeffs, family).items() if s[2] == head_dim]
+    if not same_dim:
+        return None
+    group = math.log(heads / kv_heads)
+
+    def distance(item):
+        (h, kv, _), _c = item
+        return (abs(math.log(h / kv) - group), abs(math.log(h / heads)), h, kv)
+
+    return min(same_dim, key=distance)[1]
+
+
+def moe_coeffs(coeffs: dict, hidden: float, inter: float, experts: float, top_k: float) -> Coeffs | None:
+    """Coefficients of a MoE layer: its exact shape, else the fitted shape nearest in log sizes."""
+    exact = coeffs.get(moe_key(hidden, inter, experts, top_k))
+    if exact is not None:
+        return exact
+    shapes = _shapes(coeffs, "moe")
+    if not shapes:
+        return None
+    target = (hidden, inter, experts, top_k)
+    return min(shapes.items(), key=lambda item: (sum(abs(math.log(a / b)) for a, b in zip(item[0], target)),
+                                                 item[0]))[1]
+
+
+def coeffs_for_row(coeffs: dict, row: dict) -> Coeffs:
+    """The coefficients that price a profile row: shape, then operator, then family."""
+    family, op = OPERATOR_FAMILY[row["operator"]], row["operator"]
+    found = None
+    if family == "matmul":
+        found = matmul_coeffs(coeffs, row["n"], row["k"])
+    elif family in ("prefill_attention", "decode_attention"):
+        found = attention_coeffs(coeffs, family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
+    elif family == "moe":
+        found = moe_coeffs(coeffs, row["n"], row["k"], row["num_experts"], row["top_k"])
+    return found or coeffs.get(f"{family}.{op}") or coeffs[family]

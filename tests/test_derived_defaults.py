@@ -1,0 +1,58 @@
+"""Defaults for uncalibrated GPUs derived from calibrated ones; CUDA-graph padding of batches."""
+import pytest
+
+from kernels_cost_model import Calibration, Coeffs, make_cost_model
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.calibration import uncalibrated
+from kernels_cost_model.cuda_graph import capture_sizes
+from kernels_cost_model.derived_defaults import (derive_defaults, derived_coeffs, shipped_defaults,
+                                                 to_efficiency)
+from kernels_cost_model.hardware import get_gpu
+from kernels_cost_model.roofline import FAMILIES
+
+
+def _cal(device: str, compute_eff: float, memory_eff: float) -> Calibration:
+    gpu = get_gpu(device)
+    c = Coeffs(1 / (gpu.bf16_flops_per_s * compute_eff), 1 / (gpu.hbm_bytes_per_s * memory_eff), 5e-6)
+    return Calibration(device, {f: c for f in FAMILIES} | {"matmul@4096x4096": c},
+                       {"fitted_families": ["matmul"]})
+
+
+def test_defaults_are_medians_of_the_same_architecture_as_fractions_of_peak():
+    cals = {"h100-sxm": _cal("h100-sxm", 0.8, 0.9), "h200": _cal("h200", 0.6, 0.7),
+            "a100-sxm-80gb": _cal("a100-sxm-80gb", 0.5, 0.5)}
+    defaults = derive_defaults(cals, {d: get_gpu(d) for d in cals})
+    hopper = defaults["groups"]["hopper"]["matmul"]
+    assert hopper["compute"] == pytest.approx(0.7) and hopper["memory"] == pytest.approx(0.8)
+    assert sorted(hopper["from"]) == ["h100-sxm", "h200"]
+    assert "elementwise" not in defaults["all"]            # not fitted anywhere: no derived default
+    pcie = get_gpu("h100-pcie")                             # a Hopper GPU with no calibration
+    got = to_efficiency(derived_coeffs(pcie, defaults)["matmul"], pcie, "matmul")
+    assert got["compute"] == pytest.approx(0.7) and got["memory"] == pytest.approx(0.8)
+    ada = to_efficiency(derived_coeffs(get_gpu("l4"), defaults)["matmul@4096x4096"], get_gpu("l4"), "matmul")
+    assert ada["compute"] == pytest.approx(0.6)             # no Ada GPU calibrated: all GPUs' median
+
+
+def test_uncalibrated_gpus_use_the_shipped_derived_defaults():
+    if not shipped_defaults():
+        pytest.skip("no derived defaults shipped")
+    gpu = get_gpu("h100-pcie")
+    cal = uncalibrated(gpu)
+    hopper = shipped_defaults()["groups"]["hopper"]["matmul"]
+    assert to_efficiency(cal.coeffs["matmul"], gpu, "matmul")["compute"] == pytest.approx(hopper["compute"])
+    assert "derived" in cal.provenance["efficiencies"]
+    assert uncalibrated(gpu, derived=False).provenance["efficiencies"]["matmul"] == (0.70, 0.80, 6e-6)
+
+
+def test_capture_sizes_follow_vllm_defaults():
+    sizes = capture_sizes(256)
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-3:] == (480, 496, 512) and 248 in sizes and 264 not in sizes
+    assert capture_sizes(128)[-1] == 256 and capture_sizes(1) == (1, 2)
+
+
+def test_batches_are_padded_to_the_next_capture_size_and_not_beyond_it():
+    def qkv(n: int, eager: bool = False) -> float:
+        cm = make_cost_model("llama-3.1-8b", "h100", calibration=None, enforce_eager=eager)
+        return cm.breakdown(BatchShape([1] * n, [100] * n, n))["qkv_proj"]
+    assert qkv(9) == qkv(16) and qkv(9, eager=True) < qkv(16, eager=True)
+    assert qkv(600) == qkv(600, eager=True)                 # above the largest captured size: eager
