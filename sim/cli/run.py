@@ -34,7 +34,7 @@ FIELDS = {
     "model": ("deployment", "model"), "gpu": ("deployment", "gpu"),
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
-    "cost_model": ("deployment", "cost_model"),
+    "cost_model": ("deployment", "cost_model"), "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -71,6 +71,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size (GPUs per replica)")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="fraction of GPU memory")
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
+    g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
     for flag, what in (("--max-num-seqs", "requests in one batch"),
