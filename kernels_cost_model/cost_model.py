@@ -19,6 +19,7 @@ from .attention_backend import mixed_decode_s_per_byte
 from .collectives import CollectiveCurve, collective_curve
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
+from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .roofline import Coeffs
 
@@ -312,7 +313,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     kv_gpu = max(1, spec.num_kv_heads // tp) * hd
     inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
     mm = "matmul"
-    return RooflineCostModel(
+    plain = RooflineCostModel(
         model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
         layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
         q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
@@ -334,3 +335,4 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
     )
+    return plain if spec.is_plain else shaped_cost_model(plain, BREAKDOWN_KEYS)  # layer_ops.py
