@@ -53,6 +53,24 @@ class KVCacheLayout:
         """More than one group: the engine needs the hybrid manager (sim.core.kv_groups)."""
         return len(self.groups) > 1
 
+    def blocks_per_request(self, num_tokens: int) -> int:
+        """Pool blocks one request of `num_tokens` tokens holds while decoding (windows already freed)."""
+        bs, total = self.block_size, 0
+        for g in self.groups:
+            if g.kind == LINEAR:
+                total += g.state_blocks
+            elif g.kind == SLIDING:
+                total += min(-(-num_tokens // bs), -(-(g.window - 1) // bs) + 1)
+            elif g.kind == CHUNKED:
+                total += min(-(-num_tokens // bs), -(-g.window // bs) + 1)
+            else:
+                total += -(-num_tokens // bs)
+        return total
+
+    def max_concurrency(self, num_blocks: int, num_tokens: int) -> int:
+        """Requests of `num_tokens` tokens that fit in the pool at once."""
+        return num_blocks // self.blocks_per_request(num_tokens)
+
     def tokens(self, num_blocks: int) -> int:
         """KV tokens vLLM reports ("GPU KV cache size: N tokens"): blocks per group x block_size."""
         return num_blocks // len(self.groups) * self.block_size

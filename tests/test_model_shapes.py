@@ -96,3 +96,12 @@ def test_parameter_counts_match_the_model_cards():
 def test_bad_kv_cache_dtype_names_the_field():
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         kv_bytes_per_token("gpt-oss-20b", 1, "int4")
+
+
+def test_max_concurrency_counts_only_the_window_of_sliding_layers():
+    layout = kv_layout("gpt-oss-120b", 1, 16)
+    # 8192 tokens: 512 blocks in the full group, ceil(127 / 16) + 1 = 9 in the sliding group
+    assert layout.blocks_per_request(8192) == 512 + 9
+    assert layout.max_concurrency(5210, 8192) == 10
+    qwen = kv_layout("qwen3-next-80b-a3b", 1, 16)
+    assert qwen.blocks_per_request(8192) == 512 + 3 * qwen.groups[1].state_blocks
