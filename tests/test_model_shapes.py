@@ -105,3 +105,14 @@ def test_max_concurrency_counts_only_the_window_of_sliding_layers():
     assert layout.max_concurrency(5210, 8192) == 10
     qwen = kv_layout("qwen3-next-80b-a3b", 1, 16)
     assert qwen.blocks_per_request(8192) == 512 + 3 * qwen.groups[1].state_blocks
+
+
+def test_deployment_kv_cache_dtype_and_groups_reach_the_engine():
+    from sim.api.simulator import DeploymentConfig, SimulationConfig, resolve_kv_groups, resolve_num_gpu_blocks
+    auto = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100"))
+    fp8 = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100", kv_cache_dtype="fp8"))
+    assert resolve_num_gpu_blocks(fp8) == pytest.approx(2 * resolve_num_gpu_blocks(auto), abs=1)
+    assert [g.kind for g in resolve_kv_groups(auto)] == [FULL, SLIDING]
+    assert resolve_kv_groups(SimulationConfig()) is None          # plain model: the plain manager
+    with pytest.raises(ConfigError, match="deployment.kv_cache_dtype"):
+        DeploymentConfig(kv_cache_dtype="fp4")
