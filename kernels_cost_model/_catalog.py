@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from importlib import resources
 from typing import Iterable
 
@@ -15,6 +16,12 @@ def read_catalog(filename: str) -> list[dict[str, str]]:
     """Rows of a CSV shipped in `kernels_cost_model/data/`."""
     text = resources.files("kernels_cost_model").joinpath("data", filename).read_text()
     return list(csv.DictReader(text.splitlines()))
+
+
+def read_config_catalog(filename: str) -> list[dict]:
+    """Entries of a JSON catalog in `kernels_cost_model/data/` (name, aliases, hf_id, source, config)."""
+    text = resources.files("kernels_cost_model").joinpath("data", filename).read_text()
+    return [dict(e, aliases="|".join(e.get("aliases", []))) for e in json.loads(text)["models"]]
 
 
 def alias_index(rows: Iterable[dict[str, str]]) -> dict[str, str]:

@@ -21,6 +21,7 @@ from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
+from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
 from .roofline import Coeffs
@@ -261,7 +262,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     kv_gpu = max(1, spec.num_kv_heads // tp) * hd
     inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
     heads, kv_heads = spec.num_heads / tp, max(1, spec.num_kv_heads // tp)
-    return RooflineCostModel(
+    plain = RooflineCostModel(
         model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
         layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
         q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
@@ -284,3 +285,4 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
     )
+    return plain if spec.is_plain else shaped_cost_model(plain, BREAKDOWN_KEYS)  # layer_ops.py

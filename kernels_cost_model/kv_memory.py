@@ -11,6 +11,7 @@ from __future__ import annotations
 from kernels_cost_model.errors import ConfigError, require
 
 from .hardware import get_gpu
+from .kv_layout import KVCacheLayout, kv_cache_layout
 from .models import get_model
 
 #: CUDA context, NCCL buffers and CUDA graphs outside PyTorch's allocator (assumed, ~vLLM's logs).
@@ -26,16 +27,29 @@ def _kv_heads_per_gpu(spec, tp: int) -> int:
     return max(1, spec.num_kv_heads // tp)  # below one head per GPU, heads are replicated
 
 
-def kv_bytes_per_token(model, tensor_parallel_size: int = 1) -> int:
-    """KV-cache bytes one token occupies on each GPU."""
+def kv_bytes_per_token(model, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one token occupies on each GPU if every layer kept all its tokens."""
     spec = get_model(model)
     kv = _kv_heads_per_gpu(spec, tensor_parallel_size)
-    return 2 * spec.num_layers * kv * spec.head_dim * spec.dtype_bytes
+    if spec.is_plain and kv_cache_dtype == "auto":
+        return 2 * spec.num_layers * kv * spec.head_dim * spec.dtype_bytes
+    layout = kv_layout(spec, tensor_parallel_size, 1, kv_cache_dtype)
+    return layout.page_bytes * spec.num_layers
+
+
+def kv_layout(model, tensor_parallel_size: int = 1, block_size: int = 16,
+              kv_cache_dtype: str = "auto") -> KVCacheLayout:
+    """Layer groups and pool block bytes of `model` on one GPU (kv_layout.py)."""
+    spec = get_model(model)
+    return kv_cache_layout(spec, _kv_heads_per_gpu(spec, tensor_parallel_size), tensor_parallel_size,
+                           block_size, kv_cache_dtype)
 
 
 def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1) -> int:
     spec = get_model(model)
-    return spec.num_params() * spec.dtype_bytes // tensor_parallel_size
+    if spec.is_plain:
+        return spec.num_params() * spec.dtype_bytes // tensor_parallel_size
+    return int(spec.weight_bytes_total()) // tensor_parallel_size
 
 
 def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_tokens: int = 8192) -> int:
@@ -49,7 +63,7 @@ def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_token
 
 def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int = 16,
                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
-                    num_gpu_blocks: int | None = None) -> int:
+                    num_gpu_blocks: int | None = None, kv_cache_dtype: str = "auto") -> int:
     """KV blocks per GPU that fit beside weights and activations (vLLM's `num_gpu_blocks`).
 
     A user who pins `num_gpu_blocks` (vLLM's `num_gpu_blocks_override`) gets it back, validated.
@@ -71,4 +85,6 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
         raise ConfigError("gpu", hw.name, f"{spec.name} at tensor_parallel_size={tensor_parallel_size} "
                           f"needs {used / 2**30:.1f} GiB but gpu_memory_utilization={gpu_memory_utilization} "
                           f"leaves {budget / 2**30:.1f} GiB: no room for a KV cache")
-    return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
+    if spec.is_plain and kv_cache_dtype == "auto":
+        return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
+    return int(free // kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype).block_bytes)

@@ -33,6 +33,7 @@ class DeploymentConfig:
     async_scheduling: vLLM's async scheduling (the engine's CPU work hides behind the GPU step).
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
+    kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
     """
 
     model: str = "llama-3.1-8b"
@@ -43,6 +44,7 @@ class DeploymentConfig:
     async_scheduling: bool = False
     collective_scale: float = 1.0
     cpu_per_request_s: float | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
@@ -58,6 +60,8 @@ class DeploymentConfig:
         require(self.cpu_per_request_s is None or (isinstance(self.cpu_per_request_s, (int, float))
                                                    and 0 <= self.cpu_per_request_s < 1),
                 "deployment.cpu_per_request_s", self.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
+        require(self.kv_cache_dtype in ("auto", "fp8"), "deployment.kv_cache_dtype", self.kv_cache_dtype,
+                "must be 'auto' or 'fp8'")
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,22 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     d, e = config.deployment, config.engine
     with within("deployment"):
         return kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                               d.gpu_memory_utilization, e.max_num_batched_tokens)
+                               d.gpu_memory_utilization, e.max_num_batched_tokens,
+                               kv_cache_dtype=d.kv_cache_dtype)
+
+
+def resolve_kv_groups(config: SimulationConfig):
+    """The model's KV layer groups when it has several (hybrid manager), else None (plain manager)."""
+    from kernels_cost_model import kv_layout
+    d = config.deployment
+    try:
+        with within("deployment"):
+            layout = kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
+    except ConfigError:
+        if d.cost_model == "linear" and config.engine.num_gpu_blocks is not None:
+            return None  # a pinned cache under the linear cost model needs no real model
+        raise
+    return layout.groups if layout.is_hybrid else None
 
 
 def check_names(engine: EngineConfig) -> None:
@@ -250,7 +269,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
             traffic = config.workload.build(config.engine.eos_token_id, config.engine.max_model_len)
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
                          token_text=token_text, until=until,
-                         progress=progress)
+                         progress=progress, kv_groups=resolve_kv_groups(config))
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__}
     return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
@@ -258,8 +277,9 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
 
 def describe_cost_model(cost_model) -> str:
     """What prices the steps, for the summary header: 'roofline cost model calibrated on h100-sxm
-    kernels', 'uncalibrated roofline cost model (datasheet peaks)' or 'linear cost model'."""
-    calibration = getattr(cost_model, "calibration", None)
+    kernels', 'uncalibrated roofline cost model (datasheet peaks)' or 'linear cost model'. A per-layer-type
+    model (MLA, sliding window, linear attention) is described by the roofline it builds on."""
+    calibration = getattr(getattr(cost_model, "base", cost_model), "calibration", None)
     if calibration is None:
         name = "linear" if isinstance(cost_model, LinearCostModel) else type(cost_model).__name__
         return f"{name} cost model"

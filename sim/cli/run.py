@@ -38,6 +38,7 @@ FIELDS = {
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("deployment", "async_scheduling"),
+    "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -90,6 +91,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="hide the engine's CPU time behind the GPU step")
+    g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
     for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch"),

@@ -23,11 +23,15 @@ def check_invariants(engine) -> None:
     _ensure(not set(map(id, running)) & set(map(id, waiting)), "a request is both running and waiting")
     for req in running + waiting:
         _ensure(not req.is_finished, f"finished request {req.request_id} still queued")
+    groups = getattr(kv, "groups", None)
     for req in running:
-        blocks = kv.blocks_of(req)
-        needed = -(-req.num_computed_tokens // kv.block_size)
-        _ensure(len(blocks) >= needed,
-                f"{req.request_id} has {len(blocks)} blocks for {req.num_computed_tokens} computed tokens")
+        if groups:
+            _check_groups(kv, req)
+        else:
+            blocks = kv.blocks_of(req)
+            needed = -(-req.num_computed_tokens // kv.block_size)
+            _ensure(len(blocks) >= needed,
+                    f"{req.request_id} has {len(blocks)} blocks for {req.num_computed_tokens} computed tokens")
         _ensure(req.num_computed_tokens <= req.num_tokens, f"{req.request_id} computed past its tokens")
     for req in kv.req_blocks:
         _ensure(req.status.name == "RUNNING", f"{req.request_id} holds KV while {req.status.name}")
@@ -44,6 +48,27 @@ def _check_kv(kv) -> None:
         _ensure(block not in kv.free_queue, f"block {block} is owned and free at once")
     for req, blocks in kv.req_blocks.items():
         _ensure(len(blocks) == len(set(blocks)), f"{req.request_id} holds a block twice")
+
+
+def _check_groups(kv, req) -> None:
+    """Hybrid KV (sim.core.kv_groups): every group's table covers the computed tokens, keeps every block
+    inside its window, holds its state blocks, and the live blocks are exactly `req_blocks`."""
+    tables = kv.req_tables.get(req)
+    _ensure(tables is not None and len(tables) == len(kv.groups), f"{req.request_id} lacks its group tables")
+    for g, (group, table) in enumerate(zip(kv.groups, tables)):
+        if group.state_blocks:
+            live = [b for b in table if b is not None]
+            _ensure(len(live) == group.state_blocks,
+                    f"{req.request_id} group {g} holds {len(live)} state blocks, not {group.state_blocks}")
+            continue
+        needed = -(-req.num_computed_tokens // kv.block_size)
+        _ensure(len(table) >= needed, f"{req.request_id} group {g} has {len(table)} blocks for "
+                                      f"{req.num_computed_tokens} computed tokens")
+        first = kv.first_needed_block(group, req.num_computed_tokens)
+        _ensure(all(b is not None for b in table[first:needed]),
+                f"{req.request_id} group {g} lost a block inside its window")
+    live = [b for table in tables for b in table if b is not None]
+    _ensure(sorted(live) == sorted(kv.req_blocks.get(req, ())), f"{req.request_id}: req_blocks out of date")
 
 
 def check_budget(plan, config) -> None:

@@ -13,7 +13,7 @@ from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
 from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_invariants
-from sim.core.kv_cache import KVCacheManager
+from sim.core.kv_groups import make_kv_manager
 from sim.core.records import RequestRecords, RunRecords, StepRecords
 from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
@@ -36,13 +36,13 @@ class Engine:
     """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
 
     def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
-                 hooks=()):
+                 hooks=(), kv_groups=None):
         self.config = config
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
-        kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        kv = make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, kv_groups)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()

@@ -118,18 +118,19 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
 
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
                seed: int = 0, token_text=None, until: float | None = None, hooks=(),
-               progress=None) -> RunRecords:
+               progress=None, kv_groups=None) -> RunRecords:
     """Simulate one engine replica serving `workload`; returns the run's records.
 
     `workload`: RequestSpecs sorted by arrival, an open-loop workload (`iter_requests`) or a
     closed-loop one (`process`). `num_gpu_blocks` defaults to the config's. `hooks`: engine hooks
     (`sim.core.hooks`; fresh objects per run, they keep state). `progress`: an object whose
-    `update(now)` is called once per finished request (see sim.api.progress).
+    `update(now)` is called once per finished request (see sim.api.progress). `kv_groups`: the
+    model's KV layer groups (kernels_cost_model.kv_layout); several select the hybrid KV manager.
     """
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
     env = simpy.Environment()
-    engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks)
+    engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks, kv_groups=kv_groups)
     proc = EngineProcess(env, engine)
     if progress is not None:
         watch_finishes(env, engine, progress)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.api.simulator import SimulationConfig, build_cost_model, resolve_num_gpu_blocks
+from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_groups, resolve_num_gpu_blocks
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
@@ -93,7 +93,7 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 
 def _engine(config: SimulationConfig) -> Engine:
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
-    return Engine(config.engine, build_cost_model(config.deployment), blocks)
+    return Engine(config.engine, build_cost_model(config.deployment), blocks, kv_groups=resolve_kv_groups(config))
 
 
 def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:

@@ -1,0 +1,75 @@
+"""KV capacity and decode speed of the models beyond plain attention, one GPU each (TP where one GPU cannot hold it).
+
+    python benchmarks/model_shapes.py [--gpu h200] [--length 8192] [--batch 64]
+
+Per model: weights per GPU, KV pool blocks and the tokens vLLM would report, requests of `--length`
+tokens that fit at once (sliding windows and linear states counted as vLLM's hybrid manager holds
+them), and the decode step time at batch 1 and `--batch` with `--length` tokens of context.
+Sources: shapes from each model's config.json (kernels_cost_model/data/models_modern.json, URL per
+model); memory from the GPU catalog (gpus.csv, datasheets) and vLLM's sizing rule (kv_memory.py);
+step time from the roofline cost model (shipped calibration where one exists for the GPU, else
+datasheet peaks x default efficiencies) with the per-layer-type operators of layer_ops.py.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels_cost_model import get_model, kv_cache_blocks, kv_layout, make_cost_model  # noqa: E402
+from kernels_cost_model._catalog import read_config_catalog  # noqa: E402
+from kernels_cost_model.batch import BatchShape  # noqa: E402
+from kernels_cost_model.errors import ConfigError  # noqa: E402
+from kernels_cost_model.kv_memory import weight_bytes_per_gpu  # noqa: E402
+
+
+def smallest_tp(name: str, gpu: str, kv_cache_dtype: str) -> int | None:
+    for tp in (1, 2, 4, 8):
+        try:
+            kv_cache_blocks(name, gpu, tp, kv_cache_dtype=kv_cache_dtype)
+            return tp
+        except ConfigError:
+            continue
+    return None
+
+
+def row(name: str, gpu: str, length: int, batch: int, kv_cache_dtype: str) -> str:
+    tp = smallest_tp(name, gpu, kv_cache_dtype)
+    if tp is None:
+        return f"{name:24} does not fit on 8 x {gpu} (weights {weight_bytes_per_gpu(name, 8) / 2**30:.1f} GiB per GPU)"
+    blocks = kv_cache_blocks(name, gpu, tp, kv_cache_dtype=kv_cache_dtype)
+    layout = kv_layout(name, tp, 16, kv_cache_dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cost = make_cost_model(name, gpu, tp)
+    step = [cost.step_time(BatchShape(num_new_tokens=[1] * n, num_context_tokens=[length] * n, num_sampled=n))
+            for n in (1, batch)]
+    return (f"{name:24} {tp:>3} {weight_bytes_per_gpu(name, tp) / 2**30:>8.1f} {len(layout.groups):>6} "
+            f"{blocks:>9,} {layout.tokens(blocks):>11,} {layout.max_concurrency(blocks, length):>9,} "
+            f"{step[0] * 1e3:>9.2f} {step[1] * 1e3:>10.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--length", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    a = p.parse_args()
+    print(f"{a.gpu}, gpu_memory_utilization 0.9, block_size 16, kv_cache_dtype {a.kv_cache_dtype}; "
+          f"requests of {a.length} tokens; decode steps at {a.length} context")
+    print(f"{'model':24} {'tp':>3} {'GiB/GPU':>8} {'groups':>6} {'blocks':>9} {'KV tokens':>11} "
+          f"{'max reqs':>9} {'step@1 ms':>9} {f'step@{a.batch} ms':>10}")
+    for entry in read_config_catalog("models_modern.json"):
+        print(row(entry["name"], a.gpu, a.length, a.batch, a.kv_cache_dtype))
+    print("\nsources:")
+    for entry in read_config_catalog("models_modern.json"):
+        print(f"  {entry['name']}: {get_model(entry['name']).source}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""KV-cache layout per attention type, the way vLLM's hybrid KV cache manager lays it out.
+
+Every layer's cache is a tensor of `num_blocks` pages; a page holds `block_size` tokens of one layer
+(bytes per token per layer below). vLLM groups layers of one kind into groups of `group_size` layers
+(the fewest layers any kind has), so every group's block holds `group_size` pages and all groups
+draw from ONE shared pool of `num_blocks` blocks: a pool block costs group_size x page bytes.
+
+bytes per token per layer on one GPU:
+- full / sliding / chunked attention: 2 (K, V) x KV heads per GPU x head_dim x KV dtype bytes;
+- MLA (DeepSeek-V3): kv_lora_rank + qk_rope_head_dim latent values, the same on every TP rank;
+- linear attention (Gated DeltaNet): no per-token cache but a per-request state, conv state
+  (2 x key + value widths x (kernel - 1)) plus recurrent state (value heads x key_dim x value_dim),
+  split over TP, in the model dtype; it takes ceil(state / page) pool blocks per request and group.
+  (vLLM instead raises the attention block size until one page holds the state; same bytes.)
+`kv_cache_dtype="fp8"` stores attention KV in one byte (vLLM's --kv-cache-dtype fp8); states stay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import require
+
+from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+MLA = "mla"
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheGroupSpec:
+    """One group of layers sharing a block table. window: tokens a sliding (or chunk size of a chunked)
+    layer attends to; state_blocks: pool blocks one request's state takes (linear attention only)."""
+
+    kind: str
+    num_layers: int
+    window: int = 0
+    state_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheLayout:
+    groups: tuple[KVCacheGroupSpec, ...]
+    page_bytes: int         # one layer's page of block_size tokens
+    group_size: int         # layers per group: a pool block is group_size pages
+    block_size: int
+
+    @property
+    def block_bytes(self) -> int:
+        return self.page_bytes * self.group_size
+
+    @property
+    def is_hybrid(self) -> bool:
+        """More than one group: the engine needs the hybrid manager (sim.core.kv_groups)."""
+        return len(self.groups) > 1
+
+    def blocks_per_request(self, num_tokens: int) -> int:
+        """Pool blocks one request of `num_tokens` tokens holds while decoding (windows already freed)."""
+        bs, total = self.block_size, 0
+        for g in self.groups:
+            if g.kind == LINEAR:
+                total += g.state_blocks
+            elif g.kind == SLIDING:
+                total += min(-(-num_tokens // bs), -(-(g.window - 1) // bs) + 1)
+            elif g.kind == CHUNKED:
+                total += min(-(-num_tokens // bs), -(-g.window // bs) + 1)
+            else:
+                total += -(-num_tokens // bs)
+        return total
+
+    def max_concurrency(self, num_blocks: int, num_tokens: int) -> int:
+        """Requests of `num_tokens` tokens that fit in the pool at once."""
+        return num_blocks // self.blocks_per_request(num_tokens)
+
+    def tokens(self, num_blocks: int) -> int:
+        """KV tokens vLLM reports ("GPU KV cache size: N tokens"): blocks per group x block_size."""
+        return num_blocks // len(self.groups) * self.block_size
+
+
+def kv_dtype_bytes(spec, kv_cache_dtype: str) -> int:
+    require(kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", kv_cache_dtype,
+            f"must be one of {', '.join(KV_CACHE_DTYPES)}")
+    return 1 if kv_cache_dtype == "fp8" else spec.dtype_bytes
+
+
+def attention_bytes_per_token_layer(spec, kv_heads_per_gpu: int, kv_cache_dtype: str = "auto") -> int:
+    """KV bytes one token takes in one attention layer on one GPU."""
+    b = kv_dtype_bytes(spec, kv_cache_dtype)
+    if spec.is_mla:
+        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * b
+    return 2 * kv_heads_per_gpu * spec.head_dim * b
+
+
+def linear_state_bytes(spec, tp: int) -> int:
+    """One request's state in one linear-attention layer on one GPU (conv + recurrent, model dtype)."""
+    key = spec.linear_num_key_heads * spec.linear_key_head_dim
+    value = spec.linear_num_value_heads * spec.linear_value_head_dim
+    conv = (2 * key + value) // tp * (spec.linear_conv_kernel_dim - 1)
+    recurrent = spec.linear_num_value_heads // tp * spec.linear_key_head_dim * spec.linear_value_head_dim
+    return (conv + recurrent) * spec.dtype_bytes
+
+
+def _kind_counts(spec) -> dict[str, int]:
+    kinds = spec.layer_types or (FULL,) * spec.num_layers
+    counts: dict[str, int] = {}
+    for k in kinds:
+        k = MLA if (spec.is_mla and k == FULL) else k
+        counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,
+                    kv_cache_dtype: str = "auto") -> KVCacheLayout:
+    """The groups and pool block size of `spec` on one GPU."""
+    page = block_size * attention_bytes_per_token_layer(spec, kv_heads_per_gpu, kv_cache_dtype)
+    counts = _kind_counts(spec)
+    group_size = min(counts.values())
+    groups: list[KVCacheGroupSpec] = []
+    for kind in (MLA, FULL, SLIDING, CHUNKED, LINEAR):
+        n = counts.pop(kind, 0)
+        window = spec.sliding_window if kind in (SLIDING, CHUNKED) else 0
+        state = -(-linear_state_bytes(spec, tp) // page) if kind == LINEAR else 0
+        while n > 0:
+            groups.append(KVCacheGroupSpec(kind, min(group_size, n), window, state))
+            n -= group_size
+    require(not counts, "model", spec.name, f"has layer types servesim does not model: {sorted(counts)}")
+    return KVCacheLayout(tuple(groups), page, group_size, block_size)

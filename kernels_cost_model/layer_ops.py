@@ -1,0 +1,182 @@
+"""Operators of the shapes beyond plain attention, priced per layer type around the roofline model.
+
+`shaped_cost_model(base)` wraps a RooflineCostModel built for a non-plain ModelSpec and prices:
+- weights at their stored precision: FP8 GEMMs at the GPU's FP8 peak (gpus.csv) reading one byte per
+  weight; MXFP4 experts reading 4.25 bits per weight (compute stays at the BF16 peak: vLLM's
+  Hopper MXFP4 path dequantises to BF16);
+- MLA (DeepSeek-V3): low-rank q/kv projections; decode attention absorbed (every head reads the shared
+  576-wide latent, 2 x (576 + 512) FLOPs per key and head), prefill not absorbed (K/V expanded per
+  head: 2 x (192 + 128) FLOPs per key and head), as vLLM's MLA backends run them;
+- sliding-window and chunked layers: the same attention kernel over keys bounded by the window
+  (or by the current chunk);
+- linear-attention (Gated DeltaNet) layers: per token, the recurrent update (value heads x key_dim x
+  value_dim state, ~6 FLOPs per element), and per request a read and write of its state;
+- MoE shared experts (a dense MLP beside the routed ones) and leading dense layers (DeepSeek's
+  first_k_dense_replace). Expert parallelism is not modelled: experts are TP-sharded as in vLLM's default.
+Returns seconds in the base model's BREAKDOWN_KEYS order; calibration coefficients are the base's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_cost_model.batch import BatchShape
+
+from .kv_layout import linear_state_bytes
+from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING, attention_params
+#: FLOPs per state element per token of the gated delta rule (decay, k^T S, rank-1 update, q S).
+DELTA_RULE_FLOPS_PER_ELEMENT = 6.0
+
+
+def _like(m, k: float, n: float):
+    """A weight matmul [k x n] with the coefficients of `m` (cost_model._Matmul)."""
+    return type(m)(k * n, k + n, m.s_per_flop, m.s_per_byte, m.overhead_s, m.tile_rows)
+
+
+def _scaled(m, flop: float, byte: float):
+    return dataclasses.replace(m, s_per_flop=m.s_per_flop * flop, s_per_byte=m.s_per_byte * byte)
+
+
+def _precision_matmuls(base, spec) -> dict:
+    """qkv/o/up/down/router/lm_head at the weights' stored precision."""
+    d = float(spec.dtype_bytes)
+    dense_b = spec.weight_bytes or d
+    expert_b = spec.expert_weight_bytes or dense_b
+    fp8_speed = (base.gpu.bf16_flops_per_s / base.gpu.fp8_flops_per_s
+                 if spec.quant_method == "fp8" and base.gpu.fp8_flops_per_s else 1.0)
+    out = {name: _scaled(getattr(base, name), fp8_speed, dense_b / d) for name in ("qkv", "o")}
+    moe_b = expert_b if base.router is not None else dense_b
+    out.update({name: _scaled(getattr(base, name), fp8_speed, moe_b / d) for name in ("up", "down")})
+    return out
+
+
+def _mla_fields(spec, tp: int, qkv, o) -> tuple[dict, dict]:
+    """(decode fields: absorbed, prefill fields: expanded) for the attention kernel, plus MLA matmuls."""
+    h = spec.hidden_size
+    heads = spec.num_heads / tp
+    latent = spec.kv_lora_rank + spec.qk_rope_head_dim
+    o_params = spec.num_heads * spec.v_head_dim * h
+    proj = _like(qkv, h, (attention_params(spec) - o_params) / tp / h)
+    o = _like(o, spec.num_heads * spec.v_head_dim / tp, h)
+    decode = dict(kv_gpu=latent / 2.0, heads_gpu_x_hd=heads * (latent + spec.kv_lora_rank) / 2.0,
+                  q_gpu=heads * latent, qkv=proj, o=o)
+    prefill = dict(decode, kv_gpu=heads * (spec.head_dim + spec.v_head_dim) / 2.0,
+                   heads_gpu_x_hd=heads * (spec.head_dim + spec.v_head_dim) / 2.0)
+    return decode, prefill
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapedCostModel:
+    """Step time of a model whose layers are not all plain attention; same API as RooflineCostModel."""
+
+    keys: tuple               # the base's BREAKDOWN_KEYS
+    base: object              # RooflineCostModel at the stored precision (decode-path MLA fields)
+    prefill_base: object      # same, with MLA's prefill (non-absorbed) attention fields
+    counts: dict              # layer kind -> layers
+    window: int
+    linear_state_bytes: float
+    linear_flops_per_token: float
+    moe_layers: int
+    dense_mlp: tuple          # (up, down) of the leading dense layers, or ()
+    shared_mlp: tuple         # (up, down) of the shared experts, or ()
+
+    @property
+    def model(self):
+        return self.base.model
+
+    @property
+    def gpu(self):
+        return self.base.gpu
+
+    @property
+    def tensor_parallel_size(self):
+        return self.base.tensor_parallel_size
+
+    def step_time(self, batch: BatchShape) -> float:
+        return sum(self._terms(batch))
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        return dict(zip(self.keys, self._terms(batch)))
+
+    def _terms(self, batch: BatchShape) -> list[float]:
+        terms = list(self.base._terms(batch))
+        at_pf, at_dec, at_mlp = (self.keys.index(k) for k in ("prefill_attention", "decode_attention", "mlp"))
+        L = self.base.layers
+        attn = [0.0, 0.0]
+        full = self.counts.get(FULL, 0)
+        if full:
+            pf = self.prefill_base._terms(batch) if self.prefill_base is not self.base else terms
+            attn[0] += pf[at_pf] / L * full
+            attn[1] += terms[at_dec] / L * full
+        for kind in (SLIDING, CHUNKED):
+            if self.counts.get(kind):
+                capped = self.base._terms(_bounded(batch, kind, self.window))
+                attn[0] += capped[at_pf] / L * self.counts[kind]
+                attn[1] += capped[at_dec] / L * self.counts[kind]
+        if self.counts.get(LINEAR):
+            attn[1] += self.counts[LINEAR] * self._linear(batch)
+        terms[at_pf], terms[at_dec] = attn
+        terms[at_mlp] = self._mlp(batch, terms[at_mlp])
+        return terms
+
+    def _linear(self, batch: BatchShape) -> float:
+        """One linear-attention layer: state read + written per request, delta-rule FLOPs per token."""
+        c = self.base.decode
+        rows = sum(1 for n in batch.num_new_tokens if n)
+        tokens = sum(batch.num_new_tokens)
+        memory = 2.0 * rows * self.linear_state_bytes * c.s_per_byte
+        compute = tokens * self.linear_flops_per_token * c.s_per_flop
+        return (compute if compute > memory else memory) + c.overhead_s
+
+    def _mlp(self, batch: BatchShape, routed_all_layers: float) -> float:
+        t = float(sum(batch.num_new_tokens))
+        if t <= 0 or not self.moe_layers:
+            return routed_all_layers  # a dense model: the base's MLP in every layer
+        L, d = self.base.layers, self.base.dtype_bytes
+        total = routed_all_layers / L * self.moe_layers
+        if self.dense_mlp:
+            up, down = self.dense_mlp
+            total += (L - self.moe_layers) * (up.time(t, d) + down.time(t, d))
+        if self.shared_mlp:
+            up, down = self.shared_mlp
+            total += self.moe_layers * (up.time(t, d) + down.time(t, d))
+        return total
+
+
+def _bounded(batch: BatchShape, kind: str, window: int) -> BatchShape:
+    """The batch as a windowed layer sees it: context no longer than the window (or the current chunk)."""
+    if kind == SLIDING:
+        ctx = [min(c, window) for c in batch.num_context_tokens]
+    else:
+        ctx = [c % window for c in batch.num_context_tokens]
+    return dataclasses.replace(batch, num_context_tokens=ctx)
+
+
+def shaped_cost_model(base, breakdown_keys: tuple) -> ShapedCostModel:
+    """Wrap `base` (built by make_cost_model for a non-plain spec) with the per-layer-type operators."""
+    spec, tp = base.model, base.tensor_parallel_size
+    fields = _precision_matmuls(base, spec)
+    prefill_fields = fields
+    if spec.is_mla:
+        decode, prefill = _mla_fields(spec, tp, fields["qkv"], fields["o"])
+        fields, prefill_fields = {**fields, **decode}, {**fields, **prefill}
+    counts: dict[str, int] = {}
+    for kind in spec.layer_types or (FULL,) * spec.num_layers:
+        counts[kind] = counts.get(kind, 0) + 1
+    shaped = dataclasses.replace(base, **fields)
+    pre = dataclasses.replace(base, **prefill_fields) if spec.is_mla else shaped
+    moe_layers = spec.num_layers - spec.first_k_dense_replace if spec.is_moe else 0
+    mm = _scaled(base.up, fields["qkv"].s_per_flop / base.qkv.s_per_flop,
+                 fields["qkv"].s_per_byte / base.qkv.s_per_byte)  # dense weights' precision
+    dense = ()
+    if spec.is_moe and spec.first_k_dense_replace:
+        inter = (spec.dense_intermediate_size or spec.intermediate_size) / tp
+        dense = (_like(mm, spec.hidden_size, 2 * inter), _like(mm, inter, spec.hidden_size))
+    shared = ()
+    if spec.shared_expert_intermediate_size:
+        inter = spec.shared_expert_intermediate_size / tp
+        shared = (_like(mm, spec.hidden_size, 2 * inter), _like(mm, inter, spec.hidden_size))
+    state = linear_state_bytes(spec, tp) if counts.get(LINEAR) else 0
+    flops = (DELTA_RULE_FLOPS_PER_ELEMENT * spec.linear_num_value_heads / tp * spec.linear_key_head_dim
+             * spec.linear_value_head_dim)
+    return ShapedCostModel(tuple(breakdown_keys), shaped, pre, counts, spec.sliding_window, float(state), flops,
+                           moe_layers, dense, shared)
