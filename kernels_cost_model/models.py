@@ -114,7 +114,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg.get("intermediate_size", 0)),
+            intermediate_size=int(cfg.get("intermediate_size", 0) if experts else cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             num_experts=experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)) if experts else 0,
@@ -127,6 +127,8 @@ def model_from_config(path: str | Path) -> ModelSpec:
         )
     except KeyError as exc:
         raise ConfigError("model", str(path), f"config.json lacks required key {exc}") from exc
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError("model", str(path), f"config.json has a malformed value: {exc}") from exc
 
 
 def get_model(name: str | Path | ModelSpec) -> ModelSpec:

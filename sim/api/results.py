@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
+from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.metrics import add_latency_columns, summarize
 from sim.core.records import RunRecords
 
@@ -53,25 +54,34 @@ class Results:
         rows = [(i, np.arange(len(t)), np.frombuffer(t, dtype=float))
                 for i, t in enumerate(self.token_times) if t is not None and len(t)]
         if not rows:
-            return pd.DataFrame({"request_index": [], "position": [], "time": []})
+            rows = [(0, np.arange(0), np.zeros(0))]
         return pd.DataFrame({"request_index": np.concatenate([np.full(len(p), i) for i, p, _ in rows]),
-                             "position": np.concatenate([p for _, p, _ in rows]),
+                             "position": np.concatenate([p for _, p, _ in rows]).astype(np.int64),
                              "time": np.concatenate([t for _, _, t in rows])})
 
     # ----- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path, fmt: str = "parquet") -> Path:
-        """Write requests/steps/tokens tables (parquet or csv) and summary.json into `directory`."""
+        """Write requests/steps/tokens tables (parquet or csv) and summary.json into `directory`.
+
+        `load` gives back the same tables, column types included. summary.json is written last and
+        marks the folder complete (an old one is removed first), so a save cut short by a signal
+        never loads as a whole run; each file is written under a temporary name and renamed.
+        """
         if fmt not in ("parquet", "csv"):
             raise ValueError(f"fmt={fmt!r}: must be 'parquet' or 'csv'")
         if fmt == "parquet" and not parquet_available():
             raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
-        out = Path(directory)
+        out = check_output_folder(directory, "directory")
         out.mkdir(parents=True, exist_ok=True)
-        for name, table in (("requests", self.requests), ("steps", self.steps), ("tokens", self.tokens())):
-            path = out / f"{name}.{fmt}"
-            table.to_parquet(path, index=False) if fmt == "parquet" else table.to_csv(path, index=False)
-        doc = {"summary": summary_json(self.summary), "meta": self.meta, "format": fmt}
-        (out / "summary.json").write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
+        (out / "summary.json").unlink(missing_ok=True)
+        tables = {"requests": self.requests, "steps": self.steps, "tokens": self.tokens()}
+        for name, table in tables.items():
+            write_table(table, out / f"{name}.{fmt}", fmt)
+        doc = {"summary": summary_json(self.summary), "meta": self.meta, "format": fmt,
+               "nonfinite": {k: repr(v) for k, v in self.summary.items() if _nonfinite(v)},
+               "token_times_recorded": any(t is not None for t in self.token_times),
+               "columns": {name: column_types(table) for name, table in tables.items()}}
+        write_text(out / "summary.json", json.dumps(doc, indent=2, default=_jsonable, allow_nan=False))
         return out
 
     @classmethod
@@ -82,11 +92,13 @@ class Results:
         if not summary_path.exists():
             raise FileNotFoundError(f"{summary_path}: no summary.json; is this a servesim output folder?")
         doc = json.loads(summary_path.read_text())
-        fmt = doc.get("format", "parquet")
-        read = pd.read_parquet if fmt == "parquet" else pd.read_csv
-        requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
-        summary = {k: float("nan") if v is None else v for k, v in doc["summary"].items()}
-        return cls(requests, steps, _token_lists(tokens, len(requests)), summary, doc["meta"])
+        fmt, types = doc.get("format", "parquet"), doc.get("columns", {})
+        requests, steps, tokens = (read_table(src / f"{n}.{fmt}", fmt, types.get(n))
+                                   for n in ("requests", "steps", "tokens"))
+        summary = {k: float(doc.get("nonfinite", {}).get(k, "nan")) if v is None else v
+                   for k, v in doc["summary"].items()}
+        recorded = doc.get("token_times_recorded", False)
+        return cls(requests, steps, _token_lists(tokens, len(requests), recorded), summary, doc["meta"])
 
 
 def parquet_available() -> bool:
@@ -99,11 +111,15 @@ def summary_json(summary: dict) -> dict:
     return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in summary.items()}
 
 
-def _token_lists(tokens: pd.DataFrame, n: int) -> list:
-    lists = [None] * n
+def _token_lists(tokens: pd.DataFrame, n: int, recorded: bool) -> list:
+    lists = [array("d") for _ in range(n)] if recorded else [None] * n
     for index, group in tokens.groupby("request_index", sort=True):
         lists[int(index)] = array("d", group.sort_values("position")["time"].to_numpy())
     return lists
+
+
+def _nonfinite(value) -> bool:
+    return isinstance(value, float) and not np.isfinite(value)
 
 
 def _jsonable(value):

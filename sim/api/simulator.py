@@ -19,7 +19,8 @@ from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
-from sim.api.validation import WORKLOAD_KINDS, check_deployment, check_simulation, check_slo, check_workload
+from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
+                                check_workload, warn_rejections)
 from sim.engine.simulation import run_engine
 
 
@@ -235,6 +236,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     """
     config = config or SimulationConfig()
     check_names(config.engine)
+    check_model_limits(config)
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload
@@ -245,7 +247,9 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
                          token_text=token_text, until=until,
                          progress=progress)
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__}
-    return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+    results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+    warn_rejections(results.requests, config.engine.max_model_len)
+    return results
 
 
 def _plain(config: SimulationConfig) -> dict:

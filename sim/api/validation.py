@@ -94,3 +94,27 @@ def check_simulation(config) -> None:
     require(workload.shared_prefix_len <= engine.max_model_len, "workload.shared_prefix_len",
             workload.shared_prefix_len, f"must not exceed engine.max_model_len={engine.max_model_len}"
             " (a longer prompt is rejected)")
+
+
+def check_model_limits(config) -> None:
+    """engine.max_model_len within the model's own context (max_position_embeddings), as vLLM checks."""
+    from kernels_cost_model import get_model
+    d, e = config.deployment, config.engine
+    if d.cost_model == "linear" and e.num_gpu_blocks is not None:
+        return  # the model is not used: the step time and KV size come from elsewhere
+    try:
+        spec = get_model(d.model)
+    except ConfigError as exc:
+        raise ConfigError("deployment.model", d.model, exc.reason) from None
+    require(e.max_model_len <= spec.max_position_embeddings, "engine.max_model_len", e.max_model_len,
+            f"exceeds {spec.name}'s maximum context of {spec.max_position_embeddings} tokens")
+
+
+def warn_rejections(requests, max_model_len: int) -> None:
+    """A loud warning when prompts longer than max_model_len were rejected (vLLM answers them with an error)."""
+    import warnings
+    rejected = int(requests["rejected"].sum()) if len(requests) else 0
+    if rejected:
+        warnings.warn(f"{rejected} of {len(requests)} requests ({rejected / len(requests):.0%}) were rejected:"
+                      f" prompt longer than engine.max_model_len={max_model_len}; their latencies are not in the summary",
+                      stacklevel=3)

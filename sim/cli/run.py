@@ -147,7 +147,10 @@ def run(args) -> int:
     from sim.api.progress import Progress
     from sim.api.report import format_summary
     from sim.api.results import summary_json
+    from sim.api.table_io import check_output_folder
     config = config_from_args(args)
+    if args.out:
+        check_output_folder(args.out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     known = config.workload.kind in ("poisson", "gamma", "closed_loop")
     progress = Progress(config.workload.num_requests if known else None) if show else None
@@ -169,8 +172,9 @@ def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str) 
     """Tables, summary and plots of one run into `out`."""
     from sim.api.results import parquet_available
     fmt = fmt or ("parquet" if parquet_available() else "csv")
+    from sim.api.table_io import write_text
     results.save(out, fmt)
-    (out / "summary.txt").write_text(table + "\n")
+    write_text(out / "summary.txt", table + "\n")
     written = [f"{fmt} tables", "summary.json", "summary.txt"]
     if plot_format != "none":
         from sim.plots.run_plots import save_plots
