@@ -103,6 +103,8 @@ def model_from_config(path: str | Path) -> ModelSpec:
         cfg = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("model", str(path), f"cannot read config.json: {exc}") from exc
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config", cfg), dict):
+        raise ConfigError("model", str(path), "config.json must hold a JSON object of model settings")
     cfg = cfg.get("text_config", cfg)
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
