@@ -20,7 +20,7 @@ from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
-                                check_workload, warn_rejections)
+                                check_workload, switch_kind, warn_rejections)
 from sim.engine.simulation import run_engine
 
 
@@ -143,8 +143,11 @@ class SimulationConfig:
         for name, value in sections.items():
             current = getattr(self, name)
             if isinstance(value, dict):
-                values = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
-                value = _section(name, type(current), {**values, **value})
+                if name == "workload":
+                    merged = switch_kind(current, value)
+                else:
+                    merged = {**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}, **value}
+                value = _section(name, type(current), merged)
             updates[name] = value
         return dataclasses.replace(self, **updates)
 

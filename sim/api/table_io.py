@@ -65,7 +65,7 @@ def read_table(path: Path, fmt: str, types: dict[str, str] | None) -> pd.DataFra
         df = pd.read_csv(path)
     else:
         text = {n: "str" for n, kind in types.items() if kind in (JSON_CELLS, "str", "object")}
-        df = pd.read_csv(path, dtype=text, float_precision="round_trip")
+        df = pd.read_csv(path, dtype=text)
     return df if types is None else decode(df, types)
 
 

@@ -29,7 +29,8 @@ USED_BY_KIND = {
 }
 """Workload settings each kind reads; setting another one is an error (it would be ignored)."""
 WHY_UNUSED = {
-    "rate": "arrival times come from the trace (rescale them with target_rate)",
+    "rate": {"trace": "arrival times come from the trace (rescale them with target_rate)",
+             "closed_loop": "each user sends its next request when the last one is answered (num_users, think_time_s)"},
     "cv": "only gamma arrivals have a coefficient of variation",
     "path": "only kind = 'trace' reads a file",
     "format": "only kind = 'trace' reads a file",
@@ -46,7 +47,7 @@ WHY_UNUSED = {
 def check_deployment(d) -> None:
     """Types and ranges of a DeploymentConfig."""
     check_types(d, "deployment.")
-    in_range("deployment.tensor_parallel_size", d.tensor_parallel_size, 1, 1024)
+    at_least("deployment.tensor_parallel_size", d.tensor_parallel_size, 1)
     require(0 < d.gpu_memory_utilization <= 1, "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization, "must be in (0, 1]")
     one_of("deployment.cost_model", d.cost_model, ("roofline", "linear"))
@@ -59,9 +60,11 @@ def check_workload(w) -> None:
     """Types, ranges, and which settings the workload's kind uses (another one set is an error)."""
     check_types(w, "workload.")
     one_of("workload.kind", w.kind, WORKLOAD_KINDS)
+    positive("workload.rate", w.rate)
     in_range("workload.rate", w.rate, MIN_RATE, 1e9, why="requests per second")
     in_range("workload.num_requests", w.num_requests, 1, MAX_NUM_REQUESTS)
     positive("workload.cv", w.cv, optional=True)
+    positive("workload.target_rate", w.target_rate, optional=True)
     in_range("workload.target_rate", w.target_rate, MIN_RATE, 1e9, optional=True, why="requests per second")
     at_least("workload.num_users", w.num_users, 1, optional=True)
     in_range("workload.think_time_s", w.think_time_s, 0, MAX_SECONDS)
@@ -74,8 +77,21 @@ def check_workload(w) -> None:
     for f in dataclasses.fields(w):
         value = getattr(w, f.name)
         if f.name not in USED_BY_KIND[w.kind] and value != f.default:
-            raise ConfigError(f"workload.{f.name}", value,
-                              f"not used by kind = {w.kind!r}: {WHY_UNUSED[f.name]}")
+            why = WHY_UNUSED[f.name]
+            why = why[w.kind] if isinstance(why, dict) else why
+            raise ConfigError(f"workload.{f.name}", value, f"not used by kind = {w.kind!r}: {why}")
+
+
+def switch_kind(workload, updates: dict) -> dict:
+    """The workload's settings with `updates` applied; a change of kind drops the old kind's own
+    settings (back to their defaults) unless `updates` sets them again."""
+    values = {f.name: getattr(workload, f.name) for f in dataclasses.fields(workload)}
+    kind = updates.get("kind", workload.kind)
+    if kind != workload.kind and kind in USED_BY_KIND:
+        for f in dataclasses.fields(workload):
+            if f.name not in USED_BY_KIND[kind]:
+                values[f.name] = f.default
+    return {**values, **updates}
 
 
 def check_slo(slo) -> None:

@@ -61,7 +61,7 @@ def at_least(field: str, value, low, *, optional: bool = False) -> None:
     if value is None and optional:
         return
     if not value >= low:
-        raise ConfigError(field, value, f"must be >= {low}")
+        raise ConfigError(field, value, f"must be {'an integer ' if is_int(low) else ''}>= {low}")
 
 
 def in_range(field: str, value, low, high, *, optional: bool = False, why: str = "") -> None:
