@@ -122,3 +122,11 @@ def test_argparse_errors_are_one_line(capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err == ("servesim: error: argument --rate: invalid float value: 'fast'"
                                        " (see servesim run --help)\n")
+
+
+def test_a_huge_shared_prefix_costs_only_what_the_prompts_use():
+    from workloads import poisson_workload
+    from workloads.rng import make_rng
+    huge = list(poisson_workload(5.0, 20, shared_prefix_len=10**11).iter_requests(make_rng(0, "w")))
+    exact = list(poisson_workload(5.0, 20, shared_prefix_len=10**5).iter_requests(make_rng(0, "w")))
+    assert all((a.prompt_token_ids == b.prompt_token_ids).all() for a, b in zip(huge, exact))
