@@ -130,3 +130,10 @@ def test_a_huge_shared_prefix_costs_only_what_the_prompts_use():
     huge = list(poisson_workload(5.0, 20, shared_prefix_len=10**11).iter_requests(make_rng(0, "w")))
     exact = list(poisson_workload(5.0, 20, shared_prefix_len=10**5).iter_requests(make_rng(0, "w")))
     assert all((a.prompt_token_ids == b.prompt_token_ids).all() for a, b in zip(huge, exact))
+
+
+def test_a_kv_cache_sized_beyond_the_bookkeeping_limit_is_refused_before_allocating():
+    config = SimulationConfig().replace(deployment={"model": "qwen2.5-0.5b", "gpu": "mi300x"},
+                                        engine={"block_size": 1})
+    with pytest.raises(ConfigError, match="engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for"):
+        simulate(config)

@@ -15,14 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.core.config import EngineConfig
+from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
                                 check_workload, switch_kind, warn_rejections)
 from sim.engine.simulation import run_engine
-
 
 
 @dataclass(frozen=True)
@@ -217,8 +216,12 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
     with within("deployment"):
-        return kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                               d.gpu_memory_utilization, e.max_num_batched_tokens)
+        blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
+                                 d.gpu_memory_utilization, e.max_num_batched_tokens)
+    require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
+            f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
+            " the engine keeps books for; use a larger block_size")
+    return blocks
 
 
 def check_names(engine: EngineConfig) -> None:
