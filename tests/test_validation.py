@@ -137,3 +137,14 @@ def test_a_kv_cache_sized_beyond_the_bookkeeping_limit_is_refused_before_allocat
                                         engine={"block_size": 1})
     with pytest.raises(ConfigError, match="engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for"):
         simulate(config)
+
+
+def test_trace_line_ends_found_by_the_fuzz(tmp_path, capsys):
+    header = b"TIMESTAMP,ContextTokens,GeneratedTokens"
+    stray = tmp_path / "stray.csv"  # a lone \r after the header was "line 0: new-line character seen"
+    stray.write_bytes(header + b"\r-3\n2023-11-16 18:17:03.97,374,44\r\n")
+    assert main(["run", "--trace", str(stray), "--cost-model", "linear", "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {stray}:2: 3 columns expected\n"
+    old_mac = tmp_path / "cr.csv"  # \r alone ends every line
+    old_mac.write_bytes(header + b"\r2023-11-16 18:17:03.97,374,44\r2023-11-16 18:17:04.5,90,12\r")
+    assert main(["run", "--trace", str(old_mac), "--cost-model", "linear", "--no-progress", "--json"]) == 0

@@ -49,6 +49,7 @@ class TraceRow(NamedTuple):
     prefix_len: int = 0
 
 
+_LINE_ENDS = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
 _EPOCH = datetime(1970, 1, 1)
 
@@ -98,7 +99,8 @@ def _int(value, path: Path, line: int, name: str, minimum: int, maximum: int = M
 def _text_lines(path: Path) -> Iterator[str]:
     """The file's lines as text; a line that is not UTF-8 is a TraceFormatError naming it."""
     with path.open("rb") as f:
-        for line, raw in enumerate(f, 1):
+        pieces = (piece for raw in f for piece in _LINE_ENDS.findall(raw))  # \r alone ends a line too
+        for line, raw in enumerate(pieces, 1):
             try:
                 yield raw.decode("utf-8-sig" if line == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -116,7 +118,7 @@ def _csv_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
                 raise TraceFormatError(path, reader.line_num, f"{len(reader.fieldnames)} columns expected")
             yield reader.line_num, row
     except csv.Error as exc:
-        raise TraceFormatError(path, reader.line_num, f"not valid CSV: {exc}") from None
+        raise TraceFormatError(path, max(reader.line_num, 1), f"not valid CSV: {exc}") from None
 
 
 def _jsonl_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
