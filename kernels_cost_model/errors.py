@@ -1,12 +1,40 @@
-"""Errors a user can act on: each names the field and the value at fault."""
+"""Errors a user can act on: each names the field and the value at fault.
+
+Every servesim exception keeps its constructor's arguments as `args`, so `type(exc)(*exc.args)`
+rebuilds it intact: SimPy re-raises a failed process's exception that way, and pickle,
+multiprocessing and Ray do the same when they carry it across processes.
+"""
 
 
 class ConfigError(ValueError):
     """A configuration value is out of range or malformed."""
 
     def __init__(self, field: str, value: object, reason: str):
+        super().__init__(field, value, reason)
         self.field, self.value, self.reason = field, value, reason
-        super().__init__(f"{field}={value!r}: {reason}")
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.reason}"
+
+    def __reduce__(self):
+        return type(self), (self.field, picklable(self.value), self.reason)
+
+
+class ShownAs(str):
+    """A value that could not be pickled, kept as its repr (so the message reads the same)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def picklable(value: object) -> object:
+    """`value` itself if pickle can carry it, else its repr as a ShownAs."""
+    import pickle
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - any failure to pickle: keep the text instead
+        return ShownAs(repr(value))
+    return value
 
 
 def require(condition: bool, field: str, value: object, reason: str) -> None:

@@ -153,6 +153,8 @@ def model_from_config(path: str | Path) -> ModelSpec:
         cfg = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("model", str(path), f"cannot read config.json: {exc}") from exc
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config", cfg), dict):
+        raise ConfigError("model", str(path), "config.json must hold a JSON object of model settings")
     return spec_from_config(cfg, name=None, source=str(path), fallback_name=path.parent.name or str(path))
 
 
@@ -180,7 +182,7 @@ def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: st
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=head_dim_of(cfg, hidden, heads),
-            intermediate_size=int(cfg.get("intermediate_size", 0)),
+            intermediate_size=int(cfg.get("intermediate_size", 0) if experts else cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             num_experts=experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)) if experts else 0,
@@ -193,6 +195,8 @@ def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: st
         )
     except KeyError as exc:
         raise ConfigError("model", source, f"config.json lacks required key {exc}") from exc
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError("model", source, f"config.json has a malformed value: {exc}") from exc
 
 
 def get_model(name: str | Path | ModelSpec) -> ModelSpec:

@@ -124,3 +124,14 @@ def test_layer_test_catches_an_upward_import(tmp_path):
     fake.write_text("def f():\n    from sim.api.results import Results\n")
     assert "sim.api.results" in imported_modules("sim.core.fake", fake)
     assert layer_of("sim.api.results") > layer_of("sim.core.fake")
+
+
+@pytest.mark.parametrize("package", ["policies", "workloads", "kernels_cost_model", "sim.core", "sim.engine",
+                                     "sim.plots", "sim.cli"])
+def test_each_layer_imports_on_its_own(package):
+    """A fresh interpreter imports the layer first: the facade (`sim/__init__.py`) must not pull the layers
+    above it in while a lower one is still loading."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", f"import {package}"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

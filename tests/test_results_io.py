@@ -40,7 +40,8 @@ def test_loaded_results_resummarise_identically(results, tmp_path):
 def test_summary_json_is_plain_json(results, tmp_path):
     results.save(tmp_path)
     doc = json.loads((tmp_path / "summary.json").read_text())
-    assert set(doc) == {"servesim_version", "summary", "meta", "format"}
+    assert set(doc) == {"servesim_version", "summary", "meta", "format", "nonfinite", "token_times_recorded",
+                        "columns"}
     assert doc["meta"]["config"]["deployment"]["model"] == "llama-3.1-8b"
     assert doc["servesim_version"] == doc["meta"]["servesim_version"] == __version__
 

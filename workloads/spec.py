@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import MAX_TOKEN_ID, is_int, is_number
 from sim.core.sampling_params import SamplingParams
 
 
@@ -38,17 +39,31 @@ class RequestSpec:
     return_hidden_states: bool = False
 
     def __post_init__(self) -> None:
-        ids = np.asarray(self.prompt_token_ids, dtype=np.int32)
-        object.__setattr__(self, "prompt_token_ids", ids)
         label = self.request_id or "request"
-        require(ids.ndim == 1 and ids.size >= 1, f"{label}.prompt_token_ids", ids.size,
-                "must be a non-empty 1-d sequence of token ids")
-        require(self.arrival_time_s >= 0, f"{label}.arrival_time_s", self.arrival_time_s, "must be >= 0")
-        require(self.output_len is None or self.output_len >= 1, f"{label}.output_len",
-                self.output_len, "must be >= 1 or None")
-        require(self.abort_time_s is None or self.abort_time_s >= self.arrival_time_s,
-                f"{label}.abort_time_s", self.abort_time_s, "must not precede arrival_time_s")
+        object.__setattr__(self, "prompt_token_ids", _token_array(self.prompt_token_ids, f"{label}.prompt_token_ids"))
+        require(is_number(self.arrival_time_s) and self.arrival_time_s >= 0, f"{label}.arrival_time_s",
+                self.arrival_time_s, "must be a finite number >= 0")
+        require(self.output_len is None or (is_int(self.output_len) and self.output_len >= 1),
+                f"{label}.output_len", self.output_len, "must be an integer >= 1 or None")
+        if self.output_token_ids is not None:
+            ids = tuple(self.output_token_ids)
+            require(all(is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in ids), f"{label}.output_token_ids",
+                    ids[:8], f"must be integers in [0, {MAX_TOKEN_ID}]")
+            object.__setattr__(self, "output_token_ids", ids)
+        require(is_int(self.priority), f"{label}.priority", self.priority, "must be an integer")
+        require(self.abort_time_s is None or (is_number(self.abort_time_s) and self.abort_time_s >= self.arrival_time_s),
+                f"{label}.abort_time_s", self.abort_time_s, "must be a finite number, not before arrival_time_s")
 
     @property
     def num_prompt_tokens(self) -> int:
         return int(self.prompt_token_ids.size)
+
+
+def _token_array(values, field: str) -> np.ndarray:
+    """A non-empty 1-d int32 array of token ids in [0, MAX_TOKEN_ID], or a ConfigError naming `field`."""
+    ids = values if isinstance(values, np.ndarray) else np.asarray(values)
+    require(ids.ndim == 1 and ids.size >= 1, field, ids.size, "must be a non-empty 1-d sequence of token ids")
+    require(ids.dtype.kind in "iu", field, str(ids.dtype), "token ids must be integers")
+    low, high = int(ids.min()), int(ids.max())
+    require(low >= 0 and high <= MAX_TOKEN_ID, field, (low, high), f"token ids must be in [0, {MAX_TOKEN_ID}]")
+    return ids if ids.dtype == np.int32 else ids.astype(np.int32)

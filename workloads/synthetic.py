@@ -74,6 +74,7 @@ class SyntheticWorkload:
         k = self.shared_prefix_len
         if k == 0:
             return random_prompts(rng, lengths)
+        k = min(k, int(lengths.max(initial=0)))  # no prompt uses more: memory follows the prompts
         prefix = hashed_tokens(np.arange(k), SYSTEM_PROMPT_SALT)
         tails = random_prompts(rng, np.maximum(lengths - k, 0))
         return [np.concatenate([prefix[:n], tail]) for n, tail in zip(lengths.tolist(), tails)]

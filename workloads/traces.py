@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -24,6 +25,12 @@ from typing import NamedTuple
 
 from kernels_cost_model.errors import require
 from workloads.errors import TraceFormatError
+
+
+MAX_TRACE_TOKENS = 2**24
+"""Longest prompt or output a trace row may give: above any model's context (Llama 3.1: 131072)."""
+MAX_TRACE_SECONDS = 1e9
+"""Latest arrival, relative to the first row: the simulated clock keeps microseconds up to here."""
 
 
 class TraceRow(NamedTuple):
@@ -42,6 +49,7 @@ class TraceRow(NamedTuple):
     prefix_len: int = 0
 
 
+_LINE_ENDS = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
 _EPOCH = datetime(1970, 1, 1)
 
@@ -67,45 +75,68 @@ class _Clock:
         if self.first is None:
             self.first = (whole, frac)
         t = (whole - self.first[0]) + (frac - self.first[1])
+        if t > MAX_TRACE_SECONDS:
+            raise TraceFormatError(self.path, line, f"timestamp {t:.6g} s after the first row; at most"
+                                   f" {MAX_TRACE_SECONDS:g} s (a float clock loses microseconds beyond)")
         if t < self.last:
             raise TraceFormatError(self.path, line, f"timestamp goes backwards ({t:.6f} s < {self.last:.6f} s)")
         self.last = t
         return t
 
 
-def _int(value, path: Path, line: int, name: str, minimum: int) -> int:
+def _int(value, path: Path, line: int, name: str, minimum: int, maximum: int = MAX_TRACE_TOKENS) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise TraceFormatError(path, line, f"{name}={value!r} is not a number") from None
-    if number != int(number) or number < minimum:
+    if not math.isfinite(number) or number != int(number) or number < minimum:
         raise TraceFormatError(path, line, f"{name}={value!r} must be an integer >= {minimum}")
+    if number > maximum:
+        raise TraceFormatError(path, line, f"{name}={value!r} must be at most {maximum}")
     return int(number)
 
 
+def _text_lines(path: Path) -> Iterator[str]:
+    """The file's lines as text; a line that is not UTF-8 is a TraceFormatError naming it."""
+    with path.open("rb") as f:
+        pieces = (piece for raw in f for piece in _LINE_ENDS.findall(raw))  # \r alone ends a line too
+        for line, raw in enumerate(pieces, 1):
+            try:
+                yield raw.decode("utf-8-sig" if line == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(path, line, f"not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+
+
 def _csv_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f, skipinitialspace=True)
+    reader = csv.DictReader(_text_lines(path), skipinitialspace=True)
+    try:
         missing = [c for c in required if c not in (reader.fieldnames or [])]
         if missing:
             raise TraceFormatError(path, 1, f"missing column(s) {missing}; header is {reader.fieldnames}")
         for row in reader:
+            if None in row or any(value is None for value in row.values()):
+                raise TraceFormatError(path, reader.line_num, f"{len(reader.fieldnames)} columns expected")
             yield reader.line_num, row
+    except csv.Error as exc:
+        raise TraceFormatError(path, max(reader.line_num, 1), f"not valid CSV: {exc}") from None
 
 
 def _jsonl_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
-    with path.open() as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(path, line, f"invalid JSON: {e.msg}") from None
-            missing = [c for c in required if c not in row]
-            if missing:
-                raise TraceFormatError(path, line, f"missing field(s) {missing}")
-            yield line, row
+    for line, text in enumerate(_text_lines(path), 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(path, line, f"invalid JSON: {e.msg}") from None
+        except RecursionError:
+            raise TraceFormatError(path, line, "invalid JSON: nested too deeply") from None
+        if not isinstance(row, dict):
+            raise TraceFormatError(path, line, "each line must be a JSON object")
+        missing = [c for c in required if c not in row]
+        if missing:
+            raise TraceFormatError(path, line, f"missing field(s) {missing}")
+        yield line, row
 
 
 def read_azure(path: str | Path) -> Iterator[TraceRow]:
@@ -152,11 +183,11 @@ def read_generic(path: str | Path) -> Iterator[TraceRow]:
         opt = lambda key: row.get(key) if row.get(key) not in ("", None) else None
         prefix_id = opt("prefix_id")
         extra = dict(session_id=_str(opt("session_id")), tenant=_str(opt("tenant")),
-                     priority=_int(opt("priority") or 0, path, line, "priority", -2**31),
+                     priority=_int(opt("priority") or 0, path, line, "priority", -2**31, 2**31 - 1),
                      prefix_id=_str(prefix_id),
                      prefix_len=_int(opt("prefix_tokens") or 0, path, line, "prefix_tokens", 0))
         if jsonl and row.get("hash_ids") is not None:
-            block = _int(row.get("block_size", 512), path, line, "block_size", 1)
+            block = _int(row.get("block_size", 512), path, line, "block_size", 1, 2**16)
             yield _hashed_row(path, line, row, t, row["prompt_tokens"], row["output_tokens"], block)._replace(**extra)
             continue
         yield TraceRow(line, t, _int(row["prompt_tokens"], path, line, "prompt_tokens", 1),
@@ -166,18 +197,22 @@ def read_generic(path: str | Path) -> Iterator[TraceRow]:
 def _hashed_row(path: Path, line: int, row: dict, t: float, prompt, output, block: int) -> TraceRow:
     p, o = _int(prompt, path, line, "input_length", 1), _int(output, path, line, "output_length", 0)
     ids = row["hash_ids"]
-    if not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids):
-        raise TraceFormatError(path, line, "hash_ids must be a list of integers >= 0")
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64
+                                            for h in ids):
+        raise TraceFormatError(path, line, "hash_ids must be a list of integers in [0, 2**64)")
     if len(ids) * block < p:
         raise TraceFormatError(path, line, f"{len(ids)} hash_ids of {block} tokens cannot cover {p} tokens")
-    return TraceRow(line, t, p, o, tuple(ids), block)
+    return TraceRow(line, t, p, o, tuple(ids[:-(-p // block)]), block)  # the blocks the prompt uses
 
 
 def _number(value, path: Path, line: int) -> float:
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise TraceFormatError(path, line, f"timestamp {value!r} is not a number") from None
+    if not math.isfinite(number) or isinstance(value, bool):
+        raise TraceFormatError(path, line, f"timestamp {value!r} is not a finite number")
+    return number
 
 
 def _str(value) -> str | None:
@@ -191,8 +226,7 @@ READERS: dict[str, Callable[[Path], Iterator[TraceRow]]] = {
 def detect_format(path: str | Path) -> str:
     """Guess a trace's format from its first line."""
     path = Path(path)
-    with path.open(newline="") as f:
-        head = f.readline()
+    head = next(_text_lines(path), "")
     if "TIMESTAMP" in head and "ContextTokens" in head:
         return "azure"
     if "Request tokens" in head and "Response tokens" in head:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
 from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, summarize
+from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
 from sim.core.records import RunRecords
 
@@ -64,30 +65,37 @@ class Results:
         rows = [(i, np.arange(len(t)), np.frombuffer(t, dtype=float))
                 for i, t in enumerate(self.token_times) if t is not None and len(t)]
         if not rows:
-            return pd.DataFrame({"request_index": [], "position": [], "time": []})
+            rows = [(0, np.arange(0), np.zeros(0))]
         return pd.DataFrame({"request_index": np.concatenate([np.full(len(p), i) for i, p, _ in rows]),
-                             "position": np.concatenate([p for _, p, _ in rows]),
+                             "position": np.concatenate([p for _, p, _ in rows]).astype(np.int64),
                              "time": np.concatenate([t for _, _, t in rows])})
 
     # ----- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path, fmt: str | None = None) -> Path:
         """Write requests/steps/tokens tables and summary.json into `directory`.
 
-        fmt: "parquet" or "csv"; None (default) = Parquet when pyarrow is installed, else CSV
-        (`pip install pyarrow`, or the `parquet` extra, for Parquet)."""
+        fmt: "parquet" or "csv"; None (default) = Parquet when pyarrow is installed, else CSV.
+
+        `load` gives back the same tables, column types included. summary.json is written last and
+        marks the folder complete (an old one is removed first), so a save cut short by a signal
+        never loads as a whole run; each file is written under a temporary name and renamed.
+        """
         if fmt not in ("parquet", "csv", None):
             raise ConfigError("fmt", fmt, "must be 'parquet' or 'csv'")
         if fmt == "parquet" and not parquet_available():
             raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
         fmt = fmt or ("parquet" if parquet_available() else "csv")
-        out = Path(directory)
+        out = check_output_folder(directory, "directory")
         out.mkdir(parents=True, exist_ok=True)
-        for name, table in (("requests", self.requests), ("steps", self.steps), ("tokens", self.tokens())):
-            path = out / f"{name}.{fmt}"
-            table.to_parquet(path, index=False) if fmt == "parquet" else table.to_csv(path, index=False)
-        doc = {"servesim_version": __version__, "summary": summary_json(self.summary), "meta": self.meta,
-               "format": fmt}
-        (out / "summary.json").write_text(json.dumps(doc, indent=2, default=_jsonable, allow_nan=True))
+        (out / "summary.json").unlink(missing_ok=True)
+        tables = {"requests": self.requests, "steps": self.steps, "tokens": self.tokens()}
+        for name, table in tables.items():
+            write_table(table, out / f"{name}.{fmt}", fmt)
+        doc = {"servesim_version": __version__, "summary": summary_json(self.summary), "meta": self.meta, "format": fmt,
+               "nonfinite": {k: repr(v) for k, v in self.summary.items() if _nonfinite(v)},
+               "token_times_recorded": any(t is not None for t in self.token_times),
+               "columns": {name: column_types(table) for name, table in tables.items()}}
+        write_text(out / "summary.json", json.dumps(doc, indent=2, default=_jsonable, allow_nan=False))
         return out
 
     @classmethod
@@ -98,11 +106,13 @@ class Results:
         if not summary_path.exists():
             raise FileNotFoundError(f"{summary_path}: no summary.json; is this a servesim output folder?")
         doc = json.loads(summary_path.read_text())
-        fmt = doc.get("format", "parquet")
-        read = pd.read_parquet if fmt == "parquet" else pd.read_csv
-        requests, steps, tokens = (read(src / f"{n}.{fmt}") for n in ("requests", "steps", "tokens"))
-        summary = Summary({k: float("nan") if v is None else v for k, v in doc["summary"].items()})
-        token_times, meta = _token_lists(tokens, len(requests)), doc["meta"]
+        fmt, types = doc.get("format", "parquet"), doc.get("columns", {})
+        requests, steps, tokens = (read_table(src / f"{n}.{fmt}", fmt, types.get(n))
+                                   for n in ("requests", "steps", "tokens"))
+        summary = Summary({k: float(doc.get("nonfinite", {}).get(k, "nan")) if v is None else v
+                           for k, v in doc["summary"].items()})
+        token_times = _token_lists(tokens, len(requests), doc.get("token_times_recorded", False))
+        meta = doc["meta"]
         if "completed" not in summary:  # saved before vLLM's names: summarise the tables again
             summary = summarize(requests, steps, token_times, meta["num_gpu_blocks"], meta.get("slo"))
         return cls(requests, steps, token_times, summary, meta)
@@ -118,11 +128,15 @@ def summary_json(summary: dict) -> dict:
     return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in summary.items()}
 
 
-def _token_lists(tokens: pd.DataFrame, n: int) -> list:
-    lists = [None] * n
+def _token_lists(tokens: pd.DataFrame, n: int, recorded: bool) -> list:
+    lists = [array("d") for _ in range(n)] if recorded else [None] * n
     for index, group in tokens.groupby("request_index", sort=True):
         lists[int(index)] = array("d", group.sort_values("position")["time"].to_numpy())
     return lists
+
+
+def _nonfinite(value) -> bool:
+    return isinstance(value, float) and not np.isfinite(value)
 
 
 def _jsonable(value):

@@ -15,14 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.core.config import EngineConfig
+from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.version import __version__
+from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
+                                check_workload, switch_kind, warn_rejections)
 from sim.engine.simulation import run_engine
-
-WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
 
 
 @dataclass(frozen=True)
@@ -47,21 +47,7 @@ class DeploymentConfig:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
-                "deployment.tensor_parallel_size", self.tensor_parallel_size, "must be an integer >= 1")
-        require(0 < self.gpu_memory_utilization <= 1, "deployment.gpu_memory_utilization",
-                self.gpu_memory_utilization, "must be in (0, 1]")
-        require(self.cost_model in ("roofline", "linear"), "deployment.cost_model", self.cost_model,
-                "must be 'roofline' or 'linear'")
-        require(isinstance(self.async_scheduling, bool), "deployment.async_scheduling", self.async_scheduling,
-                "must be true or false")
-        require(isinstance(self.collective_scale, (int, float)) and self.collective_scale > 0,
-                "deployment.collective_scale", self.collective_scale, "must be a number > 0")
-        require(self.cpu_per_request_s is None or (isinstance(self.cpu_per_request_s, (int, float))
-                                                   and 0 <= self.cpu_per_request_s < 1),
-                "deployment.cpu_per_request_s", self.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
-        require(self.kv_cache_dtype in ("auto", "fp8"), "deployment.kv_cache_dtype", self.kv_cache_dtype,
-                "must be 'auto' or 'fp8'")
+        check_deployment(self)
 
 
 @dataclass(frozen=True)
@@ -84,14 +70,7 @@ class WorkloadConfig:
     shared_prefix_len: int = 0
 
     def __post_init__(self) -> None:
-        require(self.kind in WORKLOAD_KINDS, "workload.kind", self.kind, f"must be one of {WORKLOAD_KINDS}")
-        require(self.rate > 0, "workload.rate", self.rate, "must be > 0")
-        require(isinstance(self.num_requests, int) and self.num_requests >= 1, "workload.num_requests",
-                self.num_requests, "must be an integer >= 1")
-        require(self.kind != "gamma" or self.cv is not None, "workload.cv", self.cv, "gamma arrivals need cv")
-        require(self.kind != "trace" or self.path is not None, "workload.path", self.path, "trace needs a path")
-        require(self.kind != "closed_loop" or self.num_users is not None, "workload.num_users",
-                self.num_users, "closed_loop needs num_users")
+        check_workload(self)
 
     def build(self, eos_token_id: int, max_model_len: int):
         """The workload object this config describes."""
@@ -123,6 +102,9 @@ class SLOConfig:
     tpot_s: float | None = None
     e2e_s: float | None = None
 
+    def __post_init__(self) -> None:
+        check_slo(self)
+
     def as_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
@@ -138,7 +120,7 @@ class SimulationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
+        check_simulation(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":
@@ -163,21 +145,34 @@ class SimulationConfig:
         for name, value in sections.items():
             current = getattr(self, name)
             if isinstance(value, dict):
-                values = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
-                value = _section(name, type(current), {**values, **value})
+                if name == "workload":
+                    merged = switch_kind(current, value)
+                else:
+                    merged = {**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}, **value}
+                value = _section(name, type(current), merged)
             updates[name] = value
         return dataclasses.replace(self, **updates)
 
 
 def read_toml(path: str | Path) -> dict:
-    """A TOML file as a dict; a missing or malformed file is a ConfigError naming it."""
+    """A TOML file as a dict; a missing, unreadable, binary, malformed or empty file is a ConfigError."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError("config", str(path), "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError("config", str(path), "is a folder, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError("config", str(path), f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", str(path), f"not a text file (byte {exc.start} is not UTF-8)") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+    require(len(data) > 0, "config", str(path), "sets nothing (the file is empty); give at least one setting")
+    return data
 
 
 def _section(name: str, kind: type, values: dict):
@@ -224,9 +219,13 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
     with within("deployment"):
-        return kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                               d.gpu_memory_utilization, e.max_num_batched_tokens,
-                               kv_cache_dtype=d.kv_cache_dtype)
+        blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
+                                 d.gpu_memory_utilization, e.max_num_batched_tokens,
+                                 kv_cache_dtype=d.kv_cache_dtype)
+    require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
+            f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
+            " the engine keeps books for; use a larger block_size")
+    return blocks
 
 
 def resolve_kv_groups(config: SimulationConfig):
@@ -261,6 +260,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     """
     config = config or SimulationConfig()
     check_names(config.engine)
+    check_model_limits(config)
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload
@@ -272,7 +272,9 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
                          progress=progress, kv_groups=resolve_kv_groups(config))
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__}
-    return Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+    results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+    warn_rejections(results.requests, config.engine.max_model_len)
+    return results
 
 
 def describe_cost_model(cost_model) -> str:

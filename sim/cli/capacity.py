@@ -144,8 +144,10 @@ def flatten(table: dict, prefix: str = "") -> dict:
 
 
 def run_sweep_cmd(args) -> int:
+    from sim.api.table_io import atomic_path, check_output_folder
     from sim.planning.sweep import run_sweep
     try:
+        check_output_folder(args.out)
         sweep_points, seeds = load_sweep(args.config)
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
                        out_dir=args.out, progress=not args.no_progress)
@@ -153,7 +155,8 @@ def run_sweep_cmd(args) -> int:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
     path = Path(args.out) / "sweep.csv"
-    df.to_csv(path, index=False)
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
     print(f"{len(df)} runs ({len(sweep_points)} configs x {len(seeds)} seeds) -> {path}")
     if not args.no_plots:
         for plot_path in save_sweep_plots(df, Path(args.out) / "plots"):

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
+from contextlib import contextmanager
 
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser
 from sim.cli import calibrate, plot, report, run
@@ -33,12 +36,22 @@ exit codes:
 
 `servesim COMMAND --help` lists each command's options."""
 
-USER_ERRORS = (ConfigError, FileNotFoundError, IsADirectoryError)
+USER_ERRORS = (ConfigError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+               FileExistsError)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with servesim's error format: one line, `servesim: error: <what>: <reason>`, exit 2."""
+
+    def error(self, message: str):
+        command = " ".join(self.prog.split()[1:])
+        hint = f" (see servesim {command + ' ' if command else ''}--help)"
+        self.exit(2, f"servesim: error: {' '.join(message.split())}{hint}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every subcommand of COMMANDS registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="servesim", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Deterministic discrete-event simulator of a vLLM-style LLM serving engine.")
     parser.add_argument("--version", action="version", version=f"servesim {__version__}")
@@ -57,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servesim` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with terminate_as_interrupt():
+            return args.func(args)
     except _user_errors() as exc:
         print(f"servesim: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -71,6 +85,23 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"servesim: unexpected error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """While the block runs, SIGTERM interrupts like Ctrl-C, so pending writes clean up after themselves."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(exc: BaseException) -> str:

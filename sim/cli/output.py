@@ -91,7 +91,8 @@ def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str, 
     if status:
         print(f"servesim: writing {fmt} tables to {out} ...", file=sys.stderr, flush=True)
     results.save(out, fmt)
-    (out / "summary.txt").write_text(table + "\n")
+    from sim.api.table_io import write_text
+    write_text(out / "summary.txt", table + "\n")
     written = [f"{fmt} tables", "summary.json", "summary.txt"]
     if plot_format != "none":
         from sim.plots.run_plots import save_plots

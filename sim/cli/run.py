@@ -188,8 +188,11 @@ def run(args) -> int:
     from sim.api.progress import Progress
     from sim.api.report import format_summary
     from sim.api.results import summary_json
+    from sim.api.table_io import check_output_folder
     config = config_from_args(args)
     metrics, percentiles = summary_options(args)
+    if args.out:
+        check_output_folder(args.out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     known = config.workload.kind in ("poisson", "gamma", "closed_loop")
     progress = Progress(config.workload.num_requests if known else None) if show else None

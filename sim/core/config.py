@@ -4,8 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
+from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_of
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
+MAX_NUM_GPU_BLOCKS = 2**22
+"""Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
+cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
 
 
 @dataclass(frozen=True)
@@ -42,17 +46,15 @@ class EngineConfig:
     record_token_times: bool = True
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(self.num_gpu_blocks is None or (_is_int(self.num_gpu_blocks) and self.num_gpu_blocks >= 1),
-                "num_gpu_blocks", self.num_gpu_blocks, "must be an integer >= 1 or None")
-        require(_is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
-                "long_prefill_token_threshold", self.long_prefill_token_threshold, "must be >= 0")
-        require(self.scheduling in SCHEDULING_ORDERS, "scheduling", self.scheduling,
-                f"must be one of {SCHEDULING_ORDERS}")
-        require(_is_int(self.eos_token_id) and self.eos_token_id >= 0, "eos_token_id",
-                self.eos_token_id, "must be an integer >= 0")
+            at_least(name, getattr(self, name), 1)
+        in_range("num_gpu_blocks", self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS, optional=True,
+                 why="KV bookkeeping is kept per block; use a larger block_size for a larger cache")
+        in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID)
+        at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
+        in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                 "max_num_batched_tokens", self.max_num_batched_tokens,
                 f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"
@@ -62,7 +64,3 @@ class EngineConfig:
             require(capacity >= self.max_model_len, "num_gpu_blocks", self.num_gpu_blocks,
                     f"KV cache holds {capacity} tokens ({self.num_gpu_blocks} blocks x {self.block_size}),"
                     f" less than one max_model_len={self.max_model_len} request")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
+from sim.core.fields import MAX_TOKEN_ID, is_int as _is_int
 
 
 def _as_tuple(value, field: str) -> tuple:
@@ -52,12 +53,9 @@ class SamplingParams:
         require(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output",
                 self.include_stop_str_in_output, "must be a bool")
         for token_id in stop_ids:
-            require(_is_int(token_id) and token_id >= 0, "stop_token_ids", stop_ids,
-                    f"entries must be integers >= 0, got {token_id!r}")
+            require(_is_int(token_id) and 0 <= token_id <= MAX_TOKEN_ID, "stop_token_ids", stop_ids,
+                    f"entries must be integers in [0, {MAX_TOKEN_ID}], got {token_id!r}")
         for text in stop:
             require(isinstance(text, str) and text != "", "stop", stop,
                     f"entries must be non-empty strings, got {text!r}")
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

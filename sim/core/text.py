@@ -5,15 +5,28 @@ from collections.abc import Callable, Mapping
 
 BYTE_EOS_TOKEN_ID = 256
 """EOS of the default byte tokenizer: ids 0-255 are bytes, 256 is EOS (a special token, no text)."""
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def byte_token_text(token_id: int) -> str:
-    """Text piece of the default byte tokenizer (latin-1: one character per byte id)."""
+    """Text piece of the default detokenizer, defined for every token id >= 0.
+
+    Ids 0-255 are bytes (latin-1: one character each), 256 is EOS (no text), and every larger id is
+    a word of its own: a space and the id written in base 26 with letters (257 -> " a", 258 -> " b",
+    283 -> " ba"), as a real vocabulary's word pieces read. Same id, same text, in any process.
+    """
     if 0 <= token_id < 256:
         return chr(token_id)
     if token_id == BYTE_EOS_TOKEN_ID:
         return ""
-    raise ValueError(f"token id {token_id} is outside the byte tokenizer (0-256); pass token_text")
+    if token_id < 0:
+        raise ValueError(f"token id {token_id} is negative; token ids are >= 0")
+    n, letters = token_id - BYTE_EOS_TOKEN_ID - 1, []
+    while True:
+        n, digit = divmod(n, 26)
+        letters.append(_LETTERS[digit])
+        if n == 0:
+            return " " + "".join(reversed(letters))
 
 
 def as_token_text(token_text: Mapping[int, str] | Callable[[int], str] | None) -> Callable[[int], str]:

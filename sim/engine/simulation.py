@@ -139,4 +139,6 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     if until is None and engine.by_id:
         stuck = sorted(engine.by_id)[:5]
         raise InvariantError(f"{len(engine.by_id)} requests never finished (e.g. {stuck})")
+    if until is None and engine.state.kv.num_used_blocks:
+        raise InvariantError(f"{engine.state.kv.num_used_blocks} KV blocks still held after every request finished")
     return engine.records(env.now)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.api.table_io import write_text
 from sim.api.simulator import SimulationConfig, simulate
 from kernels_cost_model.errors import ConfigError, require
 from sim.planning.executors import make_executor
@@ -182,6 +183,4 @@ class ResultStore:
     def put(self, key: str, summary: dict) -> None:
         if self.dir is None:
             return
-        tmp = self.dir / f".{key}.tmp"
-        tmp.write_text(json.dumps({"key": key, "summary": summary}, allow_nan=True))
-        tmp.replace(self.dir / f"{key}.json")
+        write_text(self.dir / f"{key}.json", json.dumps({"key": key, "summary": summary}, allow_nan=True))

@@ -1,0 +1,137 @@
+"""Validation of the config sections above the engine: deployment, workload, SLO and their cross-checks.
+
+Each section's `__post_init__` calls its check here, so a bad value fails at construction with a
+ConfigError naming the TOML path, the value and the reason, before anything is allocated or run.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import at_least, check_types, in_range, one_of, positive
+
+WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
+MIN_RATE = 1e-6
+"""Slowest arrival rate (req/s): slower ones push simulated times past ~1e9 s, where a float
+clock no longer resolves microseconds and step durations would vanish in rounding."""
+MAX_SECONDS = 1e9
+"""Longest time-like setting (think time, SLO), for the same reason."""
+MAX_NUM_REQUESTS = 10_000_000
+"""Largest run: per-request records of more would not fit in a typical machine's memory."""
+
+_COMMON = {"kind", "num_requests", "max_tokens", "ignore_eos"}
+USED_BY_KIND = {
+    "poisson": _COMMON | {"rate", "lengths", "shared_prefix_len"},
+    "gamma": _COMMON | {"rate", "cv", "lengths", "shared_prefix_len"},
+    "trace": _COMMON | {"path", "format", "target_rate"},
+    "closed_loop": _COMMON | {"num_users", "lengths", "think_time_s"},
+    "sessions": {"kind", "num_requests", "rate", "think_time_s"},
+}
+"""Workload settings each kind reads; setting another one is an error (it would be ignored)."""
+WHY_UNUSED = {
+    "rate": {"trace": "arrival times come from the trace (rescale them with target_rate)",
+             "closed_loop": "each user sends its next request when the last one is answered (num_users, think_time_s)"},
+    "cv": "only gamma arrivals have a coefficient of variation",
+    "path": "only kind = 'trace' reads a file",
+    "format": "only kind = 'trace' reads a file",
+    "target_rate": "only kind = 'trace' rescales arrival times",
+    "num_users": "only kind = 'closed_loop' has a fixed number of users",
+    "think_time_s": "only closed_loop and sessions users think between requests",
+    "lengths": "lengths come from the trace or the conversation script",
+    "shared_prefix_len": "only poisson and gamma workloads prepend a shared prefix",
+    "max_tokens": "a session's turns carry their own output lengths",
+    "ignore_eos": "a session's turns end on their own EOS",
+}
+
+
+def check_deployment(d) -> None:
+    """Types and ranges of a DeploymentConfig."""
+    check_types(d, "deployment.")
+    at_least("deployment.tensor_parallel_size", d.tensor_parallel_size, 1)
+    require(0 < d.gpu_memory_utilization <= 1, "deployment.gpu_memory_utilization",
+            d.gpu_memory_utilization, "must be in (0, 1]")
+    one_of("deployment.cost_model", d.cost_model, ("roofline", "linear"))
+    positive("deployment.collective_scale", d.collective_scale)
+    require(d.cpu_per_request_s is None or 0 <= d.cpu_per_request_s < 1, "deployment.cpu_per_request_s",
+            d.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
+    one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))
+
+
+def check_workload(w) -> None:
+    """Types, ranges, and which settings the workload's kind uses (another one set is an error)."""
+    check_types(w, "workload.")
+    one_of("workload.kind", w.kind, WORKLOAD_KINDS)
+    positive("workload.rate", w.rate)
+    in_range("workload.rate", w.rate, MIN_RATE, 1e9, why="requests per second")
+    in_range("workload.num_requests", w.num_requests, 1, MAX_NUM_REQUESTS)
+    positive("workload.cv", w.cv, optional=True)
+    positive("workload.target_rate", w.target_rate, optional=True)
+    in_range("workload.target_rate", w.target_rate, MIN_RATE, 1e9, optional=True, why="requests per second")
+    at_least("workload.num_users", w.num_users, 1, optional=True)
+    in_range("workload.think_time_s", w.think_time_s, 0, MAX_SECONDS)
+    at_least("workload.max_tokens", w.max_tokens, 1, optional=True)
+    at_least("workload.shared_prefix_len", w.shared_prefix_len, 0)
+    require(w.kind != "gamma" or w.cv is not None, "workload.cv", w.cv, "gamma arrivals need cv")
+    require(w.kind != "trace" or w.path is not None, "workload.path", w.path, "trace needs a path")
+    require(w.kind != "closed_loop" or w.num_users is not None, "workload.num_users",
+            w.num_users, "closed_loop needs num_users")
+    for f in dataclasses.fields(w):
+        value = getattr(w, f.name)
+        if f.name not in USED_BY_KIND[w.kind] and value != f.default:
+            why = WHY_UNUSED[f.name]
+            why = why[w.kind] if isinstance(why, dict) else why
+            raise ConfigError(f"workload.{f.name}", value, f"not used by kind = {w.kind!r}: {why}")
+
+
+def switch_kind(workload, updates: dict) -> dict:
+    """The workload's settings with `updates` applied; a change of kind drops the old kind's own
+    settings (back to their defaults) unless `updates` sets them again."""
+    values = {f.name: getattr(workload, f.name) for f in dataclasses.fields(workload)}
+    kind = updates.get("kind", workload.kind)
+    if kind != workload.kind and kind in USED_BY_KIND:
+        for f in dataclasses.fields(workload):
+            if f.name not in USED_BY_KIND[kind]:
+                values[f.name] = f.default
+    return {**values, **updates}
+
+
+def check_slo(slo) -> None:
+    """SLO targets are positive durations or unset."""
+    check_types(slo, "slo.")
+    for name, value in vars(slo).items():
+        if value is not None:
+            require(0 < value <= MAX_SECONDS, f"slo.{name}", value, f"must be a duration in (0, {MAX_SECONDS:g}] s")
+
+
+def check_simulation(config) -> None:
+    """The seed, and what one section implies for another."""
+    require(not isinstance(config.seed, bool) and isinstance(config.seed, int) and config.seed >= 0,
+            "seed", config.seed, "must be an integer >= 0")
+    engine, workload = config.engine, config.workload
+    require(workload.shared_prefix_len <= engine.max_model_len, "workload.shared_prefix_len",
+            workload.shared_prefix_len, f"must not exceed engine.max_model_len={engine.max_model_len}"
+            " (a longer prompt is rejected)")
+
+
+def check_model_limits(config) -> None:
+    """engine.max_model_len within the model's own context (max_position_embeddings), as vLLM checks."""
+    from kernels_cost_model import get_model
+    d, e = config.deployment, config.engine
+    if d.cost_model == "linear" and e.num_gpu_blocks is not None:
+        return  # the model is not used: the step time and KV size come from elsewhere
+    try:
+        spec = get_model(d.model)
+    except ConfigError as exc:
+        raise ConfigError("deployment.model", d.model, exc.reason) from None
+    require(e.max_model_len <= spec.max_position_embeddings, "engine.max_model_len", e.max_model_len,
+            f"exceeds {spec.name}'s maximum context of {spec.max_position_embeddings} tokens")
+
+
+def warn_rejections(requests, max_model_len: int) -> None:
+    """A loud warning when prompts longer than max_model_len were rejected (vLLM answers them with an error)."""
+    import warnings
+    rejected = int(requests["rejected"].sum()) if len(requests) else 0
+    if rejected:
+        warnings.warn(f"{rejected} of {len(requests)} requests ({rejected / len(requests):.0%}) were rejected:"
+                      f" prompt longer than engine.max_model_len={max_model_len}; their latencies are not in the summary",
+                      stacklevel=3)

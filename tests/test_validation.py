@@ -1,0 +1,150 @@
+"""Each value the fuzz campaign found accepted silently, or crashing, is now a named error (or works)."""
+from __future__ import annotations
+
+import pytest
+
+from kernels_cost_model.errors import ConfigError
+from sim import SamplingParams, SimulationConfig, simulate
+from sim.cli import main
+from sim.core.text import byte_token_text
+from workloads.spec import RequestSpec
+
+LINEAR = {"cost_model": "linear"}
+
+
+@pytest.mark.parametrize("data, field, reason", [
+    ({"workload": {"num_requests": True}}, "workload.num_requests", "must be an integer"),
+    ({"workload": {"ignore_eos": "yes"}}, "workload.ignore_eos", "must be true or false"),
+    ({"engine": {"enable_prefix_caching": "false"}}, "engine.enable_prefix_caching", "must be true or false"),
+    ({"engine": {"max_num_seqs": 8.0}}, "engine.max_num_seqs", "must be an integer"),
+    ({"slo": {"ttft_s": "1s"}}, "slo.ttft_s", "must be a number or null"),
+    ({"slo": {"ttft_s": 0}}, "slo.ttft_s", "must be a duration in (0,"),
+    ({"slo": {"tpot_s": -0.05}}, "slo.tpot_s", "must be a duration in (0,"),
+    ({"seed": True}, "seed", "must be an integer >= 0"),
+    ({"workload": {"rate": "fast"}}, "workload.rate", "must be a number"),
+    ({"workload": {"rate": 1e-300}}, "workload.rate", "must be in [1e-06,"),
+    ({"workload": {"rate": float("nan")}}, "workload.rate", "must be a number"),
+    ({"workload": {"cv": 2.0}}, "workload.cv", "not used by kind = 'poisson'"),
+    ({"workload": {"path": "t.csv"}}, "workload.path", "not used by kind = 'poisson'"),
+    ({"workload": {"kind": "sessions", "max_tokens": 64}}, "workload.max_tokens", "not used by kind = 'sessions'"),
+    ({"workload": {"kind": "closed_loop", "num_users": 2, "rate": 3.0}}, "workload.rate",
+     "not used by kind = 'closed_loop'"),
+    ({"workload": {"num_requests": 10**12}}, "workload.num_requests", "must be in [1, 10000000]"),
+    ({"engine": {"num_gpu_blocks": 10**9}}, "engine.num_gpu_blocks", "KV bookkeeping is kept per block"),
+    ({"workload": {"shared_prefix_len": 10**11}}, "workload.shared_prefix_len", "must not exceed engine.max_model_len"),
+    ({"deployment": {"collective_scale": float("inf")}}, "deployment.collective_scale", "must be a number"),
+])
+def test_bad_values_are_named(data, field, reason):
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig.from_dict(data)
+    assert info.value.field == field and reason in info.value.reason
+
+
+def test_switching_kind_drops_the_old_kinds_settings_but_not_new_ones():
+    gamma = SimulationConfig().replace(workload={"kind": "gamma", "cv": 3.0})
+    assert gamma.replace(workload={"kind": "poisson"}).workload.cv is None
+    with pytest.raises(ConfigError, match="workload.cv=3.0: not used by kind = 'poisson'"):
+        gamma.replace(workload={"kind": "poisson", "cv": 3.0})
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "sets nothing"),
+    (b"# only a comment\n", "sets nothing"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "not a text file"),
+    (b"[engine\n", "not valid TOML"),
+])
+def test_unusable_config_files_are_named(tmp_path, capsys, content, reason):
+    path = tmp_path / "setup.toml"
+    path.write_bytes(content)
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: config='{path}': ") and reason in err and err.count("\n") == 1
+
+
+def test_max_model_len_above_the_models_context_is_refused():
+    config = SimulationConfig().replace(engine={"max_model_len": 200_000})
+    with pytest.raises(ConfigError, match="exceeds llama-3.1-8b's maximum context of 131072"):
+        simulate(config)
+
+
+def test_rejecting_requests_warns_loudly():
+    config = SimulationConfig().replace(engine={"max_model_len": 128}, deployment=LINEAR,
+                                        workload={"num_requests": 50})
+    with pytest.warns(UserWarning, match=r"of 50 requests \(\d+%\) were rejected: prompt longer than"):
+        simulate(config)
+
+
+def test_out_onto_a_file_fails_before_the_run(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("not a folder")
+    assert main(["run", "--out", str(target), "--num-requests", "100000"]) == 2  # would take minutes to run
+    assert capsys.readouterr().err == (f"servesim: error: --out='{target}': exists and is not a folder;"
+                                       " choose a folder path\n")
+
+
+def test_config_json_without_intermediate_size_is_named(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4, '
+                                          '"num_hidden_layers": 2, "vocab_size": 100}')
+    config = SimulationConfig().replace(deployment={"model": str(tmp_path / "config.json")})
+    with pytest.raises(ConfigError, match="lacks required key 'intermediate_size'"):
+        simulate(config)
+
+
+def test_every_token_id_has_text_and_stop_strings_work_beyond_the_byte_range():
+    assert [byte_token_text(i) for i in (65, 256, 257, 283)] == ["A", "", " a", " ba"]
+    texts = {byte_token_text(i) for i in range(257, 5000)}
+    assert len(texts) == 5000 - 257  # one word per id
+    params = SamplingParams(max_tokens=10, stop=[byte_token_text(8402)])
+    spec = RequestSpec(0.0, [1, 2, 3], output_token_ids=(8400, 8401, 8402, 8403), sampling_params=params)
+    results = simulate(SimulationConfig().replace(deployment=LINEAR, engine={"num_gpu_blocks": 600}),
+                       workload=[spec])
+    row = results.requests.iloc[0]
+    assert (row.finish_reason, row.stop_reason, row.num_output_tokens) == ("stop", byte_token_text(8402), 3)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"prompt_token_ids": [1, -2]}, "request.prompt_token_ids"),
+    ({"prompt_token_ids": [2**40]}, "request.prompt_token_ids"),
+    ({"prompt_token_ids": [1.5]}, "request.prompt_token_ids"),
+    ({"prompt_token_ids": [1], "output_token_ids": (3, -1)}, "request.output_token_ids"),
+    ({"prompt_token_ids": [1], "arrival_time_s": float("inf")}, "request.arrival_time_s"),
+])
+def test_request_specs_check_their_token_ids_and_times(kwargs, field):
+    kwargs = {"arrival_time_s": 0.0, **kwargs}
+    with pytest.raises(ConfigError) as info:
+        RequestSpec(**kwargs)
+    assert info.value.field == field
+
+
+def test_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--rate", "fast"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("servesim: error: argument --request-rate/--rate: invalid float value: 'fast'"
+                                       " (see servesim run --help)\n")
+
+
+def test_a_huge_shared_prefix_costs_only_what_the_prompts_use():
+    from workloads import poisson_workload
+    from workloads.rng import make_rng
+    huge = list(poisson_workload(5.0, 20, shared_prefix_len=10**11).iter_requests(make_rng(0, "w")))
+    exact = list(poisson_workload(5.0, 20, shared_prefix_len=10**5).iter_requests(make_rng(0, "w")))
+    assert all((a.prompt_token_ids == b.prompt_token_ids).all() for a, b in zip(huge, exact))
+
+
+def test_a_kv_cache_sized_beyond_the_bookkeeping_limit_is_refused_before_allocating():
+    config = SimulationConfig().replace(deployment={"model": "qwen2.5-0.5b", "gpu": "mi300x"},
+                                        engine={"block_size": 1})
+    with pytest.raises(ConfigError, match="engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for"):
+        simulate(config)
+
+
+def test_trace_line_ends_found_by_the_fuzz(tmp_path, capsys):
+    header = b"TIMESTAMP,ContextTokens,GeneratedTokens"
+    stray = tmp_path / "stray.csv"  # a lone \r after the header was "line 0: new-line character seen"
+    stray.write_bytes(header + b"\r-3\n2023-11-16 18:17:03.97,374,44\r\n")
+    assert main(["run", "--trace", str(stray), "--cost-model", "linear", "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {stray}:2: 3 columns expected\n"
+    old_mac = tmp_path / "cr.csv"  # \r alone ends every line
+    old_mac.write_bytes(header + b"\r2023-11-16 18:17:03.97,374,44\r2023-11-16 18:17:04.5,90,12\r")
+    assert main(["run", "--trace", str(old_mac), "--cost-model", "linear", "--no-progress", "--json"]) == 0
