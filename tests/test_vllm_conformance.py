@@ -58,8 +58,10 @@ def test_random_scenarios_agree_step_for_step(version):
 def test_priority_self_preemption_does_not_stall(version, name):
     """1: the least important request preempts itself; the others still run and everyone finishes."""
     want = assert_same(version, name)
-    assert any("r0" in step["preempted"] for step in want["steps"])
-    assert set(want["finished"]) == {"r0", "r1", "r2"}
+    assert any(step["preempted"] for step in want["steps"])
+    if name == "priority_self_preemption":  # synchronous: r0 itself is the victim of its own decode
+        assert any(step["preempted"] == ["r0"] and "r0" not in step["tokens"] for step in want["steps"])
+    assert {reason for reason, _ in want["finished"].values()} == {"length"}
 
 
 def test_self_preemption_continues_only_in_0_33():
