@@ -41,6 +41,8 @@ class VllmV1Policy(Policy):
     def prefill_threshold(self, state: EngineState) -> int:
         return self._threshold  # vLLM applies it with chunked prefill off too
 
+    unchunked_threshold = prefill_threshold
+
     def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput,
                          self_preemption_continues: bool) -> int:
         running, scheduled = state.running, out.scheduled

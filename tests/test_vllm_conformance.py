@@ -20,7 +20,7 @@ from sim.fidelity.conformance.servesim_trace import run_servesim
 
 DATA = Path(__file__).parent / "data" / "vllm_conformance"
 VERSIONS = ("0.33.0", "0.19.1")
-RANDOM_IN_CI = 150  # of the 1,000 random scenarios per version; all of them run without CI=true
+RANDOM_IN_CI = 100  # of the 1,000 random scenarios per version; all of them run without CI=true
 
 
 @lru_cache(maxsize=None)
