@@ -238,7 +238,7 @@ def test_stop_string_beats_length_cap_on_the_same_token(profile):
                                                                        "Our robot waters ")
 
 
-@pytest.mark.parametrize("profile", sorted(set(PROFILES) - {"vllm-v0"}))  # V0 checks nothing below min_tokens
+@pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_min_tokens_does_not_lift_max_model_len(profile):
     """Our design: min_tokens gates EOS, stop ids and stop strings only; length rules bind."""
     params = SamplingParams(max_tokens=10, min_tokens=8)
