@@ -41,7 +41,8 @@ def test_vllm_engine_flags_set_their_fields():
     config = config_of("--no-enable-chunked-prefill", "--max-num-batched-tokens", "9000",
                        "--scheduling-policy", "priority", "--async-scheduling", "--no-ignore-eos")
     assert config.engine.enable_chunked_prefill is False and config.engine.scheduling == "priority"
-    assert config.deployment.async_scheduling is True and config.workload.ignore_eos is False
+    assert config.engine.async_scheduling is True and config.workload.ignore_eos is False
+    assert config_of("--no-async-scheduling").engine.is_async is False
     assert config_of("--enable-chunked-prefill").engine.enable_chunked_prefill is True
 
 

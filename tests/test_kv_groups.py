@@ -28,7 +28,7 @@ LAYOUTS = {
 def hybrid_engine(config, groups) -> Engine:
     # room for one max_model_len request in every group (plus states), so a lone request always fits
     per_request = sum(g.state_blocks or -(-config.max_model_len // config.block_size) for g in groups)
-    config = dataclasses.replace(config, num_gpu_blocks=max(config.num_gpu_blocks, per_request))
+    config = dataclasses.replace(config, num_gpu_blocks=max(config.num_gpu_blocks, per_request + 1))
     return Engine(config, LinearCostModel(), config.num_gpu_blocks, kv_groups=groups)
 
 
@@ -39,7 +39,7 @@ def test_hybrid_outputs_equal_run_until_stop_and_kv_is_conserved(specs, config, 
     assert_outputs_match_run_until_stop(engine, specs)
     kv = engine.state.kv
     assert not kv.req_blocks and not kv.req_tables
-    assert kv.num_free_blocks == kv.num_gpu_blocks
+    assert kv.num_free_blocks == kv.num_usable_blocks
     assert all(c == 0 for c in kv.ref_cnt)
 
 

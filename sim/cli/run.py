@@ -37,7 +37,7 @@ FIELDS = {
     "model": ("deployment", "model"), "gpu": ("deployment", "gpu"),
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
-    "cost_model": ("deployment", "cost_model"), "async_scheduling": ("deployment", "async_scheduling"),
+    "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
@@ -46,6 +46,7 @@ FIELDS = {
     "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
+    "scheduler_profile": ("engine", "scheduler_profile"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
     "cv": ("workload", "cv"), "num_users": ("workload", "num_users"),
@@ -90,7 +91,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="fraction of GPU memory")
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="hide the engine's CPU time behind the GPU step")
+                   help="schedule each step before the previous one's tokens are applied, as vLLM's "
+                   "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
+                   "deployment.async_scheduling")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
@@ -113,6 +116,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)
     g.add_argument("--scheduling-policy", dest="scheduling", choices=("fcfs", "priority"),
                    help="order of waiting requests (default fcfs)")
+    g.add_argument("--scheduler-profile", metavar="NAME",
+                   help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
     _add_workload_flags(p)
     g = p.add_argument_group("SLO (for goodput and attainment)")
     for flag in ("ttft", "tpot", "e2e"):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_of
+from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
 MAX_NUM_GPU_BLOCKS = 2**22
@@ -25,6 +26,12 @@ class EngineConfig:
         thrashing under chunked prefill).
     scheduling: "fcfs" or "priority" (lower `priority` value first; preempts the lowest).
     stop_profile: which stop-rule order to apply (see sim.core.stop_rules).
+    scheduler_profile: which vLLM release's scheduler to follow (see sim.core.scheduler_profiles;
+        "vllm" is the newest).
+    async_scheduling: schedule step N+1 before step N's tokens are known, as vLLM's async scheduling
+        does (None: the scheduler profile's default, on for every vLLM release modelled). A request
+        that stops is then scheduled for one more decode, and freed KV and seats reach waiting
+        requests one step later.
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL).
     """
@@ -41,9 +48,18 @@ class EngineConfig:
     scheduling: str = "fcfs"
     policy: str = "vllm"
     stop_profile: str = "vllm"
+    scheduler_profile: str = "vllm"
+    async_scheduling: bool | None = None
     eos_token_id: int = 2
     check_invariants: bool = False
     record_token_times: bool = True
+
+    @property
+    def is_async(self) -> bool:
+        """Whether steps are scheduled one ahead (the setting, else the scheduler profile's default)."""
+        if self.async_scheduling is None:
+            return get_scheduler_profile(self.scheduler_profile).async_scheduling
+        return self.async_scheduling
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -55,6 +71,9 @@ class EngineConfig:
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
+        get_scheduler_profile(self.scheduler_profile)
+        require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
+                "must be true, false or unset")
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                 "max_num_batched_tokens", self.max_num_batched_tokens,
                 f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"

@@ -65,7 +65,7 @@ class HybridKVCacheManager(KVCacheManager):
         tables = []
         for g, group in enumerate(self.groups):
             first = self.first_needed_block(group, hit * self.block_size)
-            tables.append([None] * first + [self.cached[(g, h)] for h in hashes[first:hit]])
+            tables.append([None] * first + [next(iter(self.cached[(g, h)])) for h in hashes[first:hit]])
         return tables, hit * self.block_size
 
     def _full_hit(self, g: int, hashes: list[int], limit: int) -> int:
@@ -143,10 +143,10 @@ class HybridKVCacheManager(KVCacheManager):
         if self.ref_cnt[block] == 0:
             self.free_queue[block] = None
 
-    def cache_full_blocks(self, req: Request) -> None:
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         if not self.enable_prefix_caching or self.has_state:
             return
-        num_full = req.num_computed_tokens // self.block_size
+        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
         done = self.num_hashed_blocks.get(req, 0)
         if num_full <= done:
             return
@@ -156,7 +156,7 @@ class HybridKVCacheManager(KVCacheManager):
                 block = table[i]
                 if block is not None and self.block_hash[block] is None:
                     self.block_hash[block] = (g, hashes[i])
-                    self.cached.setdefault((g, hashes[i]), block)
+                    self.cached.setdefault((g, hashes[i]), {})[block] = None  # first holder wins
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:
@@ -172,8 +172,8 @@ class HybridKVCacheManager(KVCacheManager):
 
 
 def make_kv_manager(num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
-                    groups=None) -> KVCacheManager:
+                    groups=None, free_uncached_first: bool = True) -> KVCacheManager:
     """The plain manager for one group (or none given), the hybrid one for several."""
     if groups and len(groups) > 1:
         return HybridKVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, groups)
-    return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching)
+    return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
