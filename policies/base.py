@@ -51,8 +51,8 @@ class Policy:
     # ----- shared moves ------------------------------------------------------------------
     @staticmethod
     def lacking(req: Request, num_cached: int = 0) -> int:
-        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits)."""
-        return req.num_tokens - req.num_computed_tokens - num_cached
+        """Tokens `req` has not computed yet, drafts included (beyond `num_cached` prefix-cache hits)."""
+        return req.num_tokens_with_spec - req.num_computed_tokens - num_cached
 
     @staticmethod
     def is_decode(req: Request) -> bool:
@@ -158,6 +158,7 @@ class Policy:
         state.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_spec_tokens = 0  # its drafts are dropped with its KV
         victim.num_preemptions += 1
         state.waiting.appendleft(victim)
         out.preempted.append(victim)

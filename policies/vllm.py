@@ -29,8 +29,8 @@ class VllmV1Policy(Policy):
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
-            if (req.num_prompt_tokens + len(req.output_token_ids) - computed == 1
-                    and computed % block_size):
+            if (req.num_tokens_with_spec - computed == 1 and computed % block_size
+                    and not state.kv.num_lookahead_tokens):
                 scheduled.append((req, 1))  # a decode inside its last block: no new KV needed
                 budget -= 1
                 i += 1

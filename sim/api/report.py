@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from sim.api.spec_metrics import format_spec_decode
+
 LATENCY_ROWS = (  # (label, summary key prefix, unit)
     ("TTFT", "ttft_ms", "ms"),
     ("TPOT (excl. 1st token)", "tpot_ms", "ms"),
@@ -66,4 +68,5 @@ def format_summary(summary: dict, meta: dict | None = None) -> str:
               f"Scheduling   {s['num_preemptions']} preemptions "
               f"({_num(100 * s['preempted_request_fraction'], 1)}% of requests); "
               f"prefix-cache hit rate {_num(100 * s['prefix_cache_hit_rate'], 1)}%"]
+    lines += format_spec_decode(s)
     return "\n".join(lines)

@@ -25,6 +25,7 @@ examples:
   servesim run --model llama-3.1-70b --gpu h100 --tp 4 --policy vllm --max-num-seqs 512
   servesim run --trace azure_conv.csv --target-rate 10 --out runs/azure
   servesim run --config my_setup.toml --seed 3 --out runs/seed3 --format csv
+  servesim run --rate 2 --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}'
 
 exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
 (one line on stderr: servesim: error: <field>=<value>: <reason>)"""
@@ -84,6 +85,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="prefill each prompt whole in one step")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False,
                    help="disable automatic prefix caching")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding as vLLM takes it, e.g. \'{"method": "eagle3", '
+                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram)')
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=("poisson", "gamma", "closed_loop", "sessions"),
                    help="arrival process (default poisson); --trace selects trace replay")
@@ -117,6 +121,9 @@ def config_from_args(args):
         sections["workload"]["kind"] = "trace"
     if getattr(args, "seed", None) is not None:
         sections["seed"] = args.seed
+    if getattr(args, "speculative_config", None):
+        from sim.core.speculative import SpeculativeConfig
+        sections["speculative_config"] = SpeculativeConfig.from_json(args.speculative_config)
     try:
         return config.replace(**sections)
     except TypeError as exc:

@@ -53,6 +53,7 @@ class Request:
         "request_id", "arrival_time", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
+        "num_spec_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -74,11 +75,17 @@ class Request:
         self.num_cached_tokens = 0
         self.spec = spec
         self.index = index
+        self.num_spec_tokens = 0  # draft tokens proposed for the next step (vLLM's spec_token_ids)
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Prompt, output and draft tokens: what the scheduler lets computed tokens catch up with."""
+        return self.num_prompt_tokens + len(self.output_token_ids) + self.num_spec_tokens
 
     @property
     def num_output_tokens(self) -> int:
