@@ -12,7 +12,8 @@ __all__ = [
 
 from sim.api.simulator import DeploymentConfig, SimulationConfig, SLOConfig, WorkloadConfig, simulate  # noqa: E402
 from sim.core.config import EngineConfig  # noqa: E402
+from sim.core.speculative import SpeculativeConfig  # noqa: E402
 from sim.api.results import Results  # noqa: E402
 
 __all__ += ["DeploymentConfig", "EngineConfig", "Results", "SLOConfig", "SimulationConfig",
-            "WorkloadConfig", "simulate"]
+            "SpeculativeConfig", "WorkloadConfig", "simulate"]
