@@ -186,3 +186,21 @@ def test_proposer_cost_by_method():
     ngram = ProposerCost("ngram", 3)(batch, [1004] * 8, target)
     assert ngram < eagle < model < target
     assert ProposerCost("eagle3", 5, head)(batch, [1004] * 8, target) > eagle
+
+
+def test_prefill_chunks_and_verifications_share_a_step():
+    config = EngineConfig(block_size=4, num_gpu_blocks=128, max_model_len=256, eos_token_id=EOS,
+                          max_num_batched_tokens=24, check_invariants=True)
+    hook = SpecDecoder(SpeculativeConfig("eagle3", num_speculative_tokens=3), ACCEPT_ALL)
+    engine = Engine(config, LinearCostModel(), 128, hooks=[hook])
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    specs = [RequestSpec(0.0, np.arange(8, dtype=np.int32) + 100, sampling_params=params,
+                         request_id="decoding"),
+             RequestSpec(0.02, np.arange(100, dtype=np.int32) + 300, sampling_params=params,
+                         request_id="prefilling")]
+    mixed = [log for log in drive(engine, specs)
+             if {r[0] for r in log.rows} == {"decoding", "prefilling"}
+             and any(r[0] == "decoding" and r[2] == 4 for r in log.rows)
+             and any(r[0] == "prefilling" and r[4] == 0 for r in log.rows)]
+    assert mixed  # a 1 + 3 verification row beside a prefill chunk, within one 24-token budget
+    assert all(sum(r[2] for r in log.rows) <= 24 for log in mixed)
