@@ -11,7 +11,7 @@ measurement.
    without speculation vs request rate, for the method and for n-gram (low acceptance), and the
    rate from which each stops paying.
 
-    python benchmarks/spec_decode.py [--requests 300] [--method eagle3] [--k 3]
+    python benchmarks/spec_decode.py [--requests 300] [--method eagle3] [--k 3] [--plot speedup.png]
 """
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--method", default="eagle3")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--rates", type=float, nargs="+", default=[2, 8, 12, 16, 24, 32])
+    parser.add_argument("--plot", metavar="PNG", help="also save speedup vs batch size and vs rate")
     args = parser.parse_args()
     print(f"{MODEL} on one {GPU}, {args.method}, k={args.k}\n")
     print("Closed loop (fixed batch size), speedup of generated tokens/s")
@@ -81,23 +82,48 @@ def main() -> None:
     drop = 1 - results["sharegpt", 32] / results["sharegpt", 1]
     print(f"  ShareGPT drop batch 1 -> 32: simulated {100 * drop:.1f}% vs published "
           f"{100 * PUBLISHED_SHAREGPT_DROP_1_TO_32:.1f}% ({100 * (drop - PUBLISHED_SHAREGPT_DROP_1_TO_32):+.1f} points)")
-    for method in dict.fromkeys((args.method, "ngram")):
-        open_loop_table(method, args.k, args.rates, args.requests)
+    curves = {method: open_loop_table(method, args.k, args.rates, args.requests)
+              for method in dict.fromkeys((args.method, "ngram"))}
+    if args.plot:
+        save_plot(args.plot, results, curves)
 
 
-def open_loop_table(method: str, k: int, rates: list[float], num_requests: int) -> None:
+def save_plot(path: str, closed: dict, curves: dict) -> None:
+    """Speedup vs batch size (with the published point) and vs request rate, side by side."""
+    from sim.plots import new_figure
+    fig, (left, right) = new_figure(1, 2, size=(11, 4.2))
+    for name in ("gsm8k", "sharegpt"):
+        batches = sorted(b for n, b in closed if n == name)
+        left.plot(batches, [closed[name, b] for b in batches], marker="o", label=f"simulated, {name}")
+    left.plot([128], [PUBLISHED_GSM8K_BS128], "k*", markersize=10, label="measured, gsm8k (SpecDecode-Bench)")
+    left.set(xscale="log", xlabel="batch size (closed loop)", ylabel="speedup (tokens/s)")
+    for method, rows in curves.items():
+        right.plot([r["rate"] for r in rows], [r["e2e_speedup"] for r in rows], marker="o", label=method)
+    right.axhline(1.0, color="grey", lw=1)
+    right.set(xlabel="request rate (req/s, Poisson, ShareGPT)", ylabel="speedup of median E2E")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Speculative decoding on {MODEL}, one {GPU}")
+    fig.savefig(path, dpi=120)
+    print(f"\nwrote {path}")
+
+
+def open_loop_table(method: str, k: int, rates: list[float], num_requests: int) -> list[dict]:
     print(f"\nOpen loop (Poisson, ShareGPT lengths), {method} k={k}: speedup vs request rate")
     print(f"  {'rate':>6s} {'TPOT plain':>11s} {'TPOT spec':>10s} {'TPOT x':>7s} {'E2E p50 x':>10s}"
           f" {'tok/s plain':>12s} {'tok/s spec':>11s}")
-    stops_paying = None
+    stops_paying, rows = None, []
     for rate in rates:
         r = open_loop_row(rate, num_requests, method, k)
+        rows.append(r)
         print(f"  {rate:6.1f} {r['tpot_plain']:9.1f}ms {r['tpot_spec']:8.1f}ms {r['tpot_speedup']:6.2f}x "
               f"{r['e2e_speedup']:9.2f}x {r['throughput_plain']:12.0f} {r['throughput_spec']:11.0f}")
         if stops_paying is None and r["e2e_speedup"] < 1:
             stops_paying = rate
     print(f"  {method} stops paying (median E2E) at {stops_paying} req/s" if stops_paying
           else f"  {method} pays at every rate tried")
+    return rows
 
 if __name__ == "__main__":
     main()

@@ -159,8 +159,9 @@ def test_cli_flag_takes_vllm_json(capsys):
 
 
 # ----- cost and metrics ------------------------------------------------------------------------
-def test_speculation_pays_at_low_load_and_metrics_agree():
+def test_speculation_pays_at_low_load_and_metrics_agree(tmp_path):
     from sim.api.simulator import SimulationConfig, simulate
+    from sim.plots import save_plots
     base = SimulationConfig().replace(workload={"num_requests": 40, "rate": 1.0, "max_tokens": 64})
     plain = simulate(base)
     spec = simulate(base.replace(speculative_config={"method": "eagle3", "num_speculative_tokens": 3}))
@@ -170,6 +171,8 @@ def test_speculation_pays_at_low_load_and_metrics_agree():
         1 + s["spec_decode_num_accepted_tokens"] / s["spec_decode_num_drafts"])
     assert s["spec_decode_acceptance_rate_pos_1"] >= s["spec_decode_acceptance_rate_pos_3"]
     assert spec.requests["num_output_tokens"].tolist() == plain.requests["num_output_tokens"].tolist()
+    assert "spec_decode.png" in {p.name for p in save_plots(spec, tmp_path / "spec")}
+    assert "spec_decode.png" not in {p.name for p in save_plots(plain, tmp_path / "plain")}
 
 
 def test_proposer_cost_by_method():
