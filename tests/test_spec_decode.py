@@ -207,3 +207,14 @@ def test_prefill_chunks_and_verifications_share_a_step():
              and any(r[0] == "prefilling" and r[4] == 0 for r in log.rows)]
     assert mixed  # a 1 + 3 verification row beside a prefill chunk, within one 24-token budget
     assert all(sum(r[2] for r in log.rows) <= 24 for log in mixed)
+
+
+def test_drafter_weights_and_kv_shrink_the_cache():
+    from sim.api.simulator import SimulationConfig, resolve_num_gpu_blocks
+    base = SimulationConfig().replace(deployment={"model": "qwen2.5-7b"})
+    plain = resolve_num_gpu_blocks(base)
+    blocks = {method: resolve_num_gpu_blocks(base.replace(speculative_config=dict(method=method, model=model)))
+              for method, model in (("ngram", None), ("eagle3", None), ("draft_model", "qwen2.5-0.5b"))}
+    assert blocks["ngram"] == plain
+    assert blocks["draft_model"] < blocks["eagle3"] < plain
+    assert blocks["eagle3"] > plain * 0.9  # one extra layer of KV (of 28) and its weights
