@@ -47,7 +47,7 @@ def closed_loop_speedup(lengths, dataset: str, batch: int, num_requests: int, me
 
 def open_loop_row(rate: float, num_requests: int, method: str, k: int) -> dict:
     workload = poisson_workload(rate=rate, num_requests=num_requests, lengths="sharegpt")
-    dataset = "sharegpt" if method == "eagle3" else "default"
+    dataset = "sharegpt" if method == "eagle3" else "default"  # n-gram: its GSM8K-measured default
     spec = {"method": method, "num_speculative_tokens": k, "acceptance_dataset": dataset}
     plain = simulate(config(None), workload=workload).summary
     fast = simulate(config(spec), workload=workload).summary
