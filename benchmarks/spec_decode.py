@@ -8,8 +8,8 @@ measurement.
    - GSM8K, batch 128: 1.21x (EAGLE family);
    - ShareGPT, EAGLE: the speedup drops 4.3% from batch 1 to batch 32.
 2. Open loop (Poisson, ShareGPT lengths): TPOT, median end-to-end latency and throughput with and
-   without speculation vs request rate, for the method and for n-gram (low acceptance), and the
-   rate from which each stops paying.
+   without speculation vs request rate, for the method and for n-gram (low acceptance; k and 5),
+   and the rate from which each stops paying.
 
     python benchmarks/spec_decode.py [--requests 300] [--method eagle3] [--k 3] [--plot speedup.png]
 """
@@ -82,8 +82,8 @@ def main() -> None:
     drop = 1 - results["sharegpt", 32] / results["sharegpt", 1]
     print(f"  ShareGPT drop batch 1 -> 32: simulated {100 * drop:.1f}% vs published "
           f"{100 * PUBLISHED_SHAREGPT_DROP_1_TO_32:.1f}% ({100 * (drop - PUBLISHED_SHAREGPT_DROP_1_TO_32):+.1f} points)")
-    curves = {method: open_loop_table(method, args.k, args.rates, args.requests)
-              for method in dict.fromkeys((args.method, "ngram"))}
+    curves = {f"{method} k={k}": open_loop_table(method, k, args.rates, args.requests)
+              for method, k in dict.fromkeys(((args.method, args.k), ("ngram", args.k), ("ngram", 5)))}
     if args.plot:
         save_plot(args.plot, results, curves)
 
