@@ -26,7 +26,7 @@ def one_request(stream, params, *, k=3, prompt_len=8, max_model_len=64, profile=
                 acceptance=ACCEPT_ALL, method="eagle3"):
     """Run one request through a spec-decoding engine; (request, step log)."""
     config = EngineConfig(block_size=4, num_gpu_blocks=64, max_model_len=max_model_len, eos_token_id=EOS,
-                          stop_profile=profile, check_invariants=True)
+                          stop_profile=profile, check_invariants=True, async_scheduling=False)
     hook = SpecDecoder(SpeculativeConfig(method, num_speculative_tokens=k), acceptance)
     engine = Engine(config, LinearCostModel(), 64, token_text=TEXT, hooks=[hook])
     finished = []
@@ -72,7 +72,7 @@ def test_stop_string_completed_by_the_second_of_three_accepted_tokens():
 def test_max_model_len_reached_mid_run_caps_drafts_and_positions():
     req, rows, _ = one_request([5] * 20, SamplingParams(max_tokens=50), prompt_len=10, max_model_len=14)
     assert len(req.output_token_ids) == 4 and req.finish_reason == "length"
-    assert all(computed + n <= 14 - 1 for _, computed, n, _, _ in rows[1:])
+    assert all(computed_after <= 14 - 1 for _, computed_after, _, _, _ in rows[1:])
 
 
 def test_rejected_drafts_are_uncomputed_and_their_slots_reused():
@@ -81,8 +81,9 @@ def test_rejected_drafts_are_uncomputed_and_their_slots_reused():
                                     acceptance=script)
     assert [r[4] for r in rows] == [1, 1, 2, 4, 1]  # bonus only, 1 + bonus, 3 + bonus, then capped
     # after step 2 (0 of 3 accepted) the request recomputes from 9 prompt+output tokens minus one
-    assert rows[2][1] == 8 + 1 and rows[3][1] == 8 + 1 + 2
-    assert engine.state.kv.num_free_blocks == engine.state.kv.num_gpu_blocks
+    before = [computed_after - n for _, computed_after, n, _, _ in rows]
+    assert before[2] == 8 + 1 and before[3] == 8 + 1 + 2
+    assert engine.state.kv.num_free_blocks == engine.state.kv.num_usable_blocks
 
 
 def test_preempted_request_drops_its_drafts():
@@ -193,7 +194,7 @@ def test_proposer_cost_by_method():
 
 def test_prefill_chunks_and_verifications_share_a_step():
     config = EngineConfig(block_size=4, num_gpu_blocks=128, max_model_len=256, eos_token_id=EOS,
-                          max_num_batched_tokens=24, check_invariants=True)
+                          max_num_batched_tokens=24, check_invariants=True, async_scheduling=False)
     hook = SpecDecoder(SpeculativeConfig("eagle3", num_speculative_tokens=3), ACCEPT_ALL)
     engine = Engine(config, LinearCostModel(), 128, hooks=[hook])
     params = SamplingParams(max_tokens=200, ignore_eos=True)

@@ -139,7 +139,7 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
-        check_speculative(self.speculative_config, self.engine.policy)
+        object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":

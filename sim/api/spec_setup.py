@@ -14,10 +14,17 @@ from workloads.acceptance import make_acceptance
 LINEAR_MODEL_LAYERS = 32
 
 
-def check_speculative(spec: SpeculativeConfig | None, policy: str) -> None:
-    """Speculative decoding needs a policy that schedules what a request lacks (vLLM V1's)."""
-    require(spec is None or policy == "vllm", "engine.policy", policy,
+def check_speculative(spec: SpeculativeConfig | None, engine):
+    """The engine config speculative decoding runs with: vLLM V1's policy (it schedules what a
+    request lacks, drafts included) and synchronous scheduling (unset async_scheduling turns off;
+    asking for it is an error)."""
+    if spec is None:
+        return engine
+    require(engine.policy == "vllm", "engine.policy", engine.policy,
             "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
+    require(engine.async_scheduling is not True, "engine.async_scheduling", True,
+            "speculative decoding is modelled with synchronous scheduling; leave it unset or false")
+    return replace(engine, async_scheduling=False)
 
 
 def build_spec_decoder(spec: SpeculativeConfig, deployment, seed: int) -> SpecDecoder:

@@ -14,10 +14,13 @@
   this hook adds the drafts' LM-head rows (logits for every verified position) and the
   proposer's time (`kernels_cost_model.speculative.ProposerCost`).
 - KV: EAGLE / MTP / draft-model proposers reserve k lookahead slots per allocation.
+- Scheduling is synchronous (each step's tokens are applied before the next is planned); vLLM's
+  async scheduling with drafts as placeholders is not modelled.
 """
 from __future__ import annotations
 
 from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import require
 from sim.core.hooks import EngineHook
 from sim.core.speculative import SpeculativeConfig, draft_limit
 
@@ -35,6 +38,8 @@ class SpecDecoder(EngineHook):
         self.columns: dict[str, list] = {}
 
     def on_attach(self, engine) -> None:
+        require(not engine.config.is_async, "engine.async_scheduling", True,
+                "speculative decoding is modelled with synchronous scheduling; set it to false")
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
@@ -57,36 +62,35 @@ class SpecDecoder(EngineHook):
             step.duration += self.proposer_cost(step.batch, proposing, cost.step_time(step.batch))
 
     def apply_rows(self, engine, step, now: float) -> list:
-        """Advance each row; verify its drafts; emit accepted tokens + bonus through the stops."""
+        """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
+
+        The engine counted the scheduled tokens, drafts included, as computed when it planned the
+        step (synchronous scheduling: nothing else was in flight)."""
         finished = []
-        kv, streams = engine.state.kv, engine.streams
-        max_model_len = engine.config.max_model_len
+        streams, max_model_len = engine.streams, engine.config.max_model_len
         counts = [0] * (3 + self.k)
         num_decode = 0
-        for req, n in step.plan.scheduled:
-            num_tokens = req.num_tokens
-            computed = req.num_computed_tokens + n
-            if computed < num_tokens:            # a prefill chunk short of the end: no sample
-                req.num_computed_tokens = computed
+        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+            req.num_in_flight_tokens -= n
+            if req.is_finished:
+                continue                         # aborted while the step ran
+            if not samples:                      # a prefill chunk short of the end: no sample
                 req.num_spec_tokens = 0
-                kv.cache_full_blocks(req)
                 continue
-            if num_tokens - (computed - n) == 1 and req.output_token_ids:
+            num_tokens = req.num_tokens
+            if num_tokens - (req.num_computed_tokens - n) == 1 and req.output_token_ids:
                 num_decode += n                  # a decode row: 1 + drafts verification tokens
-            drafts = computed - num_tokens
+            drafts = req.num_computed_tokens - num_tokens
             position = len(req.output_token_ids)
             accepted = self.acceptance.num_accepted(req.index, position, drafts) if drafts else 0
-            req.num_computed_tokens = computed - (drafts - accepted)   # rejected: un-computed
+            req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
             _count(counts, drafts, accepted)
             stream = streams[req.index]
-            stopped = any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1))
-            if stopped:
-                finished.append(req)
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+            if any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1)):
+                finished.append(req)             # tokens after the stop are dropped
                 req.num_spec_tokens = 0
             else:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len)
-            kv.cache_full_blocks(req)
         step.num_decode = num_decode
         for column, value in zip(self.columns.values(), counts):
             column.append(value)
