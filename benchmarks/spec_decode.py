@@ -30,8 +30,9 @@ PUBLISHED_SHAREGPT_DROP_1_TO_32 = 0.043
 
 
 def config(spec: dict | None) -> SimulationConfig:
+    """Both sides with synchronous scheduling (speculative decoding is modelled with it)."""
     base = SimulationConfig().replace(deployment={"model": MODEL, "gpu": GPU},
-                                      engine={"max_model_len": 8192})
+                                      engine={"max_model_len": 8192, "async_scheduling": False})
     return base.replace(speculative_config=spec) if spec else base
 
 
