@@ -64,6 +64,10 @@ class Policy:
         """This step's cap on one request's chunk (0: none)."""
         return state.config.long_prefill_token_threshold if state.config.enable_chunked_prefill else 0
 
+    def unchunked_threshold(self, state: EngineState) -> int:
+        """Cap on a whole-prompt admission (0: none; only vLLM V1 applies its threshold there)."""
+        return 0
+
     def chunk(self, state: EngineState, req: Request, budget: int, num_cached: int = 0) -> int:
         """Tokens `req` would compute now: what it lacks, capped by the threshold and budget.
 
@@ -85,7 +89,7 @@ class Policy:
         cached_blocks, num_cached = state.kv.lookup_prefix(req)
         if whole_prompt:
             n = self.lacking(req, num_cached)
-            threshold = self.prefill_threshold(state)
+            threshold = self.unchunked_threshold(state)
             if 0 < threshold < n:
                 n = threshold  # vLLM caps even an unchunked prompt's first step at the threshold
             if n > budget:

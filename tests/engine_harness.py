@@ -34,7 +34,8 @@ def drive(engine: Engine, specs: list[RequestSpec], max_steps: int = 200_000) ->
             assert pending, "engine has work it cannot schedule"
             now = pending[0].arrival_time_s
             continue
-        before = [(r.request_id, r.num_computed_tokens, n, r.num_tokens, len(r.output_token_ids))
+        # plan_step already counts the step's tokens as computed (vLLM advances at schedule time)
+        before = [(r.request_id, r.num_computed_tokens - n, n, r.num_tokens, len(r.output_token_ids))
                   for r, n in step.plan.scheduled]
         reqs = [r for r, _ in step.plan.scheduled]
         now += step.duration

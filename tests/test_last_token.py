@@ -244,7 +244,7 @@ def test_free_hybrid_extraction_is_the_plain_run(specs, config):
 def test_compare_strategies_length_bound_has_no_speculation():
     workload = with_hidden_states(poisson_workload(rate=4, num_requests=40, lengths="sharegpt",
                                                    max_tokens=64, ignore_eos=True), 0.5)
-    config = EngineConfig(num_gpu_blocks=4000, max_model_len=8192)
+    config = EngineConfig(num_gpu_blocks=4000, max_model_len=8192, async_scheduling=False)
     cmp = compare_strategies(workload, config, LinearCostModel(), seed=1)
     hybrid, prefill = cmp.results["hybrid"], cmp.results["post_sampling_prefill"]
     assert hybrid.stats.speculative_rows == 0 and hybrid.stats.wasted_rows == 0

@@ -23,8 +23,11 @@ def _spec(t, prompt_len=8, out=4, rid=None, abort=None, max_tokens=16):
 
 
 def test_engine_idles_between_arrivals_and_steps_only_with_work():
-    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64)
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64, async_scheduling=False)
     rec = run_engine([_spec(0.0), _spec(10.0)], cfg, COST)
+    # (async scheduling, vLLM's default, adds one wasted decode step after each EOS: 10 steps)
+    assert len(run_engine([_spec(0.0), _spec(10.0)], EngineConfig(num_gpu_blocks=64, max_model_len=64),
+                          COST).steps.start_time) == 10
     starts = rec.steps.start_time
     # 1 prefill step + 3 decodes per request, 10 ms each, nothing in between
     assert len(starts) == 8

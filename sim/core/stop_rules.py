@@ -13,8 +13,7 @@ stop strings (checked on the detokenized text) interact with them. Profiles:
   stop strings were taken in list order (earliest-completing came with vLLM PR #49391).
 - "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings (list order), then length; stop
   strings are looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked
-  for on a token that already stopped by EOS or a stop token id. Below `min_tokens` it checks nothing,
-  the length rules included.
+  for on a token that already stopped by EOS or a stop token id.
 
 In the V1 profiles `min_tokens` gates the content checks only (EOS, stop token ids, stop strings,
 repetition); the length rules always bind. `max_tokens=None` means up to `max_model_len`. Repetition
@@ -149,7 +148,7 @@ PROFILES: dict[str, StopProfile] = {
     "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids", "repetition"), True,
                                 True, earliest_stop_string=False),
     "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
-                           earliest_stop_string=False, min_tokens_gates_length=True),
+                           earliest_stop_string=False),
 }
 
 
