@@ -72,7 +72,7 @@ def test_stop_string_completed_by_the_second_of_three_accepted_tokens():
 def test_max_model_len_reached_mid_run_caps_drafts_and_positions():
     req, rows, _ = one_request([5] * 20, SamplingParams(max_tokens=50), prompt_len=10, max_model_len=14)
     assert len(req.output_token_ids) == 4 and req.finish_reason == "length"
-    assert all(computed_after <= 14 - 1 for _, computed_after, _, _, _ in rows[1:])
+    assert all(computed + n <= 14 - 1 for _, computed, n, _, _ in rows[1:])
 
 
 def test_rejected_drafts_are_uncomputed_and_their_slots_reused():
@@ -81,7 +81,7 @@ def test_rejected_drafts_are_uncomputed_and_their_slots_reused():
                                     acceptance=script)
     assert [r[4] for r in rows] == [1, 1, 2, 4, 1]  # bonus only, 1 + bonus, 3 + bonus, then capped
     # after step 2 (0 of 3 accepted) the request recomputes from 9 prompt+output tokens minus one
-    before = [computed_after - n for _, computed_after, n, _, _ in rows]
+    before = [computed for _, computed, _, _, _ in rows]
     assert before[2] == 8 + 1 and before[3] == 8 + 1 + 2
     assert engine.state.kv.num_free_blocks == engine.state.kv.num_usable_blocks
 
