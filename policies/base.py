@@ -51,9 +51,9 @@ class Policy:
     # ----- shared moves ------------------------------------------------------------------
     @staticmethod
     def lacking(req: Request, num_cached: int = 0) -> int:
-        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits), counting the
-        tokens of steps still in flight (async scheduling) as known."""
-        return req.num_tokens + req.num_output_placeholders - req.num_computed_tokens - num_cached
+        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits), drafts
+        included, counting the tokens of steps still in flight (async scheduling) as known."""
+        return req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens - num_cached
 
     @staticmethod
     def is_decode(req: Request) -> bool:
@@ -170,6 +170,7 @@ class Policy:
         state.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_spec_tokens = 0  # its drafts are dropped with its KV
         victim.num_stale_tokens = victim.num_in_flight_tokens  # its in-flight token still arrives
         victim.num_output_placeholders = 0
         victim.num_preemptions += 1

@@ -16,6 +16,7 @@ from sim.core.stop_rules import PROFILES, StopProfile, get_profile
 _LAZY = {name: "sim.api.simulator" for name in
          ("DeploymentConfig", "SimulationConfig", "SLOConfig", "WorkloadConfig", "simulate")}
 _LAZY["Results"] = "sim.api.results"
+_LAZY["SpeculativeConfig"] = "sim.core.speculative"
 _LAZY["__version__"] = "sim.api.version"
 
 __all__ = [

@@ -20,6 +20,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from sim.api.spec_metrics import spec_decode_summary
+
 PERCENTILES = (50, 90, 99)
 """Percentiles of `describe` (the fidelity comparison's own statistics)."""
 METRIC_PERCENTILES = (90, 99)
@@ -89,10 +91,16 @@ def meets_slo(df: pd.DataFrame, ttft_s: float | None = None, tpot_s: float | Non
 
 
 def itl_values(token_times, completed: np.ndarray) -> np.ndarray:
-    """Pooled inter-token gaps of completed requests (empty if token times were not kept)."""
+    """Pooled inter-token gaps of completed requests (empty if token times were not kept).
+
+    Tokens emitted by one step (speculative decoding) reach the client as one chunk, so, as in
+    vLLM's serving benchmark, a gap is counted between chunks: zero gaps are dropped."""
     gaps = [np.diff(np.asarray(t, dtype=float)) for t, ok in zip(token_times, completed)
             if ok and t is not None and len(t) > 1]
-    return np.concatenate(gaps) if gaps else np.empty(0)
+    if not gaps:
+        return np.empty(0)
+    pooled = np.concatenate(gaps)
+    return pooled[pooled > 0]
 
 
 def kv_occupancy(steps: pd.DataFrame, num_gpu_blocks: int) -> dict[str, float]:
@@ -156,6 +164,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out["preempted_request_fraction"] = float((requests["num_preemptions"] > 0).mean()) if len(requests) else 0.0
     out.update(kv_occupancy(steps, num_gpu_blocks))
+    out.update(spec_decode_summary(steps, float(requests["num_output_tokens"].sum())))
     return out
 
 

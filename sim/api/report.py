@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+from sim.api.spec_metrics import format_spec_decode
 from sim.api.metrics import LATENCY_METRICS, latency_key, percentile_word
 
 LATENCY_LABELS = {"ttft": "TTFT", "tpot": "TPOT (excl. 1st token)", "itl": "ITL", "e2el": "E2E latency",
@@ -108,4 +109,5 @@ def format_summary(summary: dict, meta: dict | None = None, metrics=None, percen
               f"Scheduling   {s['num_preemptions']} preemptions "
               f"({_num(100 * s['preempted_request_fraction'], 1)}% of requests); "
               f"prefix-cache hit rate {_num(100 * s['prefix_cache_hit_rate'], 1)}%"]
+    lines += format_spec_decode(s)
     return "\n".join(lines)

@@ -4,7 +4,8 @@
     results = simulate(SimulationConfig())          # Llama-3.1-8B, one H100, ShareGPT-like Poisson
     print(results.summary["p99_ttft_ms"])
 
-A config is four frozen sections (engine, deployment, workload, slo) and a seed; it reads from a
+A config is four frozen sections (engine, deployment, workload, slo), a seed and an optional
+`speculative_config` (vLLM's name; see sim.core.speculative); it reads from a
 TOML file with the same section and key names (`SimulationConfig.from_toml`).
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
                                 check_workload, switch_kind, warn_rejections)
+from sim.api.spec_setup import build_spec_decoder, check_speculative, spec_num_gpu_blocks
+from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
 
 
@@ -118,21 +121,25 @@ class SimulationConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     seed: int = 0
+    speculative_config: SpeculativeConfig | None = None  # vLLM's name; None: no speculative decoding
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         check_simulation(self)
+        object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":
         """Build from nested dicts keyed like the dataclasses; unknown keys are named errors."""
         sections = {"engine": EngineConfig, "deployment": DeploymentConfig,
                     "workload": WorkloadConfig, "slo": SLOConfig}
-        unknown = set(data) - set(sections) - {"seed"}
+        unknown = set(data) - set(sections) - {"seed", "speculative_config"}
         if unknown:
             raise ConfigError(sorted(unknown)[0], data[sorted(unknown)[0]],
-                              f"unknown section; expected {sorted(sections)} or seed")
+                              f"unknown section; expected {sorted(sections)}, speculative_config or seed")
         kwargs = {name: _section(name, kind, data.get(name, {})) for name, kind in sections.items()}
-        return cls(**kwargs, seed=data.get("seed", 0))
+        return cls(**kwargs, seed=data.get("seed", 0),
+                   speculative_config=SpeculativeConfig.from_dict(data.get("speculative_config")))
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "SimulationConfig":
@@ -144,7 +151,10 @@ class SimulationConfig:
         updates = {}
         for name, value in sections.items():
             current = getattr(self, name)
-            if isinstance(value, dict):
+            if name == "speculative_config":
+                base = dataclasses.asdict(current) if current is not None and isinstance(value, dict) else {}
+                value = SpeculativeConfig.from_dict({**base, **value} if isinstance(value, dict) else value)
+            elif isinstance(value, dict):
                 if name == "workload":
                     merged = switch_kind(current, value)
                 else:
@@ -216,6 +226,9 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory."""
     if config.engine.num_gpu_blocks is not None:
         return config.engine.num_gpu_blocks
+    if config.speculative_config is not None:
+        with within("deployment"):
+            return spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
     with within("deployment"):
@@ -267,8 +280,10 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     if traffic is None:
         with within("workload"):
             traffic = config.workload.build(config.engine.eos_token_id, config.engine.max_model_len)
+    spec = config.speculative_config
+    hooks = [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
-                         token_text=token_text, until=until,
+                         token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__}

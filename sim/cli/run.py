@@ -28,6 +28,7 @@ examples:
   servesim run --trace azure_conv.csv --target-rate 10 --out runs/azure
   servesim run --config my_setup.toml --seed 3 --out runs/seed3 --table-format csv
   servesim run --save-result --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99
+  servesim run --rate 2 --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}'
 
 exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
 (one line on stderr: servesim: error: <field>=<value>: <reason>)"""
@@ -116,6 +117,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)
     g.add_argument("--scheduling-policy", dest="scheduling", choices=("fcfs", "priority"),
                    help="order of waiting requests (default fcfs)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding as vLLM takes it, e.g. \'{"method": "eagle3", '
+                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram)')
     g.add_argument("--scheduler-profile", metavar="NAME",
                    help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
     _add_workload_flags(p)
@@ -171,6 +175,9 @@ def config_from_args(args):
         sections["workload"]["kind"] = "trace"
     if getattr(args, "seed", None) is not None:
         sections["seed"] = args.seed
+    if getattr(args, "speculative_config", None):
+        from sim.core.speculative import SpeculativeConfig
+        sections["speculative_config"] = SpeculativeConfig.from_json(args.speculative_config)
     try:
         return config.replace(**sections)
     except TypeError as exc:

@@ -1,8 +1,12 @@
 """Engine hooks: how a feature adds work to a step or holds back a completion without new
 branches in the engine.
 
-An engine runs its hooks (`Engine(..., hooks=[...])`, in order) at four points; with no hooks the
-engine does exactly what it did without them, at the same speed (no per-token calls):
+An engine runs its hooks (`Engine(..., hooks=[...])`, in order) at these points; with no hooks the
+engine does exactly what it did without them:
+
+- `on_attach(engine)`: once, when the engine is built. A hook may set engine-wide state or take
+  over the token update of a step's rows (`engine.apply_rows(step, now) -> finished requests`;
+  speculative decoding verifies drafts there).
 
 - `on_plan(engine, step)`: the step is scheduled and priced. A hook may add work to it: replace
   `step.batch` with a wider one and/or add seconds to `step.duration` (add a delta; other hooks
@@ -20,6 +24,10 @@ from __future__ import annotations
 
 class EngineHook:
     """Base class with do-nothing defaults; override what a feature needs."""
+
+    def on_attach(self, engine) -> None:
+        """The engine was built with this hook (set engine-wide state, e.g. KV lookahead slots, or
+        replace `engine.apply_rows`, the token update of a step's rows)."""
 
     def has_work(self) -> bool:
         return False

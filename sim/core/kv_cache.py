@@ -35,6 +35,10 @@ class KVCacheManager:
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
+        #: Slots reserved past the scheduled tokens (vLLM's num_lookahead_tokens: the EAGLE or draft
+        #: model proposer writes the next drafts' KV there), capped at `max_model_len`.
+        self.num_lookahead_tokens = 0
+        self.max_model_len: int | None = None
 
     # ----- queries -------------------------------------------------------------------------
     @property
@@ -102,6 +106,8 @@ class KVCacheManager:
         after `cached_blocks` prefix hits (whole blocks)."""
         held = len(self.req_blocks.get(req, ()))
         total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        if self.num_lookahead_tokens:
+            total = max(total, min(total + self.num_lookahead_tokens, self.max_model_len or total))
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
         revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0) if cached_blocks else 0
         return fresh, revived

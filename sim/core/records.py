@@ -70,12 +70,16 @@ class StepRecords:
     kv_blocks_free: list = field(default_factory=list)
     num_running: list = field(default_factory=list)
     num_waiting: list = field(default_factory=list)
+    #: Columns a hook records, one value per step (speculative decoding: drafts and acceptances).
+    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.start_time)
 
     def columns(self) -> dict[str, list]:
-        return dict(vars(self))
+        columns = {k: v for k, v in vars(self).items() if k != "extra"}
+        columns.update(self.extra)
+        return columns
 
 
 @dataclass

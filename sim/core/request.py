@@ -55,6 +55,7 @@ class Request:
         "request_id", "arrival_time", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
+        "num_spec_tokens",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens",
     )
 
@@ -77,6 +78,7 @@ class Request:
         self.num_cached_tokens = 0
         self.spec = spec
         self.index = index
+        self.num_spec_tokens = 0  # draft tokens proposed for the next step (vLLM's spec_token_ids)
         self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
         self.num_in_flight_tokens = 0     # tokens scheduled in steps whose results are not applied
         self.num_stale_tokens = 0         # in-flight tokens of a step planned before a preemption
@@ -85,6 +87,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Prompt, output and draft tokens: what the scheduler lets computed tokens catch up with."""
+        return self.num_prompt_tokens + len(self.output_token_ids) + self.num_spec_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -60,6 +60,9 @@ class Engine:
         self.pending_aborts: list[Request] = []
         self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
+        self.apply_rows = self._apply_rows  # a hook may take over the token update (spec decoding)
+        for hook in self.hooks:
+            hook.on_attach(self)
 
     # ----- arrivals and aborts ------------------------------------------------------------
     def add_request(self, spec, now: float) -> Request:
@@ -158,6 +161,18 @@ class Engine:
         for req in self.pending_aborts:
             self._abort_now(req, now)
         self.pending_aborts.clear()
+        finished = self.apply_rows(step, now)
+        self._retire(finished, now)
+        self._record_step(step, now)
+        if self.config.check_invariants:
+            check_invariants(self)
+        return finished
+
+    def _apply_rows(self, step: Step, now: float) -> list[Request]:
+        """Sample every row that caught up and stop-check it.
+
+        The hot loop of the simulator: `emit_token` is inlined here (a call per token costs ~25%).
+        """
         finished = []
         kv, streams, profile = self.state.kv, self.streams, self.stop_profile
         max_model_len = self.config.max_model_len
@@ -196,11 +211,23 @@ class Engine:
             if profile.apply(req, max_model_len):
                 finished.append(req)
         step.num_decode = num_decode
-        self._retire(finished, now)
-        self._record_step(step, now)
-        if self.config.check_invariants:
-            check_invariants(self)
         return finished
+
+    def emit_token(self, req: Request, token: int, now: float) -> bool:
+        """Append `token` to `req`'s output, record its time and run the stop rules. True if stopped."""
+        output = req.output_token_ids
+        position = len(output)
+        output.append(token)
+        index = req.index
+        if position == 0:
+            self.requests.first_token_time[index] = now
+        times = self.requests.token_times[index]
+        if times is not None:
+            times.append(now)
+        quick = self.quick_stop[index]
+        if quick is not None and token not in quick[0] and position + 1 < quick[1]:
+            return False  # cannot stop on this token under any profile
+        return self.stop_profile.apply(req, self.config.max_model_len)
 
     def _retire(self, finished: list[Request], now: float) -> None:
         if self.hooks:

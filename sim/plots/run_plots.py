@@ -237,6 +237,32 @@ def _mark_preemptions(ax, steps: pd.DataFrame, req: pd.DataFrame, y: np.ndarray)
         ax.scatter(at, np.full(at.size, -1.0), marker="v", color="red", s=12, label="step with a preemption")
 
 
+def plot_spec_decode(results, bins: int = 120) -> Figure:
+    """Speculative decoding: drafted vs accepted tokens per step over time, and the acceptance
+    rate of each draft position (vLLM's per-position acceptance)."""
+    fig, (top, bottom) = new_figure(2, 1, size=(10, 6.5))
+    steps, s = results.steps, results.summary
+    if steps.empty or "num_draft_tokens" not in steps:
+        top.text(0.5, 0.5, "speculative decoding was off", ha="center", transform=top.transAxes)
+        return fig
+    edges, tokens = _binned(steps, ["num_draft_tokens", "num_accepted_tokens"], bins)
+    top.stairs(tokens["num_draft_tokens"].to_numpy(), edges, fill=True, color=QUEUE, label="drafted")
+    top.stairs(tokens["num_accepted_tokens"].to_numpy(), edges, fill=True, color=DECODE, label="accepted")
+    top.set_ylabel("draft tokens per step\n(mean per time bin)")
+    top.set_xlabel("simulated time (s)")
+    top.set_title(f"Speculative decoding: acceptance rate {100 * s['spec_decode_acceptance_rate']:.1f}%, "
+                  f"acceptance length {s['spec_decode_acceptance_length']:.2f}")
+    top.legend(loc="upper right", fontsize=8)
+    rates = {int(k.rsplit("_", 1)[1]): v for k, v in s.items() if k.startswith("spec_decode_acceptance_rate_pos_")}
+    bottom.bar(list(rates), [100 * v for v in rates.values()], color=DECODE)
+    bottom.set_xlabel("draft position")
+    bottom.set_ylabel("accepted (% of drafts)")
+    bottom.set_xticks(list(rates))
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 PLOTS = {
     "latency_cdf": plot_latency_cdfs,
     "kv_occupancy": plot_kv_occupancy,
@@ -247,13 +273,15 @@ PLOTS = {
 
 
 def save_plots(results, directory: str | Path, fmt: str = "png", dpi: int = 120) -> list[Path]:
-    """Write every plot of PLOTS for `results` into `directory` as <name>.<fmt>; returns the paths."""
+    """Write every plot of PLOTS (and `spec_decode` when it was on) for `results` into `directory` as
+    <name>.<fmt>; returns the paths."""
     if fmt not in ("png", "svg"):
         raise ValueError(f"fmt={fmt!r}: must be 'png' or 'svg'")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, make in PLOTS.items():
+    plots = dict(PLOTS, spec_decode=plot_spec_decode) if "num_draft_tokens" in results.steps else PLOTS
+    for name, make in plots.items():
         path = out / f"{name}.{fmt}"
         make(results).savefig(path, dpi=dpi)
         paths.append(path)

@@ -1,0 +1,67 @@
+"""Builds speculative decoding for one simulation: the engine hook, its proposer cost, KV size."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kernels_cost_model.errors import require
+from sim.core.cost import LinearCostModel
+from sim.core.speculative import SpeculativeConfig
+from sim.engine.spec_decode import SpecDecoder
+from workloads.acceptance import make_acceptance
+
+#: Layers of the model the LinearCostModel defaults describe (Llama-3-8B): a one-layer head costs
+#: 1/32 of its per-step terms under the linear model.
+LINEAR_MODEL_LAYERS = 32
+
+
+def check_speculative(spec: SpeculativeConfig | None, engine):
+    """The engine config speculative decoding runs with: vLLM V1's policy (it schedules what a
+    request lacks, drafts included) and synchronous scheduling (unset async_scheduling turns off;
+    asking for it is an error)."""
+    if spec is None:
+        return engine
+    require(engine.policy == "vllm", "engine.policy", engine.policy,
+            "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
+    require(engine.async_scheduling is not True, "engine.async_scheduling", True,
+            "speculative decoding is modelled with synchronous scheduling; leave it unset or false")
+    return replace(engine, async_scheduling=False)
+
+
+def build_spec_decoder(spec: SpeculativeConfig, deployment, seed: int) -> SpecDecoder:
+    """The hook: seeded acceptance model and the proposer's cost for this deployment."""
+    acceptance = make_acceptance(spec.method, spec.acceptance_dataset, spec.acceptance_rates, seed)
+    return SpecDecoder(spec, acceptance, proposer_cost(spec, deployment))
+
+
+def proposer_cost(spec: SpeculativeConfig, deployment):
+    """ProposerCost with the drafter priced by the deployment's kind of cost model."""
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.speculative import (DRAFT_OVERHEAD_S, NGRAM_FRACTION_OF_STEP, ProposerCost,
+                                                drafter_spec)
+    overhead = DRAFT_OVERHEAD_S if spec.draft_overhead_s is None else spec.draft_overhead_s
+    fraction = NGRAM_FRACTION_OF_STEP if spec.ngram_fraction_of_step is None else spec.ngram_fraction_of_step
+    drafter = drafter_spec(spec.method, deployment.model, spec.model)
+    draft = None
+    if drafter is not None and deployment.cost_model == "linear":
+        draft = _scaled_linear(drafter, deployment.model)
+    elif drafter is not None:
+        draft = make_cost_model(drafter, deployment.gpu, deployment.tensor_parallel_size, cpu_overhead=False)
+    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction)
+
+
+def _scaled_linear(drafter, target) -> LinearCostModel:
+    """The linear model shrunk by the drafter's share of the target's parameters."""
+    from kernels_cost_model import get_model
+    ratio = drafter.num_params() / get_model(target).num_params()
+    base = LinearCostModel()
+    return replace(base, fixed_s=base.fixed_s * ratio, per_new_token_s=base.per_new_token_s * ratio,
+                   per_context_token_s=base.per_context_token_s * ratio)
+
+
+def spec_num_gpu_blocks(spec: SpeculativeConfig, deployment, engine) -> int:
+    """KV blocks left when the drafter's weights and KV share the GPU (vLLM sizes them together)."""
+    from kernels_cost_model.speculative import drafter_spec, proposer_kv_cache_blocks
+    return proposer_kv_cache_blocks(deployment.model, deployment.gpu,
+                                    drafter_spec(spec.method, deployment.model, spec.model),
+                                    deployment.tensor_parallel_size, engine.block_size,
+                                    deployment.gpu_memory_utilization, engine.max_num_batched_tokens)
