@@ -76,6 +76,33 @@ class Engine:
             self.state.waiting.append(req)
         return req
 
+    # ----- disaggregated decode (vLLM's KV-transfer path) ----------------------------------
+    def add_prefilled_request(self, spec, now: float, prefilled: Request, stream) -> Request:
+        """Register a request whose prompt KV another instance computed (the decode side of
+        prefill/decode disaggregation). It carries the prefill's sampled tokens, stop-string state
+        and token `stream`; it is not queued: the caller allocates its blocks in `state.kv` while the
+        KV arrives and calls `start_prefilled` once it has."""
+        index = len(self.requests)
+        self.requests.add(spec, prefilled.request_id, now, self.config.record_token_times)
+        req = Request(prefilled.request_id, spec.prompt_token_ids, prefilled.sampling_params,
+                      self.config.eos_token_id, prefilled.arrival_time, spec.priority,
+                      prefilled.text_state, spec, index)
+        req.output_token_ids.extend(prefilled.output_token_ids)
+        self.by_id[req.request_id] = req
+        quick = None if req.text_state else stop_candidates(req, self.config.max_model_len)
+        self.quick_stop.append(quick)
+        self.streams.append(stream)
+        return req
+
+    def start_prefilled(self, req: Request, now: float) -> None:
+        """The prompt's KV has arrived: `req` joins the running batch as a decode (its next step
+        computes the token the prefill instance sampled)."""
+        req.num_computed_tokens = req.num_prompt_tokens
+        req.status = RequestStatus.RUNNING
+        self.state.kv.cache_full_blocks(req)
+        self.state.running.append(req)
+        self.requests.first_scheduled_time[req.index] = now
+
     def abort(self, request_id: str, now: float) -> None:
         """Client disconnect: finish as aborted and free KV now (or at the end of the running step)."""
         req = self.by_id.get(request_id)
