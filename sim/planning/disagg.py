@@ -43,6 +43,17 @@ class KVTransferError(ConfigError):
     """A KV transfer that can never fit the decode instance's cache."""
 
 
+def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> SimulationConfig:
+    """One instance's config; an error names its TOML path, and a decode cache too small for one
+    request is a KVTransferError (a transfer could never fit)."""
+    try:
+        return getattr(disagg, pool).instance_config(config)
+    except ConfigError as exc:
+        decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
+        error, why = (KVTransferError, "; a KV transfer could never fit it") if decode_kv else (ConfigError, "")
+        raise error(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason + why) from None
+
+
 class HandOff(EngineHook):
     """On a prefill instance: after each step, take out the requests that just sampled their first
     token and did not stop; they keep their blocks until their KV has been sent."""
@@ -66,6 +77,11 @@ class DecodeAdmission(EngineHook):
     def __init__(self, cluster: "DisaggregatedCluster", index: int):
         self.cluster, self.index = cluster, index
 
+    def has_work(self) -> bool:
+        """Arrived requests and a free seat: step (even with nothing scheduled) to seat them."""
+        engine = self.cluster.decode[self.index]
+        return bool(self.cluster.arrived[self.index]) and len(engine.state.running) < engine.config.max_num_seqs
+
     def on_step_end(self, engine, now: float) -> None:
         self.cluster.admit_arrived(self.index, now)
         self.cluster.start_transfers(self.index)
@@ -88,8 +104,8 @@ class DisaggregatedCluster:
     def __init__(self, config: SimulationConfig, disagg: DisaggConfig):
         self.config, self.disagg = config, disagg
         self.env = env = simpy.Environment()
-        prefill_cfg = disagg.prefill.instance_config(config)
-        decode_cfg = disagg.decode.instance_config(config)
+        prefill_cfg = pool_config(disagg, config, "prefill")
+        decode_cfg = pool_config(disagg, config, "decode")
         check_names(prefill_cfg.engine), check_names(decode_cfg.engine)
         self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill")
                         for i in range(disagg.prefill.num_instances)]
@@ -175,6 +191,7 @@ class DisaggregatedCluster:
                                       lambda now, t=t: self._transfer_done(t, now))
 
     def _transfer_done(self, t: Transfer, now: float) -> None:
+        check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)
         t.prefill_req.status = RequestStatus.FINISHED_LENGTH_CAPPED  # the prefill's max_tokens=1 request
         self.prefill[t.source].complete(t.prefill_req, now)           # frees its held blocks
         del self.in_flight[t.decode_req.request_id]
@@ -216,6 +233,17 @@ class DisaggregatedCluster:
             stuck = sorted(self.done_events)[:5]
             raise InvariantError(f"{len(self.done_events)} requests never finished (e.g. {stuck})")
         return collect_results(self)
+
+
+def check_transfer(t: Transfer, source_kv, destination_kv) -> None:
+    """No block lost in transfer: the sender still holds the prompt's blocks, the receiver exactly
+    the blocks it allocated for them."""
+    needed = -(-t.prefill_req.num_prompt_tokens // source_kv.block_size)
+    held = len(source_kv.blocks_of(t.prefill_req))
+    got = len(destination_kv.blocks_of(t.decode_req))
+    if held < needed or got != t.num_blocks or got < needed:
+        raise InvariantError(f"{t.decode_req.request_id}: transfer of {needed} blocks, sender holds {held}, "
+                             f"receiver {got} (allocated {t.num_blocks})")
 
 
 def simulate_disaggregated(config: SimulationConfig, disagg: DisaggConfig, *, workload=None,
