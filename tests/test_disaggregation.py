@@ -147,3 +147,17 @@ def test_toml_gives_pools_ratio_and_link(tmp_path):
     assert disagg.decode.instance_config(config).engine.max_num_seqs == 64
     out = simulate_disaggregated(config, disagg)
     assert out.summary["num_gpus"] == 4 and out.summary["num_completed"] == 5
+
+
+def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
+    from sim.cli.main import main
+    path = tmp_path / "pd.toml"
+    text = open("examples/disagg.toml").read().replace("num_requests = 500", "num_requests = 20")
+    path.write_text(text)
+    assert main(["disagg", "--config", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "Disaggregated 1P:1D over ib-ndr, 2 GPUs" in printed and "KV transfers" in printed
+    for name in ("requests.csv", "transfers.csv", "summary.json", "kv_occupancy_per_pool.png",
+                 "transfer_queue.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert len(pd.read_csv(tmp_path / "out" / "transfers.csv")) <= 20

@@ -12,7 +12,7 @@ import traceback
 
 from kernels_cost_model.cli import add_calibrate_parser
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser
-from sim.cli import plot, run
+from sim.cli import disagg, plot, run
 from kernels_cost_model.errors import ConfigError
 
 COMMANDS = [
@@ -21,6 +21,7 @@ COMMANDS = [
     add_calibrate_parser,
     add_sweep_parser,
     add_capacity_parser,
+    disagg.add_parser,
 ]
 
 EPILOG = """\

@@ -8,6 +8,7 @@ of both. TTFT, TPOT and E2E keep their definitions (sim.api.metrics) on that row
 """
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from dataclasses import dataclass
 
@@ -59,10 +60,13 @@ def collect_results(cluster) -> DisaggResults:
     summary = summarize(requests, pd.DataFrame({"duration": [], "kv_blocks_used": []}).iloc[0:0],
                         tokens, blocks, slo)
     summary.update(pool_summary("prefill", prefill), **pool_summary("decode", decode))
+    summary.update({key: v for key, v in pool_summary("all", prefill + decode).items()
+                    for key in [key.removeprefix("all_")]})
     summary.update(transfer_summary(transfers))
     summary["num_gpus"] = (cluster.disagg.prefill.num_gpus(cluster.config)
                            + cluster.disagg.decode.num_gpus(cluster.config))
-    meta = {"config": {"ratio": cluster.disagg.ratio, "link": cluster.disagg.link},
+    config = dict(dataclasses.asdict(cluster.config), disaggregation=dataclasses.asdict(cluster.disagg))
+    meta = {"config": config, "ratio": cluster.disagg.ratio,
             "num_gpu_blocks": blocks, "block_size": cluster.config.engine.block_size,
             "end_time": end, "slo": slo}
     return DisaggResults(Results(requests, pd.DataFrame(), tokens, summary, meta), prefill, decode,
