@@ -161,3 +161,18 @@ def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
                  "transfer_queue.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert len(pd.read_csv(tmp_path / "out" / "transfers.csv")) <= 20
+
+
+def test_link_catalog_prices_transfers_with_cited_figures():
+    from kernels_cost_model.links import _catalog, list_links
+    assert {"nvlink4", "pcie5", "ib-ndr", "roce-100g"} <= set(list_links())
+    assert all(link.source for link in _catalog()[0].values())
+    link = get_link("InfiniBand")
+    assert link.name == "ib-ndr"
+    assert link.transfer_time_s(0) == 0.0
+    assert link.transfer_time_s(50e9) == pytest.approx(5e-6 + 1.0)
+    assert link.transfer_time_s(50e9, lanes=2) == pytest.approx(5e-6 + 0.5)
+    # llama-3.1-8b: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 128 KiB per token
+    assert kv_transfer_bytes("llama-3.1-8b", 10) == 10 * 131072
+    with pytest.raises(ConfigError, match="link"):
+        get_link("smoke-signals")
