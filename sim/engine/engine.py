@@ -36,13 +36,15 @@ class Engine:
     """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
 
     def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
-                 hooks=()):
+                 hooks=(), kv: KVCacheManager | None = None):
+        """`kv`: a KV cache manager of `num_gpu_blocks` blocks to use instead of the plain one
+        (e.g. sim.core.kv_offload's, with a host-memory tier)."""
         self.config = config
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
-        kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        kv = kv or KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
