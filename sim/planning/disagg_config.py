@@ -17,13 +17,12 @@ Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's G
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
-from sim.api.simulator import SimulationConfig, read_toml, within
+from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
 from sim.planning.routers import ROUTERS
 
 SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
@@ -92,15 +91,11 @@ class DisaggConfig:
 
 def _pool(name: str, values) -> PoolConfig:
     path = f"disaggregation.{name}"
-    if not isinstance(values, dict):
-        raise ConfigError(path, values, "must be a table")
-    known = {f.name for f in dataclasses.fields(PoolConfig)}
-    for key in values:
-        if key not in known:
-            raise ConfigError(f"{path}.{key}", values[key], f"unknown setting; known: {sorted(known)}")
     try:
-        return PoolConfig(**values)
+        return section(path, PoolConfig, values)
     except ConfigError as exc:
+        if exc.field.startswith(path):
+            raise
         raise ConfigError(f"{path}.{exc.field}", exc.value, exc.reason) from None
 
 
