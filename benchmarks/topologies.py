@@ -10,7 +10,7 @@ the crossover this benchmark prints (DistServe Figure 8 / Splitwise, Patel et al
 same point: disaggregation pays when decode latency is tight and prompts interfere).
 
 Second part: TTFT with and without a CPU KV tier on multi-turn traffic (the Mooncake FAST'25
-conversation trace when /work/shared/data/mooncake_fast25 is present, and servesim's sessions
+conversation trace replayed closed-loop when /work/shared/data/mooncake_fast25 is present, and servesim's sessions
 workload), Llama-3.1-8B on one H100 with a GPU cache held to `--gpu-blocks` so prefixes get evicted.
 Published reference: LMCache (README, github.com/LMCache/LMCache) reports 3-10x lower delay for
 multi-round QA with vLLM + CPU offload.
@@ -35,7 +35,8 @@ from sim.api.simulator import SimulationConfig, simulate  # noqa: E402
 from sim.planning.disagg import simulate_disaggregated  # noqa: E402
 from sim.planning.disagg_config import DisaggConfig, PoolConfig  # noqa: E402
 from sim.planning.offload import OffloadConfig, simulate_offload  # noqa: E402
-from workloads import TraceWorkload, poisson_workload  # noqa: E402
+from workloads import poisson_workload  # noqa: E402
+from workloads.conversations import ConversationReplay, mooncake_conversations  # noqa: E402
 from workloads.lengths import Fixed, Independent  # noqa: E402
 
 TTFT_S, ATTAINMENT = 0.4, 0.9
@@ -88,9 +89,8 @@ def offload_section(args) -> None:
                                                                      "num_requests": 150, "think_time_s": 30.0}),
               None)]
     if MOONCAKE.exists():
-        loads.append(("Mooncake conversation", lambda: config,
-                      lambda: TraceWorkload(str(MOONCAKE), "mooncake", target_rate=args.mooncake_rate,
-                                            max_requests=args.mooncake_requests)))
+        loads.append(("Mooncake conversation", lambda: config,   # closed loop: turns wait for answers
+                      lambda: ConversationReplay(mooncake_conversations(MOONCAKE, args.mooncake_requests))))
     print(f"\nCPU KV tier ({args.cpu_gb:g} GB host memory, pcie5) on Llama-3.1-8B / H100, "
           f"GPU cache {args.gpu_blocks} blocks of 16 tokens:")
     print(f"{'traffic':24s}{'tier':>6s}{'TTFT mean ms':>14s}{'TTFT p99 ms':>13s}{'GPU hit':>9s}{'CPU hit':>9s}")
@@ -114,8 +114,7 @@ def main() -> None:
     ap.add_argument("--skip-crossover", action="store_true")
     ap.add_argument("--gpu-blocks", type=int, default=4096)
     ap.add_argument("--cpu-gb", type=float, default=200.0)
-    ap.add_argument("--mooncake-requests", type=int, default=400)
-    ap.add_argument("--mooncake-rate", type=float, default=0.5)
+    ap.add_argument("--mooncake-requests", type=int, default=1000)
     args = ap.parse_args()
     if not args.skip_crossover:
         crossover(args)
