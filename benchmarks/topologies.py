@@ -90,7 +90,8 @@ def offload_section(args) -> None:
               None)]
     if MOONCAKE.exists():
         loads.append(("Mooncake conversation", lambda: config,   # closed loop: turns wait for answers
-                      lambda: ConversationReplay(mooncake_conversations(MOONCAKE, args.mooncake_requests))))
+                      lambda: ConversationReplay(mooncake_conversations(MOONCAKE, args.mooncake_requests,
+                                                                         time_scale=args.mooncake_time_scale))))
     print(f"\nCPU KV tier ({args.cpu_gb:g} GB host memory, pcie5) on Llama-3.1-8B / H100, "
           f"GPU cache {args.gpu_blocks} blocks of 16 tokens:")
     print(f"{'traffic':24s}{'tier':>6s}{'TTFT mean ms':>14s}{'TTFT p99 ms':>13s}{'GPU hit':>9s}{'CPU hit':>9s}")
@@ -114,7 +115,9 @@ def main() -> None:
     ap.add_argument("--skip-crossover", action="store_true")
     ap.add_argument("--gpu-blocks", type=int, default=4096)
     ap.add_argument("--cpu-gb", type=float, default=200.0)
-    ap.add_argument("--mooncake-requests", type=int, default=1000)
+    ap.add_argument("--mooncake-requests", type=int, default=600)
+    ap.add_argument("--mooncake-time-scale", type=float, default=10.0,
+                    help="stretch the trace's times (it was served by a cluster; 10 = a tenth of its traffic)")
     args = ap.parse_args()
     if not args.skip_crossover:
         crossover(args)

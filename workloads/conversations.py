@@ -74,9 +74,11 @@ class ConversationReplay:
         yield env.all_of([env.process(run(c)) for c in self.conversations])
 
 
-def mooncake_conversations(path: str | Path, max_requests: int | None = None,
-                           ignore_eos: bool = True) -> list[Conversation]:
-    """Conversations from a Mooncake prefix-hash trace (first `max_requests` rows)."""
+def mooncake_conversations(path: str | Path, max_requests: int | None = None, ignore_eos: bool = True,
+                           time_scale: float = 1.0) -> list[Conversation]:
+    """Conversations from a Mooncake prefix-hash trace (first `max_requests` rows). `time_scale`
+    stretches start times and gaps (10: a tenth of the trace's traffic, e.g. one of ten instances)."""
+    require(time_scale > 0, "time_scale", time_scale, "must be > 0")
     rows = list(itertools.islice(read_mooncake(path), max_requests))
     chains: list[list] = []                  # rows of each conversation
     tip: dict[tuple, int] = {}               # hash ids of a conversation's last turn -> conversation
@@ -89,15 +91,15 @@ def mooncake_conversations(path: str | Path, max_requests: int | None = None,
         chains[owner].append(row)
         if len(ids) > MIN_SHARED_BLOCKS:
             tip[ids[:-1]] = owner    # its full blocks: the last one is partial unless the next turn repeats it
-    return [_conversation(f"mc{i}", chain, ignore_eos) for i, chain in enumerate(chains)]
+    return [_conversation(f"mc{i}", chain, ignore_eos, time_scale) for i, chain in enumerate(chains)]
 
 
-def _conversation(session_id: str, rows: list, ignore_eos: bool) -> Conversation:
+def _conversation(session_id: str, rows: list, ignore_eos: bool, time_scale: float) -> Conversation:
     turns, previous = [], rows[0].arrival_s
     for row in rows:
         prompt = block_tokens(row.hash_ids, row.prompt_len, row.block_size)
         output = max(1, row.output_len)
         spec = RequestSpec(0.0, prompt, output_len=output, sampling_params=SamplingParams(max_tokens=output, ignore_eos=ignore_eos))
-        turns.append(Turn(spec, row.arrival_s - previous))
+        turns.append(Turn(spec, (row.arrival_s - previous) * time_scale))
         previous = row.arrival_s
-    return Conversation(session_id, rows[0].arrival_s, tuple(turns))
+    return Conversation(session_id, rows[0].arrival_s * time_scale, tuple(turns))
