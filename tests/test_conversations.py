@@ -50,6 +50,8 @@ def test_mooncake_turns_chain_by_their_full_blocks(tmp_path):
     a = conversations[0]
     assert [t.gap_s for t in a.turns] == [0.0, 4.0]
     assert [t.spec.num_prompt_tokens for t in a.turns] == [1800, 2600]
+    slower = mooncake_conversations(_mooncake_fixture(tmp_path), time_scale=10)
+    assert [t.gap_s for t in slower[0].turns] == [0.0, 40.0] and slower[1].start_s == 5.0
 
 
 def test_each_turn_arrives_after_the_previous_answer_plus_its_gap(tmp_path):

@@ -44,7 +44,8 @@ class Engine:
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
-        kv = kv or KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        if kv is None:
+            kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
