@@ -51,13 +51,18 @@ class Policy:
     # ----- shared moves ------------------------------------------------------------------
     @staticmethod
     def lacking(req: Request, num_cached: int = 0) -> int:
-        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits)."""
-        return req.num_tokens - req.num_computed_tokens - num_cached
+        """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits), counting the
+        tokens of steps still in flight (async scheduling) as known."""
+        return req.num_tokens + req.num_output_placeholders - req.num_computed_tokens - num_cached
 
     @staticmethod
     def is_decode(req: Request) -> bool:
         """Caught up once already and lacks only the token it sampled last: a decode."""
         return req.num_tokens - req.num_computed_tokens == 1 and bool(req.output_token_ids)
+
+    def prefill_threshold(self, state: EngineState) -> int:
+        """This step's cap on one request's chunk (0: none)."""
+        return state.config.long_prefill_token_threshold if state.config.enable_chunked_prefill else 0
 
     def chunk(self, state: EngineState, req: Request, budget: int, num_cached: int = 0) -> int:
         """Tokens `req` would compute now: what it lacks, capped by the threshold and budget.
@@ -65,8 +70,8 @@ class Policy:
         A policy may override this to size chunks its own way (Sarathi fills the budget exactly).
         """
         n = self.lacking(req, num_cached)
-        threshold = state.config.long_prefill_token_threshold
-        if 0 < threshold < n and state.config.enable_chunked_prefill:
+        threshold = self.prefill_threshold(state)
+        if 0 < threshold < n:
             n = threshold
         return min(n, budget)
 
@@ -80,6 +85,9 @@ class Policy:
         cached_blocks, num_cached = state.kv.lookup_prefix(req)
         if whole_prompt:
             n = self.lacking(req, num_cached)
+            threshold = self.prefill_threshold(state)
+            if 0 < threshold < n:
+                n = threshold  # vLLM caps even an unchunked prompt's first step at the threshold
             if n > budget:
                 return None
         else:
@@ -158,6 +166,8 @@ class Policy:
         state.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_stale_tokens = victim.num_in_flight_tokens  # its in-flight token still arrives
+        victim.num_output_placeholders = 0
         victim.num_preemptions += 1
         state.waiting.appendleft(victim)
         out.preempted.append(victim)

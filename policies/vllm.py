@@ -6,36 +6,55 @@ run out, the last-admitted (or lowest-priority) running request is preempted by 
 nobody was preempted, waiting requests are admitted in order while the budget, `max_num_seqs` and
 KV blocks allow; the first that does not fit blocks those behind it (head-of-line blocking).
 With chunked prefill off, a prompt must fit the remaining budget whole.
+
+What changed between vLLM releases comes from the scheduler profile (sim.core.scheduler_profiles):
+whether the threshold applies to a lone request, and whether the running pass goes on after a
+priority self-preemption. Under async scheduling a request whose in-flight step already reaches
+`max_tokens` is not scheduled again, and no chunk runs past `max_model_len`.
 """
 from __future__ import annotations
 
 from policies.base import EngineState, Policy, SchedulerOutput
+from sim.core.request import RequestStatus
+from sim.core.scheduler_profiles import get_scheduler_profile
 
 
 class VllmV1Policy(Policy):
     name = "vllm"
 
+    def __init__(self):
+        self._threshold = 0
+
     def schedule(self, state: EngineState) -> SchedulerOutput:
+        config = state.config
+        profile = get_scheduler_profile(config.scheduler_profile)
+        self._threshold = config.long_prefill_token_threshold
+        if profile.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
+            self._threshold = 0  # nobody to starve: a lone request uses the whole budget
         out = SchedulerOutput()
-        budget = self.schedule_running(state, state.config.max_num_batched_tokens, out)
+        budget = self.schedule_running(state, config.max_num_batched_tokens, out,
+                                       profile.self_preemption_continues)
         if not out.preempted:
-            self.admit_waiting(state, budget, out, whole_prompt=not state.config.enable_chunked_prefill)
+            self.admit_waiting(state, budget, out, whole_prompt=not config.enable_chunked_prefill)
         return out
 
-    def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput) -> int:
+    def prefill_threshold(self, state: EngineState) -> int:
+        return self._threshold  # vLLM applies it with chunked prefill off too
+
+    def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput,
+                         self_preemption_continues: bool) -> int:
         running, scheduled = state.running, out.scheduled
-        block_size = state.config.block_size
+        max_model_len = state.config.max_model_len
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            computed = req.num_computed_tokens
-            if (req.num_prompt_tokens + len(req.output_token_ids) - computed == 1
-                    and computed % block_size):
-                scheduled.append((req, 1))  # a decode inside its last block: no new KV needed
-                budget -= 1
-                i += 1
+            placeholders = req.num_output_placeholders
+            max_tokens = req.sampling_params.max_tokens or max_model_len - req.num_prompt_tokens
+            if (placeholders and req.num_computed_tokens + 2 - placeholders
+                    >= req.num_prompt_tokens + max_tokens):
+                i += 1  # its in-flight step already samples its last token
                 continue
-            n = self.chunk(state, req, budget)
+            n = min(self.chunk(state, req, budget), max_model_len - 1 - req.num_computed_tokens)
             if n <= 0:
                 i += 1
                 continue
@@ -43,8 +62,19 @@ class VllmV1Policy(Policy):
             fits, refund = self.allocate_or_preempt(state, req, n, out)
             budget += refund
             if not fits:
+                if self_preemption_continues and req.status == RequestStatus.PREEMPTED \
+                        and state.config.scheduling == "priority":
+                    i = self._next_index(running, i, out, num_preempted)
+                    continue
                 break
             scheduled.append((req, n))
             budget -= n
             i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
         return budget
+
+    @staticmethod
+    def _next_index(running, i, out, num_preempted) -> int:
+        """Index of the request after a self-preempted one: it left `running`, and so did any
+        victims before it."""
+        before = sum(1 for victim in out.preempted[num_preempted:-1] if victim.index < 0)
+        return i - before

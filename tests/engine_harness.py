@@ -72,7 +72,7 @@ def scripted_specs(draw, max_requests: int = 8, max_prompt: int = 120):
 def engine_configs(draw, max_model_len: int = 256):
     """Random budgets, thresholds, block sizes and KV sizes (from minimal to roomy)."""
     block_size = draw(st.sampled_from([1, 4, 16]))
-    min_blocks = -(-max_model_len // block_size)
+    min_blocks = -(-max_model_len // block_size) + 1  # one max_model_len request + vLLM's null block
     chunked = draw(st.booleans())
     budget = draw(st.integers(1, 600)) if chunked else draw(st.integers(max_model_len, 800))
     return EngineConfig(

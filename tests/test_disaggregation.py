@@ -55,7 +55,7 @@ def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs,
             assert (row.finish_reason, _none(row.stop_reason)) == (expected.finish_reason, expected.stop_reason)
             assert row.num_output_tokens == len(expected.output_token_ids)
     for engine_ in cluster.prefill + cluster.decode:   # KV conserved and all returned
-        assert engine_.state.kv.num_free_blocks == engine_.state.kv.num_gpu_blocks
+        assert engine_.state.kv.num_free_blocks == engine_.state.kv.num_usable_blocks
         assert not engine_.by_id
     handed = rows[rows.decode_instance >= 0]
     assert len(out.transfers) == len(handed)

@@ -53,7 +53,7 @@ def test_everything_finishes_and_kv_is_released(specs, config):
     drive(engine, specs)
     kv = engine.state.kv
     assert all(reason is not None for reason in engine.requests.finish_reason)
-    assert kv.num_free_blocks == kv.num_gpu_blocks
+    assert kv.num_free_blocks == kv.num_usable_blocks
     assert not kv.req_blocks and not engine.state.running and not engine.state.waiting
 
 

@@ -31,11 +31,11 @@ def test_blocks_follow_computed_tokens():
     _compute(kv, req, 1)
     assert len(kv.blocks_of(req)) == 3
     kv.free(req)
-    assert kv.num_free_blocks == 10
+    assert kv.num_free_blocks == kv.num_usable_blocks == 9  # block 0 is vLLM's null block
 
 
 def test_allocation_that_does_not_fit_changes_nothing():
-    kv = KVCacheManager(3, 4, enable_prefix_caching=False)
+    kv = KVCacheManager(4, 4, enable_prefix_caching=False)  # 3 usable: block 0 is the null block
     a = _req(range(8), "a")
     _compute(kv, a, 8)
     b = _req(range(8), "b")
@@ -58,7 +58,7 @@ def test_prefix_hit_reuses_full_blocks_and_leaves_one_token():
 
 
 def test_cached_blocks_are_evicted_least_recently_freed_first():
-    kv = KVCacheManager(4, 4, enable_prefix_caching=True)
+    kv = KVCacheManager(5, 4, enable_prefix_caching=True)  # 4 usable
     a, b = _req(range(0, 5), "a"), _req(range(50, 55), "b")
     _compute(kv, a, 4)
     _compute(kv, b, 4)
@@ -83,7 +83,7 @@ def test_shared_prefix_blocks_are_shared_not_copied():
     assert all(kv.ref_cnt[blk] == 2 for blk in kv.blocks_of(b)[:2])
     kv.free(a)
     kv.free(b)
-    assert kv.num_free_blocks == 8
+    assert kv.num_free_blocks == kv.num_usable_blocks
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=30))
@@ -102,10 +102,10 @@ def test_blocks_conserved_under_random_allocate_and_free(ops):
             req.num_computed_tokens += num_hit + n
             kv.cache_full_blocks(req)
         owned = {b for blocks in kv.req_blocks.values() for b in blocks}
-        assert len(owned) + kv.num_free_blocks == kv.num_gpu_blocks
+        assert len(owned) + kv.num_free_blocks == kv.num_usable_blocks and 0 not in owned
     for req in live.values():
         kv.free(req)
-    assert kv.num_free_blocks == kv.num_gpu_blocks
+    assert kv.num_free_blocks == kv.num_usable_blocks
 
 
 @pytest.mark.parametrize("caching", [False, True])
@@ -115,4 +115,4 @@ def test_free_is_idempotent(caching):
     _compute(kv, req, 6)
     kv.free(req)
     kv.free(req)
-    assert kv.num_free_blocks == 4
+    assert kv.num_free_blocks == kv.num_usable_blocks == 3

@@ -13,6 +13,7 @@ from kernels_cost_model.links import get_link, kv_transfer_bytes
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
 from sim.core.sampling_params import SamplingParams
 from sim.engine.engine import Engine
@@ -22,7 +23,8 @@ from workloads.spec import RequestSpec
 
 
 def _offload_engine(config: EngineConfig, num_cpu_blocks: int) -> Engine:
-    kv = CPUOffloadKVCacheManager(config.num_gpu_blocks, config.block_size, True, num_cpu_blocks)
+    kv = CPUOffloadKVCacheManager(config.num_gpu_blocks, config.block_size, True, num_cpu_blocks,
+                                  get_scheduler_profile(config.scheduler_profile).free_uncached_first)
     return Engine(config, LinearCostModel(), config.num_gpu_blocks, kv=kv)
 
 
@@ -34,7 +36,7 @@ def test_outputs_and_kv_survive_offload_and_reload(specs, config, num_cpu_blocks
     logs = drive(engine, specs)             # check_invariants (GPU tier) after every step
     check_cpu_tier(kv)
     assert_outputs_match_run_until_stop(engine, specs)
-    assert kv.num_free_blocks == kv.num_gpu_blocks and not kv.req_blocks
+    assert kv.num_free_blocks == kv.num_usable_blocks and not kv.req_blocks
     assert len(kv.cpu) <= num_cpu_blocks
     assert kv.gpu_hit_tokens + kv.cpu_hit_tokens == sum(engine.requests.num_cached_tokens)
     assert logs or not specs

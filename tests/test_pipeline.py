@@ -44,7 +44,8 @@ def _config(**workload) -> SimulationConfig:
 
 
 def test_one_stage_is_the_plain_engine():
-    assert simulate_pipeline(_config(), PipelineConfig(1)).requests.equals(simulate(_config()).requests)
+    sync = _config().replace(engine={"async_scheduling": False})
+    assert simulate_pipeline(_config(), PipelineConfig(1)).requests.equals(simulate(sync).requests)
 
 
 def test_two_stages_keep_two_batches_in_flight_and_serve_more():

@@ -15,6 +15,7 @@ EXPECTED_REASON = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_REPETITION: "repetition",
 }
 
 

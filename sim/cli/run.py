@@ -42,6 +42,7 @@ FIELDS = {
     "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"),
+    "scheduler_profile": ("engine", "scheduler_profile"), "async_scheduling": ("engine", "async_scheduling"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
     "cv": ("workload", "cv"), "num_users": ("workload", "num_users"),
@@ -84,6 +85,10 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="prefill each prompt whole in one step")
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const", const=False,
                    help="disable automatic prefix caching")
+    g.add_argument("--scheduler-profile", metavar="NAME",
+                   help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
+    g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_const", const=False,
+                   help="apply each step's tokens before scheduling the next (vLLM's default is async)")
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=("poisson", "gamma", "closed_loop", "sessions"),
                    help="arrival process (default poisson); --trace selects trace replay")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
+from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
 
@@ -21,6 +22,12 @@ class EngineConfig:
         thrashing under chunked prefill).
     scheduling: "fcfs" or "priority" (lower `priority` value first; preempts the lowest).
     stop_profile: which stop-rule order to apply (see sim.core.stop_rules).
+    scheduler_profile: which vLLM release's scheduler to follow (see sim.core.scheduler_profiles;
+        "vllm" is the newest).
+    async_scheduling: schedule step N+1 before step N's tokens are known, as vLLM's async scheduling
+        does (None: the scheduler profile's default, on for every vLLM release modelled). A request
+        that stops is then scheduled for one more decode, and freed KV and seats reach waiting
+        requests one step later.
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL).
     """
@@ -37,9 +44,18 @@ class EngineConfig:
     scheduling: str = "fcfs"
     policy: str = "vllm"
     stop_profile: str = "vllm"
+    scheduler_profile: str = "vllm"
+    async_scheduling: bool | None = None
     eos_token_id: int = 2
     check_invariants: bool = False
     record_token_times: bool = True
+
+    @property
+    def is_async(self) -> bool:
+        """Whether steps are scheduled one ahead (the setting, else the scheduler profile's default)."""
+        if self.async_scheduling is None:
+            return get_scheduler_profile(self.scheduler_profile).async_scheduling
+        return self.async_scheduling
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -51,6 +67,9 @@ class EngineConfig:
                 "long_prefill_token_threshold", self.long_prefill_token_threshold, "must be >= 0")
         require(self.scheduling in SCHEDULING_ORDERS, "scheduling", self.scheduling,
                 f"must be one of {SCHEDULING_ORDERS}")
+        get_scheduler_profile(self.scheduler_profile)
+        require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
+                "must be true, false or unset")
         require(_is_int(self.eos_token_id) and self.eos_token_id >= 0, "eos_token_id",
                 self.eos_token_id, "must be an integer >= 0")
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,

@@ -36,8 +36,9 @@ def check_invariants(engine) -> None:
 def _check_kv(kv) -> None:
     """Work proportional to the blocks in use, so it can run after every step."""
     owners = Counter(b for blocks in kv.req_blocks.values() for b in blocks)
-    _ensure(len(owners) + len(kv.free_queue) == kv.num_gpu_blocks,
-            f"{len(owners)} owned + {len(kv.free_queue)} free blocks != {kv.num_gpu_blocks}")
+    _ensure(len(owners) + len(kv.free_queue) == kv.num_usable_blocks,
+            f"{len(owners)} owned + {len(kv.free_queue)} free blocks != {kv.num_usable_blocks} usable")
+    _ensure(0 not in owners and 0 not in kv.free_queue, "the null block (0) was handed out")
     for block, count in owners.items():
         _ensure(kv.ref_cnt[block] == count,
                 f"block {block}: ref_cnt {kv.ref_cnt[block]} but {count} owners")

@@ -3,8 +3,12 @@
 Blocks hold `block_size` tokens. A request owns a list of blocks covering its computed tokens.
 With prefix caching, every full block is named by a chained hash of its token ids (the parent
 block's hash and its own tokens); a new request reuses the longest run of cached blocks matching
-its prefix. Freed blocks keep their hash and sit in a free queue: a later hit takes them back,
-and allocation evicts the least recently freed first.
+its prefix. A full block enters the prefix cache when it is allocated for tokens already known (so
+two identical prompts admitted in one step share it), as vLLM's `allocate_slots` does. Freed blocks
+keep their hash and sit in a free queue: a later hit takes them back, and allocation evicts from the
+front. With `free_uncached_first` (vLLM 0.33) freed blocks holding no cached prefix go to the front and
+cached ones to the back; otherwise (vLLM 0.19) all go to the back. Block 0 is vLLM's null block, never
+allocated: `num_gpu_blocks - 1` blocks are usable.
 """
 from __future__ import annotations
 
@@ -18,14 +22,16 @@ from sim.core.request import Request
 class KVCacheManager:
     """Owns every block; the scheduler only calls allocate / free / lookup_prefix."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool):
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 free_uncached_first: bool = True):
         self.num_gpu_blocks = num_gpu_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.free_uncached_first = free_uncached_first
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_gpu_blocks))
-        self.cached: dict[int, int] = {}          # block hash -> block id
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        self.cached: dict[int, dict[int, None]] = {}  # block hash -> block ids holding it (first wins)
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
@@ -37,8 +43,13 @@ class KVCacheManager:
         return len(self.free_queue)
 
     @property
+    def num_usable_blocks(self) -> int:
+        """Every block but the null block."""
+        return self.num_gpu_blocks - 1
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - len(self.free_queue)
+        return self.num_gpu_blocks - 1 - len(self.free_queue)
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -60,10 +71,10 @@ class KVCacheManager:
         hashes = self._hashes(req, max_blocks)
         hits = []
         for block_hash in hashes[:max_blocks]:
-            block = self.cached.get(block_hash)
-            if block is None:
+            blocks = self.cached.get(block_hash)
+            if not blocks:
                 break
-            hits.append(block)
+            hits.append(next(iter(blocks)))
         return hits, len(hits) * self.block_size
 
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
@@ -101,21 +112,25 @@ class KVCacheManager:
         return fresh + revived <= len(self.free_queue)
 
     def allocate(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> list[int] | None:
-        """Give `req` blocks for `num_new_tokens` more tokens (after `cached_blocks` prefix hits).
+        """Give `req` blocks for `num_new_tokens` more tokens (after `cached_blocks` prefix hits), and
+        cache the blocks those tokens fill with tokens already known.
 
         Returns the newly allocated blocks, or None if they do not fit (nothing changes then).
         """
         fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
-        if fresh == 0 and not cached_blocks:
-            return []
         if fresh + revived > len(self.free_queue):
             return None
-        blocks = self.req_blocks.setdefault(req, [])
-        for block in cached_blocks:
-            self._touch(block)
-            blocks.append(block)
-        new_blocks = [self._pop_free() for _ in range(fresh)]
-        blocks.extend(new_blocks)
+        new_blocks = []
+        if fresh or cached_blocks:
+            blocks = self.req_blocks.setdefault(req, [])
+            for block in cached_blocks:
+                self._touch(block)
+                blocks.append(block)
+            new_blocks = [self._pop_free() for _ in range(fresh)]
+            blocks.extend(new_blocks)
+        if self.enable_prefix_caching and req in self.req_blocks:
+            total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+            self.cache_full_blocks(req, min(total, req.num_tokens))
         return new_blocks
 
     def _touch(self, block: int) -> None:
@@ -127,17 +142,20 @@ class KVCacheManager:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            if self.cached.get(old_hash) == block:
+            holders = self.cached[old_hash]
+            del holders[block]
+            if not holders:
                 del self.cached[old_hash]
             self.block_hash[block] = None
         self.ref_cnt[block] = 1
         return block
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Register the request's newly full, computed blocks in the prefix cache."""
+    def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Register the request's blocks full within its first `num_tokens` tokens (default: its
+        computed tokens) in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = req.num_computed_tokens // self.block_size
+        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
         done = self.num_hashed_blocks.get(req, 0)
         if num_full <= done:
             return
@@ -147,11 +165,12 @@ class KVCacheManager:
             block = blocks[i]
             if self.block_hash[block] is None:
                 self.block_hash[block] = hashes[i]
-                self.cached.setdefault(hashes[i], block)
+                self.cached.setdefault(hashes[i], {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:
-        """Release the request's blocks; tail blocks go first in the eviction order.
+        """Release the request's blocks, tail blocks first in the eviction order (uncached ones to the
+        front of the free queue under `free_uncached_first`).
 
         `forget` also drops its memoised hashes (when the request is gone for good).
         """
@@ -161,7 +180,14 @@ class KVCacheManager:
             self.req_hashes.pop(req, None)
         if not blocks:
             return
+        first = []
         for block in reversed(blocks):
             self.ref_cnt[block] -= 1
             if self.ref_cnt[block] == 0:
-                self.free_queue[block] = None
+                if self.free_uncached_first and self.block_hash[block] is None:
+                    first.append(block)
+                else:
+                    self.free_queue[block] = None
+        for block in reversed(first):
+            self.free_queue[block] = None
+            self.free_queue.move_to_end(block, last=False)

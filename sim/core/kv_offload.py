@@ -26,12 +26,13 @@ from sim.core.request import Request, RequestStatus
 class CPUOffloadKVCacheManager(KVCacheManager):
     """GPU blocks plus a host-memory tier of block hashes (LRU)."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool, num_cpu_blocks: int):
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool, num_cpu_blocks: int,
+                 free_uncached_first: bool = True):
         require(enable_prefix_caching, "enable_prefix_caching", enable_prefix_caching,
                 "a CPU KV tier reuses cached prefixes; turn prefix caching on")
         require(isinstance(num_cpu_blocks, int) and num_cpu_blocks >= 1, "num_cpu_blocks", num_cpu_blocks,
                 "the CPU tier must hold at least one block")
-        super().__init__(num_gpu_blocks, block_size, enable_prefix_caching)
+        super().__init__(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
         self.num_cpu_blocks = num_cpu_blocks
         self.cpu: OrderedDict[int, None] = OrderedDict()   # hashes in host memory, least recent first
         self.pending: dict[Request, list[int]] = {}        # CPU hits of each request's last lookup
@@ -89,9 +90,8 @@ class CPUOffloadKVCacheManager(KVCacheManager):
             self.cpu_hit_tokens += len(cpu_hits) * self.block_size
         if cpu_hits:
             del self.pending[req]
-            for block, block_hash in zip(new_blocks, cpu_hits):   # the reloaded prefix, in order
-                self.block_hash[block] = block_hash
-                self.cached.setdefault(block_hash, block)
+            known = (len(cached_blocks) + len(cpu_hits)) * self.block_size + num_new_tokens
+            self.cache_full_blocks(req, min(req.num_computed_tokens + known, req.num_tokens))  # reloaded: cached
             self.loaded_since_take += len(cpu_hits)
             self.num_loaded_blocks += len(cpu_hits)
         return new_blocks

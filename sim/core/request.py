@@ -16,6 +16,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
     FINISHED_IGNORED = 6
+    FINISHED_REPETITION = 7
 
 
 _FINISH_REASONS = {
@@ -23,6 +24,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_IGNORED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_REPETITION: "repetition",
 }
 
 
@@ -53,6 +55,7 @@ class Request:
         "request_id", "arrival_time", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
+        "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -74,6 +77,9 @@ class Request:
         self.num_cached_tokens = 0
         self.spec = spec
         self.index = index
+        self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
+        self.num_in_flight_tokens = 0     # tokens scheduled in steps whose results are not applied
+        self.num_stale_tokens = 0         # in-flight tokens of a step planned before a preemption
 
     @property
     def num_tokens(self) -> int:

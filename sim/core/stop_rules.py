@@ -13,10 +13,13 @@ stop strings (checked on the detokenized text) interact with them. Profiles:
   stop strings were taken in list order (earliest-completing came with vLLM PR #49391).
 - "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings (list order), then length; stop
   strings are looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked
-  for on a token that already stopped by EOS or a stop token id.
+  for on a token that already stopped by EOS or a stop token id. Below `min_tokens` it checks nothing,
+  the length rules included.
 
-In every profile `min_tokens` gates the content checks only (EOS, stop token ids, stop strings);
-the length rules always bind.
+In the V1 profiles `min_tokens` gates the content checks only (EOS, stop token ids, stop strings,
+repetition); the length rules always bind. `max_tokens=None` means up to `max_model_len`. Repetition
+detection (`SamplingParams.repetition_detection`, vLLM V1) runs after the length rules and ends a request
+with its own finish reason, "repetition" (stop_reason "repetition_detected").
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from sim.core.text import strings_armed
 
 STOPPED = RequestStatus.FINISHED_STOPPED
 LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
+REPETITION = RequestStatus.FINISHED_REPETITION
 
 
 def _eos(req: Request, max_model_len: int | None):
@@ -52,7 +56,8 @@ def _length(req: Request, max_model_len: int | None):
 def length_binds(req: Request, num_output: int, max_model_len: int | None) -> bool:
     """A length rule stops `req` once it has `num_output` output tokens (`max_tokens`, then
     `max_model_len` on prompt + output), whatever the token is. Known before sampling."""
-    if num_output >= req.sampling_params.max_tokens:
+    max_tokens = req.sampling_params.max_tokens
+    if max_tokens is not None and num_output >= max_tokens:
         return True
     return max_model_len is not None and req.num_prompt_tokens + num_output >= max_model_len
 
@@ -62,7 +67,27 @@ def token_rules_armed(num_output: int, min_tokens: int) -> bool:
     return num_output >= min_tokens
 
 
-CONTENT_CHECKS = {"eos": _eos, "stop_token_ids": _stop_token_ids}
+def _repetition(req: Request, max_model_len: int | None):
+    params = req.sampling_params.repetition_detection
+    if params is not None and ends_in_repetition(req.output_token_ids, *params):
+        return REPETITION, "repetition_detected"
+    return None
+
+
+def ends_in_repetition(tokens: list[int], max_pattern_size: int, min_pattern_size: int,
+                       min_count: int) -> bool:
+    """The output ends in some pattern of `min_pattern_size..max_pattern_size` tokens repeated
+    `min_count` times in a row (vLLM's check_sequence_repetition; size 0 means 1)."""
+    for size in range(max(1, min_pattern_size), max_pattern_size + 1):
+        if size * min_count > len(tokens):
+            return False
+        tail = tokens[-size:]
+        if all(tokens[-size * (k + 1):len(tokens) - size * k] == tail for k in range(1, min_count)):
+            return True
+    return False
+
+
+CONTENT_CHECKS = {"eos": _eos, "stop_token_ids": _stop_token_ids, "repetition": _repetition}
 LENGTH_CHECKS = {"length": _length}
 
 
@@ -76,6 +101,7 @@ class StopProfile:
     strict_min_tokens: stop strings need more than `min_tokens` outputs (V1) rather than at least.
     earliest_stop_string: of several stop strings completed by one token, the one completing
         earliest in the text wins (V1 today); otherwise the first in list order (V0, older V1).
+    min_tokens_gates_length: below `min_tokens` outputs nothing is checked, length included (V0).
     """
 
     name: str
@@ -83,10 +109,13 @@ class StopProfile:
     strings_after_token_stop: bool
     strict_min_tokens: bool
     earliest_stop_string: bool = True
+    min_tokens_gates_length: bool = False
 
     def check_token(self, req: Request, max_model_len: int | None):
         """(status, stop_reason) decided by the token checks alone, or None."""
         below_floor = not token_rules_armed(len(req.output_token_ids), req.sampling_params.min_tokens)
+        if below_floor and self.min_tokens_gates_length:
+            return None
         for name in self.order:
             check = CONTENT_CHECKS.get(name)
             if check is None:
@@ -116,11 +145,11 @@ class StopProfile:
 
 
 PROFILES: dict[str, StopProfile] = {
-    "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length"), True, True),
-    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids"), True, True,
-                                earliest_stop_string=False),
+    "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length", "repetition"), True, True),
+    "vllm-v1-2025": StopProfile("vllm-v1-2025", ("length", "eos", "stop_token_ids", "repetition"), True,
+                                True, earliest_stop_string=False),
     "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
-                           earliest_stop_string=False),
+                           earliest_stop_string=False, min_tokens_gates_length=True),
 }
 
 
@@ -144,12 +173,17 @@ def stop_candidates(req: Request, max_model_len: int | None) -> tuple[frozenset,
     ids = set(params.stop_token_ids)
     if not params.ignore_eos and req.eos_token_id is not None:
         ids.add(req.eos_token_id)
-    return frozenset(ids), length_limit(req, max_model_len)
+    limit = length_limit(req, max_model_len)
+    if params.repetition_detection is not None:
+        limit = params.min_tokens  # any token from there on may complete a repetition
+    return frozenset(ids), limit
 
 
 def length_limit(req: Request, max_model_len: int | None) -> int:
     """The output count from which `length_binds`."""
     limit = req.sampling_params.max_tokens
+    if limit is None:
+        limit = 1 << 62
     if max_model_len is not None:
         limit = min(limit, max_model_len - req.num_prompt_tokens)
     return limit

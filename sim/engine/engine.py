@@ -5,7 +5,7 @@ request whose computed tokens catch up with all its tokens (the catch-up rule).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies import get_policy
 from policies.base import EngineState, SchedulerOutput
@@ -17,19 +17,25 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.records import RequestRecords, RunRecords, StepRecords
 from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
 from workloads.token_streams import stream_for
 
 
 @dataclass(slots=True)
 class Step:
-    """A planned step: the scheduler's output, its batch shape and its duration."""
+    """A planned step: the scheduler's output, its batch shape and its duration.
+
+    `samples[i]`: row i catches up with its tokens, so it samples one (the catch-up rule, counting
+    tokens still in flight under async scheduling as known).
+    """
 
     plan: SchedulerOutput
     batch: BatchShape
     duration: float
     start: float
     num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
+    samples: list = field(default_factory=list)
 
 
 class Engine:
@@ -45,7 +51,8 @@ class Engine:
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
         if kv is None:
-            kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+            kv = KVCacheManager(num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+                                get_scheduler_profile(config.scheduler_profile).free_uncached_first)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
@@ -54,12 +61,13 @@ class Engine:
         self.streams: list = []        # per request index: position -> token id
         self.on_finish = None          # callback(request) set by the simulation
         self.pending_aborts: list[Request] = []
-        self.in_step = False
+        self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
 
     # ----- arrivals and aborts ------------------------------------------------------------
     def add_request(self, spec, now: float) -> Request:
-        """Queue a request; one whose prompt exceeds max_model_len is recorded as rejected."""
+        """Queue a request; one whose prompt leaves no room for an output token within max_model_len
+        is recorded as rejected (vLLM's front end refuses it before the engine)."""
         index = len(self.requests)
         request_id = spec.request_id or f"req-{index}"
         if request_id in self.by_id:
@@ -72,7 +80,7 @@ class Engine:
         self.by_id[request_id] = req
         self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
         self.streams.append(stream_for(spec, index, self.config.eos_token_id))
-        if req.num_prompt_tokens > self.config.max_model_len:
+        if req.num_prompt_tokens >= self.config.max_model_len:
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
         else:
@@ -107,11 +115,12 @@ class Engine:
         self.requests.first_scheduled_time[req.index] = now
 
     def abort(self, request_id: str, now: float) -> None:
-        """Client disconnect: finish as aborted and free KV now (or at the end of the running step)."""
+        """Client disconnect: finish as aborted and free KV now, or, while a step runs, at its end
+        before its outputs are applied (as vLLM's engine core drains its abort queue)."""
         req = self.by_id.get(request_id)
         if req is None or req.is_finished:
             return
-        if self.in_step and req.status == RequestStatus.RUNNING:
+        if self.steps_in_flight and req.status == RequestStatus.RUNNING:
             self.pending_aborts.append(req)
             return
         self._abort_now(req, now)
@@ -134,53 +143,78 @@ class Engine:
         return any(hook.has_work() for hook in self.hooks)
 
     def plan_step(self, now: float) -> Step | None:
-        """Schedule the next step and price it; None if nothing can run."""
+        """Schedule the next step and price it; None if nothing can run.
+
+        A step that only preempted (nothing fitted) is returned empty, with no duration: the engine
+        schedules again at once, as vLLM's loop does.
+        """
         plan = self.policy.schedule(self.state)
-        if not plan.scheduled and not self._hooks_have_work():
+        if not plan.scheduled and not plan.preempted and not self._hooks_have_work():
             return None
         scheduled = plan.scheduled
         new = [n for _, n in scheduled]
         context = [r.num_computed_tokens for r, _ in scheduled]
-        sampled = sum(1 for r, n in scheduled  # rows that catch up, so sample, this step
-                      if r.num_computed_tokens + n == r.num_prompt_tokens + len(r.output_token_ids))
+        samples = [r.num_computed_tokens + n >= r.num_tokens + r.num_output_placeholders
+                   for r, n in scheduled]
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
                 first_scheduled[req.index] = now
-        batch = BatchShape(new, context, sampled)
+        batch = BatchShape(new, context, sum(samples))
         if self.config.check_invariants:
             check_budget(plan, self.config)
-        self.in_step = True
-        step = Step(plan, batch, self.cost_model.step_time(batch), now, 0)
+        self.steps_in_flight += 1
+        duration = self.cost_model.step_time(batch) if scheduled else 0.0
+        step = Step(plan, batch, duration, now, 0, samples)
         for hook in self.hooks:
             hook.on_plan(self, step)
+        self._advance(step)
         return step
 
+    def _advance(self, step: Step) -> None:
+        """Count the step's tokens as computed now (vLLM advances at schedule time); under async
+        scheduling a sampling row leaves a placeholder until its token is known."""
+        async_ = self.config.is_async
+        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+            req.num_computed_tokens += n
+            req.num_in_flight_tokens += n
+            if samples and async_:
+                req.num_output_placeholders += 1
+
     def finish_step(self, step: Step, now: float) -> list[Request]:
-        """Apply the step's results at its end: advance, sample caught-up requests, stop, free."""
-        self.in_step = False
+        """Apply the step's results at its end: aborts that came meanwhile first, then sample the
+        rows that caught up, stop, free."""
+        self.steps_in_flight -= 1
+        for req in self.pending_aborts:
+            self._abort_now(req, now)
+        self.pending_aborts.clear()
         finished = []
         kv, streams, profile = self.state.kv, self.streams, self.stop_profile
         max_model_len = self.config.max_model_len
         token_times = self.requests.token_times
         first_token = self.requests.first_token_time
         quick_stop = self.quick_stop
-        block_size, caching = kv.block_size, kv.enable_prefix_caching
+        async_ = self.config.is_async
         num_decode = 0
-        for req, n in step.plan.scheduled:
-            computed = req.num_computed_tokens + n
-            req.num_computed_tokens = computed
-            if caching and computed % block_size < n:
-                kv.cache_full_blocks(req)  # a block filled up this step
+        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+            req.num_in_flight_tokens -= n
+            stale = req.num_stale_tokens > 0
+            if stale:
+                req.num_stale_tokens -= n
+            if req.is_finished or not samples:
+                continue  # aborted or stopped meanwhile (its extra step is wasted), or mid-prefill
+            if async_ and not stale:
+                req.num_output_placeholders -= 1
             output = req.output_token_ids
             position = len(output)
-            if computed != req.num_prompt_tokens + position:
-                continue  # mid-prefill chunk: nothing sampled
             if n == 1 and position:
                 num_decode += 1
             index = req.index
             token = streams[index](position)
             output.append(token)
+            if async_ and not stale and req.status == RequestStatus.RUNNING:
+                kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
+                                              req.num_tokens))
             if position == 0:
                 first_token[index] = now
             times = token_times[index]
@@ -193,9 +227,6 @@ class Engine:
                 finished.append(req)
         step.num_decode = num_decode
         self._retire(finished, now)
-        for req in self.pending_aborts:
-            self._abort_now(req, now)
-        self.pending_aborts.clear()
         self._record_step(step, now)
         if self.config.check_invariants:
             check_invariants(self)
@@ -207,15 +238,22 @@ class Engine:
             return
         if not finished:
             return
-        done = set(finished)
-        self.state.running = [r for r in self.state.running if r not in done]
+        self._drop_from_queues(finished)
         for req in finished:
             self._finish(req, req.status, now)
 
-    def _retire_with_hooks(self, finished: list[Request], now: float) -> None:
-        """A hook may defer a stopped request's completion (its KV goes now), then ends its step."""
+    def _drop_from_queues(self, finished: list[Request]) -> None:
+        """Take stopped requests off the queues (a preempted one can stop on a token of a step
+        planned before its preemption)."""
         done = set(finished)
         self.state.running = [r for r in self.state.running if r not in done]
+        for req in finished:
+            if req in self.state.waiting:
+                self.state.waiting.remove(req)
+
+    def _retire_with_hooks(self, finished: list[Request], now: float) -> None:
+        """A hook may defer a stopped request's completion (its KV goes now), then ends its step."""
+        self._drop_from_queues(finished)
         for req in finished:
             if any(hook.on_stop(self, req, now) for hook in self.hooks):
                 self.state.kv.free(req, forget=True)

@@ -55,18 +55,28 @@ class EngineProcess:
             self.wakeup.succeed()
 
     def loop(self):
-        """The engine loop: plan a step, let its time pass, apply its results; sleep when idle."""
+        """The engine loop: plan a step, let its time pass, apply its results; sleep when idle.
+
+        Under async scheduling (vLLM's default) the next step is planned when this one starts, before
+        its tokens are known: step N+1 is scheduled after step N-1's results, as vLLM's batch queue
+        of two does it.
+        """
         env, engine = self.env, self.engine
+        ahead = engine.config.is_async
+        step = None
         while True:
-            step = engine.plan_step(env.now) if engine.has_work else None
+            if step is None:
+                step = engine.plan_step(env.now) if engine.has_work else None
             if step is None:
                 self.wakeup = env.event()
                 yield self.wakeup
                 self.wakeup = None
                 continue
-            yield env.timeout(step.duration)
+            following = engine.plan_step(env.now) if ahead and engine.has_work else None
+            if step.duration > 0:
+                yield env.timeout(step.duration)
             engine.finish_step(step, env.now)
-
+            step = following
 
 def arrivals(env: simpy.Environment, specs: Iterable, submit):
     """Open-loop arrivals: submit each spec at its arrival time (specs sorted by arrival)."""

@@ -47,7 +47,10 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
     """One instance's config; an error names its TOML path, and a decode cache too small for one
     request is a KVTransferError (a transfer could never fit)."""
     try:
-        return getattr(disagg, pool).instance_config(config)
+        instance = getattr(disagg, pool).instance_config(config)
+        if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
+            instance = instance.replace(engine={"async_scheduling": False})
+        return instance
     except ConfigError as exc:
         decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
         error, why = (KVTransferError, "; a KV transfer could never fit it") if decode_kv else (ConfigError, "")
@@ -177,7 +180,7 @@ class DisaggregatedCluster:
             hits, num_cached = kv.lookup_prefix(req)
             missing = req.num_prompt_tokens - num_cached
             if kv.allocate(req, missing, hits) is None:
-                if -(-req.num_prompt_tokens // kv.block_size) > kv.num_gpu_blocks:
+                if -(-req.num_prompt_tokens // kv.block_size) > kv.num_usable_blocks:
                     raise KVTransferError("disaggregation.decode.num_gpu_blocks", kv.num_gpu_blocks,
                                           f"request {req.request_id} needs more blocks than the cache has")
                 return

@@ -22,6 +22,7 @@ from sim.api.results import Results
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
 from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity, start_workload
@@ -81,7 +82,8 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     check_names(config.engine)
     e = config.engine
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), e)
-    kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, offload.cpu_blocks(config))
+    kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, offload.cpu_blocks(config),
+                                  get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     link, model, tp = get_link(offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                          e.check_invariants)

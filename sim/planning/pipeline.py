@@ -8,7 +8,8 @@ as soon as the first stage is free, from the requests not already in a batch in 
 its step time / PP per stage (the layers split evenly, see kernels_cost_model.pipeline), PP stages
 plus PP-1 sends of its tokens' hidden states over the link; batches leave the last stage in order.
 Its tokens are sampled and its stops applied when it leaves. TP ranks within a stage are priced by
-the cost model as usual (TP x PP in one deployment).
+the cost model as usual (TP x PP in one deployment). The batch queue takes the place of async
+scheduling's one-step look-ahead, so the engine runs with `async_scheduling` off.
 """
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ class PipelineProcess(EngineProcess):
 def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
                       until: float | None = None) -> Results:
     """One TP x PP engine serving config.workload (or `workload`)."""
+    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
     check_names(config.engine)
     d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
     with within("pipeline"):

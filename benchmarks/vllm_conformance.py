@@ -1,0 +1,98 @@
+"""Differential conformance: servesim's `vllm` scheduler profiles against vLLM's real V1 Scheduler.
+
+    python benchmarks/vllm_conformance.py compare -n 1000            # live: needs vLLM (README)
+    python benchmarks/vllm_conformance.py record -n 1000             # write tests/data/vllm_conformance/
+    python benchmarks/vllm_conformance.py replay tests/data/vllm_conformance/vllm-0.33.0.jsonl.gz
+
+`compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
+rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
+`record` stores vLLM's traces of the hand-made regression scenarios (sim/fidelity/conformance/cases.py)
+and the random ones, with its version, so tests replay them against servesim without vLLM.
+`replay` checks servesim against a recorded file. The scheduler profile defaults to the one named
+after the vLLM version (vllm-0.33 for 0.33.x).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sim.fidelity.conformance.cases import regression_cases  # noqa: E402
+from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
+from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
+from sim.fidelity.conformance.scenario import random_scenario  # noqa: E402
+from sim.fidelity.conformance.servesim_trace import run_servesim  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_conformance"
+
+
+def compare(args) -> int:
+    from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
+    profile = args.profile or profile_for_version(vllm_version())
+    agree, failures = 0, []
+    for seed in range(args.start, args.start + args.n):
+        scenario = random_scenario(seed)
+        diff = first_difference(run_vllm(scenario), run_servesim(scenario, profile))
+        if diff is None:
+            agree += 1
+            continue
+        small = shrink(scenario, lambda s: first_difference(run_vllm(s), run_servesim(s, profile)) is not None)
+        failures.append((seed, first_difference(run_vllm(small), run_servesim(small, profile)), small))
+    print(f"vLLM {vllm_version()} vs servesim scheduler_profile={profile}: "
+          f"{agree}/{args.n} scenarios agree step for step ({100 * agree / args.n:.1f} %)")
+    for seed, diff, small in failures[:args.show]:
+        print(f"seed {seed} ({len(small['requests'])} requests, config {small['config']}): {diff}")
+    return 0 if not failures else 1
+
+
+def record(args) -> int:
+    from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
+    version = vllm_version()
+    out = Path(args.out or DATA_DIR / f"vllm-{version}.jsonl.gz")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cases = regression_cases() + [{"name": f"seed {seed}", "scenario": random_scenario(seed)}
+              for seed in range(args.start, args.start + args.n)]
+    with gzip.open(out, "wt") as f:
+        f.write(json.dumps({"vllm_version": version, "step_s": 1.0}) + "\n")
+        for case in cases:
+            f.write(json.dumps(dict(case, trace=run_vllm(case["scenario"]))) + "\n")
+    print(f"recorded {len(cases)} scenarios from vLLM {version} to {out}")
+    return 0
+
+
+def replay(args) -> int:
+    version, cases = read_recorded(args.path)
+    profile = args.profile or profile_for_version(version)
+    failures = [(case.get("name", i), diff) for i, case in enumerate(cases)
+                if (diff := first_difference(case["trace"], run_servesim(case["scenario"], profile)))]
+    print(f"recorded vLLM {version} vs servesim scheduler_profile={profile}: "
+          f"{len(cases) - len(failures)}/{len(cases)} scenarios agree step for step")
+    for name, diff in failures[:args.show]:
+        print(f"  {name}: {diff}")
+    return 0 if not failures else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("compare", "record"):
+        p = sub.add_parser(name)
+        p.add_argument("-n", type=int, default=1000, help="random scenarios")
+        p.add_argument("--start", type=int, default=0, help="first seed")
+        p.add_argument("--profile", help="servesim scheduler profile (default: from the vLLM version)")
+        p.add_argument("--show", type=int, default=10, help="disagreements to print")
+    sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
+    p = sub.add_parser("replay")
+    p.add_argument("path")
+    p.add_argument("--profile")
+    p.add_argument("--show", type=int, default=10)
+    args = parser.parse_args(argv)
+    return {"compare": compare, "record": record, "replay": replay}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Scheduler profiles: vLLM scheduler behaviour that changed between releases, as named data.
+
+Like the stop profiles, a profile is chosen with one setting (`EngineConfig.scheduler_profile`, TOML
+`[engine] scheduler_profile`, CLI `--scheduler-profile`). Each field names one behaviour and the release
+that has it; every one is pinned by scenarios recorded from that release's own `Scheduler`
+(tests/data/vllm_conformance/).
+
+- "vllm-0.33" (the newest release; alias "vllm"): `long_prefill_token_threshold` applies only when more
+  than one request is running or waiting (vllm/v1/core/sched/scheduler.py `schedule`); a running request
+  that preempts itself under priority scheduling lets the requests after it go on scheduling; freed blocks
+  that hold no cached prefix go to the front of the free queue, cached ones to the back
+  (vllm/v1/core/block_pool.py `free_blocks`).
+- "vllm-0.19" (the release of the real runs in ../shared/data/real_vllm_runs/): the threshold always
+  applies; a priority self-preemption ends the step's running pass (the step schedules nothing and the
+  next one goes on); every freed block goes to the back of the free queue.
+
+Both releases turn async scheduling on by default (vllm/config/vllm.py), so the profiles do too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels_cost_model.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SchedulerProfile:
+    """How one vLLM release schedules.
+
+    threshold_needs_company: `long_prefill_token_threshold` caps a chunk only when more than one request
+        is running or waiting.
+    self_preemption_continues: under priority scheduling, a request that preempts itself for a block
+        lets the running requests after it still be scheduled in that step.
+    free_uncached_first: freed blocks without a cached prefix are reused first (front of the free queue).
+    async_scheduling: the release's default for async scheduling.
+    """
+
+    name: str
+    vllm_version: str
+    threshold_needs_company: bool
+    self_preemption_continues: bool
+    free_uncached_first: bool
+    async_scheduling: bool = True
+
+
+PROFILES: dict[str, SchedulerProfile] = {
+    "vllm-0.33": SchedulerProfile("vllm-0.33", "0.33.0", threshold_needs_company=True,
+                                  self_preemption_continues=True, free_uncached_first=True),
+    "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
+                                  self_preemption_continues=False, free_uncached_first=False),
+}
+ALIASES = {"vllm": "vllm-0.33"}
+
+
+def get_scheduler_profile(name: str | SchedulerProfile) -> SchedulerProfile:
+    """Look a profile up by name or alias (a SchedulerProfile passes through)."""
+    if isinstance(name, SchedulerProfile):
+        return name
+    try:
+        return PROFILES[ALIASES.get(name, name)]
+    except (KeyError, TypeError):
+        choices = sorted(PROFILES) + sorted(ALIASES)
+        raise ConfigError("scheduler_profile", name, f"unknown; choose from {choices}") from None

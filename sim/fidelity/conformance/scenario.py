@@ -1,0 +1,96 @@
+"""Conformance scenarios: one engine configuration and a list of scripted requests, as plain JSON data.
+
+A scenario is what both vLLM's real scheduler and servesim's `Engine` are driven through. Time is in
+steps: every step that schedules tokens lasts `STEP_S` (1 s), so "arrives during step 3" means an arrival
+time in (2, 3). Arrival and abort times carry distinct fractions of 1/64 so no event ever ties with a step
+boundary (an idle engine restarts at an arrival, and later boundaries keep that arrival's fraction).
+
+    {"config": {"block_size": 16, "num_gpu_blocks": 12, "max_model_len": 128, "max_num_seqs": 4,
+                "max_num_batched_tokens": 64, "enable_chunked_prefill": true,
+                "long_prefill_token_threshold": 0, "enable_prefix_caching": true,
+                "scheduling": "fcfs", "async_scheduling": true},
+     "requests": [{"id": "r0", "arrival": 0.015625, "prompt": [...], "output": [...],
+                   "max_tokens": 8, "ignore_eos": false, "stop_token_ids": [7], "priority": 0,
+                   "abort": null}]}
+
+`output` is the token stream the model "samples" (EOS is `EOS_TOKEN_ID`); the request stops as its
+sampling params say. `random_scenario(seed)` draws one from a seeded generator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from workloads.rng import make_rng
+
+EOS_TOKEN_ID = 2
+STEP_S = 1.0
+STOP_TOKEN_ID = 7
+_FRACTIONS = [(2 * k + 1) / 64 for k in range(32)]  # exact in binary; distinct per event
+
+
+def random_config(rng: np.random.Generator) -> dict:
+    """Budgets, thresholds, block sizes and KV sizes, from minimal to roomy."""
+    block_size = int(rng.choice([4, 8, 16]))
+    max_model_len = int(rng.choice([64, 128, 256]))
+    min_blocks = -(-max_model_len // block_size) + 1  # + vLLM's null block
+    chunked = bool(rng.random() < 0.75)
+    budget = int(rng.integers(8, 300)) if chunked else int(rng.integers(max_model_len, max_model_len + 200))
+    return {
+        "block_size": block_size,
+        "num_gpu_blocks": int(rng.integers(min_blocks, 3 * min_blocks)),
+        "max_model_len": max_model_len,
+        "max_num_seqs": int(rng.integers(1, 9)),
+        "max_num_batched_tokens": budget,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": int(rng.choice([0, 0, 8, 32])),
+        "enable_prefix_caching": bool(rng.random() < 0.6),
+        "scheduling": str(rng.choice(["fcfs", "priority"])),
+        "async_scheduling": bool(rng.random() < 0.5),
+    }
+
+
+def random_request(rng: np.random.Generator, index: int, arrival: float, config: dict,
+                   prefixes: list[list[int]]) -> dict:
+    """One request: a prompt (often sharing a prefix), a scripted stream and its stop knobs."""
+    max_model_len = config["max_model_len"]
+    prefix = prefixes[int(rng.integers(len(prefixes)))] if rng.random() < 0.5 else []
+    own = [int(t) for t in rng.integers(3, 40, size=int(rng.integers(1, max(2, max_model_len // 2))))]
+    prompt = (prefix + own)[:max_model_len - 1 if rng.random() < 0.97 else max_model_len]
+    max_tokens = int(rng.integers(1, 40))
+    stream = [int(t) for t in rng.integers(3, 40, size=max_tokens + 2)]
+    if rng.random() < 0.5:
+        stream[int(rng.integers(len(stream)))] = EOS_TOKEN_ID
+    abort = None
+    if rng.random() < 0.15:
+        abort = float(int(arrival) + int(rng.integers(0, 12)) + _FRACTIONS[16 + index])
+    return {
+        "id": f"r{index}",
+        "arrival": arrival,
+        "prompt": prompt,
+        "output": stream,
+        "max_tokens": max_tokens,
+        "ignore_eos": bool(rng.random() < 0.3),
+        "stop_token_ids": [STOP_TOKEN_ID] if rng.random() < 0.3 else [],
+        "priority": int(rng.integers(0, 4)),
+        "abort": abort if abort is not None and abort > arrival else None,
+    }
+
+
+def random_scenario(seed: int) -> dict:
+    """A seeded random scenario (same seed, same scenario)."""
+    rng = make_rng(seed, "vllm-conformance")
+    config = random_config(rng)
+    block = config["block_size"]
+    prefixes = [[int(t) for t in rng.integers(3, 40, size=block * int(rng.integers(1, 4)))]
+                for _ in range(2)]
+    requests, t = [], 0
+    for i in range(int(rng.integers(1, 9))):
+        t += int(rng.choice([0, 0, 1, 2, 5]))
+        requests.append(random_request(rng, i, t + _FRACTIONS[i], config, prefixes))
+    return {"config": config, "requests": requests}
+
+
+def without_request(scenario: dict, request_id: str) -> dict:
+    """The scenario less one request (for shrinking a disagreement)."""
+    return {"config": scenario["config"],
+            "requests": [r for r in scenario["requests"] if r["id"] != request_id]}

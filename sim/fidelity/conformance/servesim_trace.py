@@ -1,0 +1,67 @@
+"""Run a conformance scenario through servesim's engine (its SimPy processes, as `simulate` does) and
+record what each step scheduled.
+
+A trace is plain data, the same shape `vllm_trace` records from vLLM:
+
+    {"steps": [{"tokens": {"r0": 31}, "admitted": {"r0": 0}, "preempted": []}, ...],
+     "finished": {"r0": ["stop", 5], ...}}
+
+`tokens`: new tokens per request; `admitted`: computed tokens (prefix-cache hits) of each request that
+left the waiting queue; `preempted`: who was preempted; `finished`: each request's finish reason and the
+output tokens its client received ("rejected" for a prompt refused before the engine).
+"""
+from __future__ import annotations
+
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.core.hooks import EngineHook
+from sim.core.sampling_params import SamplingParams
+from sim.engine.simulation import run_engine
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S
+from workloads.spec import RequestSpec
+
+CONFIG_FIELDS = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                 "enable_chunked_prefill", "long_prefill_token_threshold", "enable_prefix_caching",
+                 "scheduling", "async_scheduling")
+
+
+class StepRecorder(EngineHook):
+    """Records every planned step's schedule, admissions and preemptions."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+
+    def on_plan(self, engine, step) -> None:
+        plan = step.plan
+        tokens = {req.request_id: n for req, n in plan.scheduled}
+        admitted = {req.request_id: req.num_computed_tokens for req in plan.admitted}  # before the step
+        self.steps.append({"tokens": tokens, "admitted": admitted,
+                           "preempted": sorted(r.request_id for r in plan.preempted)})
+
+
+def engine_config(scenario: dict, scheduler_profile: str) -> EngineConfig:
+    config = {name: scenario["config"][name] for name in CONFIG_FIELDS}
+    return EngineConfig(**config, scheduler_profile=scheduler_profile, eos_token_id=EOS_TOKEN_ID,
+                        check_invariants=True)
+
+
+def request_specs(scenario: dict) -> list[RequestSpec]:
+    return [RequestSpec(r["arrival"], r["prompt"], output_token_ids=tuple(r["output"]),
+                        request_id=r["id"], priority=r["priority"], abort_time_s=r["abort"],
+                        sampling_params=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=r["ignore_eos"],
+                                                       stop_token_ids=tuple(r["stop_token_ids"])))
+            for r in scenario["requests"]]
+
+
+def run_servesim(scenario: dict, scheduler_profile: str = "vllm") -> dict:
+    """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S)."""
+    config = engine_config(scenario, scheduler_profile)
+    recorder = StepRecorder()
+    cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
+    records = run_engine(request_specs(scenario), config, cost, hooks=[recorder])
+    req = records.requests
+    finished = {}
+    for i, rid in enumerate(req.request_id):
+        reason = "rejected" if req.rejected[i] else req.finish_reason[i]
+        finished[rid] = [reason, 0 if req.rejected[i] else int(req.num_output_tokens[i])]
+    return {"steps": recorder.steps, "finished": dict(sorted(finished.items()))}

@@ -1,0 +1,216 @@
+"""Drive vLLM's real V1 `Scheduler` through a conformance scenario and record its trace.
+
+Needs vLLM installed (no GPU: see the README, "Checking the scheduler against vLLM"); imported lazily.
+The driver plays the engine core's loop around the scheduler (vllm/v1/engine/core.py): `step` when async
+scheduling is off, `step_with_batch_queue` with a queue of two when it is on (the next step is scheduled
+before the previous step's tokens are applied); aborts that arrive while a step runs are applied before
+its outputs. The "model" samples, for every request whose step catches up, the next token of the
+request's scripted stream. Every step that schedules tokens lasts STEP_S; the model is a config-only tiny
+Llama (no weights are loaded).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import deque
+
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S
+
+_TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
+    "vocab_size": 32000, "max_position_embeddings": 1 << 16, "rms_norm_eps": 1e-6,
+    "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID,
+}
+_model_dir: str | None = None
+_hashers: dict = {}
+
+
+def vllm_version() -> str:
+    import vllm
+    return vllm.__version__
+
+
+def _tiny_model() -> str:
+    global _model_dir
+    if _model_dir is None:
+        _model_dir = tempfile.mkdtemp(prefix="servesim-tiny-llama-")
+        with open(os.path.join(_model_dir, "config.json"), "w") as f:
+            json.dump(_TINY_LLAMA, f)
+    return _model_dir
+
+
+def _use_cpu_platform() -> None:
+    """A GPU wheel on a machine without a GPU: tell vLLM it runs on the CPU platform (0.19 cannot
+    infer it; the scheduler needs no device)."""
+    import vllm.platforms as platforms
+    if getattr(platforms, "_current_platform", None) is None:
+        from vllm.platforms.cpu import CpuPlatform
+        platforms._current_platform = CpuPlatform()
+
+
+def make_scheduler(cfg: dict):
+    """vLLM's Scheduler (AsyncScheduler with async scheduling) for a scenario config."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    _use_cpu_platform()
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model_config = ModelConfig(model=_tiny_model(), skip_tokenizer_init=True, dtype="float16",
+                               max_model_len=cfg["max_model_len"], seed=0)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        max_model_len=cfg["max_model_len"], is_encoder_decoder=False,
+        long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+        enable_chunked_prefill=cfg["enable_chunked_prefill"], async_scheduling=cfg["async_scheduling"],
+        policy=cfg["scheduling"])
+    cache_config = CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
+                             cache_config=cache_config)
+    spec = FullAttentionSpec(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv_cache_config = KVCacheConfig(num_blocks=cfg["num_gpu_blocks"], kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
+    cls = AsyncScheduler if cfg["async_scheduling"] else Scheduler
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=cfg["block_size"])
+
+
+def make_request(spec: dict, block_size: int):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.utils.hashing import sha256
+    from vllm.v1.request import Request
+
+    if block_size not in _hashers:
+        if not _hashers:
+            init_none_hash(sha256)
+        _hashers[block_size] = get_request_block_hasher(block_size, sha256)
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=spec["ignore_eos"],
+                            stop_token_ids=list(spec["stop_token_ids"]))
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    kwargs = dict(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]), sampling_params=params,
+                  pooling_params=None, arrival_time=spec["arrival"], priority=spec["priority"],
+                  block_hasher=_hashers[block_size])
+    try:
+        return Request(eos_token_id=EOS_TOKEN_ID, **kwargs)  # vLLM 0.19 takes the EOS id here
+    except TypeError:
+        return Request(**kwargs)
+
+
+class _Driver:
+    """The engine core's loop around one scheduler, on simulated time."""
+
+    def __init__(self, scenario: dict):
+        self.cfg = cfg = scenario["config"]
+        self.sched = make_scheduler(cfg)
+        self.specs = {r["id"]: r for r in scenario["requests"]}
+        self.arrivals = deque(sorted(scenario["requests"], key=lambda r: r["arrival"]))
+        self.aborts = deque(sorted((r["abort"], r["id"]) for r in scenario["requests"] if r["abort"] is not None))
+        self.steps: list[dict] = []
+        self.delivered = {r["id"]: 0 for r in scenario["requests"]}
+        self.finished: dict[str, list] = {}
+        self.now = self.gpu_free = 0.0
+
+    def process_inputs(self) -> None:
+        while self.arrivals and self.arrivals[0]["arrival"] <= self.now:
+            spec = self.arrivals.popleft()
+            if len(spec["prompt"]) >= self.cfg["max_model_len"]:  # the front end refuses it
+                self.finished[spec["id"]] = ["rejected", 0]
+                continue
+            self.sched.add_request(make_request(spec, self.cfg["block_size"]))
+        self.process_aborts()
+
+    def process_aborts(self) -> None:
+        """Aborts that have come by now, of requests the scheduler has (an abort of a request still in
+        the input queue waits there behind its arrival)."""
+        from vllm.v1.request import RequestStatus
+        left = deque()
+        while self.aborts and self.aborts[0][0] <= self.now:
+            when, rid = self.aborts.popleft()
+            if rid not in self.sched.requests and rid not in self.finished:
+                left.append((when, rid))
+                continue
+            req = self.sched.requests.get(rid)
+            if req is not None and not req.is_finished():
+                self.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+                self.finished.setdefault(rid, ["abort", self.delivered[rid]])
+        self.aborts.extendleft(reversed(left))
+
+    def next_event(self) -> float | None:
+        times = ([self.arrivals[0]["arrival"]] if self.arrivals else []) + ([self.aborts[0][0]] if self.aborts else [])
+        return min(times) if times else None
+
+    def schedule(self):
+        before = {rid: r.status.name for rid, r in self.sched.requests.items()}
+        out = self.sched.schedule()
+        step = {"tokens": {}, "admitted": {}, "preempted": sorted(out.preempted_req_ids or ())}
+        for rid, n in out.num_scheduled_tokens.items():
+            step["tokens"][rid] = n
+            if before[rid] in ("WAITING", "PREEMPTED"):
+                step["admitted"][rid] = self.sched.requests[rid].num_computed_tokens - n
+        if step["tokens"] or step["preempted"]:
+            self.steps.append(step)
+        start = max(self.now, self.gpu_free)
+        self.gpu_free = start + (STEP_S if out.total_num_scheduled_tokens else 0.0)
+        samples = {rid for rid in out.num_scheduled_tokens if not self.sched.requests[rid].is_prefill_chunk}
+        return out, self.gpu_free, samples
+
+    def update(self, out, samples) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+        self.process_aborts()
+        req_ids = list(out.num_scheduled_tokens)
+        tokens = []
+        for rid in req_ids:
+            req = self.sched.requests.get(rid)
+            if rid in samples and req is not None:
+                script, position = self.specs[rid]["output"], len(req.output_token_ids)
+                tokens.append([script[position] if position < len(script) else 1000 + position])
+            else:
+                tokens.append([])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=tokens)
+        for outputs in self.sched.update_from_output(out, mro).values():
+            for o in outputs.outputs:
+                self.delivered[o.request_id] += len(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.finished.setdefault(o.request_id, [str(o.finish_reason), self.delivered[o.request_id]])
+
+    def run(self, max_steps: int = 5000) -> dict:
+        size = 2 if self.cfg["async_scheduling"] else 1
+        queue: deque = deque()
+        idle = 0
+        while len(self.steps) < max_steps:
+            self.process_inputs()
+            if not self.sched.has_requests() and not queue:
+                nxt = self.next_event()
+                if nxt is None:
+                    break
+                self.now = max(self.now, nxt)
+                continue
+            if self.sched.has_requests() and len(queue) < size:
+                out, end, samples = self.schedule()
+                idle = idle + 1 if not out.total_num_scheduled_tokens else 0
+                if idle > 3 and not queue:  # nothing can run until something arrives
+                    nxt = self.next_event()
+                    if nxt is None:
+                        raise RuntimeError("vLLM scheduler is stuck: requests left, nothing schedulable")
+                    self.now, idle = max(self.now, nxt), 0
+                queue.appendleft((out, end, samples))
+                if len(queue) < size and (out.total_num_scheduled_tokens or self.sched.has_requests()):
+                    continue
+            if queue:
+                out, end, samples = queue.pop()
+                self.now = max(self.now, end)
+                self.update(out, samples)
+        return {"steps": self.steps, "finished": dict(sorted(self.finished.items()))}
+
+
+def run_vllm(scenario: dict) -> dict:
+    """The trace of `scenario` under the installed vLLM's scheduler."""
+    return _Driver(scenario).run()
