@@ -19,13 +19,13 @@ import simpy
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from sim.api.results import Results
+from sim.planning.engine_run import serve
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
 from sim.core.hooks import EngineHook
-from sim.core.invariants import InvariantError
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
 from sim.engine.engine import Engine
-from sim.engine.simulation import EngineProcess, check_kv_capacity, start_workload
+from sim.engine.simulation import EngineProcess, check_kv_capacity
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,8 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                          e.check_invariants)
     engine = Engine(e, build_cost_model(config.deployment), blocks, hooks=[hook], kv=kv)
-    env = simpy.Environment()
-    proc = EngineProcess(env, engine)
-    traffic = workload if workload is not None else config.workload.build(e.eos_token_id, e.max_model_len)
-    start_workload(env, traffic, proc.submit, config.seed)
-    env.run(until=until)
-    if until is None and engine.by_id:
-        raise InvariantError(f"{len(engine.by_id)} requests never finished")
-    results = Results.from_records(engine.records(env.now), slo=config.slo.as_dict(),
-                                   meta={"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
+    proc = EngineProcess(simpy.Environment(), engine)
+    results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
     results.summary.update(tier_summary(kv, hook, results.requests["num_prompt_tokens"].sum()))
     return results
 

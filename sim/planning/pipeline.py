@@ -26,7 +26,8 @@ from sim.api.results import Results
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, within
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
-from sim.engine.simulation import EngineProcess, check_kv_capacity, start_workload
+from sim.engine.simulation import EngineProcess, check_kv_capacity
+from sim.planning.engine_run import serve
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,9 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
                                               d.gpu_memory_utilization, e.max_num_batched_tokens)
     engine = Engine(e, build_cost_model(d), check_kv_capacity(blocks, e))
     link = get_link(pipeline.link)
-    env = simpy.Environment()
-    proc = PipelineProcess(env, engine, pp, lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
-    traffic = workload if workload is not None else config.workload.build(e.eos_token_id, e.max_model_len)
-    start_workload(env, traffic, proc.submit, config.seed)
-    env.run(until=until)
-    if until is None and engine.by_id:
-        raise InvariantError(f"{len(engine.by_id)} requests never finished")
-    results = Results.from_records(engine.records(env.now), slo=config.slo.as_dict(),
-                                   meta={"pipeline": {"pipeline_parallel_size": pp, "link": link.name}})
+    proc = PipelineProcess(simpy.Environment(), engine, pp,
+                           lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
+    results = serve(config, proc, workload, until, {"pipeline": {"pipeline_parallel_size": pp, "link": link.name}})
     results.summary["max_batches_in_flight"] = proc.max_in_flight
     results.summary["num_gpus"] = d.tensor_parallel_size * pp
     return results
