@@ -59,13 +59,14 @@ class VllmV1Policy(Policy):
                 i += 1
                 continue
             num_preempted = len(out.preempted)
+            later = running[i + 1:]
             fits, refund = self.allocate_or_preempt(state, req, n, out)
             budget += refund
             if not fits:
-                if self_preemption_continues and req.status == RequestStatus.PREEMPTED \
-                        and state.config.scheduling == "priority":
-                    i = self._next_index(running, i, out, num_preempted)
-                    continue
+                if (self_preemption_continues and req.status == RequestStatus.PREEMPTED
+                        and state.config.scheduling == "priority"):
+                    i = self._position_of_first(running, later)
+                    continue  # the requests after it are more important and may fit now
                 break
             scheduled.append((req, n))
             budget -= n
@@ -73,8 +74,10 @@ class VllmV1Policy(Policy):
         return budget
 
     @staticmethod
-    def _next_index(running, i, out, num_preempted) -> int:
-        """Index of the request after a self-preempted one: it left `running`, and so did any
-        victims before it."""
-        before = sum(1 for victim in out.preempted[num_preempted:-1] if victim.index < 0)
-        return i - before
+    def _position_of_first(running: list, candidates: list) -> int:
+        """Where the first of `candidates` still running now sits (len(running) if none is)."""
+        still = {id(r) for r in running}
+        for req in candidates:
+            if id(req) in still:
+                return running.index(req)
+        return len(running)

@@ -58,8 +58,10 @@ def test_random_scenarios_agree_step_for_step(version):
 def test_priority_self_preemption_does_not_stall(version, name):
     """1: the least important request preempts itself; the others still run and everyone finishes."""
     want = assert_same(version, name)
-    assert any("r0" in step["preempted"] for step in want["steps"])
-    assert set(want["finished"]) == {"r0", "r1", "r2"}
+    assert any(step["preempted"] for step in want["steps"])
+    if name == "priority_self_preemption":  # synchronous: r0 itself is the victim of its own decode
+        assert any(step["preempted"] == ["r0"] and "r0" not in step["tokens"] for step in want["steps"])
+    assert {reason for reason, _ in want["finished"].values()} == {"length"}
 
 
 def test_self_preemption_continues_only_in_0_33():
@@ -114,13 +116,21 @@ def test_abort_during_a_step_wins_over_its_stop(version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_prompt_of_max_model_len_is_rejected_and_block_0_is_null(version):
-    """8: a prompt of exactly max_model_len is refused; one block fewer than configured is usable."""
+def test_prompt_of_max_model_len_is_rejected(version):
+    """8: a prompt of exactly max_model_len leaves no room for an output token: refused."""
     want = assert_same(version, "prompt_of_max_model_len")
     assert want["finished"]["r0"] == ["rejected", 0]
+    assert want["finished"]["r1"][0] == "length"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_block_0_is_the_null_block(version):
+    """8: 5 blocks of 4 tokens hold 16 tokens only without block 0; r1 (8 tokens) waits until r0
+    (growing to 14) finishes, where 5 usable blocks would have let it in beside r0."""
     want = assert_same(version, "null_block")
-    assert any(s["preempted"] for s in want["steps"]) or \
-        all("r1" not in s["admitted"] for s in want["steps"][:1])
+    last_r0 = max(i for i, s in enumerate(want["steps"]) if "r0" in s["tokens"])
+    first_r1 = min(i for i, s in enumerate(want["steps"]) if "r1" in s["tokens"])
+    assert first_r1 > last_r0
 
 
 @pytest.mark.slow

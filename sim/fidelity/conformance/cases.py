@@ -26,11 +26,13 @@ def _toks(start: int, n: int) -> list[int]:
 def regression_cases() -> list[dict]:
     """[{"name": ..., "scenario": ...}] for the differences of issue 20."""
     cases = []
+    # 1: r0 (least important) decodes first and needs a block when r1 has taken the last ones
     for async_ in (False, True):
         cases.append(dict(name=f"priority_self_preemption{'_async' if async_ else ''}", scenario=dict(
-            config=_cfg(num_gpu_blocks=6, max_model_len=96, enable_prefix_caching=False, scheduling="priority", async_scheduling=async_),
+            config=_cfg(num_gpu_blocks=6, max_model_len=96, enable_prefix_caching=False,
+                        scheduling="priority", async_scheduling=async_),
             requests=[_req(0, 0.015625, _toks(0, 31), _toks(5, 42), 40, ignore_eos=True, priority=5),
-                      _req(1, 0.046875, _toks(100, 32), _toks(7, 10), 8, priority=0),
+                      _req(1, 0.046875, _toks(100, 48), _toks(7, 10), 8, priority=0),
                       _req(2, 0.078125, _toks(200, 32), _toks(9, 10), 8, priority=1)])))
     cases.append(dict(name="lone_request_threshold", scenario=dict(
         config=_cfg(long_prefill_token_threshold=16),
@@ -38,7 +40,7 @@ def regression_cases() -> list[dict]:
                   _req(1, 3.046875, _toks(50, 60), _toks(2, 6), 4)])))
     cases.append(dict(name="same_step_prefix_sharing", scenario=dict(
         config=_cfg(block_size=4),
-        requests=[_req(0, 0.015625, _toks(0, 104), _toks(1, 6), 3), _req(1, 0.046875, _toks(0, 104), _toks(2, 6), 3)])))
+        requests=[_req(0, 0.015625, _toks(0, 104), _toks(1, 6), 3), _req(1, 0.015625, _toks(0, 104), _toks(2, 6), 3)])))
     # 4: r0 and r1 leave cached blocks and uncached tails; r2 evicts some; r3 repeats r0's prompt
     cases.append(dict(name="free_queue_order", scenario=dict(
         config=_cfg(block_size=4, num_gpu_blocks=12, max_model_len=32, max_num_seqs=1),
@@ -50,7 +52,7 @@ def regression_cases() -> list[dict]:
             requests=[_req(0, 0.015625, _toks(0, 20), [5, 6, 2, 8, 9], 10), _req(1, 0.046875, _toks(30, 20), [5, 2], 10)])))
     cases.append(dict(name="abort_during_stopping_step", scenario=dict(
         config=_cfg(),
-        requests=[_req(0, 0.015625, _toks(0, 20), [5, 6, 2, 8], 10, abort=3.5)])))
+        requests=[_req(0, 0.015625, _toks(0, 20), [5, 6, 2, 8], 10, abort=2.5)])))
     cases.append(dict(name="prompt_of_max_model_len", scenario=dict(
         config=_cfg(max_model_len=64, num_gpu_blocks=8),
         requests=[_req(0, 0.015625, _toks(0, 64), [5, 6], 2), _req(1, 0.046875, _toks(0, 63), [5, 6], 2)])))
