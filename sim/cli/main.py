@@ -14,7 +14,7 @@ import traceback
 from contextlib import contextmanager
 
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser
-from sim.cli import calibrate, plot, report, run
+from sim.cli import calibrate, disagg, plot, report, run
 from kernels_cost_model.errors import ConfigError
 from sim.api.version import __version__
 
@@ -25,6 +25,7 @@ COMMANDS = [
     add_sweep_parser,
     add_capacity_parser,
     report.add_parser,
+    disagg.add_parser,
 ]
 
 EPILOG = """\

@@ -13,6 +13,7 @@ from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
 from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_invariants
+from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_groups import make_kv_manager
 from sim.core.records import RequestRecords, RunRecords, StepRecords
 from sim.core.replay import make_text_state
@@ -42,14 +43,17 @@ class Engine:
     """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
 
     def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
-                 hooks=(), kv_groups=None):
+                 hooks=(), kv_groups=None, kv: KVCacheManager | None = None):
+        """`kv`: a KV cache manager of `num_gpu_blocks` blocks to use instead of the plain one
+        (e.g. sim.core.kv_offload's, with a host-memory tier)."""
         self.config = config
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
-        kv = make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, kv_groups,
-                             get_scheduler_profile(config.scheduler_profile).free_uncached_first)
+        if kv is None:
+            kv = make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, kv_groups,
+                                 get_scheduler_profile(config.scheduler_profile).free_uncached_first)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
@@ -86,6 +90,33 @@ class Engine:
         else:
             self.state.waiting.append(req)
         return req
+
+    # ----- disaggregated decode (vLLM's KV-transfer path) ----------------------------------
+    def add_prefilled_request(self, spec, now: float, prefilled: Request, stream) -> Request:
+        """Register a request whose prompt KV another instance computed (the decode side of
+        prefill/decode disaggregation). It carries the prefill's sampled tokens, stop-string state
+        and token `stream`; it is not queued: the caller allocates its blocks in `state.kv` while the
+        KV arrives and calls `start_prefilled` once it has."""
+        index = len(self.requests)
+        self.requests.add(spec, prefilled.request_id, now, self.config.record_token_times)
+        req = Request(prefilled.request_id, spec.prompt_token_ids, prefilled.sampling_params,
+                      self.config.eos_token_id, prefilled.arrival_time, spec.priority,
+                      prefilled.text_state, spec, index)
+        req.output_token_ids.extend(prefilled.output_token_ids)
+        self.by_id[req.request_id] = req
+        quick = None if req.text_state else stop_candidates(req, self.config.max_model_len)
+        self.quick_stop.append(quick)
+        self.streams.append(stream)
+        return req
+
+    def start_prefilled(self, req: Request, now: float) -> None:
+        """The prompt's KV has arrived: `req` joins the running batch as a decode (its next step
+        computes the token the prefill instance sampled)."""
+        req.num_computed_tokens = req.num_prompt_tokens
+        req.status = RequestStatus.RUNNING
+        self.state.kv.cache_full_blocks(req)
+        self.state.running.append(req)
+        self.requests.first_scheduled_time[req.index] = now
 
     def abort(self, request_id: str, now: float) -> None:
         """Client disconnect: finish as aborted and free KV now, or, while a step runs, at its end

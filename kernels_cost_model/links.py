@@ -1,0 +1,64 @@
+"""Links that move KV caches between GPUs or between GPU and host: NVLink, PCIe, InfiniBand, RoCE.
+
+Figures live in `data/links.csv` (one cited source per row): one-way bandwidth per GPU port and a
+one-way latency. A transfer of `num_bytes` over `lanes` ports in parallel (one per tensor-parallel
+rank) takes `latency + num_bytes / (lanes x bandwidth)`; contention between transfers is the
+caller's business (sim.planning.transfer queues them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kernels_cost_model.errors import ConfigError, require
+
+from ._catalog import alias_index, normalise, read_catalog
+from .kv_memory import kv_bytes_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One port's one-way bandwidth (bytes/s) and latency (s)."""
+
+    name: str
+    bytes_per_s: float
+    latency_s: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        require(self.bytes_per_s > 0, "link.bytes_per_s", self.bytes_per_s, "must be > 0")
+        require(self.latency_s >= 0, "link.latency_s", self.latency_s, "must be >= 0")
+
+    def transfer_time_s(self, num_bytes: float, lanes: int = 1) -> float:
+        """Seconds to move `num_bytes` split evenly over `lanes` ports (0 bytes cost nothing)."""
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s + num_bytes / (lanes * self.bytes_per_s)
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[dict[str, Link], dict[str, str]]:
+    rows = read_catalog("links.csv")
+    links = {r["name"]: Link(r["name"], float(r["bytes_per_s"]), float(r["latency_s"]), r["source"])
+             for r in rows}
+    return links, alias_index(rows)
+
+
+def list_links() -> list[str]:
+    return sorted(_catalog()[0])
+
+
+def get_link(name: str | Link) -> Link:
+    """A link by name or alias ("nvlink", "pcie5", "infiniband", "roce"), case-insensitively."""
+    if isinstance(name, Link):
+        return name
+    links, index = _catalog()
+    canonical = index.get(normalise(str(name)))
+    if canonical is None:
+        raise ConfigError("link", name, f"unknown link; known: {', '.join(list_links())}")
+    return links[canonical]
+
+
+def kv_transfer_bytes(model, num_tokens: int) -> int:
+    """Bytes of KV cache for `num_tokens` tokens of `model`, all layers and KV heads (every rank)."""
+    return kv_bytes_per_token(model, 1) * max(0, num_tokens)

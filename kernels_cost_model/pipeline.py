@@ -1,0 +1,48 @@
+"""Pipeline-parallel pricing: stages over layers, activations sent between stages, KV per stage.
+
+A model of `num_layers` layers on `pipeline_parallel_size` stages puts num_layers / PP layers on each
+stage (vLLM splits evenly; a size that does not divide the layers is a named error here). A batch's
+stage time is the whole model's step time / PP; between stages it sends each token's hidden state
+(hidden_size x dtype bytes per token) over the link. Each GPU holds 1/PP of the weights and of
+every token's KV, so the KV cache holds PP times the blocks of one GPU's share.
+"""
+from __future__ import annotations
+
+from kernels_cost_model.errors import ConfigError, require
+
+from .hardware import get_gpu
+from .kv_memory import NON_TORCH_RESERVE_BYTES, activation_bytes, kv_bytes_per_token, weight_bytes_per_gpu
+from .links import Link
+from .models import get_model
+
+
+def check_pipeline_size(model, pipeline_parallel_size: int) -> int:
+    """The layers per stage; PP must be an integer >= 1 dividing the model's layers."""
+    spec = get_model(model)
+    require(isinstance(pipeline_parallel_size, int) and pipeline_parallel_size >= 1, "pipeline_parallel_size",
+            pipeline_parallel_size, "must be an integer >= 1")
+    if spec.num_layers % pipeline_parallel_size:
+        raise ConfigError("pipeline_parallel_size", pipeline_parallel_size,
+                          f"must divide num_layers={spec.num_layers} of {spec.name}")
+    return spec.num_layers // pipeline_parallel_size
+
+
+def stage_send_time_s(model, num_tokens: int, link: Link, tensor_parallel_size: int = 1) -> float:
+    """One stage-to-stage send of `num_tokens` hidden states (each TP rank sends its share)."""
+    spec = get_model(model)
+    return link.transfer_time_s(num_tokens * spec.hidden_size * spec.dtype_bytes, tensor_parallel_size)
+
+
+def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parallel_size: int,
+                             block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                             max_num_batched_tokens: int = 8192) -> int:
+    """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV."""
+    check_pipeline_size(model, pipeline_parallel_size)
+    hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
+    budget = hw.memory_bytes * gpu_memory_utilization
+    used = (weight_bytes_per_gpu(spec, tensor_parallel_size) / pp
+            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens) + NON_TORCH_RESERVE_BYTES)
+    if budget <= used:
+        raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tensor_parallel_size} x PP{pp} leaves no room "
+                                          f"for a KV cache at gpu_memory_utilization={gpu_memory_utilization}")
+    return int((budget - used) // (block_size * kv_bytes_per_token(spec, tensor_parallel_size) / pp))

@@ -1,0 +1,257 @@
+"""Prefill/decode disaggregation: prefill instances hand each request's KV to a decode instance.
+
+    from sim.planning.disagg import simulate_disaggregated
+    out = simulate_disaggregated(config, DisaggConfig(prefill=PoolConfig(2), decode=PoolConfig(1)))
+    out.summary["ttft_ms_p99"], out.transfers, out.pool_steps("decode")
+
+As vLLM's disaggregated path (a KV connector such as NIXL) runs it:
+
+1. A request arrives at the prefill pool's router and is prefilled on one prefill instance, which
+   samples its first token (TTFT is that token's time).
+2. If the first token does not stop it, the prefill instance keeps its blocks (vLLM's delayed free)
+   and the decode pool's router picks a decode instance. That instance allocates blocks for the
+   prompt, reusing its own prefix-cache hits, first come first served; a request whose blocks do
+   not fit waits until a decode step frees some.
+3. The missing KV moves over the link (bytes from the model's KV layout, time from the link's
+   bandwidth and latency, queued behind other transfers from the same prefill instance).
+4. On arrival the prefill instance frees its blocks and the request joins the decode instance's
+   running batch with its prompt computed and the first token sampled (waiting for a free
+   `max_num_seqs` slot if needed); it decodes until it stops.
+
+Every instance is an unmodified engine; hooks (sim.core.hooks) take requests out after their first
+token and let decode instances admit arrivals when a step ends.
+"""
+from __future__ import annotations
+
+import simpy
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.links import get_link, kv_transfer_bytes
+from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks
+from sim.core.hooks import EngineHook
+from sim.core.invariants import InvariantError
+from sim.core.request import RequestStatus
+from sim.engine.engine import Engine
+from sim.engine.simulation import EngineProcess, start_workload
+from sim.planning.disagg_config import DisaggConfig
+from sim.planning.disagg_results import DisaggResults, collect_results
+from sim.planning.routers import make_router
+from sim.planning.transfer import PortGroup, TransferLog
+
+
+class KVTransferError(ConfigError):
+    """A KV transfer that can never fit the decode instance's cache."""
+
+
+def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> SimulationConfig:
+    """One instance's config; an error names its TOML path, and a decode cache too small for one
+    request is a KVTransferError (a transfer could never fit)."""
+    try:
+        instance = getattr(disagg, pool).instance_config(config)
+        if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
+            instance = instance.replace(engine={"async_scheduling": False})
+        return instance
+    except ConfigError as exc:
+        decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
+        error, why = (KVTransferError, "; a KV transfer could never fit it") if decode_kv else (ConfigError, "")
+        raise error(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason + why) from None
+
+
+class HandOff(EngineHook):
+    """On a prefill instance: after each step, take out the requests that just sampled their first
+    token and did not stop; they keep their blocks until their KV has been sent."""
+
+    def __init__(self, cluster: "DisaggregatedCluster", index: int):
+        self.cluster, self.index = cluster, index
+
+    def on_step_end(self, engine, now: float) -> None:
+        running = engine.state.running
+        done = [r for r in running if len(r.output_token_ids) == 1 and r.num_computed_tokens == r.num_prompt_tokens]
+        if done:
+            leaving = set(done)
+            engine.state.running = [r for r in running if r not in leaving]
+            for req in done:
+                self.cluster.hand_off(self.index, req, now)
+
+
+class DecodeAdmission(EngineHook):
+    """On a decode instance: when a step ends, admit arrived requests and start waiting transfers."""
+
+    def __init__(self, cluster: "DisaggregatedCluster", index: int):
+        self.cluster, self.index = cluster, index
+
+    def has_work(self) -> bool:
+        """Arrived requests and a free seat: step (even with nothing scheduled) to seat them."""
+        engine = self.cluster.decode[self.index]
+        return bool(self.cluster.arrived[self.index]) and len(engine.state.running) < engine.config.max_num_seqs
+
+    def on_step_end(self, engine, now: float) -> None:
+        self.cluster.admit_arrived(self.index, now)
+        self.cluster.start_transfers(self.index)
+
+
+class Transfer:
+    """One request's KV on its way: its prefill-side and decode-side requests and instances."""
+
+    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks")
+
+    def __init__(self, source, destination, prefill_req, decode_req):
+        self.source, self.destination = source, destination
+        self.prefill_req, self.decode_req = prefill_req, decode_req
+        self.num_bytes = self.num_blocks = 0
+
+
+class DisaggregatedCluster:
+    """Prefill and decode instances in one SimPy environment, the routers and the transfer ports."""
+
+    def __init__(self, config: SimulationConfig, disagg: DisaggConfig):
+        self.config, self.disagg = config, disagg
+        self.env = env = simpy.Environment()
+        prefill_cfg = pool_config(disagg, config, "prefill")
+        decode_cfg = pool_config(disagg, config, "decode")
+        check_names(prefill_cfg.engine), check_names(decode_cfg.engine)
+        self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill")
+                        for i in range(disagg.prefill.num_instances)]
+        self.decode = [self._engine(decode_cfg, DecodeAdmission(self, i), "decode")
+                       for i in range(disagg.decode.num_instances)]
+        self.prefill_procs = [EngineProcess(env, e) for e in self.prefill]
+        self.decode_procs = [EngineProcess(env, e) for e in self.decode]
+        block = config.engine.block_size
+        self.prefill_router = make_router(disagg.prefill.router, self.prefill_procs, block)
+        self.decode_router = make_router(disagg.decode.router, self.decode_procs, block)
+        link = get_link(disagg.link)
+        lanes = min(prefill_cfg.deployment.tensor_parallel_size, decode_cfg.deployment.tensor_parallel_size)
+        self.log = TransferLog()
+        self.ports = [PortGroup(env, link, lanes, i, self.log) for i in range(len(self.prefill))]
+        self.model = config.deployment.model
+        self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
+        self.in_flight: dict[str, Transfer] = {}
+        self.arrived: list[list] = [[] for _ in self.decode]             # KV here, waiting for a seat
+        self.done_events: dict[str, simpy.Event] = {}
+        self.num_finished: dict[str, int] = {}
+        for i, e in enumerate(self.prefill):
+            e.on_finish = lambda req, i=i: self._prefill_finished(i, req)
+        for i, e in enumerate(self.decode):
+            e.on_finish = lambda req, i=i: self._decode_finished(i, req)
+
+    def _engine(self, config: SimulationConfig, hook: EngineHook, pool: str) -> Engine:
+        blocks = resolve_num_gpu_blocks(config)
+        tokens = blocks * config.engine.block_size
+        if tokens < config.engine.max_model_len:
+            error = KVTransferError if pool == "decode" else ConfigError
+            raise error(f"disaggregation.{pool}.num_gpu_blocks", blocks,
+                        f"the {pool} instance's KV cache holds {tokens} tokens, less than one "
+                        f"max_model_len={config.engine.max_model_len} request"
+                        + ("; its KV transfer could never fit" if pool == "decode" else ""))
+        return Engine(config.engine, build_cost_model(config.deployment), blocks, hooks=[hook])
+
+    # ----- arrivals ----------------------------------------------------------------------------
+    def submit(self, spec) -> simpy.Event:
+        """The workload's entry: route to a prefill instance; the event succeeds when the request
+        has finished (on the prefill instance if its first token stopped it, else on decode)."""
+        if spec.abort_time_s is not None:
+            raise ConfigError("abort_time_s", spec.abort_time_s,
+                              "client aborts are not modelled under disaggregation")
+        i = self.prefill_router.choose(spec)
+        self.prefill_router.outstanding[i] += 1
+        done = self.env.event()
+        req = self.prefill[i].add_request(spec, self.env.now)
+        self.done_events[req.request_id] = done
+        self.prefill_procs[i]._wake()
+        return done
+
+    # ----- hand-off ------------------------------------------------------------------------------
+    def hand_off(self, source: int, req, now: float) -> None:
+        """`req` sampled its first token on prefill instance `source`: queue its KV for a decode instance."""
+        engine = self.prefill[source]
+        spec = req.spec
+        d = self.decode_router.choose(spec)
+        self.decode_router.outstanding[d] += 1
+        decode_req = self.decode[d].add_prefilled_request(spec, now, req, engine.streams[req.index])
+        self.pending[d].append(Transfer(source, d, req, decode_req))
+        self.start_transfers(d)
+
+    def start_transfers(self, d: int) -> None:
+        """Start the queued transfers to decode instance `d` whose blocks fit, in order."""
+        queue, kv = self.pending[d], self.decode[d].state.kv
+        while queue:
+            t = queue[0]
+            req = t.decode_req
+            hits, num_cached = kv.lookup_prefix(req)
+            missing = req.num_prompt_tokens - num_cached
+            if kv.allocate(req, missing, hits) is None:
+                if -(-req.num_prompt_tokens // kv.block_size) > kv.num_usable_blocks:
+                    raise KVTransferError("disaggregation.decode.num_gpu_blocks", kv.num_gpu_blocks,
+                                          f"request {req.request_id} needs more blocks than the cache has")
+                return
+            queue.pop(0)
+            req.status = RequestStatus.RUNNING   # holds blocks: vLLM's WAITING_FOR_REMOTE_KVS
+            req.num_cached_tokens = num_cached
+            t.num_bytes = kv_transfer_bytes(self.model, missing)
+            t.num_blocks = len(kv.blocks_of(req))
+            self.in_flight[req.request_id] = t
+            self.ports[t.source].send(req.request_id, d, t.num_bytes,
+                                      lambda now, t=t: self._transfer_done(t, now))
+
+    def _transfer_done(self, t: Transfer, now: float) -> None:
+        check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)
+        t.prefill_req.status = RequestStatus.FINISHED_LENGTH_CAPPED  # the prefill's max_tokens=1 request
+        self.prefill[t.source].complete(t.prefill_req, now)           # frees its held blocks
+        del self.in_flight[t.decode_req.request_id]
+        self.arrived[t.destination].append(t.decode_req)
+        self.admit_arrived(t.destination, now)
+        self.prefill_procs[t.source]._wake()
+
+    def admit_arrived(self, d: int, now: float) -> None:
+        """Requests whose KV has arrived join decode instance `d`'s batch while seats are free."""
+        engine, queue = self.decode[d], self.arrived[d]
+        admitted = False
+        while queue and len(engine.state.running) < engine.config.max_num_seqs:
+            engine.start_prefilled(queue.pop(0), now)
+            admitted = True
+        if admitted:
+            self.decode_procs[d]._wake()
+
+    # ----- completions -----------------------------------------------------------------------------
+    def _prefill_finished(self, i: int, req) -> None:
+        self.prefill_router.outstanding[i] -= 1
+        if req.request_id not in self.in_flight:   # stopped on its first token: done here
+            self._done(req)
+
+    def _decode_finished(self, d: int, req) -> None:
+        self.decode_router.outstanding[d] -= 1
+        self._done(req)
+
+    def _done(self, req) -> None:
+        count = self.num_finished.get(req.request_id, 0) + 1
+        self.num_finished[req.request_id] = count
+        if count > 1:
+            raise InvariantError(f"{req.request_id} finished {count} times")
+        self.done_events.pop(req.request_id).succeed(req)
+
+    def run(self, workload, until: float | None = None) -> DisaggResults:
+        start_workload(self.env, workload, self.submit, self.config.seed)
+        self.env.run(until=until)
+        if until is None and self.done_events:
+            stuck = sorted(self.done_events)[:5]
+            raise InvariantError(f"{len(self.done_events)} requests never finished (e.g. {stuck})")
+        return collect_results(self)
+
+
+def check_transfer(t: Transfer, source_kv, destination_kv) -> None:
+    """No block lost in transfer: the sender still holds the prompt's blocks, the receiver exactly
+    the blocks it allocated for them."""
+    needed = -(-t.prefill_req.num_prompt_tokens // source_kv.block_size)
+    held = len(source_kv.blocks_of(t.prefill_req))
+    got = len(destination_kv.blocks_of(t.decode_req))
+    if held < needed or got != t.num_blocks or got < needed:
+        raise InvariantError(f"{t.decode_req.request_id}: transfer of {needed} blocks, sender holds {held}, "
+                             f"receiver {got} (allocated {t.num_blocks})")
+
+
+def simulate_disaggregated(config: SimulationConfig, disagg: DisaggConfig, *, workload=None,
+                           until: float | None = None) -> DisaggResults:
+    """Simulate `config`'s traffic (or `workload`) on the prefill and decode pools of `disagg`."""
+    traffic = workload if workload is not None else config.workload.build(
+        config.engine.eos_token_id, config.engine.max_model_len)
+    return DisaggregatedCluster(config, disagg).run(traffic, until)

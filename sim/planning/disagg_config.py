@@ -1,0 +1,106 @@
+"""Configuration of prefill/decode disaggregation: two pools of instances and the link between them.
+
+    [disaggregation]              # beside [engine], [deployment], [workload], [slo] in one TOML file
+    link = "ib-ndr"               # kernels_cost_model/data/links.csv: nvlink4, pcie5, ib-ndr, roce-100g, ...
+    [disaggregation.prefill]
+    num_instances = 2
+    tensor_parallel_size = 1      # default: the deployment's
+    router = "least_outstanding"  # sim.planning.routers
+    engine = { max_num_batched_tokens = 16384 }
+    [disaggregation.decode]
+    num_instances = 1
+    engine = { max_num_seqs = 512 }
+
+Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's GPU (or the pool's
+`gpu`). `engine` overrides the shared [engine] settings for that pool; `block_size` and
+`max_model_len` stay shared (a transferred block must mean the same tokens on both sides).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.links import get_link
+from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.planning.routers import ROUTERS
+
+SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool (prefill or decode): how many instances, their parallelism, router and engine flags."""
+
+    num_instances: int = 1
+    tensor_parallel_size: int | None = None
+    gpu: str | None = None
+    router: str = "least_outstanding"
+    engine: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.num_instances, int) and self.num_instances >= 1, "num_instances",
+                self.num_instances, "must be an integer >= 1")
+        require(self.tensor_parallel_size is None or (isinstance(self.tensor_parallel_size, int)
+                                                      and self.tensor_parallel_size >= 1),
+                "tensor_parallel_size", self.tensor_parallel_size, "must be an integer >= 1")
+        require(self.router in ROUTERS, "router", self.router, f"must be one of {ROUTERS}")
+        require(isinstance(self.engine, dict), "engine", self.engine, "must be a table of engine settings")
+        for key in SHARED_ENGINE_KEYS:
+            require(key not in self.engine, f"engine.{key}", self.engine.get(key),
+                    "is shared by both pools; set it in [engine]")
+
+    def instance_config(self, base: SimulationConfig) -> SimulationConfig:
+        """The simulation config of one instance of this pool."""
+        deployment = {k: v for k, v in (("tensor_parallel_size", self.tensor_parallel_size),
+                                         ("gpu", self.gpu)) if v is not None}
+        return base.replace(deployment=deployment, engine=dict(self.engine))
+
+    def num_gpus(self, base: SimulationConfig) -> int:
+        return self.num_instances * (self.tensor_parallel_size or base.deployment.tensor_parallel_size)
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """Prefill pool, decode pool and the link KV moves over (P:D ratio = the instance counts)."""
+
+    prefill: PoolConfig = field(default_factory=PoolConfig)
+    decode: PoolConfig = field(default_factory=PoolConfig)
+    link: str = "ib-ndr"
+
+    def __post_init__(self) -> None:
+        get_link(self.link)
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.prefill.num_instances}P:{self.decode.num_instances}D"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DisaggConfig":
+        """From the [disaggregation] table; unknown keys are named errors."""
+        if not isinstance(data, dict):
+            raise ConfigError("disaggregation", data, "must be a table")
+        unknown = set(data) - {"prefill", "decode", "link"}
+        if unknown:
+            key = sorted(unknown)[0]
+            raise ConfigError(f"disaggregation.{key}", data[key], "unknown setting; known: decode, link, prefill")
+        pools = {name: _pool(name, data.get(name, {})) for name in ("prefill", "decode")}
+        with within("disaggregation"):
+            return cls(**pools, link=data.get("link", "ib-ndr"))
+
+
+def _pool(name: str, values) -> PoolConfig:
+    path = f"disaggregation.{name}"
+    try:
+        return section(path, PoolConfig, values)
+    except ConfigError as exc:
+        if exc.field.startswith(path):
+            raise
+        raise ConfigError(f"{path}.{exc.field}", exc.value, exc.reason) from None
+
+
+def load_disaggregated(path: str | Path) -> tuple[SimulationConfig, DisaggConfig]:
+    """A TOML file with the usual sections plus [disaggregation]."""
+    data = read_toml(path)
+    disagg = DisaggConfig.from_dict(data.pop("disaggregation", {}))
+    return SimulationConfig.from_dict(data), disagg

@@ -1,0 +1,18 @@
+"""Run one engine process to the end of its workload and collect its Results (shared by the
+offload and pipeline simulations, which wrap the engine in their own way)."""
+from __future__ import annotations
+
+from sim.api.results import Results
+from sim.core.invariants import InvariantError
+from sim.engine.simulation import start_workload
+
+
+def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
+    """Feed config.workload (or `workload`) to `proc` (an EngineProcess), run, return Results."""
+    engine, env, e = proc.engine, proc.env, config.engine
+    traffic = workload if workload is not None else config.workload.build(e.eos_token_id, e.max_model_len)
+    start_workload(env, traffic, proc.submit, config.seed)
+    env.run(until=until)
+    if until is None and engine.by_id:
+        raise InvariantError(f"{len(engine.by_id)} requests never finished")
+    return Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)

@@ -1,0 +1,128 @@
+"""Pipeline parallelism: one engine on TP x PP GPUs with up to PP batches in flight.
+
+    from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+    results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
+
+As vLLM V1 runs pipeline parallelism (a batch queue of PP batches): the scheduler plans a new batch
+as soon as the first stage is free, from the requests not already in a batch in flight. A batch takes
+its step time / PP per stage (the layers split evenly, see kernels_cost_model.pipeline), PP stages
+plus PP-1 sends of its tokens' hidden states over the link; batches leave the last stage in order.
+Its tokens are sampled and its stops applied when it leaves. TP ranks within a stage are priced by
+the cost model as usual (TP x PP in one deployment). The batch queue takes the place of async
+scheduling's one-step look-ahead, so the engine runs with `async_scheduling` off.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.links import get_link
+from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
+from sim.api.results import Results
+from sim.api.simulator import SimulationConfig, build_cost_model, check_names, within
+from sim.core.invariants import InvariantError
+from sim.engine.engine import Engine
+from sim.engine.simulation import EngineProcess, check_kv_capacity
+from sim.planning.engine_run import serve
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Pipeline stages and the link between consecutive stages."""
+
+    pipeline_parallel_size: int = 2
+    link: str = "nvlink4"
+
+    def __post_init__(self) -> None:
+        with within("pipeline"):
+            get_link(self.link)
+
+
+class PipelineProcess(EngineProcess):
+    """EngineProcess whose loop keeps up to `stages` batches in flight."""
+
+    def __init__(self, env: simpy.Environment, engine: Engine, stages: int, send_time):
+        self.stages, self.send_time = stages, send_time
+        self.in_flight: deque = deque()
+        self.busy: set = set()
+        self.last_exit = 0.0
+        self.max_in_flight = 0
+        super().__init__(env, engine)
+
+    def submit(self, spec) -> simpy.Event:
+        if spec.abort_time_s is not None:
+            raise ConfigError("abort_time_s", spec.abort_time_s,
+                              "client aborts are not modelled under pipeline parallelism")
+        return super().submit(spec)
+
+    def loop(self):
+        env, engine = self.env, self.engine
+        while True:
+            step = self._plan() if len(self.in_flight) < self.stages and engine.has_work else None
+            if step is None:
+                self.wakeup = env.event()
+                yield self.wakeup
+                self.wakeup = None
+                continue
+            stage = step.duration / self.stages
+            sends = (self.stages - 1) * self.send_time(sum(step.batch.num_new_tokens))
+            exit_at = max(env.now + self.stages * stage + sends, self.last_exit + stage)
+            self.last_exit = exit_at
+            self.in_flight.append(step)
+            self.busy.update(req for req, _ in step.plan.scheduled)
+            self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
+            env.process(self._leave(step, exit_at - env.now))
+            yield env.timeout(stage)   # the first stage takes the next batch
+
+    def _plan(self):
+        """Plan a batch from the running requests not in flight (they rejoin in front, in order)."""
+        state = self.engine.state
+        hidden = [r for r in state.running if r in self.busy]
+        if not hidden:
+            return self.engine.plan_step(self.env.now)
+        config = state.config
+        if len(hidden) >= config.max_num_seqs:
+            return None   # every seat is in flight
+        state.running = [r for r in state.running if r not in self.busy]
+        state.config = dataclasses.replace(config, max_num_seqs=config.max_num_seqs - len(hidden))  # seats taken
+        try:
+            return self.engine.plan_step(self.env.now)
+        finally:
+            state.running = hidden + state.running
+            state.config = config
+
+    def _leave(self, step, delay: float):
+        yield self.env.timeout(delay)
+        if self.in_flight[0] is not step:
+            raise InvariantError("pipeline batches left the last stage out of order")
+        self.in_flight.popleft()
+        self.busy.difference_update(req for req, _ in step.plan.scheduled)
+        self.engine.finish_step(step, self.env.now)
+        self._wake()
+
+
+def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
+                      until: float | None = None) -> Results:
+    """One TP x PP engine serving config.workload (or `workload`)."""
+    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
+    check_names(config.engine)
+    d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
+    with within("pipeline"):
+        check_pipeline_size(d.model, pp)
+    blocks = e.num_gpu_blocks
+    if blocks is None:
+        with within("deployment"):
+            blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
+                                              d.gpu_memory_utilization, e.max_num_batched_tokens)
+    engine = Engine(e, build_cost_model(d), check_kv_capacity(blocks, e))
+    link = get_link(pipeline.link)
+    proc = PipelineProcess(simpy.Environment(), engine, pp,
+                           lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
+    results = serve(config, proc, workload, until, {"pipeline": {"pipeline_parallel_size": pp, "link": link.name}})
+    results.summary["max_batches_in_flight"] = proc.max_in_flight
+    results.summary["num_gpus"] = d.tensor_parallel_size * pp
+    return results

@@ -1,0 +1,178 @@
+"""Prefill/decode disaggregation: invariants, content invariance across the hand-off, definitions,
+determinism and named errors."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.links import get_link, kv_transfer_bytes
+from sim.api.simulator import DeploymentConfig, SimulationConfig
+from sim.core.config import EngineConfig
+from sim.core.replay import run_until_stop
+from sim.core.sampling_params import SamplingParams
+from sim.planning.disagg import DisaggregatedCluster, KVTransferError, simulate_disaggregated
+from sim.planning.disagg_config import DisaggConfig, PoolConfig, load_disaggregated
+from tests.engine_harness import EOS, engine_configs, scripted_specs
+from workloads.spec import RequestSpec
+from workloads.token_streams import TokenSource
+
+LINEAR = DeploymentConfig(cost_model="linear")
+
+
+def _config(engine: EngineConfig, **slo) -> SimulationConfig:
+    return SimulationConfig(engine=engine, deployment=LINEAR).replace(slo=slo) if slo else \
+        SimulationConfig(engine=engine, deployment=LINEAR)
+
+
+def _none(value):
+    return None if isinstance(value, float) and np.isnan(value) else value
+
+
+def _run(engine: EngineConfig, specs, num_prefill=1, num_decode=1, link="ib-ndr"):
+    disagg = DisaggConfig(PoolConfig(num_prefill), PoolConfig(num_decode), link=link)
+    cluster = DisaggregatedCluster(_config(engine), disagg)
+    return cluster, cluster.run(specs)
+
+
+@given(scripted_specs(), engine_configs(), st.integers(1, 2), st.integers(1, 2))
+def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs, engine, p, d):
+    cluster, out = _run(engine, specs, p, d)
+    rows = out.requests.set_index("request_id")
+    assert sorted(rows.index) == sorted(s.request_id for s in specs)
+    source = TokenSource(EOS)
+    for prefill in cluster.prefill:      # the token stream is the prefill instance's
+        for i, rid in enumerate(prefill.requests.request_id):
+            spec = next(s for s in specs if s.request_id == rid)
+            stream = [source.token_at(spec, i, k) for k in range(400)]
+            expected = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
+                                      max_model_len=engine.max_model_len, token_text={})
+            row = rows.loc[rid]
+            assert (row.finish_reason, _none(row.stop_reason)) == (expected.finish_reason, expected.stop_reason)
+            assert row.num_output_tokens == len(expected.output_token_ids)
+    for engine_ in cluster.prefill + cluster.decode:   # KV conserved and all returned
+        assert engine_.state.kv.num_free_blocks == engine_.state.kv.num_usable_blocks
+        assert not engine_.by_id
+    handed = rows[rows.decode_instance >= 0]
+    assert len(out.transfers) == len(handed)
+    assert (handed.num_output_tokens >= 2).all() or handed.empty
+
+
+@settings(max_examples=10)   # each run builds several result tables; the property above covers the space
+@given(scripted_specs(max_requests=5), engine_configs())
+def test_reruns_are_bit_identical(specs, engine):
+    first = _run(engine, specs, 2, 1)[1]
+    second = _run(engine, specs, 2, 1)[1]
+    pd.testing.assert_frame_equal(first.requests, second.requests)
+    assert [list(t) for t in first.results.token_times] == [list(t) for t in second.results.token_times]
+
+
+def _long_specs(n=6, prompt=300, out=20):
+    rng = np.random.default_rng(0)
+    return [RequestSpec(0.01 * i, rng.integers(100, 5000, prompt).astype(np.int32), output_len=out,
+                        request_id=f"q{i}", sampling_params=SamplingParams(max_tokens=out, ignore_eos=True))
+            for i in range(n)]
+
+
+def test_first_token_comes_from_prefill_and_decode_waits_for_the_kv():
+    engine = EngineConfig(num_gpu_blocks=400, max_model_len=1024)
+    cluster, out = _run(engine, _long_specs())
+    r = out.requests
+    assert (r.ttft_s == r.first_token_time - r.arrival_time).all()
+    assert (r.kv_transfer_queued >= r.first_token_time).all()
+    second = np.array([t[1] for t in out.results.token_times])
+    assert (second > r.kv_transfer_end.to_numpy()).all()   # decode starts only after the KV arrived
+    link = get_link("ib-ndr")
+    expected = link.transfer_time_s(kv_transfer_bytes("llama-3.1-8b", 300))
+    assert np.allclose(r.kv_transfer_end - r.kv_transfer_start, expected)
+    assert (r.kv_transfer_bytes == kv_transfer_bytes("llama-3.1-8b", 300)).all()
+
+
+def test_overlapping_transfers_queue_on_the_prefill_port():
+    engine = EngineConfig(num_gpu_blocks=2000, max_model_len=4096, max_num_batched_tokens=8192)
+    specs = [dataclasses.replace(s, arrival_time_s=0.0) for s in _long_specs(4, prompt=2000)]
+    out = _run(engine, specs, link="roce-100g")[1]
+    t = out.transfers.sort_values("start")
+    assert (t.start.to_numpy()[1:] >= t.end.to_numpy()[:-1] - 1e-12).all()  # one at a time
+    assert out.summary["kv_transfer_wait_ms_p99"] > 0
+    assert out.transfer_queue.depth.max() >= 2
+
+
+def test_a_request_that_stops_on_its_first_token_never_leaves_prefill():
+    engine = EngineConfig(num_gpu_blocks=400, max_model_len=1024)
+    specs = [dataclasses.replace(s, sampling_params=SamplingParams(max_tokens=1)) for s in _long_specs(3)]
+    out = _run(engine, specs)[1]
+    assert out.transfers.empty and (out.requests.decode_instance == -1).all()
+    assert (out.requests.finish_reason == "length").all()
+
+
+def test_decode_prefix_hits_shrink_the_transfer():
+    engine = EngineConfig(num_gpu_blocks=400, max_model_len=1024)
+    one = _long_specs(1)[0]
+    again = dataclasses.replace(one, arrival_time_s=5.0, request_id="again")
+    out = _run(engine, [one, again])[1]
+    r = out.requests.set_index("request_id")
+    assert r.loc["again", "decode_cached_tokens"] == 288      # 18 full blocks of 16 already on decode
+    assert r.loc["again", "kv_transfer_bytes"] == kv_transfer_bytes("llama-3.1-8b", 12)
+
+
+def test_decode_cache_smaller_than_one_request_is_a_named_error():
+    config = _config(EngineConfig(num_gpu_blocks=400, max_model_len=1024))
+    disagg = DisaggConfig(PoolConfig(1), PoolConfig(1, engine={"num_gpu_blocks": 10}))
+    with pytest.raises(KVTransferError, match="disaggregation.decode.engine.num_gpu_blocks"):
+        simulate_disaggregated(config, disagg, workload=_long_specs(1))
+
+
+def test_bad_pool_settings_name_their_path():
+    with pytest.raises(ConfigError, match="disaggregation.prefill.engine.block_size"):
+        DisaggConfig.from_dict({"prefill": {"engine": {"block_size": 32}}})
+    with pytest.raises(ConfigError, match="disaggregation.decode.num_instances"):
+        DisaggConfig.from_dict({"decode": {"num_instances": 0}})
+    with pytest.raises(ConfigError, match="link"):
+        DisaggConfig.from_dict({"link": "carrier-pigeon"})
+
+
+def test_toml_gives_pools_ratio_and_link(tmp_path):
+    path = tmp_path / "pd.toml"
+    path.write_text('[deployment]\nmodel = "llama-3.1-8b"\n[workload]\nrate = 2.0\nnum_requests = 5\n'
+                    '[disaggregation]\nlink = "nvlink"\n[disaggregation.prefill]\nnum_instances = 2\n'
+                    '[disaggregation.decode]\nnum_instances = 1\ntensor_parallel_size = 2\n'
+                    'engine = { max_num_seqs = 64 }\n')
+    config, disagg = load_disaggregated(path)
+    assert disagg.ratio == "2P:1D" and disagg.link == "nvlink"
+    assert disagg.decode.instance_config(config).engine.max_num_seqs == 64
+    out = simulate_disaggregated(config, disagg)
+    assert out.summary["num_gpus"] == 4 and out.summary["num_completed"] == 5
+
+
+def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
+    from sim.cli.main import main
+    path = tmp_path / "pd.toml"
+    text = open("examples/disagg.toml").read().replace("num_requests = 500", "num_requests = 20")
+    path.write_text(text)
+    assert main(["disagg", "--config", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "Disaggregated 1P:1D over ib-ndr, 2 GPUs" in printed and "KV transfers" in printed
+    for name in ("requests.csv", "transfers.csv", "summary.json", "kv_occupancy_per_pool.png",
+                 "transfer_queue.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert len(pd.read_csv(tmp_path / "out" / "transfers.csv")) <= 20
+
+
+def test_link_catalog_prices_transfers_with_cited_figures():
+    from kernels_cost_model.links import _catalog, list_links
+    assert {"nvlink4", "pcie5", "ib-ndr", "roce-100g"} <= set(list_links())
+    assert all(link.source for link in _catalog()[0].values())
+    link = get_link("InfiniBand")
+    assert link.name == "ib-ndr"
+    assert link.transfer_time_s(0) == 0.0
+    assert link.transfer_time_s(50e9) == pytest.approx(5e-6 + 1.0)
+    assert link.transfer_time_s(50e9, lanes=2) == pytest.approx(5e-6 + 0.5)
+    # llama-3.1-8b: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 128 KiB per token
+    assert kv_transfer_bytes("llama-3.1-8b", 10) == 10 * 131072
+    with pytest.raises(ConfigError, match="link"):
+        get_link("smoke-signals")

@@ -1,0 +1,98 @@
+"""CPU KV offload: invariants per tier, content invariance across offload/reload, reload pricing,
+hit rates per tier, named errors."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.links import get_link, kv_transfer_bytes
+from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.core.scheduler_profiles import get_scheduler_profile
+from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
+from sim.core.sampling_params import SamplingParams
+from sim.engine.engine import Engine
+from sim.planning.offload import OffloadConfig, simulate_offload
+from tests.engine_harness import assert_outputs_match_run_until_stop, drive, engine_configs, scripted_specs
+from workloads.spec import RequestSpec
+
+
+def _offload_engine(config: EngineConfig, num_cpu_blocks: int) -> Engine:
+    kv = CPUOffloadKVCacheManager(config.num_gpu_blocks, config.block_size, True, num_cpu_blocks,
+                                  get_scheduler_profile(config.scheduler_profile).free_uncached_first)
+    return Engine(config, LinearCostModel(), config.num_gpu_blocks, kv=kv)
+
+
+@given(scripted_specs(), engine_configs(), st.integers(1, 64))
+def test_outputs_and_kv_survive_offload_and_reload(specs, config, num_cpu_blocks):
+    config = dataclasses.replace(config, enable_prefix_caching=True)
+    engine = _offload_engine(config, num_cpu_blocks)
+    kv = engine.state.kv
+    logs = drive(engine, specs)             # check_invariants (GPU tier) after every step
+    check_cpu_tier(kv)
+    assert_outputs_match_run_until_stop(engine, specs)
+    assert kv.num_free_blocks == kv.num_usable_blocks and not kv.req_blocks
+    assert len(kv.cpu) <= num_cpu_blocks
+    assert kv.gpu_hit_tokens + kv.cpu_hit_tokens == sum(engine.requests.num_cached_tokens)
+    assert logs or not specs
+
+
+def _prompt(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(100, 30000, n).astype(np.int32)
+
+
+def _specs():
+    """A 512-token prompt, 12 others that push it out of a small GPU cache, then the first again."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = _prompt(0, 512)
+    specs = [RequestSpec(0.0, first, output_len=4, sampling_params=params, request_id="a")]
+    specs += [RequestSpec(0.5 + 0.5 * i, _prompt(i + 1, 512), output_len=4, sampling_params=params,
+                          request_id=f"x{i}") for i in range(12)]
+    specs.append(RequestSpec(20.0, first.copy(), output_len=4, sampling_params=params, request_id="again"))
+    return specs
+
+
+def _config() -> SimulationConfig:
+    return SimulationConfig(engine=EngineConfig(num_gpu_blocks=320, max_model_len=2048, check_invariants=True))
+
+
+def test_an_evicted_prefix_reloads_from_cpu_and_is_priced():
+    config = _config()
+    plain = simulate(config, workload=_specs()).requests.set_index("request_id")
+    out = simulate_offload(config, OffloadConfig(num_cpu_blocks=1000), workload=_specs())
+    r = out.requests.set_index("request_id")
+    assert plain.loc["again", "num_cached_tokens"] == 0          # evicted from the GPU cache
+    assert r.loc["again", "num_cached_tokens"] == 496            # 31 of 32 blocks reload (last token computes)
+    assert out.summary["cpu_loaded_blocks"] == 31
+    load = get_link("pcie5").transfer_time_s(kv_transfer_bytes("llama-3.1-8b", 31 * 16))
+    assert out.summary["cpu_load_s"] == pytest.approx(load)
+    assert r.loc["again", "ttft_s"] < plain.loc["again", "ttft_s"]  # loading beats recomputing here
+    assert out.summary["cpu_prefix_hit_rate"] == pytest.approx(496 / (14 * 512))
+
+
+def test_a_cpu_tier_too_small_for_the_prefix_gives_no_hit():
+    out = simulate_offload(_config(), OffloadConfig(num_cpu_blocks=8), workload=_specs())
+    assert out.requests.set_index("request_id").loc["again", "num_cached_tokens"] == 0
+    assert out.summary["cpu_loaded_blocks"] == 0
+
+
+def test_reruns_are_bit_identical():
+    a = simulate_offload(_config(), OffloadConfig(cpu_bytes=8e9), workload=_specs())
+    b = simulate_offload(_config(), OffloadConfig(cpu_bytes=8e9), workload=_specs())
+    assert a.requests.equals(b.requests) and a.summary == b.summary
+
+
+def test_bad_tiers_are_named_errors():
+    with pytest.raises(ConfigError, match="offload.cpu_bytes.*smaller than one KV block"):
+        simulate_offload(_config(), OffloadConfig(cpu_bytes=1e5), workload=_specs())
+    with pytest.raises(ConfigError, match="offload.cpu_bytes"):
+        OffloadConfig()
+    with pytest.raises(ConfigError, match="offload.link"):
+        OffloadConfig(num_cpu_blocks=4, link="floppy")
+    with pytest.raises(ConfigError, match="enable_prefix_caching"):
+        CPUOffloadKVCacheManager(64, 16, False, 8)

@@ -1,0 +1,73 @@
+"""Pipeline parallelism: batches in flight, content invariance, KV conservation, pricing, named errors."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.kv_memory import kv_cache_blocks
+from kernels_cost_model.links import get_link
+from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
+from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.core.replay import run_until_stop
+from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+from tests.engine_harness import EOS, engine_configs, scripted_specs
+from workloads.token_streams import TokenSource
+
+
+def _none(value):
+    return None if isinstance(value, float) and value != value else value
+
+
+@settings(max_examples=30)
+@given(scripted_specs(), engine_configs(), st.sampled_from([1, 2, 4]))
+def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs, engine, pp):
+    config = SimulationConfig(engine=engine, deployment=DeploymentConfig(cost_model="linear"))
+    out = simulate_pipeline(config, PipelineConfig(pp), workload=specs)   # check_invariants every batch
+    r = out.requests
+    assert sorted(r.request_id) == sorted(s.request_id for s in specs)
+    source = TokenSource(EOS)
+    for i, spec in enumerate(sorted(specs, key=lambda s: s.arrival_time_s)):
+        row = r[r.request_id == spec.request_id].iloc[0]
+        stream = [source.token_at(spec, i, k) for k in range(400)]
+        expected = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
+                                  max_model_len=engine.max_model_len, token_text={})
+        assert (row.finish_reason, _none(row.stop_reason)) == (expected.finish_reason, expected.stop_reason)
+        assert row.num_output_tokens == len(expected.output_token_ids)
+    assert out.summary["max_batches_in_flight"] <= pp
+    assert out.steps.kv_blocks_used.iloc[-1] == 0 if len(out.steps) else True
+
+
+def _config(**workload) -> SimulationConfig:
+    return SimulationConfig().replace(workload={"rate": 20.0, "num_requests": 150, **workload},
+                                      deployment={"model": "llama-3.1-70b", "tensor_parallel_size": 4})
+
+
+def test_one_stage_is_the_plain_engine():
+    sync = _config().replace(engine={"async_scheduling": False})
+    assert simulate_pipeline(_config(), PipelineConfig(1)).requests.equals(simulate(sync).requests)
+
+
+def test_two_stages_keep_two_batches_in_flight_and_serve_more():
+    one = simulate_pipeline(_config(), PipelineConfig(1)).summary
+    two = simulate_pipeline(_config(), PipelineConfig(2)).summary
+    assert two["max_batches_in_flight"] == 2 and two["num_gpus"] == 8
+    assert two["output_token_throughput"] > 1.3 * one["output_token_throughput"]
+    again = simulate_pipeline(_config(), PipelineConfig(2)).summary
+    assert again == two
+
+
+def test_stage_pricing_and_kv_per_stage():
+    assert check_pipeline_size("llama-3.1-70b", 4) == 20
+    # 8192 tokens x hidden 8192 x 2 bytes over NVLink 4, one rank
+    assert stage_send_time_s("llama-3.1-70b", 8192, get_link("nvlink4")) == pytest.approx(2e-6 + 8192 * 8192 * 2 / 450e9)
+    pp2 = pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 2)
+    assert pp2 > 2 * kv_cache_blocks("llama-3.1-70b", "h100", 4)   # half the weights per GPU, twice the layers' room
+    assert pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 1) == kv_cache_blocks("llama-3.1-70b", "h100", 4)
+
+
+def test_a_pipeline_size_not_dividing_the_layers_is_a_named_error():
+    with pytest.raises(ConfigError, match=r"pipeline.pipeline_parallel_size=3: must divide num_layers=80"):
+        simulate_pipeline(_config(), PipelineConfig(3))
+    with pytest.raises(ConfigError, match="pipeline.link"):
+        PipelineConfig(2, link="tin-can")
