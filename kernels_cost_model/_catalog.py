@@ -6,6 +6,8 @@ import json
 from importlib import resources
 from typing import Iterable
 
+from .errors import ConfigError
+
 
 def normalise(name: str) -> str:
     """Case-insensitive key: lower case, spaces and underscores read as dashes."""
@@ -37,3 +39,11 @@ def alias_index(rows: Iterable[dict[str, str]]) -> dict[str, str]:
             if index.setdefault(key, canonical) != canonical:
                 raise ValueError(f"catalog alias {key!r} names both {index[key]!r} and {canonical!r}")
     return index
+
+
+def lookup(entries: dict, index: dict[str, str], name: str, field: str, what: str):
+    """The catalog entry `name` (or an alias) names, case-insensitively; ConfigError(field) if unknown."""
+    canonical = index.get(normalise(str(name)))
+    if canonical is None:
+        raise ConfigError(field, name, f"unknown {what}; known: {', '.join(sorted(entries))}")
+    return entries[canonical]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import require
 
-from ._catalog import alias_index, normalise, read_catalog
+from ._catalog import alias_index, lookup, read_catalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +71,4 @@ def get_gpu(name: str | GPU) -> GPU:
     """Look a GPU up by name or alias, case-insensitively ("h100" -> "h100-sxm")."""
     if isinstance(name, GPU):
         return name
-    gpus, index = _catalog()
-    canonical = index.get(normalise(str(name)))
-    if canonical is None:
-        raise ConfigError("gpu", name, f"unknown GPU; known: {', '.join(list_gpus())}")
-    return gpus[canonical]
+    return lookup(*_catalog(), name, "gpu", "GPU")

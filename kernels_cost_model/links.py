@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import require
 
-from ._catalog import alias_index, normalise, read_catalog
+from ._catalog import alias_index, lookup, read_catalog
 from .kv_memory import kv_bytes_per_token
 
 
@@ -52,11 +52,7 @@ def get_link(name: str | Link) -> Link:
     """A link by name or alias ("nvlink", "pcie5", "infiniband", "roce"), case-insensitively."""
     if isinstance(name, Link):
         return name
-    links, index = _catalog()
-    canonical = index.get(normalise(str(name)))
-    if canonical is None:
-        raise ConfigError("link", name, f"unknown link; known: {', '.join(list_links())}")
-    return links[canonical]
+    return lookup(*_catalog(), name, "link", "link")
 
 
 def kv_transfer_bytes(model, num_tokens: int) -> int:
