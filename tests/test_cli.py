@@ -49,7 +49,7 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--config", "/no/such.toml"], "servesim: error: config='/no/such.toml': file not found"),
     (["--lengths", "nope"], "servesim: error: workload.lengths='nope': unknown preset"),
     (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
-     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=8192"),
+     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=131072"),
     (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):

@@ -21,8 +21,9 @@ from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.version import __version__
-from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
-                                check_workload, switch_kind, warn_rejections)
+from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
+                                check_simulation, check_slo, check_workload, resolve_engine, switch_kind,
+                                unresolved_engine_values, warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_speculative, spec_num_gpu_blocks
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
@@ -37,6 +38,8 @@ class DeploymentConfig:
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
+    cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: vLLM releases that
+        capture graphs after sizing the cache; newer ones estimate it first and log it).
     """
 
     model: str = "llama-3.1-8b"
@@ -48,6 +51,7 @@ class DeploymentConfig:
     collective_scale: float = 1.0
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
+    cudagraph_memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -125,6 +129,7 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
+        object.__setattr__(self, "engine", resolve_engine(self.engine, self.deployment))
         check_simulation(self)
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
 
@@ -155,12 +160,16 @@ class SimulationConfig:
                 base = dataclasses.asdict(current) if current is not None and isinstance(value, dict) else {}
                 value = SpeculativeConfig.from_dict({**base, **value} if isinstance(value, dict) else value)
             elif isinstance(value, dict):
-                if name == "workload":
+                if name == "engine":
+                    merged = {**unresolved_engine_values(self), **value}
+                elif name == "workload":
                     merged = switch_kind(current, value)
                 else:
                     merged = {**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}, **value}
                 value = _section(name, type(current), merged)
             updates[name] = value
+        if "deployment" in updates and "engine" not in updates:
+            updates["engine"] = _section("engine", EngineConfig, unresolved_engine_values(self))
         return dataclasses.replace(self, **updates)
 
 
@@ -233,8 +242,8 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     d, e = config.deployment, config.engine
     with within("deployment"):
         blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                                 d.gpu_memory_utilization, e.max_num_batched_tokens,
-                                 kv_cache_dtype=d.kv_cache_dtype)
+                                 d.gpu_memory_utilization, e.max_num_batched_tokens, kv_cache_dtype=d.kv_cache_dtype,
+                                 max_num_seqs=e.max_num_seqs, cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
     require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
             f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
             " the engine keeps books for; use a larger block_size")
@@ -276,6 +285,8 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     check_model_limits(config)
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
+    if config.engine.num_gpu_blocks is None:
+        check_kv_holds_one_request(config.engine, config.deployment, blocks)
     traffic = workload
     if traffic is None:
         with within("workload"):
