@@ -76,3 +76,17 @@ def test_replacing_the_model_or_chunking_derives_the_defaults_anew():
     assert kept.replace(deployment={"gpu": "h200"}).engine.max_model_len == 2048
     with pytest.raises(ConfigError, match="must be >= max_model_len=131072"):
         base.replace(engine={"enable_chunked_prefill": False, "max_num_batched_tokens": 4096})
+
+
+@pytest.mark.parametrize("max_model_len,starts", [(16000, True), (32000, False)])
+def test_qwen3_32b_starts_or_not_as_in_vllms_log(max_model_len, starts):
+    """The same log: Qwen3-32B on one H100 started at max-model-len 16000 and failed at 32000."""
+    from sim.api.simulator import resolve_num_gpu_blocks
+    config = SimulationConfig().replace(deployment={"model": "qwen3-32b"},
+                                        engine={"max_model_len": max_model_len, "max_num_seqs": 1024})
+    if starts:
+        assert resolve_num_gpu_blocks(config) * 16 >= max_model_len
+    else:
+        with pytest.raises(ConfigError, match="one request of this length needs 32000 KV tokens") as err:
+            resolve_num_gpu_blocks(config)
+        assert err.value.field == "engine.max_model_len"

@@ -232,9 +232,16 @@ def build_cost_model(deployment: DeploymentConfig):
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
-    """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory."""
+    """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory (which
+    must hold one max_model_len request, or vLLM does not start)."""
     if config.engine.num_gpu_blocks is not None:
         return config.engine.num_gpu_blocks
+    blocks = _sized_num_gpu_blocks(config)
+    check_kv_holds_one_request(config.engine, config.deployment, blocks)
+    return blocks
+
+
+def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
     if config.speculative_config is not None:
         with within("deployment"):
             return spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
@@ -285,8 +292,6 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     check_model_limits(config)
     cost_model = build_cost_model(config.deployment)
     blocks = resolve_num_gpu_blocks(config)
-    if config.engine.num_gpu_blocks is None:
-        check_kv_holds_one_request(config.engine, config.deployment, blocks)
     traffic = workload
     if traffic is None:
         with within("workload"):
