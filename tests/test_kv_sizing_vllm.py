@@ -90,3 +90,20 @@ def test_qwen3_32b_starts_or_not_as_in_vllms_log(max_model_len, starts):
         with pytest.raises(ConfigError, match="one request of this length needs 32000 KV tokens") as err:
             resolve_num_gpu_blocks(config)
         assert err.value.field == "engine.max_model_len"
+
+
+def test_cudagraph_memory_comes_out_of_the_kv_cache_and_is_validated():
+    from sim.api.simulator import resolve_num_gpu_blocks
+    base = resolve_num_gpu_blocks(SimulationConfig())
+    assert resolve_num_gpu_blocks(SimulationConfig().replace(deployment={"cudagraph_memory_gib": 1})) == \
+        base - 2**30 // (16 * 131072)                                # 1 GiB = 512 blocks of Llama-3.1-8B
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig().replace(deployment={"cudagraph_memory_gib": -1})
+    assert err.value.field == "deployment.cudagraph_memory_gib"
+
+
+def test_an_engine_without_max_model_len_still_checks_its_other_fields():
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(scheduling="bogus")
+    assert err.value.field == "scheduling"
+    assert EngineConfig().resolved().max_model_len == 8192        # an engine run with no model

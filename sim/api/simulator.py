@@ -250,7 +250,8 @@ def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
     with within("deployment"):
         blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
                                  d.gpu_memory_utilization, e.max_num_batched_tokens, kv_cache_dtype=d.kv_cache_dtype,
-                                 max_num_seqs=e.max_num_seqs, cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+                                 max_num_seqs=e.max_num_seqs,
+                                 cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
     require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
             f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
             " the engine keeps books for; use a larger block_size")

@@ -109,8 +109,9 @@ def check_simulation(config) -> None:
     require(not isinstance(config.seed, bool) and isinstance(config.seed, int) and config.seed >= 0,
             "seed", config.seed, "must be an integer >= 0")
     engine, workload = config.engine, config.workload
-    require(engine.max_model_len is None or workload.shared_prefix_len <= engine.max_model_len, "workload.shared_prefix_len",
-            workload.shared_prefix_len, f"must not exceed engine.max_model_len={engine.max_model_len}"
+    require(engine.max_model_len is None or workload.shared_prefix_len <= engine.max_model_len,
+            "workload.shared_prefix_len", workload.shared_prefix_len,
+            f"must not exceed engine.max_model_len={engine.max_model_len}"
             " (a longer prompt is rejected)")
 
 
@@ -158,9 +159,10 @@ def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int) -> None:
     """vLLM refuses to start when the sized KV cache cannot hold one max_model_len request."""
     tokens = num_gpu_blocks * engine.block_size
     require(tokens >= engine.max_model_len, "engine.max_model_len", engine.max_model_len,
-            f"one request of this length needs {engine.max_model_len} KV tokens, more than the {tokens} the KV cache"
-            f" holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size={deployment.tensor_parallel_size},"
-            f" gpu_memory_utilization={deployment.gpu_memory_utilization}); the longest that fits is {tokens}:"
+            f"one request of this length needs {engine.max_model_len} KV tokens, more than the {tokens} the KV"
+            f" cache holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size="
+            f"{deployment.tensor_parallel_size}, gpu_memory_utilization={deployment.gpu_memory_utilization});"
+            f" the longest that fits is {tokens}:"
             " lower engine.max_model_len or raise deployment.gpu_memory_utilization or tensor_parallel_size")
 
 

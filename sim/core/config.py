@@ -10,10 +10,10 @@ from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
 MAX_NUM_GPU_BLOCKS = 2**22
-DEFAULT_MAX_MODEL_LEN = 8192
-"""max_model_len of an engine run with no model to take its maximum from (engine-level tests)."""
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
+DEFAULT_MAX_MODEL_LEN = 8192
+"""max_model_len of an engine run with no model to take its maximum from (engine-level tests)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,9 @@ class EngineConfig:
 
     def resolved(self) -> "EngineConfig":
         """This config with a max_model_len (DEFAULT_MAX_MODEL_LEN when no model gave one)."""
-        return self if self.max_model_len is not None else dataclasses.replace(self, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        if self.max_model_len is not None:
+            return self
+        return dataclasses.replace(self, max_model_len=DEFAULT_MAX_MODEL_LEN)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -81,14 +83,14 @@ class EngineConfig:
         if self.max_num_batched_tokens is None:
             object.__setattr__(self, "max_num_batched_tokens",
                                default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len))
-        if self.max_model_len is None:
-            return  # SimulationConfig (or run_engine) supplies it; the checks below need it
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
                 "must be true, false or unset")
+        if self.max_model_len is None:
+            return  # SimulationConfig (or run_engine) supplies it; the checks below need it
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                 "max_num_batched_tokens", self.max_num_batched_tokens,
                 f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"
@@ -97,7 +99,8 @@ class EngineConfig:
             capacity = self.num_gpu_blocks * self.block_size
             require(capacity >= self.max_model_len, "num_gpu_blocks", self.num_gpu_blocks,
                     f"KV cache holds {capacity} tokens ({self.num_gpu_blocks} blocks x {self.block_size}),"
-                    f" less than one max_model_len={self.max_model_len} request; pin more blocks or a smaller max_model_len")
+                    f" less than one max_model_len={self.max_model_len} request;"
+                    " pin more blocks or a smaller max_model_len")
 
 
 def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
