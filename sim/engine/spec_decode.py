@@ -10,9 +10,9 @@
   and are written again next step). The accepted drafts and the bonus token are the request's own
   stream tokens, appended one at a time, each through the stop rules; after a stop the rest are
   dropped (vLLM's `_update_request_with_output`).
-- Cost: the verification rows are already priced as 1 + drafts query tokens by the cost model;
-  this hook adds the drafts' LM-head rows (logits for every verified position) and the
-  proposer's time (`kernels_cost_model.speculative.ProposerCost`).
+- Cost: the step is repriced with its verification rows as decode-like rows of 1 + drafts
+  queries (`kernels_cost_model.speculative.verify_step_time`), the drafts' LM-head rows (logits
+  for every verified position) added, plus the proposer's time (`ProposerCost`).
 - KV: EAGLE / MTP / draft-model proposers reserve k lookahead slots per allocation.
 - Scheduling is synchronous (each step's tokens are applied before the next is planned); vLLM's
   async scheduling with drafts as placeholders is not modelled.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
+from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
 from sim.core.speculative import SpeculativeConfig, draft_limit
 
@@ -50,16 +51,19 @@ class SpecDecoder(EngineHook):
     def on_plan(self, engine, step) -> None:
         """Price the drafts' logits rows and the proposer's passes after this step's target pass."""
         scheduled = step.plan.scheduled
-        drafts = sum(num_drafts(req, n) for req, n in scheduled)
+        per_row = [num_drafts(req, n) for req, n in scheduled]
+        drafts = sum(per_row)
         batch, cost = step.batch, engine.cost_model
+        target = step.duration
         if drafts:
             step.batch = BatchShape(batch.num_new_tokens, batch.num_context_tokens,
                                     batch.num_sampled + drafts)
-            step.duration += cost.step_time(step.batch) - cost.step_time(batch)
+            target = verify_step_time(cost, step.batch, per_row)
+            step.duration += target - cost.step_time(batch)
         if self.proposer_cost is not None and batch.num_sampled:
             proposing = [req.num_computed_tokens + n for req, n in scheduled
                          if req.num_computed_tokens + n >= req.num_tokens]
-            step.duration += self.proposer_cost(step.batch, proposing, cost.step_time(step.batch))
+            step.duration += self.proposer_cost(step.batch, proposing, target, per_row)
 
     def apply_rows(self, engine, step, now: float) -> list:
         """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
