@@ -116,6 +116,13 @@ def test_fewer_drafts_accept_a_prefix_of_the_same_decisions():
 def test_presets_and_named_errors():
     assert make_acceptance("eagle3", "gsm8k").rates != make_acceptance("eagle3", "sharegpt").rates
     assert make_acceptance("eagle", rates=[0.5]).rates == (0.5,)
+    # vLLM issue #20780's MT-Bench acceptance lengths (two decimals) for k = 2..7
+    for method, lengths in (("eagle", (2.10, 2.29, 2.39, 2.43, 2.45, 2.47)),
+                            ("eagle3", (2.36, 2.79, 3.08, 3.32, 3.46, 3.54))):
+        model = make_acceptance(method, "mtbench")
+        for k, length in zip(range(2, 8), lengths):
+            assert model.expected_length(k) == pytest.approx(length, abs=0.015)
+    assert make_acceptance("eagle").rates == make_acceptance("eagle", "mtbench").rates
     with pytest.raises(ConfigError, match="acceptance_dataset.*give acceptance_rates"):
         make_acceptance("draft_model")
     with pytest.raises(ConfigError, match="acceptance_dataset"):

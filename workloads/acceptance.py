@@ -34,8 +34,19 @@ _MASK = (1 << 64) - 1
 #: - mtp: GLM-4.5-Air-106B with its one MTP head, GPQA-Main; unconditional per-position rates
 #:   0.92, 0.68, 0.38 (SpecDecode-Bench, arXiv 2601.11580, section on reasoning workloads) turned
 #:   into conditional ones (0.68/0.92, 0.38/0.68).
-#: No preset ships for "eagle" (EAGLE-1) or "draft_model": pass `acceptance_rates`.
+#: - eagle (EAGLE-1) and eagle3 on "mtbench": Llama-3.1-8B-Instruct with yuhuili/EAGLE-LLaMA3.1-
+#:   Instruct-8B and EAGLE3-LLaMA3.1-Instruct-8B in vLLM V1, MT-Bench, batch 1: mean acceptance
+#:   lengths for k = 2..7 in vLLM issue #20780 (github.com/vllm-project/vllm/issues/20780; EAGLE-1
+#:   2.10, 2.29, 2.39, 2.43, 2.45, 2.47; EAGLE-3 2.36, 2.79, 3.08, 3.32, 3.46, 3.54). The step
+#:   from k to k + 1 gives the unconditional rate of position k + 1; k = 2 only gives the sum of
+#:   the first two, split assuming the second and third conditional rates are equal. The lengths
+#:   carry two decimals, so deep rates are rough (EAGLE-1's seventh, 1.0, is dropped as noise;
+#:   the sixth repeats). EAGLE-1's mtbench preset is its default.
+#: No preset ships for "draft_model": pass `acceptance_rates`.
 PRESETS: dict[tuple[str, str], tuple[float, ...]] = {
+    ("eagle", "mtbench"): (0.728, 0.511, 0.511, 0.526, 0.400, 0.500),
+    ("eagle", "default"): (0.728, 0.511, 0.511, 0.526, 0.400, 0.500),
+    ("eagle3", "mtbench"): (0.781, 0.742, 0.742, 0.674, 0.828, 0.583, 0.571),
     ("eagle3", "gsm8k"): (0.765, 0.722, 0.705),
     ("eagle3", "sharegpt"): (0.724, 0.692, 0.699),
     ("eagle3", "default"): (0.724, 0.692, 0.699),
