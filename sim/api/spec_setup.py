@@ -16,14 +16,18 @@ LINEAR_MODEL_LAYERS = 32
 
 def check_speculative(spec: SpeculativeConfig | None, engine):
     """The engine config speculative decoding runs with: vLLM V1's policy (it schedules what a
-    request lacks, drafts included) and synchronous scheduling (unset async_scheduling turns off;
-    asking for it is an error)."""
+    request lacks, drafts included). Async scheduling works with the GPU proposers; n-gram
+    drafting is synchronous in vLLM, so an unset async_scheduling turns off with it and asking
+    for it is an error."""
     if spec is None:
         return engine
     require(engine.policy == "vllm", "engine.policy", engine.policy,
             "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
+    if spec.method != "ngram":
+        return engine
     require(engine.async_scheduling is not True, "engine.async_scheduling", True,
-            "speculative decoding is modelled with synchronous scheduling; leave it unset or false")
+            "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
+            "leave async_scheduling unset or false, or pick a GPU proposer (eagle, eagle3, mtp)")
     return replace(engine, async_scheduling=False)
 
 

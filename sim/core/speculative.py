@@ -88,9 +88,11 @@ class SpeculativeConfig:
         return cls.from_dict(data)
 
 
-def draft_limit(req: Request, num_speculative_tokens: int, max_model_len: int | None) -> int:
+def draft_limit(req: Request, num_speculative_tokens: int, max_model_len: int | None,
+                in_flight: int = 0) -> int:
     """Drafts `req` may be given for its next step: at most k, and never more than it may still
     emit beyond the bonus token (`max_tokens`, and `max_model_len` on prompt + output, which also
-    keeps every scheduled position below max_model_len as vLLM's scheduler does)."""
-    room = length_limit(req, max_model_len) - len(req.output_token_ids) - 1
+    keeps every scheduled position below max_model_len as vLLM's scheduler does). `in_flight`:
+    tokens steps still running may yet emit (async scheduling's placeholders), counted as emitted."""
+    room = length_limit(req, max_model_len) - len(req.output_token_ids) - in_flight - 1
     return max(0, min(num_speculative_tokens, room))

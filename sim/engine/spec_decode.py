@@ -14,8 +14,14 @@
   queries (`kernels_cost_model.speculative.verify_step_time`), the drafts' LM-head rows (logits
   for every verified position) added, plus the proposer's time (`ProposerCost`).
 - KV: EAGLE / MTP / draft-model proposers reserve k lookahead slots per allocation.
-- Scheduling is synchronous (each step's tokens are applied before the next is planned); vLLM's
-  async scheduling with drafts as placeholders is not modelled.
+- Async scheduling (vLLM V1's AsyncScheduler): step N+1 is planned before step N's tokens are
+  known. A sampling row leaves 1 + drafts output placeholders (`num_output_placeholders`) and is
+  given placeholder drafts for its next step at once (`num_spec_tokens`, capped as if every
+  placeholder were emitted), so the next step verifies 1 + k tokens from the optimistic position;
+  when its results arrive the rejected drafts come off both `num_computed_tokens` and the
+  placeholders (the GPU side re-bases the in-flight step on the real position). Hence the
+  invariant computed <= tokens + placeholders. N-gram drafts need the sampled tokens on the CPU:
+  sync only, as in vLLM.
 """
 from __future__ import annotations
 
@@ -39,19 +45,24 @@ class SpecDecoder(EngineHook):
         self.columns: dict[str, list] = {}
 
     def on_attach(self, engine) -> None:
-        require(not engine.config.is_async, "engine.async_scheduling", True,
-                "speculative decoding is modelled with synchronous scheduling; set it to false")
+        require(not (engine.config.is_async and self.config.method == "ngram"),
+                "engine.async_scheduling", True,
+                "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
+                "set async_scheduling to false or pick a GPU proposer")
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
         names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.k))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}
+        self.row_drafts: dict[int, list[int]] = {}   # id(step) -> drafts per row, until applied
         engine.apply_rows = lambda step, now: self.apply_rows(engine, step, now)
 
     def on_plan(self, engine, step) -> None:
-        """Price the drafts' logits rows and the proposer's passes after this step's target pass."""
+        """Price the verification rows, the drafts' logits rows and the proposer's passes; under
+        async scheduling, leave each sampling row's placeholders and next drafts."""
         scheduled = step.plan.scheduled
         per_row = [num_drafts(req, n) for req, n in scheduled]
+        self.row_drafts[id(step)] = per_row
         drafts = sum(per_row)
         batch, cost = step.batch, engine.cost_model
         target = step.duration
@@ -61,40 +72,63 @@ class SpecDecoder(EngineHook):
             target = verify_step_time(cost, step.batch, per_row)
             step.duration += target - cost.step_time(batch)
         if self.proposer_cost is not None and batch.num_sampled:
-            proposing = [req.num_computed_tokens + n for req, n in scheduled
-                         if req.num_computed_tokens + n >= req.num_tokens]
+            proposing = [req.num_computed_tokens + n for (req, n), samples in zip(scheduled, step.samples)
+                         if samples]
             step.duration += self.proposer_cost(step.batch, proposing, target, per_row)
+        if engine.config.is_async:
+            self._leave_placeholders(engine, step, per_row)
+
+    def _leave_placeholders(self, engine, step, per_row: list[int]) -> None:
+        """AsyncScheduler._update_after_schedule: a sampling row's drafts become placeholders (the
+        engine adds the sampled token's) and the next step gets placeholder drafts."""
+        max_model_len = engine.config.max_model_len
+        for (req, _n), samples, drafts in zip(step.plan.scheduled, step.samples, per_row):
+            if samples:
+                req.num_output_placeholders += drafts
+                in_flight = req.num_output_placeholders + 1
+                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight)
 
     def apply_rows(self, engine, step, now: float) -> list:
         """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
 
         The engine counted the scheduled tokens, drafts included, as computed when it planned the
-        step (synchronous scheduling: nothing else was in flight)."""
+        step; rejected drafts come off again (not for a row planned before its request was
+        preempted: that one's counts were reset, only its tokens still arrive)."""
         finished = []
         streams, max_model_len = engine.streams, engine.config.max_model_len
+        async_, kv = engine.config.is_async, engine.state.kv
         counts = [0] * (3 + self.k)
         num_decode = 0
-        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        rows = zip(step.plan.scheduled, step.samples, self.row_drafts.pop(id(step)))
+        for (req, n), samples, drafts in rows:
             req.num_in_flight_tokens -= n
+            stale = req.num_stale_tokens > 0
+            if stale:
+                req.num_stale_tokens -= n
             if req.is_finished:
-                continue                         # aborted while the step ran
+                continue                         # aborted or stopped while the step ran
             if not samples:                      # a prefill chunk short of the end: no sample
-                req.num_spec_tokens = 0
+                if not async_:
+                    req.num_spec_tokens = 0
                 continue
-            num_tokens = req.num_tokens
-            if num_tokens - (req.num_computed_tokens - n) == 1 and req.output_token_ids:
+            if n - drafts == 1 and req.output_token_ids:
                 num_decode += n                  # a decode row: 1 + drafts verification tokens
-            drafts = req.num_computed_tokens - num_tokens
             position = len(req.output_token_ids)
             accepted = self.acceptance.num_accepted(req.index, position, drafts) if drafts else 0
-            req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
+            if not stale:
+                req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
+                if async_:
+                    req.num_output_placeholders -= 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
             if any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1)):
                 finished.append(req)             # tokens after the stop are dropped
                 req.num_spec_tokens = 0
-            else:
+            elif not async_:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len)
+            elif not stale and req.status.name == "RUNNING":
+                kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
+                                              req.num_tokens))
         step.num_decode = num_decode
         for column, value in zip(self.columns.values(), counts):
             column.append(value)
@@ -102,8 +136,9 @@ class SpecDecoder(EngineHook):
 
 
 def num_drafts(req, n: int) -> int:
-    """Draft positions among the `n` tokens scheduled for `req` (0 for a prefill chunk)."""
-    return max(0, req.num_computed_tokens + n - req.num_tokens)
+    """Draft positions among the `n` tokens scheduled for `req` (0 for a prefill chunk): those
+    past its tokens and the placeholders of steps in flight."""
+    return max(0, req.num_computed_tokens + n - req.num_tokens - req.num_output_placeholders)
 
 
 def _count(counts: list, drafts: int, accepted: int) -> None:
