@@ -68,7 +68,7 @@ def batch128_row(num_requests: int) -> float:
     spec = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance_dataset": "gsm8k"}
     plain = run(None, GSM8K_LENGTHS, 128, num_requests)
     fast = run(spec, GSM8K_LENGTHS, 128, num_requests)
-    speedup = fast["output_token_throughput"] / plain["output_token_throughput"]
+    speedup = fast["output_throughput"] / plain["output_throughput"]
     error = (speedup - PUBLISHED_GSM8K_BS128) / PUBLISHED_GSM8K_BS128
     print(f"\nEAGLE-3 k=3, GSM8K-like, batch 128, tokens/s speedup: simulated {speedup:.2f}x vs "
           f"published {PUBLISHED_GSM8K_BS128:.2f}x (error {100 * error:+.1f}%)")
@@ -84,8 +84,8 @@ def async_rows(num_requests: int) -> None:
         for async_ in (False, True):
             plain = run(None, MTBENCH_LENGTHS, batch, num_requests, async_)
             fast = run(spec, MTBENCH_LENGTHS, batch, num_requests, async_)
-            row.append((fast["output_token_throughput"], fast["output_token_throughput"]
-                        / plain["output_token_throughput"]))
+            row.append((fast["output_throughput"], fast["output_throughput"]
+                        / plain["output_throughput"]))
         (sync_tps, sync_x), (async_tps, async_x) = row
         print(f"  batch {batch:3d}: sync {sync_tps:7.0f} tok/s ({sync_x:.2f}x), "
               f"async {async_tps:7.0f} tok/s ({async_x:.2f}x)")
