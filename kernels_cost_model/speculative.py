@@ -15,7 +15,9 @@ after sampling):
 
 - "eagle", "eagle3", "mtp": a one-layer head of the target's shape. Its first pass reads the
   target's hidden states for every scheduled token (same rows as the target batch); then k - 1
-  passes of one token per proposing request. Plus `draft_overhead_s` per step.
+  passes of one token per proposing request. Plus `draft_overhead_s` per step. A draft tree
+  (`tree_widths`: nodes per depth) replaces those passes by one per depth but the last, each
+  over the previous depth's nodes of every proposing request (decode-like rows, as above).
 - "draft_model": the same passes through the draft model's own cost model.
 - "ngram": prompt lookup on the CPU, `ngram_fraction_of_step` of the target step.
 
@@ -83,6 +85,7 @@ class ProposerCost:
     draft: object | None = None
     draft_overhead_s: float = DRAFT_OVERHEAD_S
     ngram_fraction_of_step: float = NGRAM_FRACTION_OF_STEP
+    tree_widths: tuple[int, ...] | None = None
 
     def __call__(self, batch: BatchShape, proposing_context: list[int], target_s: float,
                  drafts: list[int] | None = None) -> float:
@@ -96,8 +99,14 @@ class ProposerCost:
             return self.ngram_fraction_of_step * target_s
         first_batch = BatchShape(batch.num_new_tokens, batch.num_context_tokens, m)
         first = verify_step_time(self.draft, first_batch, drafts or [0] * batch.num_reqs)
-        one = self.draft.step_time(BatchShape([1] * m, proposing_context, m))
-        return self.draft_overhead_s + first + (self.num_speculative_tokens - 1) * one
+        widths = self.tree_widths[:-1] if self.tree_widths else (1,) * (self.num_speculative_tokens - 1)
+        passes = sum(self._pass(w, m, proposing_context) * widths.count(w) for w in set(widths))
+        return self.draft_overhead_s + first + passes
+
+    def _pass(self, width: int, m: int, context: list[int]) -> float:
+        """One drafting pass over `width` tokens of each of `m` requests."""
+        batch = BatchShape([width] * m, context, m * width)
+        return verify_step_time(self.draft, batch, [width - 1] * m)
 
 
 def proposer_kv_cache_blocks(target, gpu, drafter: ModelSpec | None, tensor_parallel_size: int = 1,

@@ -100,6 +100,30 @@ class PositionalAcceptance:
                 return slot
         return num_drafts
 
+    def accepted_on_tree(self, request_index: int, position: int, tree, num_nodes: int,
+                         sibling_decay: float = 0.5) -> int:
+        """Nodes accepted along the best root path of the first `num_nodes` nodes of `tree` (a
+        sim.core.token_tree.TokenTree). At depth d one uniform decides which ranked child, if
+        any, is the target's token: rank 0 with probability rates[d] (so a chain accepts exactly
+        what `num_accepted` does), rank j with rates[d] * sibling_decay**j of what the ranks
+        before it left. The walk stops when that child is not in the tree."""
+        present = set(tree.nodes[:num_nodes])
+        rates, last = self.rates, len(self.rates) - 1
+        node: tuple[int, ...] = ()
+        while True:
+            depth = len(node)
+            ranks = tree.children.get(node, ())
+            u = _uniform(self.seed, request_index, position, depth)
+            rate, covered, chosen = rates[min(depth, last)], 0.0, None
+            for rank in range(ranks[-1] + 1 if ranks else 0):
+                covered += (1.0 - covered) * rate * sibling_decay ** rank
+                if u < covered:
+                    chosen = rank
+                    break
+            if chosen is None or node + (chosen,) not in present:
+                return depth
+            node += (chosen,)
+
     def expected_length(self, num_drafts: int) -> float:
         """Mean tokens per verification (accepted drafts + the bonus token) with `num_drafts`."""
         total, alive = 1.0, 1.0
@@ -127,6 +151,15 @@ class ScriptedAcceptance:
         self._used[request_index] = used + 1
         count = counts[used] if used < len(counts) else self.default(request_index, position, num_drafts)
         return max(0, min(count, num_drafts))
+
+
+def accepted_on_tree(model, request_index: int, position: int, tree, num_nodes: int,
+                     sibling_decay: float = 0.5) -> int:
+    """Path length accepted on a draft tree by any acceptance model: a model without a tree rule
+    (a test's script) answers as for a chain as deep as the subtree (any length up to it exists)."""
+    if hasattr(model, "accepted_on_tree"):
+        return model.accepted_on_tree(request_index, position, tree, num_nodes, sibling_decay)
+    return model.num_accepted(request_index, position, tree.depths[num_nodes])
 
 
 def make_acceptance(method: str, dataset: str = "default", rates: Sequence[float] | None = None,

@@ -50,7 +50,9 @@ def proposer_cost(spec: SpeculativeConfig, deployment):
         draft = _scaled_linear(drafter, deployment.model)
     elif drafter is not None:
         draft = make_cost_model(drafter, deployment.gpu, deployment.tensor_parallel_size, cpu_overhead=False)
-    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction)
+    tree = spec.tree
+    widths = tuple(tree.level_widths(len(tree))) if tree is not None else None
+    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction, widths)
 
 
 def _scaled_linear(drafter, target) -> LinearCostModel:

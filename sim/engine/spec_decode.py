@@ -22,6 +22,9 @@
   placeholders (the GPU side re-bases the in-flight step on the real position). Hence the
   invariant computed <= tokens + placeholders. N-gram drafts need the sampled tokens on the CPU:
   sync only, as in vLLM.
+- Draft trees (`speculative_token_tree`): a request verifies 1 + nodes tokens (all priced), and
+  accepts the nodes along one root path, at most the tree's depth; the rest are rejected and
+  un-computed like a chain's. A cut row verifies the subtree of its leading nodes.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from kernels_cost_model.errors import require
 from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
 from sim.core.speculative import SpeculativeConfig, draft_limit
+from workloads.acceptance import accepted_on_tree
 
 STAT_COLUMNS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -42,6 +46,8 @@ class SpecDecoder(EngineHook):
         self.k = config.num_speculative_tokens
         self.acceptance = acceptance          # workloads.acceptance model: num_accepted(...)
         self.proposer_cost = proposer_cost    # kernels_cost_model.speculative.ProposerCost or None
+        self.tree = config.tree               # sim.core.token_tree.TokenTree, None for a chain
+        self.depth = self.tree.depth if self.tree else self.k
         self.columns: dict[str, list] = {}
 
     def on_attach(self, engine) -> None:
@@ -52,7 +58,7 @@ class SpecDecoder(EngineHook):
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
-        names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.k))
+        names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.depth))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}
         self.row_drafts: dict[int, list[int]] = {}   # id(step) -> drafts per row, until applied
         engine.apply_rows = lambda step, now: self.apply_rows(engine, step, now)
@@ -85,8 +91,9 @@ class SpecDecoder(EngineHook):
         for (req, _n), samples, drafts in zip(step.plan.scheduled, step.samples, per_row):
             if samples:
                 req.num_output_placeholders += drafts
-                in_flight = req.num_output_placeholders + 1
-                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight)
+                most = self.tree.depths[drafts] if self.tree else drafts  # it may emit 1 + most
+                in_flight = req.num_output_placeholders - drafts + most + 1
+                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight, self.tree)
 
     def apply_rows(self, engine, step, now: float) -> list:
         """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
@@ -97,7 +104,7 @@ class SpecDecoder(EngineHook):
         finished = []
         streams, max_model_len = engine.streams, engine.config.max_model_len
         async_, kv = engine.config.is_async, engine.state.kv
-        counts = [0] * (3 + self.k)
+        counts = [0] * (3 + self.depth)
         num_decode = 0
         rows = zip(step.plan.scheduled, step.samples, self.row_drafts.pop(id(step)))
         for (req, n), samples, drafts in rows:
@@ -114,7 +121,7 @@ class SpecDecoder(EngineHook):
             if n - drafts == 1 and req.output_token_ids:
                 num_decode += n                  # a decode row: 1 + drafts verification tokens
             position = len(req.output_token_ids)
-            accepted = self.acceptance.num_accepted(req.index, position, drafts) if drafts else 0
+            accepted = self._accepted(req.index, position, drafts) if drafts else 0
             if not stale:
                 req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
                 if async_:
@@ -125,7 +132,7 @@ class SpecDecoder(EngineHook):
                 finished.append(req)             # tokens after the stop are dropped
                 req.num_spec_tokens = 0
             elif not async_:
-                req.num_spec_tokens = draft_limit(req, self.k, max_model_len)
+                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)
             elif not stale and req.status.name == "RUNNING":
                 kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
                                               req.num_tokens))
@@ -133,6 +140,13 @@ class SpecDecoder(EngineHook):
         for column, value in zip(self.columns.values(), counts):
             column.append(value)
         return finished
+
+    def _accepted(self, index: int, position: int, drafts: int) -> int:
+        """Drafts accepted: a prefix of a chain, or the nodes of one root path of a tree."""
+        if self.tree is None:
+            return self.acceptance.num_accepted(index, position, drafts)
+        return accepted_on_tree(self.acceptance, index, position, self.tree, drafts,
+                                self.config.tree_sibling_decay)
 
 
 def num_drafts(req, n: int) -> int:
