@@ -91,6 +91,21 @@ def async_rows(num_requests: int) -> None:
               f"async {async_tps:7.0f} tok/s ({async_x:.2f}x)")
 
 
+def tree_rows(num_requests: int) -> None:
+    """EAGLE-1's 25-node tree vs its best chain (no vLLM measurement of trees to compare)."""
+    print("\nEAGLE-1, MT-Bench-like: the 25-node 'eagle1' tree vs the k=3 chain, tokens/s speedup")
+    specs = {"chain k=3": {"method": "eagle", "num_speculative_tokens": 3},
+             "tree eagle1": {"method": "eagle", "speculative_token_tree": "eagle1"}}
+    for batch in (1, 32):
+        plain = run(None, MTBENCH_LENGTHS, batch, num_requests)
+        cells = []
+        for name, spec in specs.items():
+            s = run(spec, MTBENCH_LENGTHS, batch, num_requests)
+            cells.append(f"{name} {s['output_throughput'] / plain['output_throughput']:.2f}x "
+                         f"(AL {s['spec_decode_acceptance_length']:.2f})")
+        print(f"  batch {batch:3d}: " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=24)
@@ -100,6 +115,7 @@ def main() -> None:
     print(f"  mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%")
     batch128_row(4 * args.requests)
     async_rows(args.requests)
+    tree_rows(args.requests)
 
 
 if __name__ == "__main__":
