@@ -159,3 +159,28 @@ def test_async_spec_keeps_content_and_acceptance():
     assert async_.summary["spec_decode_num_drafts"] > 0
     assert async_.summary["spec_decode_acceptance_length"] == pytest.approx(
         sync.summary["spec_decode_acceptance_length"], rel=0.1)
+
+
+@pytest.mark.parametrize("accept", [0, 1, 3])
+def test_preemption_with_drafts_in_flight_keeps_content(accept):
+    """KV for two requests' prompts but not their outputs: one is preempted while a step of its
+    drafts is in flight; its tokens still arrive, and it recomputes and finishes exactly."""
+    config = EngineConfig(block_size=4, num_gpu_blocks=14, max_model_len=48, eos_token_id=EOS,
+                          check_invariants=True, async_scheduling=True, record_token_times=True)
+    acceptance = ScriptedAcceptance({}, default=lambda i, p, d: min(d, accept))
+    engine = Engine(config, LinearCostModel(), 14, token_text=TOKEN_TEXT,
+                    hooks=[SpecDecoder(SpeculativeConfig("eagle3", num_speculative_tokens=3), acceptance)])
+    done = {}
+    engine.on_finish = lambda req: done.__setitem__(req.request_id, req)
+    params = SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[7])
+    specs = [RequestSpec(0.0, np.arange(12, dtype=np.int32) + 100 * i, sampling_params=params,
+                         output_token_ids=tuple([5, 6] * 12 + [7, 5]), request_id=f"r{i}")
+             for i in range(2)]
+    drive_async(engine, specs)
+    assert sum(engine.steps.num_preempted) > 0
+    for i, spec in enumerate(specs):
+        stream = [stream_for(spec, i, EOS)(p) for p in range(64)]
+        want = run_until_stop(stream, EOS, params, prompt_len=12, max_model_len=48, token_text=TOKEN_TEXT)
+        assert done[spec.request_id].output_token_ids == want.output_token_ids
+        assert done[spec.request_id].stop_reason == 7
+    assert engine.state.kv.num_used_blocks == 0
