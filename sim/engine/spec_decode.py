@@ -32,6 +32,7 @@ from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
 from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
+from sim.core.request import RequestStatus
 from sim.core.speculative import SpeculativeConfig, draft_limit
 from workloads.acceptance import accepted_on_tree
 
@@ -133,7 +134,7 @@ class SpecDecoder(EngineHook):
                 req.num_spec_tokens = 0
             elif not async_:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)
-            elif not stale and req.status.name == "RUNNING":
+            elif not stale and req.status == RequestStatus.RUNNING:
                 kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
                                               req.num_tokens))
         step.num_decode = num_decode
