@@ -30,7 +30,8 @@ PUBLISHED_SHAREGPT_DROP_1_TO_32 = 0.043
 
 
 def config(spec: dict | None) -> SimulationConfig:
-    """Both sides with synchronous scheduling (speculative decoding is modelled with it)."""
+    """Both sides with synchronous scheduling, as the measurement presumably ran (vLLM's
+    AsyncScheduler first left speculative decoding as a TODO)."""
     base = SimulationConfig().replace(deployment={"model": MODEL, "gpu": GPU},
                                       engine={"max_model_len": 8192, "async_scheduling": False})
     return base.replace(speculative_config=spec) if spec else base

@@ -7,7 +7,8 @@ Published figures (Llama-3.1-8B-Instruct, vLLM V1):
   4.32/4.09/4.05/4.13 ms (1.64x/1.73x/1.75x/1.71x). The acceptance presets "mtbench" come from the
   same issue's acceptance lengths, so this compares the cost side (verification + proposer).
   The GPU is not named in that table; the same author's V1 EAGLE runs (PR #16937) were on H100,
-  which is what we simulate. Those runs were synchronous (async scheduling did not take drafts then).
+  which is what we simulate. We simulate them synchronous (vLLM's AsyncScheduler first left
+  speculative decoding as a TODO).
 - SpecDecode-Bench (arXiv 2601.11580, vLLM v0.10.1, one H100), GSM8K, batch 128, k = 3: 1.21x
   generated tokens/s with EAGLE-3.
 
