@@ -160,3 +160,18 @@ def test_tree_stop_inside_the_accepted_path():
     rows = [row for log in logs for row in log.rows]
     assert rows[1][2] == 5 and rows[1][4] == 2  # 1 + 4 nodes verified; EOS is the 2nd of 3 on the path
     assert PRESETS["eagle1"][0] == (0,)
+
+
+def test_tree_drafting_costs_one_pass_per_depth_over_its_nodes():
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.batch import BatchShape
+    from kernels_cost_model.speculative import ProposerCost, drafter_spec
+    head = make_cost_model(drafter_spec("eagle", "llama-3.1-8b"), "h100", cpu_overhead=False)
+    batch = BatchShape([1] * 32, [800] * 32, 32)
+    context = [801] * 32
+    widths = tuple(TokenTree.parse("eagle1").level_widths(25))
+    line = ProposerCost("eagle", 5, head)(batch, context, 0.01)
+    as_tree = ProposerCost("eagle", 5, head, tree_widths=(1,) * 5)(batch, context, 0.01)
+    wide = ProposerCost("eagle", 25, head, tree_widths=widths)(batch, context, 0.01)
+    assert as_tree == pytest.approx(line)  # a chain is the tree of width 1
+    assert wide > line
