@@ -119,7 +119,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="order of waiting requests (default fcfs)")
     g.add_argument("--speculative-config", metavar="JSON",
                    help='speculative decoding as vLLM takes it, e.g. \'{"method": "eagle3", '
-                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram)')
+                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram; a draft tree: "speculative_token_tree": "eagle1")')
     g.add_argument("--scheduler-profile", metavar="NAME",
                    help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
     _add_workload_flags(p)
