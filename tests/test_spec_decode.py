@@ -174,7 +174,7 @@ def test_speculation_pays_at_low_load_and_metrics_agree(tmp_path):
     plain = simulate(base)
     spec = simulate(base.replace(speculative_config={"method": "eagle3", "num_speculative_tokens": 3}))
     s = spec.summary
-    assert s["tpot_ms_mean"] < plain.summary["tpot_ms_mean"] / 1.3
+    assert s["mean_tpot_ms"] < plain.summary["mean_tpot_ms"] / 1.3
     assert s["spec_decode_acceptance_length"] == pytest.approx(
         1 + s["spec_decode_num_accepted_tokens"] / s["spec_decode_num_drafts"])
     assert s["spec_decode_acceptance_rate_pos_1"] >= s["spec_decode_acceptance_rate_pos_3"]
