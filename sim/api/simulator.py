@@ -37,6 +37,8 @@ class DeploymentConfig:
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
+    enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
+        (vLLM's --enable-expert-parallel; no effect on a dense model).
     """
 
     model: str = "llama-3.1-8b"
@@ -48,6 +50,7 @@ class DeploymentConfig:
     collective_scale: float = 1.0
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -219,7 +222,9 @@ def build_cost_model(deployment: DeploymentConfig):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
                                async_scheduling=deployment.async_scheduling,
                                collective_scale=deployment.collective_scale,
-                               cpu_per_request_s=deployment.cpu_per_request_s)
+                               cpu_per_request_s=deployment.cpu_per_request_s,
+                               kv_cache_dtype=deployment.kv_cache_dtype,
+                               enable_expert_parallel=deployment.enable_expert_parallel)
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

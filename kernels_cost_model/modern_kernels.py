@@ -1,0 +1,116 @@
+"""Prices MLA attention, FP8 GEMMs and quantised MoE layers from the measured fits of modern_fit.py.
+
+`data/calibration_modern/<gpu>.json` holds, per GPU, roofline coefficients fitted to AIConfigurator's
+vLLM tables (see that file's `sources` and `holdout_error`). layer_ops.py asks here for:
+- `gemm_op(gpu, variant, like)`: a weight matmul at the measured FP8 ("fp8" per-tensor, "fp8_block")
+  coefficients of its (n, k), interpolated between grid shapes (shape_keys.matmul_coeffs);
+- `moe_op(gpu, variant, hidden, inter, experts, top_k)`: vLLM's FusedMoE at the weight dtype's fit;
+- `mla_kernels(gpu, spec, heads, kv_dtype, gemm)`: the MLA module (or, on a100, kernel) fits of this
+  head count, as an `MLAKernels` that prices a batch's prefill and decode rows.
+Each returns None where no fit exists; the caller keeps its roofline estimate.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from . import mla
+from .operators import FusedMoE, MatmulOp
+from .roofline import Coeffs
+from .shape_keys import matmul_coeffs, moe_coeffs
+
+DATA_DIR = Path(__file__).parent / "data" / "calibration_modern"
+_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
+
+
+@lru_cache(maxsize=None)
+def load_modern(gpu_name: str) -> dict | None:
+    """The shipped fits of a GPU as {kind: {variant: {key: Coeffs}}, "_raw": json}, or None."""
+    path = DATA_DIR / f"{gpu_name}.json"
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    fits = {kind: {variant: {k: Coeffs(**c) for k, c in fit["coeffs"].items()} for variant, fit in raw[kind].items()}
+            for kind in ("mla", "gemm", "moe")}
+    scopes = {variant: fit["scope"] for variant, fit in raw["mla"].items()}
+    return {**fits, "scope": scopes, "_raw": raw}
+
+
+def weight_variant(spec) -> str:
+    """The GEMM/MoE table dtype of a model's weights: fp8_block, fp8, w4a16_mxfp4 or bfloat16."""
+    if spec.quant_method == "fp8":
+        return "fp8_block" if spec.weight_block_size else "fp8"
+    return "w4a16_mxfp4" if spec.quant_method == "mxfp4" else "bfloat16"
+
+
+def gemm_op(gpu_name: str, variant: str, like: MatmulOp, n: float, k: float) -> MatmulOp | None:
+    """`like` (a bf16 MatmulOp of weight [k x n]) at the measured coefficients of an FP8 variant."""
+    fits = load_modern(gpu_name)
+    table = fits and fits["gemm"].get(variant)
+    if not table:
+        return None
+    c = matmul_coeffs(table, n, k) or table["matmul"]
+    return MatmulOp(like.weight, like.width, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+
+
+def moe_op(gpu_name: str, variant: str, hidden: float, inter: float, experts: float, top_k: float) -> FusedMoE | None:
+    """vLLM's FusedMoE on one GPU at the fit of its weight dtype (per shape where fitted)."""
+    fits = load_modern(gpu_name)
+    table = fits and fits["moe"].get(variant)
+    if not table:
+        return None
+    return FusedMoE(hidden, inter, moe_coeffs(table, hidden, inter, experts, top_k) or table["moe"])
+
+
+def _nearest_heads(table: dict[str, Coeffs], heads: float) -> Coeffs:
+    shapes = {float(k.split("@", 1)[1]): c for k, c in table.items() if "@" in k}
+    if not shapes:
+        return table["mla"]
+    return shapes[min(shapes, key=lambda h: (abs(math.log(h / heads)), h))]
+
+
+@dataclass(frozen=True)
+class MLAKernels:
+    """One MLA layer's measured cost on one GPU: context (prefill) and generation (decode) fits."""
+
+    spec: object
+    heads: float
+    context: Coeffs
+    generation: Coeffs
+    kv_bytes: float
+    weight_bytes: float
+    scope: str              # "module": projections included; "kernel": attention alone
+
+    def prefill(self, tokens: float, pairs: float, cached: float, seqs: int) -> float:
+        """Seconds for `seqs` prefill rows of `tokens` new tokens in all."""
+        if seqs <= 0:
+            return 0.0
+        f, b = mla.context_cost(self.spec, self.heads, tokens, pairs, cached, self.kv_bytes, self.weight_bytes,
+                                self.scope)
+        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
+
+    def decode(self, rows: int, keys: float) -> float:
+        """Seconds for `rows` decode rows reading `keys` cached keys in all."""
+        if rows <= 0:
+            return 0.0
+        f, b = mla.generation_cost(self.spec, self.heads, rows, keys, self.kv_bytes, self.weight_bytes, self.scope)
+        return self.generation.time(f, b, float(rows), rows)
+
+
+def mla_kernels(gpu_name: str, spec, heads: float, kv_cache_dtype: str = "auto") -> MLAKernels | None:
+    """The MLA fits for a GPU holding `heads` query heads, at the model's weight and KV dtypes."""
+    fits = load_modern(gpu_name)
+    if not fits or not spec.is_mla:
+        return None
+    kv = "fp8" if kv_cache_dtype == "fp8" else "bfloat16"
+    gemm = "fp8_block" if weight_variant(spec) in ("fp8", "fp8_block") else "bfloat16"
+    for g in (gemm, "bfloat16"):  # a100 measured the bf16 kernel only
+        ctx, gen = fits["mla"].get(f"context/{kv}/{g}"), fits["mla"].get(f"generation/{kv}/{g}")
+        if ctx and gen:
+            scope = fits["scope"][f"generation/{kv}/{g}"]
+            return MLAKernels(spec, heads, _nearest_heads(ctx, heads), _nearest_heads(gen, heads),
+                              _BYTES[kv], _BYTES[g], scope)
+    return None
