@@ -10,6 +10,9 @@ never copied; Parquet read one record batch at a time). Rows are plain dicts for
 - FP8 GEMMs: `gemm_rows(root, system, dtype)`, dtype "fp8" (per-tensor scales) or "fp8_block" (128x128
   block scales, DeepSeek style).
 - MoE layers by weight dtype: `moe_rows(root, system, dtype)`, balanced routing only.
+- Gated DeltaNet (Qwen3-Next's linear attention): `gdn_rows(root, system)`, one row per case with the
+  causal conv1d and the gated delta rule kernels summed (prefill: chunked rule from an empty state;
+  decode: the packed recurrent update).
 Every row carries `source` (file and vLLM version). A malformed value raises MalformedTableError.
 """
 from __future__ import annotations
@@ -109,3 +112,29 @@ def moe_rows(root: str | Path, system: str, dtype: str) -> Iterator[dict]:
                "inter": _number(path, raw, "inter_size", 1) / tp,
                "experts": _number(path, raw, "num_experts", 1) / ep, "top_k": _number(path, raw, "topk", 1) / ep,
                "seconds": _latency_s(path, raw), "source": _source(Path(root), path, raw["version"])}
+
+
+GDN_COLUMNS = ("version", "kernel_source", "phase", "batch_size", "seq_len", "num_k_heads", "head_k_dim",
+               "num_v_heads", "head_v_dim", "d_model", "latency")
+
+
+def gdn_rows(root: str | Path, system: str) -> list[dict]:
+    """GDN layer cases: phase, batch, seq_len, k_heads, k_dim, v_heads, v_dim, seconds (both kernels), source."""
+    _check_system(system)
+    base = Path(root) / "aiconfigurator" / system / "linear_attention" / "vllm"
+    found = sorted(base.glob("*/gdn_perf.parquet"))
+    if not found:
+        return []
+    path, cases = found[-1], {}
+    for raw in _records(path, GDN_COLUMNS):
+        phase = str(raw["phase"])
+        if phase not in ("context", "generation"):
+            raise MalformedTableError(f"{path}:phase", phase, "must be context or generation")
+        key = (phase, *(_number(path, raw, c, 1) for c in ("batch_size", "seq_len", "num_k_heads", "head_k_dim",
+                                                            "num_v_heads", "head_v_dim", "d_model")))
+        case = cases.setdefault(key, {"seconds": 0.0, "kernels": set(), "version": raw["version"]})
+        case["seconds"] += _latency_s(path, raw)
+        case["kernels"].add(str(raw["kernel_source"]))
+    return [{"phase": k[0], "batch": k[1], "seq_len": k[2], "k_heads": k[3], "k_dim": k[4], "v_heads": k[5],
+             "v_dim": k[6], "seconds": c["seconds"], "source": _source(Path(root), path, c["version"])}
+            for k, c in sorted(cases.items()) if len(c["kernels"]) == 2]  # a case missing a kernel is dropped

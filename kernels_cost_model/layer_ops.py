@@ -14,7 +14,8 @@
 - MoE shared experts (a dense MLP beside the routed ones) and leading dense layers (DeepSeek's
   first_k_dense_replace). Expert parallelism: see expert_sharding.py.
 Where modern_fit.py measured them for this GPU (modern_kernels.py), FP8 GEMMs, FusedMoE at the weights'
-dtype and the MLA layer (module fit: projections included, reported under attention) use those fits.
+dtype, the MLA layer (module fit: projections included, reported under attention) and the Gated
+DeltaNet layer use those fits.
 Returns seconds in the base model's BREAKDOWN_KEYS order; calibration coefficients are the base's.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kernels_cost_model.batch import BatchShape
 
 from .kv_layout import linear_state_bytes
 from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING, attention_params
-from .modern_kernels import gemm_op, mla_kernels, moe_op, weight_variant
+from .modern_kernels import gdn_kernels, gemm_op, mla_kernels, moe_op, weight_variant
 #: FLOPs per state element per token of the gated delta rule (decay, k^T S, rank-1 update, q S).
 DELTA_RULE_FLOPS_PER_ELEMENT = 6.0
 
@@ -94,6 +95,7 @@ class ShapedCostModel:
     dense_mlp: tuple          # (up, down) of the leading dense layers, or ()
     shared_mlp: tuple         # (up, down) of the shared experts, or ()
     mla: object = None        # modern_kernels.MLAKernels where measured, else None (roofline MLA)
+    gdn: object = None        # modern_kernels.GDNKernels where measured, else None (roofline delta rule)
 
     @property
     def model(self):
@@ -153,7 +155,12 @@ class ShapedCostModel:
             terms[k("qkv_proj")] = terms[k("o_proj")] = 0.0
 
     def _linear(self, batch: BatchShape) -> float:
-        """One linear-attention layer: state read + written per request, delta-rule FLOPs per token."""
+        """One linear-attention layer: state read + written per request, delta-rule FLOPs per token
+        (measured prefill and decode fits where they exist)."""
+        if self.gdn is not None:
+            dec = sum(1 for n in batch.num_new_tokens if n == 1)
+            pf = [n for n in batch.num_new_tokens if n > 1]
+            return self.gdn.decode(dec) + self.gdn.prefill(float(sum(pf)), len(pf))
         c = self.base.decode
         rows = sum(1 for n in batch.num_new_tokens if n)
         tokens = sum(batch.num_new_tokens)
@@ -222,5 +229,6 @@ def shaped_cost_model(base, breakdown_keys: tuple, kv_cache_dtype: str = "auto",
     flops = (DELTA_RULE_FLOPS_PER_ELEMENT * spec.linear_num_value_heads / tp * spec.linear_key_head_dim
              * spec.linear_value_head_dim)
     mla = mla_kernels(base.gpu.name, spec, spec.num_heads / tp, kv_cache_dtype) if measured and spec.is_mla else None
+    gdn = gdn_kernels(base.gpu.name, spec, tp) if measured and counts.get(LINEAR) else None
     return ShapedCostModel(tuple(breakdown_keys), shaped, pre, counts, spec.sliding_window, float(state), flops,
-                           moe_layers, dense, shared, mla)
+                           moe_layers, dense, shared, mla, gdn)

@@ -1,4 +1,4 @@
-"""Fit the modern kernels (MLA attention, FP8 GEMMs, MoE by weight dtype) from AIConfigurator's tables.
+"""Fit the modern kernels (MLA attention, FP8 GEMMs, MoE by weight dtype, Gated DeltaNet) from AIConfigurator's tables.
 
     python -m kernels_cost_model.modern_fit ../shared/data/kernel_profiles [out_dir]
 
@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from . import mla
-from .aiconfigurator_modern import GEMM_DTYPES, MOE_DTYPES, gemm_rows, mla_rows, moe_rows
+from .aiconfigurator_modern import GEMM_DTYPES, MOE_DTYPES, gdn_rows, gemm_rows, mla_rows, moe_rows
+from .modern_kernels import gdn_cost
 from .aiconfigurator_tables import LICENCE, SYSTEMS
 from .models import get_model
 from .roofline import Coeffs, experts_hit, matmul, moe
@@ -135,9 +136,26 @@ def fit_moe(root, system: str) -> dict:
     return out
 
 
+def fit_gdn(root, system: str) -> dict:
+    """Gated DeltaNet layer fits per phase, per (key heads, value heads) shape (modern_kernels.gdn_cost)."""
+    out = {}
+    rows = gdn_rows(root, system)
+    for phase in ("context", "generation"):
+        sel = [x for x in rows if x["phase"] == phase]
+        costs = [gdn_cost(x["batch"] * x["seq_len"], x["batch"], x["k_heads"], x["k_dim"], x["v_heads"], x["v_dim"])
+                 for x in sel]
+        fit = _fit("gdn", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in sel],
+                   [x["seq_len"] for x in sel], [x["batch"] for x in sel],
+                   [f"{_num(x['k_heads'])}/{_num(x['v_heads'])}" for x in sel],
+                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel])
+        if fit:
+            out[phase] = fit
+    return out
+
+
 def fit_system(root, system: str) -> dict:
     result = {"device": SYSTEMS[system], "mla": fit_mla(root, system), "gemm": fit_gemm(root, system),
-              "moe": fit_moe(root, system)}
+              "moe": fit_moe(root, system), "gdn": fit_gdn(root, system)}
     result["provenance"] = {"kind": "aiconfigurator-modern", "licence": LICENCE, "holdout_rule": HOLDOUT_RULE,
                             "mla_shape": MLA_MODEL, "fitted_by": "kernels_cost_model.modern_fit"}
     return result
@@ -151,11 +169,11 @@ def main(argv: list[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for system in SYSTEMS:
         result = fit_system(root, system)
-        if not (result["mla"] or result["gemm"] or result["moe"]):
+        if not (result["mla"] or result["gemm"] or result["moe"] or result["gdn"]):
             continue
         path = out_dir / f"{result['device']}.json"
         path.write_text(json.dumps(result, sort_keys=True, separators=(",", ":")) + "\n")
-        for kind in ("mla", "gemm", "moe"):
+        for kind in ("mla", "gemm", "moe", "gdn"):
             for variant, fit in result[kind].items():
                 e = fit["holdout_error"]
                 print(f"{result['device']:14s} {kind:4s} {variant:32s} n={fit['samples']:6d} "

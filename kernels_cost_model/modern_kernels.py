@@ -6,7 +6,8 @@ vLLM tables (see that file's `sources` and `holdout_error`). layer_ops.py asks h
   coefficients of its (n, k), interpolated between grid shapes (shape_keys.matmul_coeffs);
 - `moe_op(gpu, variant, hidden, inter, experts, top_k)`: vLLM's FusedMoE at the weight dtype's fit;
 - `mla_kernels(gpu, spec, heads, kv_dtype, gemm)`: the MLA module (or, on a100, kernel) fits of this
-  head count, as an `MLAKernels` that prices a batch's prefill and decode rows.
+  head count, as an `MLAKernels` that prices a batch's prefill and decode rows;
+- `gdn_kernels(gpu, spec, tp)`: the Gated DeltaNet (linear-attention) layer fits, as `GDNKernels`.
 Each returns None where no fit exists; the caller keeps its roofline estimate.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from . import mla
 from .operators import FusedMoE, MatmulOp
 from .roofline import Coeffs
-from .shape_keys import matmul_coeffs, moe_coeffs
+from .shape_keys import _num, matmul_coeffs, moe_coeffs
 
 DATA_DIR = Path(__file__).parent / "data" / "calibration_modern"
 _BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
@@ -35,8 +36,8 @@ def load_modern(gpu_name: str) -> dict | None:
     if not path.exists():
         return None
     raw = json.loads(path.read_text())
-    fits = {kind: {variant: {k: Coeffs(**c) for k, c in fit["coeffs"].items()} for variant, fit in raw[kind].items()}
-            for kind in ("mla", "gemm", "moe")}
+    fits = {kind: {variant: {k: Coeffs(**c) for k, c in fit["coeffs"].items()}
+                   for variant, fit in raw.get(kind, {}).items()} for kind in ("mla", "gemm", "moe", "gdn")}
     scopes = {variant: fit["scope"] for variant, fit in raw["mla"].items()}
     return {**fits, "scope": scopes, "_raw": raw}
 
@@ -122,3 +123,56 @@ def mla_kernels(gpu_name: str, spec, heads: float, kv_cache_dtype: str = "auto")
             return MLAKernels(spec, heads, _nearest_heads(ctx, heads), _nearest_heads(gen, heads),
                               _BYTES[kv], _BYTES[g], scope)
     return None
+
+
+#: The gated delta rule's recurrent state is kept in fp32 by vLLM's kernels (bytes per element).
+GDN_STATE_BYTES = 4.0
+
+
+def gdn_cost(tokens: float, seqs: float, k_heads: float, k_dim: float, v_heads: float, v_dim: float) -> tuple[float, float]:
+    """(FLOPs, bytes) of one GDN layer: the delta rule's ~6 FLOPs per state element per token; each
+    sequence's state read and written once, and q, k, v, output (bf16) per token."""
+    state = v_heads * k_dim * v_dim
+    flops = 6.0 * state * tokens
+    nbytes = 2.0 * GDN_STATE_BYTES * state * seqs + 2.0 * tokens * (2 * k_heads * k_dim + 2 * v_heads * v_dim)
+    return flops, nbytes
+
+
+@dataclass(frozen=True)
+class GDNKernels:
+    """One Gated DeltaNet layer on one GPU (conv1d + delta rule), at the measured fits."""
+
+    heads: tuple            # (key heads, key dim, value heads, value dim) on this GPU
+    context: Coeffs
+    generation: Coeffs
+
+    def prefill(self, tokens: float, seqs: int) -> float:
+        if seqs <= 0:
+            return 0.0
+        f, b = gdn_cost(tokens, seqs, *self.heads)
+        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
+
+    def decode(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0
+        f, b = gdn_cost(rows, rows, *self.heads)
+        return self.generation.time(f, b, 1.0, rows)
+
+
+def gdn_kernels(gpu_name: str, spec, tp: int) -> GDNKernels | None:
+    """The GDN fits for `spec`'s linear-attention layers at tp ranks (value/key heads split tp ways)."""
+    fits = load_modern(gpu_name)
+    if not fits or not fits["gdn"].get("context") or not fits["gdn"].get("generation"):
+        return None
+    hk, hv = max(spec.linear_num_key_heads // tp, 1), max(spec.linear_num_value_heads // tp, 1)
+    key = f"gdn@{_num(hk)}/{_num(hv)}"
+
+    def pick(table: dict) -> Coeffs:
+        if key in table:
+            return table[key]
+        shapes = {tuple(float(x) for x in k.split("@")[1].split("/")): c for k, c in table.items() if "@" in k}
+        near = min(shapes, key=lambda s: (abs(math.log(s[1] / hv)) + abs(math.log(s[0] / hk)), s), default=None)
+        return shapes[near] if near else table["gdn"]
+
+    return GDNKernels((hk, spec.linear_key_head_dim, hv, spec.linear_value_head_dim),
+                      pick(fits["gdn"]["context"]), pick(fits["gdn"]["generation"]))

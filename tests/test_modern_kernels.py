@@ -164,3 +164,23 @@ def test_block_fp8_gemms_carry_no_eager_launch_latency():
     up, _down = cm.shared_mlp
     assert up.time(1, 2) < 20e-6
     assert cm.base.qkv.overhead_s < 20e-6
+
+
+def test_qwen3_next_prices_its_linear_layers_from_the_gdn_fits():
+    cm = make_cost_model("qwen3-next-80b-a3b", "h200", 2)
+    assert cm.gdn is not None and cm.gdn.heads == (8, 128, 16, 128)  # 16 key / 32 value heads over 2 GPUs
+    assert make_cost_model("qwen3-next-80b-a3b", "h200", 2, calibration=None).gdn is None
+    # decode reads each request's state once, whatever its context: the cost follows requests, not keys
+    assert cm.gdn.decode(256) > 4 * cm.gdn.decode(32)
+    assert cm.gdn.prefill(8192, 1) > cm.gdn.prefill(1024, 1)
+
+
+@needs_profiles
+def test_gdn_cases_sum_both_kernels_and_refit_to_the_shipped_coefficients():
+    from kernels_cost_model.aiconfigurator_modern import gdn_rows
+    from kernels_cost_model.modern_fit import fit_gdn
+    rows = gdn_rows(PROFILES, "h200_sxm")
+    assert {r["phase"] for r in rows} == {"context", "generation"} and all(r["seconds"] > 0 for r in rows)
+    shipped = load_modern("h200")["_raw"]["gdn"]
+    assert {k: v["coeffs"] for k, v in fit_gdn(PROFILES, "h200_sxm").items()} == \
+        {k: v["coeffs"] for k, v in shipped.items()}
