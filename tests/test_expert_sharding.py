@@ -63,3 +63,14 @@ def test_cli_flag_uses_vllms_name():
     assert config_from_args(args).deployment.enable_expert_parallel is True
     args = build_parser().parse_args(["run"])
     assert config_from_args(args).deployment.enable_expert_parallel is False
+
+
+def test_deepseek_v3_on_8_h200_runs_end_to_end_and_repeats():
+    from sim.api.simulator import SimulationConfig, WorkloadConfig, simulate
+    for ep in (False, True):
+        cfg = SimulationConfig(deployment=DeploymentConfig(model="deepseek-v3", gpu="h200", tensor_parallel_size=8,
+                                                           enable_expert_parallel=ep),
+                               workload=WorkloadConfig(rate=4.0, num_requests=40))
+        first, again = simulate(cfg).summary, simulate(cfg).summary
+        assert first == again and first["completed"] == 40
+        assert 5 < first["mean_tpot_ms"] < 200
