@@ -74,3 +74,17 @@ def test_deepseek_v3_on_8_h200_runs_end_to_end_and_repeats():
         first, again = simulate(cfg).summary, simulate(cfg).summary
         assert first == again and first["completed"] == 40
         assert 5 < first["mean_tpot_ms"] < 200
+
+
+def test_dp_ep_lockstep_handles_models_beyond_plain_attention():
+    from kernels_cost_model.expert_parallel import ExpertParallelCostModel
+    base = make_cost_model("deepseek-v3", "h200", 1)  # one engine per GPU (DP attention), experts over 8
+    ep = ExpertParallelCostModel(base, 8)
+    batch = BatchShape([1] * 32, [2000] * 32, 32)
+    terms = ep.rank_breakdown(batch, 8 * 32)
+    shared_and_dense = base._mlp(batch, 0.0)
+    assert shared_and_dense > 0 and terms["mlp"] > shared_and_dense  # own dense/shared + sharded routed
+    assert terms["all_to_all"] > 0 and terms["qkv_proj"] == 0.0       # MLA module fit at 128 heads
+    busy = ep.step_time([batch] * 8)
+    assert ep.step_time([batch] * 7 + [None]) <= busy         # an idle rank runs the dummy batch
+    assert ep.step_time([BatchShape([1] * 64, [2000] * 64, 64)] * 8) > busy
