@@ -4,7 +4,8 @@
 
 Per model: weights per GPU, KV pool blocks and the tokens vLLM would report, requests of `--length`
 tokens that fit at once (sliding windows and linear states counted as vLLM's hybrid manager holds
-them), and the decode step time at batch 1 and `--batch` with `--length` tokens of context.
+them), and the decode step time at batch 1 and `--batch` with `--length` tokens of context; for MoE
+models that need several GPUs, the `--batch` step under TP against DP + EP on the same GPUs.
 Sources: shapes from each model's config.json (kernels_cost_model/data/models_modern.json, URL per
 model); memory from the GPU catalog (gpus.csv, datasheets) and vLLM's sizing rule (kv_memory.py);
 step time from the roofline cost model (shipped calibration where one exists for the GPU, else
@@ -26,6 +27,7 @@ from kernels_cost_model import get_model, kv_cache_blocks, kv_layout, make_cost_
 from kernels_cost_model._catalog import read_config_catalog  # noqa: E402
 from kernels_cost_model.batch import BatchShape  # noqa: E402
 from kernels_cost_model.errors import ConfigError  # noqa: E402
+from kernels_cost_model.expert_parallel import ExpertParallelCostModel  # noqa: E402
 from kernels_cost_model.kv_memory import weight_bytes_per_gpu  # noqa: E402
 from kernels_cost_model.modern_kernels import GRAPHED_GEMM, load_modern, weight_variant  # noqa: E402
 
@@ -78,6 +80,21 @@ def step_sources(name: str, gpu: str, kv_cache_dtype: str) -> str:
     return f"calibration_modern/{gpu}.json: {', '.join(out)} (held-out median error)"
 
 
+def dp_ep_row(name: str, gpu: str, length: int, batch: int) -> str | None:
+    """Decode step of `batch` requests on tp GPUs: TP (experts split) against DP + EP lockstep ranks
+    (one engine per GPU, experts sharded, token exchange per MoE layer; expert_parallel.py)."""
+    tp = smallest_tp(name, gpu, "auto")
+    if not get_model(name).is_moe or not tp or tp == 1 or batch % tp:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp_cost, one = make_cost_model(name, gpu, tp), make_cost_model(name, gpu, 1)
+    total = tp_cost.step_time(BatchShape([1] * batch, [length] * batch, batch))
+    per = batch // tp
+    ep = ExpertParallelCostModel(one, tp).step_time([BatchShape([1] * per, [length] * per, per)] * tp)
+    return f"  {name:24} TP{tp}: {total * 1e3:7.2f} ms   DP{tp}+EP{tp}: {ep * 1e3:7.2f} ms"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h200")
@@ -91,6 +108,11 @@ def main() -> None:
           f"{'max reqs':>9} {'step@1 ms':>9} {f'step@{a.batch} ms':>10}")
     for entry in read_config_catalog("models_modern.json"):
         print(row(entry["name"], a.gpu, a.length, a.batch, a.kv_cache_dtype))
+    print(f"\ndecode step of {a.batch} requests at {a.length} context, TP against DP + EP on the same GPUs:")
+    for entry in read_config_catalog("models_modern.json"):
+        line = dp_ep_row(entry["name"], a.gpu, a.length, a.batch)
+        if line:
+            print(line)
     print("\nsources (shape; step-time fits):")
     for entry in read_config_catalog("models_modern.json"):
         print(f"  {entry['name']}: {get_model(entry['name']).source}")
