@@ -184,3 +184,13 @@ def test_gdn_cases_sum_both_kernels_and_refit_to_the_shipped_coefficients():
     shipped = load_modern("h200")["_raw"]["gdn"]
     assert {k: v["coeffs"] for k, v in fit_gdn(PROFILES, "h200_sxm").items()} == \
         {k: v["coeffs"] for k, v in shipped.items()}
+
+
+def test_mixed_mla_step_pays_the_module_launches_once():
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    attn = lambda b: cm.breakdown(b)["prefill_attention"] + cm.breakdown(b)["decode_attention"]  # noqa: E731
+    pf, dec = BatchShape([512], [0], 1), decode(32, 3000)
+    mixed = BatchShape([512] + [1] * 32, [0] + [3000] * 32, 33)
+    shared = 61 * min(cm.mla.context.overhead_s, cm.mla.generation.overhead_s)
+    assert attn(mixed) == pytest.approx(attn(pf) + attn(dec) - shared)
+    assert attn(mixed) > max(attn(pf), attn(dec))
