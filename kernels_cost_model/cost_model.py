@@ -21,6 +21,7 @@ from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
+from .expert_sharding import expert_sharded
 from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
@@ -230,7 +231,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
-                    max_num_seqs: int = 256, enforce_eager: bool = False) -> RooflineCostModel:
+                    max_num_seqs: int = 256, enforce_eager: bool = False, kv_cache_dtype: str = "auto",
+                    enable_expert_parallel: bool = False) -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
@@ -238,6 +240,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
+    kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
+    enable_expert_parallel: shard a MoE model's experts over the TP ranks (expert_sharding.py).
     """
     require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
@@ -285,4 +289,11 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
     )
-    return plain if spec.is_plain else shaped_cost_model(plain, BREAKDOWN_KEYS)  # layer_ops.py
+    require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,
+            "must be true or false")
+    if enable_expert_parallel:
+        plain = expert_sharded(plain)
+    if spec.is_plain:
+        return plain
+    measured = isinstance(calibration, str) and calibration == "default"  # shipped modern fits with shipped cal
+    return shaped_cost_model(plain, BREAKDOWN_KEYS, kv_cache_dtype, measured)  # layer_ops.py

@@ -40,6 +40,8 @@ class DeploymentConfig:
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
     cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: vLLM releases that
         capture graphs after sizing the cache; newer ones estimate it first and log it).
+    enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
+        (vLLM's --enable-expert-parallel; no effect on a dense model).
     """
 
     model: str = "llama-3.1-8b"
@@ -52,6 +54,7 @@ class DeploymentConfig:
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
     cudagraph_memory_gib: float = 0.0
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -228,7 +231,9 @@ def build_cost_model(deployment: DeploymentConfig):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
                                async_scheduling=deployment.async_scheduling,
                                collective_scale=deployment.collective_scale,
-                               cpu_per_request_s=deployment.cpu_per_request_s)
+                               cpu_per_request_s=deployment.cpu_per_request_s,
+                               kv_cache_dtype=deployment.kv_cache_dtype,
+                               enable_expert_parallel=deployment.enable_expert_parallel)
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

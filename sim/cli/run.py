@@ -40,6 +40,7 @@ FIELDS = {
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
+    "enable_expert_parallel": ("deployment", "enable_expert_parallel"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -96,6 +97,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
                    "deployment.async_scheduling")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
+    g.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="shard a MoE model's experts over the TP ranks (vLLM's flag)")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
     for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch"),
