@@ -5,7 +5,7 @@ from kernels_cost_model import Calibration, Coeffs, make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.calibration import uncalibrated
 from kernels_cost_model.cuda_graph import capture_sizes
-from kernels_cost_model.derived_defaults import (derive_defaults, derived_coeffs, shipped_defaults,
+from kernels_cost_model.derived_defaults import (derive_defaults, derived_coeffs, group_of, shipped_defaults,
                                                  to_efficiency)
 from kernels_cost_model.hardware import get_gpu
 from kernels_cost_model.roofline import FAMILIES
@@ -56,3 +56,12 @@ def test_batches_are_padded_to_the_next_capture_size_and_not_beyond_it():
         return cm.breakdown(BatchShape([1] * n, [100] * n, n))["qkv_proj"]
     assert qkv(9) == qkv(16) and qkv(9, eager=True) < qkv(16, eager=True)
     assert qkv(600) == qkv(600, eager=True)                 # above the largest captured size: eager
+
+
+@pytest.mark.parametrize("name, nvlink", [("h100-sxm", True), ("a100-sxm-80gb", True), ("b200", True),
+                                          ("rtx-pro-6000", False), ("rtx-4090", False), ("l40s", False),
+                                          ("a100-pcie-80gb", False), ("h100-pcie", False)])
+def test_pcie_hosts_are_not_nvlink_even_when_their_note_mentions_nvlink(name, nvlink):
+    gpu = get_gpu(name)
+    assert gpu.has_nvlink is nvlink
+    assert group_of(gpu, "all_reduce") == ("nvlink" if nvlink else "pcie")
