@@ -15,7 +15,7 @@ from pathlib import Path
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError, require
 
-from .attention_backend import mixed_decode_s_per_byte
+from .attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s_per_byte
 from .batch_fold import _fold_prefill_rows
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
@@ -85,6 +85,9 @@ class RooflineCostModel:
     #: vLLM's CUDA-graph capture sizes (cuda_graph.py); a batch of up to the largest runs padded to
     #: the next one (empty = eager: no padding).
     cuda_graph_sizes: tuple[int, ...] = ()
+    #: Measured imbalance of decodes with different contexts in one launch: (alone, beside a chunk)
+    #: (decodes, alpha) points (attention_backend.decode_imbalance); None = priced at the mean context.
+    decode_imbalance: tuple | None = None
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -109,10 +112,19 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
+        if self.decode_imbalance is not None and n_dec > 1:
+            dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _imbalanced(self, dec_keys: float, new: list, ctx: list, n_dec: int, mixed: bool) -> float:
+        """Decode keys as the launch prices them: mean + alpha x (longest - mean) per row, alpha as
+        measured for this many decodes alone or beside a chunk (attention_backend.py)."""
+        longest = max(c for k, c in zip(new, ctx) if k == 1) + 1
+        alpha = imbalance_alpha(self.decode_imbalance[1 if mixed else 0], n_dec)
+        return dec_keys + alpha * (n_dec * longest - dec_keys)
 
     def _padded(self, tokens: int) -> int:
         """Tokens the forward pass runs: vLLM pads a batch to the next CUDA-graph capture size."""
@@ -284,5 +296,6 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
+        decode_imbalance=decode_imbalance(hw.name),
     )
     return plain if spec.is_plain else shaped_cost_model(plain, BREAKDOWN_KEYS)  # layer_ops.py
