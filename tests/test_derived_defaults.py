@@ -65,3 +65,14 @@ def test_pcie_hosts_are_not_nvlink_even_when_their_note_mentions_nvlink(name, nv
     gpu = get_gpu(name)
     assert gpu.has_nvlink is nvlink
     assert group_of(gpu, "all_reduce") == ("nvlink" if nvlink else "pcie")
+
+
+def test_the_engines_max_num_seqs_sets_the_capture_sizes_a_deployment_pads_to():
+    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from sim.core.config import EngineConfig
+    d = DeploymentConfig(model="llama-3.1-8b", gpu="h100")
+    assert build_cost_model(d, EngineConfig(max_num_seqs=16)).cuda_graph_sizes == capture_sizes(16)
+    assert build_cost_model(d).cuda_graph_sizes == capture_sizes(256)     # no engine: vLLM's default
+    small, default = build_cost_model(d, EngineConfig(max_num_seqs=16)), build_cost_model(d)
+    batch = BatchShape([1] * 36, [100] * 36, 36)   # 36 tokens: padded to 40 at 256 seqs, eager at 16
+    assert small.breakdown(batch)["qkv_proj"] < default.breakdown(batch)["qkv_proj"]

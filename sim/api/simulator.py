@@ -210,8 +210,9 @@ def within(section: str):
         raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
 
 
-def build_cost_model(deployment: DeploymentConfig):
-    """The step-time model a deployment asks for."""
+def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
+    """The step-time model a deployment asks for; `engine` (optional) sets the CUDA-graph capture sizes
+    decode batches are padded to (vLLM's default sizes for its max_num_seqs)."""
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
@@ -219,7 +220,8 @@ def build_cost_model(deployment: DeploymentConfig):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
                                async_scheduling=deployment.async_scheduling,
                                collective_scale=deployment.collective_scale,
-                               cpu_per_request_s=deployment.cpu_per_request_s)
+                               cpu_per_request_s=deployment.cpu_per_request_s,
+                               **({"max_num_seqs": engine.max_num_seqs} if engine is not None else {}))
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
@@ -274,7 +276,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     config = config or SimulationConfig()
     check_names(config.engine)
     check_model_limits(config)
-    cost_model = build_cost_model(config.deployment)
+    cost_model = build_cost_model(config.deployment, config.engine)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload
     if traffic is None:
