@@ -235,7 +235,21 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
                           "(datasheet peaks x default efficiencies)", stacklevel=3)
             return uncalibrated(gpu)
         return cal
+    named = shipped_calibration(str(calibration)) if "@" in str(calibration) else None
+    if named is not None:  # a named shipped variant, e.g. rtx-pro-6000@vllm-0.19
+        require(named.device == gpu.name, "calibration", str(calibration),
+                f"is a calibration of {named.device}, not of {gpu.name}")
+        return named
+    require("@" not in str(calibration) or Path(calibration).is_file(), "calibration", str(calibration),
+            f"no shipped calibration of that name (shipped variants: {', '.join(shipped_variants())})")
     return load_calibration(calibration)
+
+
+def shipped_variants() -> list[str]:
+    """Names of the shipped named calibrations (`<gpu>@<tag>`), for `calibration=NAME`."""
+    from importlib import resources
+    folder = resources.files("kernels_cost_model").joinpath("data", "calibration")
+    return sorted(p.name[:-5] for p in folder.iterdir() if "@" in p.name and p.name.endswith(".json"))
 
 
 def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
@@ -246,7 +260,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
-    warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
+    warning when none ships); None = uncalibrated roofline; "<gpu>@<tag>" = a named shipped variant of
+    this GPU (e.g. rtx-pro-6000@vllm-0.19, `shipped_variants()`); a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
