@@ -21,6 +21,7 @@ from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
+from .interconnect import host_gpu
 from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
@@ -214,6 +215,13 @@ class RooflineCostModel:
         return mlp, routing
 
 
+def link_all_reduce(host: GPU) -> Coeffs:
+    """All-reduce on a host whose link is not the catalog's: the measured efficiency of calibrated GPUs
+    on that kind of link (derived_defaults.py groups), at the link's rate."""
+    from .derived_defaults import derived_coeffs, shipped_defaults
+    return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
+
+
 def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
     """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
     (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
@@ -256,7 +264,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
-                    max_num_seqs: int = 256, enforce_eager: bool = False) -> RooflineCostModel:
+                    max_num_seqs: int = 256, enforce_eager: bool = False,
+                    interconnect: str | None = "auto") -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
@@ -265,6 +274,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
+    interconnect: "auto" (the catalog's link), "nvlink" or "pcie": the host's link (interconnect.py).
     """
     require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
@@ -277,6 +287,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
             f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
     cal = _resolve_calibration(hw, calibration)
+    host = host_gpu(hw, interconnect)
+    own_host = host is hw  # collectives at this host's measured curves, else at its link's class
 
     def co(family: str, op: str) -> Coeffs:
         return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
@@ -290,7 +302,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
     heads, kv_heads = spec.num_heads / tp, max(1, spec.num_kv_heads // tp)
     plain = RooflineCostModel(
-        model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
+        model=spec, gpu=host, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
         layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
         q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
         experts=float(spec.num_experts), top_k=float(spec.num_experts_per_tok),
@@ -303,10 +315,11 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         decode=attention_operator(cal, "decode_attention", heads, kv_heads, hd),
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
-        embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
+        embed=co("elementwise", "embedding"),
+        all_reduce=cal.coeffs["all_reduce"] if own_host else link_all_reduce(host),
         mixed_decode=mixed_decode_s_per_byte(hw.name),
-        all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce"),
-        all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather"),
+        all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce") if own_host else None,
+        all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather") if own_host else None,
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),

@@ -37,6 +37,8 @@ class DeploymentConfig:
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
+    interconnect: "auto" (the GPU catalog's link), "nvlink" or "pcie": how the host's GPUs talk, which
+        prices the collectives (kernels_cost_model/interconnect.py; roofline only).
     calibration: "default" (the one shipped for the GPU), a named shipped variant such as
         "rtx-pro-6000@vllm-0.19", or a calibration JSON file (roofline only).
     """
@@ -51,6 +53,7 @@ class DeploymentConfig:
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
     calibration: str = "default"
+    interconnect: str = "auto"
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -224,7 +227,7 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
                                async_scheduling=deployment.async_scheduling,
                                collective_scale=deployment.collective_scale,
                                cpu_per_request_s=deployment.cpu_per_request_s,
-                               calibration=deployment.calibration,
+                               calibration=deployment.calibration, interconnect=deployment.interconnect,
                                **({"max_num_seqs": engine.max_num_seqs} if engine is not None else {}))
 
 

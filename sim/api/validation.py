@@ -55,6 +55,7 @@ def check_deployment(d) -> None:
     require(d.cpu_per_request_s is None or 0 <= d.cpu_per_request_s < 1, "deployment.cpu_per_request_s",
             d.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
     one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))
+    one_of("deployment.interconnect", d.interconnect, ("auto", "nvlink", "pcie"))
 
 
 def check_workload(w) -> None:

@@ -40,6 +40,7 @@ FIELDS = {
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"), "calibration": ("deployment", "calibration"),
+    "interconnect": ("deployment", "interconnect"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -99,6 +100,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
                    "deployment.async_scheduling")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
+    g.add_argument("--interconnect", choices=("auto", "nvlink", "pcie"),
+                   help="the host's GPU link (default auto: the GPU catalog's); prices the collectives")
     g.add_argument("--calibration", metavar="NAME", help="kernel calibration: default, a shipped variant "
                    "(e.g. rtx-pro-6000@vllm-0.19) or a calibration JSON file")
     g = p.add_argument_group("engine")
