@@ -76,3 +76,15 @@ def test_the_engines_max_num_seqs_sets_the_capture_sizes_a_deployment_pads_to():
     small, default = build_cost_model(d, EngineConfig(max_num_seqs=16)), build_cost_model(d)
     batch = BatchShape([1] * 36, [100] * 36, 36)   # 36 tokens: padded to 40 at 256 seqs, eager at 16
     assert small.breakdown(batch)["qkv_proj"] < default.breakdown(batch)["qkv_proj"]
+
+
+def test_attention_defaults_are_grouped_by_the_kernels_vllm_runs():
+    from kernels_cost_model.derived_defaults import attention_kernels
+    kernels = {name: attention_kernels(get_gpu(name)) for name in
+               ("a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000", "h100-sxm", "b200")}
+    assert kernels == {"a100-sxm-80gb": "fa2", "l40s": "fa2", "rtx-4090": "fa2", "rtx-pro-6000": "fa2",
+                       "h100-sxm": "hopper", "b200": "blackwell"}
+    assert group_of(get_gpu("rtx-pro-6000"), "prefill_attention@64/8/128") == "fa2"
+    assert group_of(get_gpu("rtx-pro-6000"), "matmul") == "blackwell"
+    fa2 = shipped_defaults()["groups"]["fa2"]
+    assert set(fa2["prefill_attention"]["from"]) == {"a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000"}
