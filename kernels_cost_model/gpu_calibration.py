@@ -108,7 +108,9 @@ def fit_all(root: str | Path, devices=None) -> tuple[dict[str, tuple[Calibration
     derived default of each family it lacks. Returns ({device: (calibration, held-out rows)}, defaults)."""
     fits = {d: fit_device(root, d) for d in (devices or SOURCES)}
     base = {d: cal for d, (cal, _) in fits.items() if device_of(d) == d}     # named variants do not vote
-    defaults = derive_defaults(base, {d: get_gpu(d) for d in base}) if base else shipped_defaults()
+    every = {d for d in SOURCES if device_of(d) == d}
+    # a partial refit keeps the shipped defaults: a few GPUs alone would derive narrower ones
+    defaults = derive_defaults(base, {d: get_gpu(d) for d in base}) if set(base) == every else shipped_defaults()
     out = {}
     for device, (cal, held) in fits.items():
         filled = rounded(with_derived_families(cal, get_gpu(device_of(device)), defaults))
