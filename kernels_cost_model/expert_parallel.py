@@ -24,6 +24,7 @@ from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
 
 from .collectives import collective_curve
+from .hardware import get_gpu
 from .cost_model import RooflineCostModel
 
 #: The batch an idle DP rank runs so the others' collectives can proceed (vLLM's dummy batch).
@@ -73,7 +74,7 @@ class ExpertParallelCostModel:
         at the measured curves where they exist (local size = total / ep), else latency + bus bytes / bw."""
         gpu, ep = self._inner.gpu.name, self.ep
         ag, rs = collective_curve(gpu, ep, "all_gather"), collective_curve(gpu, ep, "reduce_scatter")
-        if ag is not None and rs is not None:
+        if ag is not None and rs is not None and self.base.gpu == get_gpu(gpu):  # the catalog's own host
             return 0.5 * (ag.time(total_bytes / ep) + rs.time(total_bytes / ep))
         c = self._inner.all_reduce
         return (ep - 1) / ep * total_bytes * c.s_per_byte + c.overhead_s

@@ -42,6 +42,10 @@ class DeploymentConfig:
         capture graphs after sizing the cache; newer ones estimate it first and log it).
     enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
         (vLLM's --enable-expert-parallel; no effect on a dense model).
+    interconnect: "auto" (the GPU catalog's link), "nvlink" or "pcie": how the host's GPUs talk, which
+        prices the collectives (kernels_cost_model/interconnect.py; roofline only).
+    calibration: "default" (the one shipped for the GPU), a named shipped variant such as
+        "rtx-pro-6000@vllm-0.19", or a calibration JSON file (roofline only).
     """
 
     model: str = "llama-3.1-8b"
@@ -55,6 +59,8 @@ class DeploymentConfig:
     kv_cache_dtype: str = "auto"
     cudagraph_memory_gib: float = 0.0
     enable_expert_parallel: bool = False
+    calibration: str = "default"
+    interconnect: str = "auto"
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -222,8 +228,9 @@ def within(section: str):
         raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
 
 
-def build_cost_model(deployment: DeploymentConfig):
-    """The step-time model a deployment asks for."""
+def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
+    """The step-time model a deployment asks for; `engine` (optional) sets the CUDA-graph capture sizes
+    decode batches are padded to (vLLM's default sizes for its max_num_seqs)."""
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
@@ -233,7 +240,9 @@ def build_cost_model(deployment: DeploymentConfig):
                                collective_scale=deployment.collective_scale,
                                cpu_per_request_s=deployment.cpu_per_request_s,
                                kv_cache_dtype=deployment.kv_cache_dtype,
-                               enable_expert_parallel=deployment.enable_expert_parallel)
+                               enable_expert_parallel=deployment.enable_expert_parallel,
+                               calibration=deployment.calibration, interconnect=deployment.interconnect,
+                               **({"max_num_seqs": engine.max_num_seqs} if engine is not None else {}))
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
@@ -296,7 +305,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     config = config or SimulationConfig()
     check_names(config.engine)
     check_model_limits(config)
-    cost_model = build_cost_model(config.deployment)
+    cost_model = build_cost_model(config.deployment, config.engine)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload
     if traffic is None:

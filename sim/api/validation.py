@@ -56,6 +56,7 @@ def check_deployment(d) -> None:
             d.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
     one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))
     in_range("deployment.cudagraph_memory_gib", d.cudagraph_memory_gib, 0, 1024, why="GiB per GPU")
+    one_of("deployment.interconnect", d.interconnect, ("auto", "nvlink", "pcie"))
 
 
 def check_workload(w) -> None:
