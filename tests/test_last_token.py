@@ -59,7 +59,8 @@ def specs_with_stops(draw, max_requests: int = 6, max_prompt: int = 40):
 
 configs = st.tuples(st.sampled_from([48, 256]).flatmap(lambda m: engine_configs(max_model_len=m)),
                     st.sampled_from(sorted(PROFILES))).map(
-    lambda cp: dataclasses.replace(cp[0], stop_profile=cp[1]))
+    lambda cp: dataclasses.replace(cp[0], stop_profile=cp[1], stop_string_detection="engine"))
+# (the plan is about the step a request stops in: stop strings found in the engine, not the front end)
 
 
 def _engine(config: EngineConfig, hooks=()) -> Engine:

@@ -48,6 +48,7 @@ FIELDS = {
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
     "scheduler_profile": ("engine", "scheduler_profile"),
+    "stop_string_detection": ("engine", "stop_string_detection"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
     "cv": ("workload", "cv"), "num_users": ("workload", "num_users"),
@@ -122,6 +123,10 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                         '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram)')
     g.add_argument("--scheduler-profile", metavar="NAME",
                    help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
+    g.add_argument("--stop-string-detection", choices=("frontend", "engine"),
+                   help="where stop strings are found: frontend (vLLM V1: the request runs 1-2 more steps "
+                   "and holds its KV until the front end's abort lands) or engine (it leaves at once); "
+                   "default frontend for the vllm policy")
     _add_workload_flags(p)
     g = p.add_argument_group("SLO (for goodput and attainment)")
     for flag in ("ttft", "tpot", "e2e"):

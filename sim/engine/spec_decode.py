@@ -40,6 +40,7 @@ class SpecDecoder(EngineHook):
     def on_attach(self, engine) -> None:
         require(not engine.config.is_async, "engine.async_scheduling", True,
                 "speculative decoding is modelled with synchronous scheduling; set it to false")
+        engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
