@@ -259,21 +259,24 @@ class Engine:
             quick = quick_stop[index]
             if quick is not None and token not in quick[0] and position + 1 < quick[1]:
                 continue  # cannot stop on this token under any profile
-            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now):
+            status = req.status
+            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, status):
                 finished.append(req)
         step.num_decode = num_decode
         return finished
 
-    def _stops_in_engine(self, req: Request, now: float) -> bool:
+    def _stops_in_engine(self, req: Request, now: float, status: RequestStatus) -> bool:
         """A request the stop rules just stopped leaves the engine now, unless a stop string stopped it
         and the front end finds those: then the client is told now and the engine keeps running it
-        until the front end's abort lands (`_deliver_frontend_aborts`)."""
+        until the front end's abort lands (`_deliver_frontend_aborts`), in its `status` from before."""
         if not (self.strings_in_frontend and req.status == RequestStatus.FINISHED_STOPPED
                 and isinstance(req.stop_reason, str)):
             return True
+        if self.stop_profile.check_token(req, self.config.max_model_len) is not None:
+            return True  # the engine core ended it too (a length cap on the same token)
         self._record_finish(req, now)
         req.client_finished = True
-        req.status = RequestStatus.RUNNING
+        req.status = status
         self.frontend_aborts.append(req)
         return False
 
@@ -303,7 +306,9 @@ class Engine:
         quick = self.quick_stop[index]
         if quick is not None and token not in quick[0] and position + 1 < quick[1]:
             return False  # cannot stop on this token under any profile
-        return self.stop_profile.apply(req, self.config.max_model_len) and self._stops_in_engine(req, now)
+        status = req.status
+        return (self.stop_profile.apply(req, self.config.max_model_len)
+                and self._stops_in_engine(req, now, status))
 
     def _retire(self, finished: list[Request], now: float) -> None:
         if self.hooks:
