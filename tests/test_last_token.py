@@ -127,7 +127,7 @@ def test_stop_string_floor_is_the_profiles():
     assert _kinds(params, "vllm-v0", 5) == ["none", "speculative", "speculative", "speculative",
                                             "definite_last"]
     ids = SamplingParams(max_tokens=5, min_tokens=2, ignore_eos=True, stop_token_ids=[9])
-    assert _kinds(ids, "vllm", 3) == ["none", "speculative", "speculative"]
+    assert _kinds(ids, "vllm", 3) == ["none", "none", "speculative"]
     length_only = SamplingParams(max_tokens=4, ignore_eos=True)
     assert _kinds(length_only, "vllm", 4) == ["none", "none", "none", "definite_last"]
     assert _kinds(length_only, "vllm", 4, prompt=10, max_model_len=12) == ["none", "definite_last",
