@@ -39,6 +39,7 @@ FIELDS = {
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
+    "cpu_gpu_overlap": ("deployment", "cpu_gpu_overlap"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
@@ -94,8 +95,10 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule each step before the previous one's tokens are applied, as vLLM's "
-                   "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
-                   "deployment.async_scheduling")
+                   "--async-scheduling (default: the scheduler profile's, on); the CPU time then hides "
+                   "behind the GPU time unless --no-cpu-gpu-overlap")
+    g.add_argument("--cpu-gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="step time max(GPU, CPU) instead of GPU + CPU (default: follow async scheduling)")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")

@@ -144,7 +144,7 @@ class DisaggregatedCluster:
                         f"the {pool} instance's KV cache holds {tokens} tokens, less than one "
                         f"max_model_len={config.engine.max_model_len} request"
                         + ("; its KV transfer could never fit" if pool == "decode" else ""))
-        return Engine(config.engine, build_cost_model(config.deployment), blocks, hooks=[hook])
+        return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, hooks=[hook])
 
     # ----- arrivals ----------------------------------------------------------------------------
     def submit(self, spec) -> simpy.Event:

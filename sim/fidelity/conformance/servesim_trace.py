@@ -39,10 +39,10 @@ class StepRecorder(EngineHook):
                            "preempted": sorted(r.request_id for r in plan.preempted)})
 
 
-def engine_config(scenario: dict, scheduler_profile: str) -> EngineConfig:
+def engine_config(scenario: dict, scheduler_profile: str, **engine) -> EngineConfig:
     config = {name: scenario["config"][name] for name in CONFIG_FIELDS}
     return EngineConfig(**config, scheduler_profile=scheduler_profile, eos_token_id=EOS_TOKEN_ID,
-                        check_invariants=True)
+                        check_invariants=True, **engine)
 
 
 def request_specs(scenario: dict) -> list[RequestSpec]:
@@ -55,9 +55,10 @@ def request_specs(scenario: dict) -> list[RequestSpec]:
             for r in scenario["requests"]]
 
 
-def run_servesim(scenario: dict, scheduler_profile: str = "vllm") -> dict:
-    """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S)."""
-    config = engine_config(scenario, scheduler_profile)
+def run_servesim(scenario: dict, scheduler_profile: str = "vllm", **engine) -> dict:
+    """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S);
+    `engine`: other EngineConfig settings (e.g. stop_string_detection="engine")."""
+    config = engine_config(scenario, scheduler_profile, **engine)
     recorder = StepRecorder()
     cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
     records = run_engine(request_specs(scenario), config, cost, hooks=[recorder], token_text=token_text)
