@@ -109,3 +109,9 @@ def test_client_sees_the_same_outputs_either_way(specs, config, async_):
                (rb.finish_reason[i], rb.stop_reason[i], rb.num_output_tokens[i])
     if not any(s.sampling_params.stop for s in specs):
         assert len(a.steps) == len(b.steps)
+
+
+def test_cli_flag():
+    from tests.test_cli_vllm_names import config_of
+    assert config_of("--stop-string-detection", "engine").engine.stop_string_detection == "engine"
+    assert config_of().engine.stop_string_detection is None
