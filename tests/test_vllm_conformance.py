@@ -173,12 +173,13 @@ def test_block_0_is_the_null_block(version):
 
 
 @pytest.mark.slow
-def test_live_against_installed_vllm():
+@pytest.mark.parametrize("stop_rules", [False, True])
+def test_live_against_installed_vllm(stop_rules):
     """The installed vLLM and servesim agree on fresh random scenarios (seeds beyond the recorded)."""
     pytest.importorskip("vllm")
     from sim.fidelity.conformance import vllm_trace
     profile = profile_for_version(vllm_trace.vllm_version())
     for seed in range(100_000, 100_050):
-        scenario = random_scenario(seed)
+        scenario = random_scenario(seed, stop_rules)
         diff = first_difference(vllm_trace.run_vllm(scenario), run_servesim(scenario, profile))
         assert diff is None, (seed, diff)
