@@ -3,13 +3,16 @@
     python benchmarks/vllm_conformance.py compare -n 1000            # live: needs vLLM (README)
     python benchmarks/vllm_conformance.py record -n 1000             # write tests/data/vllm_conformance/
     python benchmarks/vllm_conformance.py replay tests/data/vllm_conformance/vllm-0.33.0.jsonl.gz
+    python benchmarks/vllm_conformance.py record --stop-rules -n 1000   # vllm-<version>-stop.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
 `record` stores vLLM's traces of the hand-made regression scenarios (sim/fidelity/conformance/cases.py)
 and the random ones, with its version, so tests replay them against servesim without vLLM.
 `replay` checks servesim against a recorded file. The scheduler profile defaults to the one named
-after the vLLM version (vllm-0.33 for 0.33.x).
+after the vLLM version (vllm-0.33 for 0.33.x). `--stop-rules` uses the stop-rule scenarios instead
+(min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer; the hand-made ones from
+`stop_rule_cases`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.fidelity.conformance.cases import regression_cases  # noqa: E402
+from sim.fidelity.conformance.cases import regression_cases, stop_rule_cases  # noqa: E402
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
 from sim.fidelity.conformance.scenario import random_scenario  # noqa: E402
@@ -35,7 +38,7 @@ def compare(args) -> int:
     profile = args.profile or profile_for_version(vllm_version())
     agree, failures = 0, []
     for seed in range(args.start, args.start + args.n):
-        scenario = random_scenario(seed)
+        scenario = random_scenario(seed, args.stop_rules)
         diff = first_difference(run_vllm(scenario), run_servesim(scenario, profile))
         if diff is None:
             agree += 1
@@ -52,10 +55,12 @@ def compare(args) -> int:
 def record(args) -> int:
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    out = Path(args.out or DATA_DIR / f"vllm-{version}.jsonl.gz")
+    suffix = "-stop" if args.stop_rules else ""
+    out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    cases = regression_cases() + [{"name": f"seed {seed}", "scenario": random_scenario(seed)}
-              for seed in range(args.start, args.start + args.n)]
+    cases = (stop_rule_cases() if args.stop_rules else regression_cases()) + [
+        {"name": f"seed {seed}", "scenario": random_scenario(seed, args.stop_rules)}
+        for seed in range(args.start, args.start + args.n)]
     with gzip.open(out, "wt") as f:
         f.write(json.dumps({"vllm_version": version, "step_s": 1.0}) + "\n")
         for case in cases:
@@ -85,6 +90,7 @@ def main(argv=None) -> int:
         p.add_argument("--start", type=int, default=0, help="first seed")
         p.add_argument("--profile", help="servesim scheduler profile (default: from the vLLM version)")
         p.add_argument("--show", type=int, default=10, help="disagreements to print")
+        p.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")

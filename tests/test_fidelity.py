@@ -144,17 +144,18 @@ def test_grid_fit_picks_the_lowest_headline_error(monkeypatch):
 def test_host_figures_reach_the_cost_model():
     from sim.api.simulator import DeploymentConfig, build_cost_model
     from kernels_cost_model.errors import ConfigError
-    d = DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2)
+    d = DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2,
+                         cpu_gpu_overlap=False)  # the whole CPU time shows
     base = build_cost_model(d)
     slow = build_cost_model(DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2,
-                                             collective_scale=2.0, cpu_per_request_s=2e-5))
+                                             collective_scale=2.0, cpu_per_request_s=2e-5, cpu_gpu_overlap=False))
     batch = BatchShape([1] * 64, [500] * 64, 64)
     b0, b1 = base.breakdown(batch), slow.breakdown(batch)
     assert b1["all_reduce"] == pytest.approx(2 * b0["all_reduce"])
     assert b1["cpu"] - b0["cpu"] == pytest.approx(64 * (2e-5 - 4e-6))
     assert b1["mlp"] == b0["mlp"]
     for bad in ({"collective_scale": 0}, {"collective_scale": float("nan")}, {"cpu_per_request_s": -1e-6},
-                {"async_scheduling": "yes"}):
+                {"cpu_gpu_overlap": "yes"}):
         with pytest.raises(ConfigError, match="deployment"):
             DeploymentConfig(**bad)
 

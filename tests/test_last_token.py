@@ -59,7 +59,8 @@ def specs_with_stops(draw, max_requests: int = 6, max_prompt: int = 40):
 
 configs = st.tuples(st.sampled_from([48, 256]).flatmap(lambda m: engine_configs(max_model_len=m)),
                     st.sampled_from(sorted(PROFILES))).map(
-    lambda cp: dataclasses.replace(cp[0], stop_profile=cp[1]))
+    lambda cp: dataclasses.replace(cp[0], stop_profile=cp[1], stop_string_detection="engine"))
+# (the plan is about the step a request stops in: stop strings found in the engine, not the front end)
 
 
 def _engine(config: EngineConfig, hooks=()) -> Engine:
@@ -126,7 +127,7 @@ def test_stop_string_floor_is_the_profiles():
     assert _kinds(params, "vllm-v0", 5) == ["none", "speculative", "speculative", "speculative",
                                             "definite_last"]
     ids = SamplingParams(max_tokens=5, min_tokens=2, ignore_eos=True, stop_token_ids=[9])
-    assert _kinds(ids, "vllm", 3) == ["none", "speculative", "speculative"]
+    assert _kinds(ids, "vllm", 3) == ["none", "none", "speculative"]
     length_only = SamplingParams(max_tokens=4, ignore_eos=True)
     assert _kinds(length_only, "vllm", 4) == ["none", "none", "none", "definite_last"]
     assert _kinds(length_only, "vllm", 4, prompt=10, max_model_len=12) == ["none", "definite_last",

@@ -26,7 +26,8 @@ def one_request(stream, params, *, k=3, prompt_len=8, max_model_len=64, profile=
                 acceptance=ACCEPT_ALL, method="eagle3"):
     """Run one request through a spec-decoding engine; (request, step log)."""
     config = EngineConfig(block_size=4, num_gpu_blocks=64, max_model_len=max_model_len, eos_token_id=EOS,
-                          stop_profile=profile, check_invariants=True, async_scheduling=False)
+                          stop_profile=profile, check_invariants=True, async_scheduling=False,
+                          stop_string_detection="engine")  # the engine's own view of each stop
     hook = SpecDecoder(SpeculativeConfig(method, num_speculative_tokens=k), acceptance)
     engine = Engine(config, LinearCostModel(), 64, token_text=TEXT, hooks=[hook])
     finished = []

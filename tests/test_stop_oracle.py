@@ -60,7 +60,7 @@ def _token_verdict(profile, token, count, eos, params, prompt_len, max_model_len
     """("stop"|"length", stop_reason) from the token rules at output number `count`, or None."""
     at_cap = count == params.max_tokens or (
         max_model_len is not None and prompt_len + count == max_model_len)
-    content_allowed = count >= params.min_tokens
+    content_allowed = count > params.min_tokens  # vLLM masks EOS and stop ids in the first min_tokens
     if profile == "vllm-v1-2025" and at_cap:
         return ("length", None)
     if content_allowed and token == eos and not params.ignore_eos:

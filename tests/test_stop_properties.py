@@ -84,11 +84,11 @@ def test_cap_fires_at_exactly_the_cap(scenario, profile):
 
 @given(stop_scenarios(), profiles)
 def test_no_earlier_token_could_have_stopped(scenario, profile):
-    """Before the last output, no EOS or stop id sat at or above the min_tokens floor."""
+    """Before the last output, no EOS or stop id sat beyond the min_tokens floor."""
     result = replay(scenario, profile)
     params = scenario.params
     for count, token in enumerate(result.output_token_ids[:-1], start=1):
-        if count >= params.min_tokens:
+        if count > params.min_tokens:
             assert token not in params.stop_token_ids
             assert params.ignore_eos or token != scenario.eos_token_id
 
@@ -162,7 +162,7 @@ def test_stopper_exactly_on_the_cap(params, prompt_and_room, stopper, profile):
     result = run_until_stop(boundary_stream(cap, stopper, cap), BYTE_EOS_TOKEN_ID, params,
                             prompt_len=prompt_len, max_model_len=max_model_len, profile=profile)
     stopper_active = stopper == STOP_ID or not params.ignore_eos
-    content_allowed = cap >= params.min_tokens
+    content_allowed = cap > params.min_tokens
     wins = profile != "vllm-v1-2025" and stopper_active and content_allowed
     assert len(result.output_token_ids) == cap
     assert result.finish_reason == ("stop" if wins else "length")
@@ -171,7 +171,8 @@ def test_stopper_exactly_on_the_cap(params, prompt_and_room, stopper, profile):
 @given(sampling_params(allow_stop=False).filter(lambda params: params.min_tokens >= 1),
        st.sampled_from((-1, 0, 1)), st.sampled_from((BYTE_EOS_TOKEN_ID, STOP_ID)), profiles)
 def test_min_tokens_floor_on_its_boundary(params, offset, stopper, profile):
-    """EOS and stop ids stop from output number min_tokens on, not one before."""
+    """EOS and stop ids stop beyond output number min_tokens, not on it: vLLM's min-tokens logits
+    processor masks them while fewer than min_tokens outputs exist (recorded: min_tokens_floor)."""
     params = replace(params, ignore_eos=False, stop_token_ids=(STOP_ID,),
                      max_tokens=params.max_tokens + 2)
     at = params.min_tokens + offset
@@ -179,7 +180,7 @@ def test_min_tokens_floor_on_its_boundary(params, offset, stopper, profile):
         return
     result = run_until_stop(boundary_stream(params.max_tokens, stopper, at), BYTE_EOS_TOKEN_ID,
                             params, profile=profile)
-    if at >= params.min_tokens:
+    if at > params.min_tokens:
         assert (result.finish_reason, len(result.output_token_ids)) == ("stop", at)
     else:
         assert len(result.output_token_ids) > at

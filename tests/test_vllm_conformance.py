@@ -2,8 +2,9 @@
 
 tests/data/vllm_conformance/vllm-<version>.jsonl.gz holds, per pinned vLLM release, hand-made scenarios
 for each difference issue 20 found plus 1,000 random ones, with the per-step schedule vLLM produced
-(`python benchmarks/vllm_conformance.py record`). Replaying them needs no vLLM. A live comparison runs
-when vLLM is importable (slow).
+(`python benchmarks/vllm_conformance.py record`); vllm-<version>-stop.jsonl.gz the same for the stop
+rules (`record --stop-rules`: min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer in
+the front end). Replaying them needs no vLLM. A live comparison runs when vLLM is importable (slow).
 """
 from __future__ import annotations
 
@@ -25,15 +26,16 @@ RANDOM_IN_CI = 100  # of the 1,000 random scenarios per version; all of them run
 
 @lru_cache(maxsize=None)
 def recorded(version: str) -> tuple[str, dict]:
+    """`version` is "0.33.0", or "0.33.0-stop" for the stop-rule recordings."""
     vllm_version, cases = read_recorded(DATA / f"vllm-{version}.jsonl.gz")
     return profile_for_version(vllm_version), {case["name"]: case for case in cases}
 
 
-def replay(version: str, name: str, profile: str | None = None) -> tuple[dict, dict]:
+def replay(version: str, name: str, profile: str | None = None, **engine) -> tuple[dict, dict]:
     """(vLLM's recorded trace, servesim's trace) of one recorded case."""
     default, cases = recorded(version)
     case = cases[name]
-    return case["trace"], run_servesim(case["scenario"], profile or default)
+    return case["trace"], run_servesim(case["scenario"], profile or default, **engine)
 
 
 def assert_same(version: str, name: str) -> dict:
@@ -42,7 +44,7 @@ def assert_same(version: str, name: str) -> dict:
     return want
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", VERSIONS + tuple(f"{v}-stop" for v in VERSIONS))
 def test_random_scenarios_agree_step_for_step(version):
     _, cases = recorded(version)
     names = [name for name in cases if name.startswith("seed ")]
@@ -51,6 +53,43 @@ def test_random_scenarios_agree_step_for_step(version):
         names = names[:RANDOM_IN_CI]
     failures = [(name, diff) for name in names if (diff := first_difference(*replay(version, name)))]
     assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("async_", [False, True])
+def test_stop_string_found_in_the_front_end(version, async_):
+    """6: the client sees 'cd' end r0 on its 4th token; the engine schedules r0 again until the front
+    end's abort lands (once, twice under async scheduling), and r1 waits for r0's seat meanwhile."""
+    name = "stop_string_frontend" + ("_async" if async_ else "")
+    want = assert_same(f"{version}-stop", name)
+    assert want["finished"]["r0"] == ["stop", 4]
+    r0 = [i for i, s in enumerate(want["steps"]) if "r0" in s["tokens"]]
+    assert len(r0) == 4 + (2 if async_ else 1)
+    assert min(i for i, s in enumerate(want["steps"]) if "r1" in s["admitted"]) > r0[-1]
+    engine_mode = replay(f"{version}-stop", name, stop_string_detection="engine")[1]
+    assert first_difference(want, engine_mode) is not None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_stop_string_on_a_length_capped_token_ends_in_the_engine(version):
+    """6: the engine ended the request by length on that token; no abort and no extra step."""
+    want = assert_same(f"{version}-stop", "stop_string_on_the_last_token")
+    assert want["finished"]["r0"] == ["stop", 3] and len(want["steps"]) == 3
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_max_tokens_unset_runs_to_max_model_len(version):
+    """9: max_tokens=None: a 58-token prompt under max_model_len 64 gets 6 tokens, "length"."""
+    assert assert_same(f"{version}-stop", "max_tokens_none")["finished"]["r0"] == ["length", 6]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_min_tokens_floor(version):
+    """9: the first min_tokens outputs are never EOS or a stop id (vLLM masks them: r0's EOS at 1 and
+    stop id at 2 do not stop it, its EOS at 4 does); stop strings need more than min_tokens outputs
+    (r1's 'b' on token 1 does not stop it, 'cd' on token 3 does)."""
+    want = assert_same(f"{version}-stop", "min_tokens_floor")
+    assert want["finished"] == {"r0": ["stop", 4], "r1": ["stop", 3]}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -134,12 +173,13 @@ def test_block_0_is_the_null_block(version):
 
 
 @pytest.mark.slow
-def test_live_against_installed_vllm():
+@pytest.mark.parametrize("stop_rules", [False, True])
+def test_live_against_installed_vllm(stop_rules):
     """The installed vLLM and servesim agree on fresh random scenarios (seeds beyond the recorded)."""
     pytest.importorskip("vllm")
     from sim.fidelity.conformance import vllm_trace
     profile = profile_for_version(vllm_trace.vllm_version())
     for seed in range(100_000, 100_050):
-        scenario = random_scenario(seed)
+        scenario = random_scenario(seed, stop_rules)
         diff = first_difference(vllm_trace.run_vllm(scenario), run_servesim(scenario, profile))
         assert diff is None, (seed, diff)

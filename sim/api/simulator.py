@@ -34,7 +34,9 @@ class DeploymentConfig:
     """Model, GPU and parallelism; how the step time and the KV-cache size are found.
 
     cost_model: "roofline" (calibrated per-operator model) or "linear" (sim.core.cost defaults).
-    async_scheduling: vLLM's async scheduling (the engine's CPU work hides behind the GPU step).
+    cpu_gpu_overlap: the engine's CPU work for the next step hides behind this step's GPU work, so a step
+        lasts max(GPU, CPU) rather than GPU + CPU (None: as the engine schedules, overlapped under vLLM's
+        async scheduling, its default; `engine.async_scheduling` decides the schedule itself).
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
@@ -53,7 +55,7 @@ class DeploymentConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     cost_model: str = "roofline"
-    async_scheduling: bool = False
+    cpu_gpu_overlap: bool | None = None
     collective_scale: float = 1.0
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
@@ -207,6 +209,10 @@ def _section(name: str, kind: type, values: dict):
     if not isinstance(values, dict):
         raise ConfigError(name, values, "must be a table of settings")
     known = {f.name for f in dataclasses.fields(kind)}
+    if kind is DeploymentConfig and "async_scheduling" in values:
+        raise ConfigError("deployment.async_scheduling", values["async_scheduling"],
+                          "renamed deployment.cpu_gpu_overlap (CPU time hidden behind GPU time; unset, it "
+                          "follows engine.async_scheduling, which decides the schedule)")
     for key in values:
         if key not in known:
             raise ConfigError(f"{name}.{key}", values[key], f"unknown setting; known: {sorted(known)}")
@@ -228,15 +234,23 @@ def within(section: str):
         raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
 
 
+def cpu_gpu_overlap(deployment: DeploymentConfig, engine: EngineConfig | None = None) -> bool:
+    """Whether CPU time hides behind GPU time: the setting, else the engine's async scheduling."""
+    if deployment.cpu_gpu_overlap is not None:
+        return deployment.cpu_gpu_overlap
+    return (engine if engine is not None else EngineConfig()).is_async
+
+
 def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
-    """The step-time model a deployment asks for; `engine` (optional) sets the CUDA-graph capture sizes
-    decode batches are padded to (vLLM's default sizes for its max_num_seqs)."""
+    """The step-time model a deployment asks for. `engine` (None: the default engine) sets the CUDA-graph
+    capture sizes decode batches pad to (vLLM's for its max_num_seqs) and, when
+    `deployment.cpu_gpu_overlap` is unset, whether CPU time overlaps GPU time (its async scheduling)."""
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
     with within("deployment"):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
-                               async_scheduling=deployment.async_scheduling,
+                               async_scheduling=cpu_gpu_overlap(deployment, engine),
                                collective_scale=deployment.collective_scale,
                                cpu_per_request_s=deployment.cpu_per_request_s,
                                kv_cache_dtype=deployment.kv_cache_dtype,

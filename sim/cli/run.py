@@ -39,6 +39,7 @@ FIELDS = {
     "tp": ("deployment", "tensor_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
+    "cpu_gpu_overlap": ("deployment", "cpu_gpu_overlap"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "enable_expert_parallel": ("deployment", "enable_expert_parallel"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"), "calibration": ("deployment", "calibration"),
@@ -51,6 +52,7 @@ FIELDS = {
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
     "scheduler_profile": ("engine", "scheduler_profile"),
+    "stop_string_detection": ("engine", "stop_string_detection"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
     "cv": ("workload", "cv"), "num_users": ("workload", "num_users"),
@@ -99,8 +101,10 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule each step before the previous one's tokens are applied, as vLLM's "
-                   "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
-                   "deployment.async_scheduling")
+                   "--async-scheduling (default: the scheduler profile's, on); the CPU time then hides "
+                   "behind the GPU time unless --no-cpu-gpu-overlap")
+    g.add_argument("--cpu-gpu-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="step time max(GPU, CPU) instead of GPU + CPU (default: follow async scheduling)")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
     g.add_argument("--enable-expert-parallel", action="store_true", default=None,
                    help="shard a MoE model's experts over the TP ranks (vLLM's flag)")
@@ -134,6 +138,10 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                         '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram; a draft tree: "speculative_token_tree": "eagle1")')
     g.add_argument("--scheduler-profile", metavar="NAME",
                    help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
+    g.add_argument("--stop-string-detection", choices=("frontend", "engine"),
+                   help="where stop strings are found: frontend (vLLM V1: the request runs 1-2 more steps "
+                   "and holds its KV until the front end's abort lands) or engine (it leaves at once); "
+                   "default frontend for the vllm policy")
     _add_workload_flags(p)
     g = p.add_argument_group("SLO (for goodput and attainment)")
     for flag in ("ttft", "tpot", "e2e"):

@@ -9,6 +9,7 @@ from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_o
 from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
+STOP_STRING_DETECTION = ("frontend", "engine")
 MAX_NUM_GPU_BLOCKS = 2**22
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
@@ -38,6 +39,14 @@ class EngineConfig:
         does (None: the scheduler profile's default, on for every vLLM release modelled). A request
         that stops is then scheduled for one more decode, and freed KV and seats reach waiting
         requests one step later.
+    stop_string_detection: where stop strings are found. "frontend": in the front end's detokenizer,
+        as vLLM V1 does; the client sees the stop at once, but the engine learns of it only through
+        an abort that lands during the next step, so the request is scheduled 1 (2 under async
+        scheduling) more steps and keeps its KV until then. "engine": with the token checks, the
+        request leaves at once (vLLM V0). None: "frontend" for the vllm policy under a V1 stop
+        profile, else "engine". What the client sees (tokens, text, finish reason) is the same.
+        Speculative decoding, disaggregated instances and the last-token what-if find them in the
+        engine whatever the setting (their hooks act on the step a request stops in).
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL).
     """
@@ -56,6 +65,7 @@ class EngineConfig:
     stop_profile: str = "vllm"
     scheduler_profile: str = "vllm"
     async_scheduling: bool | None = None
+    stop_string_detection: str | None = None
     eos_token_id: int = 2
     check_invariants: bool = False
     record_token_times: bool = True
@@ -73,6 +83,13 @@ class EngineConfig:
             return self
         return dataclasses.replace(self, max_model_len=DEFAULT_MAX_MODEL_LEN)
 
+    @property
+    def stop_strings_in_frontend(self) -> bool:
+        """Whether stop strings end a request through the front end (the setting, else the default)."""
+        if self.stop_string_detection is None:
+            return self.policy == "vllm" and self.stop_profile != "vllm-v0"
+        return self.stop_string_detection == "frontend"
+
     def __post_init__(self) -> None:
         check_types(self)
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -85,6 +102,8 @@ class EngineConfig:
                                default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len))
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
+        if self.stop_string_detection is not None:
+            one_of("stop_string_detection", self.stop_string_detection, STOP_STRING_DETECTION)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,

@@ -56,7 +56,7 @@ class Request:
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
         "num_spec_tokens",
-        "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens",
+        "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens", "client_finished",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -82,6 +82,7 @@ class Request:
         self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
         self.num_in_flight_tokens = 0     # tokens scheduled in steps whose results are not applied
         self.num_stale_tokens = 0         # in-flight tokens of a step planned before a preemption
+        self.client_finished = False      # the front end found a stop string; the engine's abort follows
 
     @property
     def num_tokens(self) -> int:

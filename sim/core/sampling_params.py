@@ -22,7 +22,8 @@ class SamplingParams:
 
     max_tokens: cap on output tokens (finish_reason "length" when it binds); None: up to
         `max_model_len` (prompt + output), as vLLM's front end fills it in.
-    min_tokens: EOS, stop token ids and stop strings cannot stop a request below this many outputs.
+    min_tokens: EOS, stop token ids and stop strings cannot stop a request within this many outputs
+        (vLLM masks EOS and stop token ids while fewer exist: the first that can stop is the next).
     ignore_eos: the model's EOS does not stop the request (benchmark-style fixed-length runs).
     stop_token_ids: extra token ids that stop the request; stop_reason is the id.
     stop: strings that stop the request when they appear in the output text; stop_reason is the string.

@@ -4,7 +4,8 @@ A profile is data: the ordered token checks the engine core runs after appending
 stop strings (checked on the detokenized text) interact with them. Profiles:
 
 - "vllm" (default): vLLM V1 today (vllm/v1/core/sched/utils.py `check_stop`, then
-  vllm/v1/engine/detokenizer.py). Below `min_tokens` only the length rules can stop a request;
+  vllm/v1/engine/detokenizer.py). Within the first `min_tokens` outputs only the length rules can
+  stop a request (vLLM masks EOS and stop token ids there);
   EOS, then stop token ids, then length (`max_model_len` on prompt + output, `max_tokens`); then the
   detokenizer's stop strings, which win over a length cap on the same token. EOS exactly on the
   `max_tokens` boundary reports "stop". Among stop strings completed by one token, the one
@@ -62,8 +63,12 @@ def length_binds(req: Request, num_output: int, max_model_len: int | None) -> bo
 
 
 def token_rules_armed(num_output: int, min_tokens: int) -> bool:
-    """EOS and stop token ids are checked on a request's `num_output`-th output token."""
-    return num_output >= min_tokens
+    """EOS and stop token ids can stop a request on its `num_output`-th output token: beyond
+    `min_tokens`. vLLM's min-tokens logits processor (vllm/v1/sample/logits_processor/builtin.py, V0's
+    sampler alike) masks them while the output has fewer than `min_tokens` tokens, so the first
+    `min_tokens` outputs are never EOS or a stop token id; a scripted one there is read as a masked,
+    ordinary token. Pinned by vLLM's recorded stop-rule scenarios (min_tokens_floor)."""
+    return num_output > min_tokens
 
 
 def _repetition(req: Request, max_model_len: int | None):

@@ -62,6 +62,8 @@ class Engine:
         self.streams: list = []        # per request index: position -> token id
         self.on_finish = None          # callback(request) set by the simulation
         self.pending_aborts: list[Request] = []
+        self.frontend_aborts: list[Request] = []  # stop strings found; abort lands during the next step
+        self.strings_in_frontend = config.stop_strings_in_frontend
         self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
         self.apply_rows = self._apply_rows  # a hook may take over the token update (spec decoding)
@@ -154,6 +156,7 @@ class Engine:
         """
         plan = self.policy.schedule(self.state)
         if not plan.scheduled and not plan.preempted and not self._hooks_have_work():
+            self._deliver_frontend_aborts(now)
             return None
         scheduled = plan.scheduled
         new = [n for _, n in scheduled]
@@ -173,7 +176,20 @@ class Engine:
         for hook in self.hooks:
             hook.on_plan(self, step)
         self._advance(step)
+        self._deliver_frontend_aborts(now)
         return step
+
+    def _deliver_frontend_aborts(self, now: float) -> None:
+        """The front end's aborts for stop strings it found reach the engine while the next step runs
+        (applied at its end, before its outputs), or at once if no step is in flight."""
+        if not self.frontend_aborts:
+            return
+        if self.steps_in_flight:
+            self.pending_aborts.extend(self.frontend_aborts)
+        else:
+            for req in self.frontend_aborts:
+                self._abort_now(req, now)
+        self.frontend_aborts.clear()
 
     def _advance(self, step: Step) -> None:
         """Count the step's tokens as computed now (vLLM advances at schedule time); under async
@@ -226,6 +242,10 @@ class Engine:
             if n == 1 and position:
                 num_decode += 1
             index = req.index
+            if req.client_finished:
+                if self._after_client_finish(req, streams[index](position)):
+                    finished.append(req)
+                continue
             token = streams[index](position)
             output.append(token)
             if async_ and not stale and req.status == RequestStatus.RUNNING:
@@ -239,13 +259,41 @@ class Engine:
             quick = quick_stop[index]
             if quick is not None and token not in quick[0] and position + 1 < quick[1]:
                 continue  # cannot stop on this token under any profile
-            if profile.apply(req, max_model_len):
+            status = req.status
+            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, status):
                 finished.append(req)
         step.num_decode = num_decode
         return finished
 
+    def _stops_in_engine(self, req: Request, now: float, status: RequestStatus) -> bool:
+        """A request the stop rules just stopped leaves the engine now, unless a stop string stopped it
+        and the front end finds those: then the client is told now and the engine keeps running it
+        until the front end's abort lands (`_deliver_frontend_aborts`), in its `status` from before."""
+        if not (self.strings_in_frontend and req.status == RequestStatus.FINISHED_STOPPED
+                and isinstance(req.stop_reason, str)):
+            return True
+        if self.stop_profile.check_token(req, self.config.max_model_len) is not None:
+            return True  # the engine core ended it too (a length cap on the same token)
+        self._record_finish(req, now)
+        req.client_finished = True
+        req.status = status
+        self.frontend_aborts.append(req)
+        return False
+
+    def _after_client_finish(self, req: Request, token: int) -> bool:
+        """A token sampled for a request the client already saw finish: the engine appends it and runs
+        its token checks only (the front end drops it). True if those stop it."""
+        req.output_token_ids.append(token)
+        result = self.stop_profile.check_token(req, self.config.max_model_len)
+        if result is None:
+            return False
+        req.status, _ = result
+        return True
+
     def emit_token(self, req: Request, token: int, now: float) -> bool:
         """Append `token` to `req`'s output, record its time and run the stop rules. True if stopped."""
+        if req.client_finished:
+            return self._after_client_finish(req, token)
         output = req.output_token_ids
         position = len(output)
         output.append(token)
@@ -258,7 +306,9 @@ class Engine:
         quick = self.quick_stop[index]
         if quick is not None and token not in quick[0] and position + 1 < quick[1]:
             return False  # cannot stop on this token under any profile
-        return self.stop_profile.apply(req, self.config.max_model_len)
+        status = req.status
+        return (self.stop_profile.apply(req, self.config.max_model_len)
+                and self._stops_in_engine(req, now, status))
 
     def _retire(self, finished: list[Request], now: float) -> None:
         if self.hooks:
@@ -295,8 +345,17 @@ class Engine:
         self._finish(req, req.status, now)
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
+        """The request leaves the engine: KV freed; recorded as the client sees it (unless the
+        client already saw it finish on a stop string the front end found)."""
         req.status = status
         self.state.kv.free(req, forget=True)
+        del self.by_id[req.request_id]
+        self.streams[req.index] = self.quick_stop[req.index] = None  # keep records only, not the prompt
+        if not req.client_finished:
+            self._record_finish(req, now)
+
+    def _record_finish(self, req: Request, now: float) -> None:
+        """What the client sees at its finish: time, outputs, reasons."""
         rec, i = self.requests, req.index
         rec.finish_time[i] = now
         rec.num_output_tokens[i] = len(req.output_token_ids)
@@ -304,8 +363,6 @@ class Engine:
         rec.num_cached_tokens[i] = req.num_cached_tokens
         rec.finish_reason[i] = req.finish_reason
         rec.stop_reason[i] = req.stop_reason
-        del self.by_id[req.request_id]
-        self.streams[i] = self.quick_stop[i] = None  # keep records only, not the prompt
         if self.on_finish is not None:
             self.on_finish(req)
 

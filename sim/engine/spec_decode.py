@@ -56,6 +56,7 @@ class SpecDecoder(EngineHook):
                 "engine.async_scheduling", True,
                 "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
                 "set async_scheduling to false or pick a GPU proposer")
+        engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len

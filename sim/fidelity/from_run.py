@@ -96,6 +96,7 @@ def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
         "", "[deployment]",
         f'model = "{d.model}"', f'gpu = "{d.gpu}"', f"tensor_parallel_size = {d.tensor_parallel_size}",
         f"gpu_memory_utilization = {d.gpu_memory_utilization}", f'calibration = "{d.calibration}"',
+        "cpu_gpu_overlap = false  # as fitted: the CPU time added in full",
         f"cpu_per_request_s = {fit.host.cpu_per_request_s!r}  # {label}",
     ]
     if "collective_scale" in fit.fitted:

@@ -50,7 +50,8 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
         instance = getattr(disagg, pool).instance_config(config)
         if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
             instance = instance.replace(engine={"async_scheduling": False})
-        return instance
+        # the hand-off follows the engine's own stops: stop strings are found with the token checks
+        return instance.replace(engine={"stop_string_detection": "engine"})
     except ConfigError as exc:
         decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
         error, why = (KVTransferError, "; a KV transfer could never fit it") if decode_kv else (ConfigError, "")

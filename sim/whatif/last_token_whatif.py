@@ -8,6 +8,7 @@ without hidden states, with hybrid extraction, with post-sampling prefill (see `
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,11 +119,14 @@ def compare_strategies(workload, config, cost_model, num_gpu_blocks: int | None 
     """Run `workload` without hidden states, then once per strategy ("hybrid",
     "post_sampling_prefill"), same config and seed; requests ask for hidden states through
     `RequestSpec.return_hidden_states` (e.g. `workloads.hidden_states.with_hidden_states`).
+    Stop strings are found in the engine (`stop_string_detection="engine"`), on the step that stops.
 
     A list of specs works too. `cost`: the extraction's cost (`HiddenStatesCost`; sizes default
     to the cost model's ModelSpec).
     """
     kwargs = dict(seed=seed, token_text=token_text)
+    # the strategies act on the step a request stops in: stop strings are found with the token checks
+    config = dataclasses.replace(config, stop_string_detection="engine")
     is_spec_list = not (hasattr(workload, "iter_requests") or hasattr(workload, "process"))
     specs = list(workload) if is_spec_list else workload  # runs three times
     base = run_engine(specs, config, cost_model, num_gpu_blocks, **kwargs)

@@ -15,7 +15,8 @@ def _cfg(**changes) -> dict:
 
 def _req(i: int, arrival: float, prompt: list, output: list, max_tokens: int, **changes) -> dict:
     return dict(dict(id=f"r{i}", arrival=arrival, prompt=prompt, output=output, max_tokens=max_tokens,
-                     ignore_eos=False, stop_token_ids=[], priority=0, abort=None), **changes)
+                     ignore_eos=False, stop_token_ids=[], priority=0, abort=None, min_tokens=0, stop=[]),
+                **changes)
 
 
 def _toks(start: int, n: int) -> list[int]:
@@ -60,4 +61,29 @@ def regression_cases() -> list[dict]:
         config=_cfg(block_size=4, num_gpu_blocks=5, max_model_len=16, enable_prefix_caching=False),
         requests=[_req(0, 0.015625, _toks(0, 8), _toks(3, 8), 6, ignore_eos=True),
                   _req(1, 0.046875, _toks(20, 8), _toks(4, 8), 6, ignore_eos=True)])))
+    return cases
+
+
+def stop_rule_cases() -> list[dict]:
+    """[{"name": ..., "scenario": ...}] for the stop rules (differences 6 and 9 of issue 20)."""
+    cases = []
+    # 6: 'cd' completes on the 4th output token (a=3, b=4, c=5, d=6); one seat, so r1 waits for the abort
+    for async_ in (False, True):
+        cases.append(dict(name=f"stop_string_frontend{'_async' if async_ else ''}", scenario=dict(
+            config=_cfg(max_num_seqs=1, async_scheduling=async_),
+            requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6, 8, 9, 10, 11], 10, stop=["cd"]),
+                      _req(1, 0.046875, _toks(30, 20), [8, 9, 10], 3)])))
+    # 9: max_tokens unset runs up to max_model_len
+    cases.append(dict(name="max_tokens_none", scenario=dict(
+        config=_cfg(max_model_len=64, num_gpu_blocks=8),
+        requests=[_req(0, 0.015625, _toks(0, 58), _toks(1, 10), None, ignore_eos=True)])))
+    # below min_tokens EOS and the stop token id cannot be sampled; stop strings need more than min_tokens
+    cases.append(dict(name="min_tokens_floor", scenario=dict(
+        config=_cfg(),
+        requests=[_req(0, 0.015625, _toks(0, 20), [2, 7, 3, 2, 9], 10, min_tokens=3, stop_token_ids=[7]),
+                  _req(1, 0.046875, _toks(30, 20), [4, 5, 6, 5, 6, 9], 10, min_tokens=2, stop=["b", "cd"])])))
+    # a stop string on the max_tokens token: the client sees "stop", the engine has ended it by length
+    cases.append(dict(name="stop_string_on_the_last_token", scenario=dict(
+        config=_cfg(),
+        requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6], 3, stop=["bc"])])))
     return cases

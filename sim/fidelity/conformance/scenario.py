@@ -15,6 +15,9 @@ boundary (an idle engine restarts at an arrival, and later boundaries keep that 
 
 `output` is the token stream the model "samples" (EOS is `EOS_TOKEN_ID`); the request stops as its
 sampling params say. `random_scenario(seed)` draws one from a seeded generator.
+
+Stop-rule scenarios (`random_stop_scenario`) add, per request, `"min_tokens"`, `"stop"` (stop strings,
+over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ EOS_TOKEN_ID = 2
 STEP_S = 1.0
 STOP_TOKEN_ID = 7
 _FRACTIONS = [(2 * k + 1) / 64 for k in range(32)]  # exact in binary; distinct per event
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+STOP_STRINGS = [["cd"], ["f", "ab"], ["ij"], ["b"], ["hij", "dd"]]
+
+
+def token_text(token_id: int) -> str:
+    """The text of a token in conformance scenarios: ids 3..28 are the letters a..z, except the stop
+    token id (no text, like EOS and every other id: what a masked or filler token reads makes no
+    difference)."""
+    if 3 <= token_id < 3 + len(_LETTERS) and token_id != STOP_TOKEN_ID:
+        return _LETTERS[token_id - 3]
+    return ""
 
 
 def random_config(rng: np.random.Generator) -> dict:
@@ -76,9 +90,28 @@ def random_request(rng: np.random.Generator, index: int, arrival: float, config:
     }
 
 
-def random_scenario(seed: int) -> dict:
-    """A seeded random scenario (same seed, same scenario)."""
-    rng = make_rng(seed, "vllm-conformance")
+def random_stop_request(rng: np.random.Generator, index: int, arrival: float, config: dict,
+                        prefixes: list[list[int]]) -> dict:
+    """A request exercising the stop rules: min_tokens, max_tokens unset, stop strings, stop token
+    ids and EOS in a stream over a few letters (so the strings complete often)."""
+    req = random_request(rng, index, arrival, config, prefixes)
+    room = config["max_model_len"] - len(req["prompt"])
+    max_tokens = None if rng.random() < 0.3 else int(rng.integers(1, 40))
+    limit = max(0, min(room, max_tokens or room))
+    min_tokens = 0 if rng.random() < 0.5 else int(rng.integers(0, min(6, limit) + 1))
+    length = min(room, max_tokens or room) + 2
+    stream = [int(t) for t in rng.integers(3, 13, size=length)]
+    for _ in range(int(rng.integers(0, 3))):
+        stream[int(rng.integers(len(stream)))] = EOS_TOKEN_ID
+    stop = STOP_STRINGS[int(rng.integers(len(STOP_STRINGS)))] if rng.random() < 0.7 else []
+    return dict(req, output=stream, max_tokens=max_tokens, min_tokens=min_tokens, stop=list(stop))
+
+
+def random_scenario(seed: int, stop_rules: bool = False) -> dict:
+    """A seeded random scenario (same seed, same scenario); `stop_rules`: its requests come from
+    `random_stop_request`."""
+    rng = make_rng(seed, "vllm-conformance-stop" if stop_rules else "vllm-conformance")
+    draw_request = random_stop_request if stop_rules else random_request
     config = random_config(rng)
     block = config["block_size"]
     prefixes = [[int(t) for t in rng.integers(3, 40, size=block * int(rng.integers(1, 4)))]
@@ -86,7 +119,7 @@ def random_scenario(seed: int) -> dict:
     requests, t = [], 0
     for i in range(int(rng.integers(1, 9))):
         t += int(rng.choice([0, 0, 1, 2, 5]))
-        requests.append(random_request(rng, i, t + _FRACTIONS[i], config, prefixes))
+        requests.append(draw_request(rng, i, t + _FRACTIONS[i], config, prefixes))
     return {"config": config, "requests": requests}
 
 

@@ -17,7 +17,7 @@ from sim.core.cost import LinearCostModel
 from sim.core.hooks import EngineHook
 from sim.core.sampling_params import SamplingParams
 from sim.engine.simulation import run_engine
-from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, token_text
 from workloads.spec import RequestSpec
 
 CONFIG_FIELDS = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
@@ -39,26 +39,29 @@ class StepRecorder(EngineHook):
                            "preempted": sorted(r.request_id for r in plan.preempted)})
 
 
-def engine_config(scenario: dict, scheduler_profile: str) -> EngineConfig:
+def engine_config(scenario: dict, scheduler_profile: str, **engine) -> EngineConfig:
     config = {name: scenario["config"][name] for name in CONFIG_FIELDS}
     return EngineConfig(**config, scheduler_profile=scheduler_profile, eos_token_id=EOS_TOKEN_ID,
-                        check_invariants=True)
+                        check_invariants=True, **engine)
 
 
 def request_specs(scenario: dict) -> list[RequestSpec]:
     return [RequestSpec(r["arrival"], r["prompt"], output_token_ids=tuple(r["output"]),
                         request_id=r["id"], priority=r["priority"], abort_time_s=r["abort"],
                         sampling_params=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=r["ignore_eos"],
-                                                       stop_token_ids=tuple(r["stop_token_ids"])))
+                                                       stop_token_ids=tuple(r["stop_token_ids"]),
+                                                       min_tokens=r.get("min_tokens", 0),
+                                                       stop=tuple(r.get("stop", ()))))
             for r in scenario["requests"]]
 
 
-def run_servesim(scenario: dict, scheduler_profile: str = "vllm") -> dict:
-    """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S)."""
-    config = engine_config(scenario, scheduler_profile)
+def run_servesim(scenario: dict, scheduler_profile: str = "vllm", **engine) -> dict:
+    """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S);
+    `engine`: other EngineConfig settings (e.g. stop_string_detection="engine")."""
+    config = engine_config(scenario, scheduler_profile, **engine)
     recorder = StepRecorder()
     cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
-    records = run_engine(request_specs(scenario), config, cost, hooks=[recorder])
+    records = run_engine(request_specs(scenario), config, cost, hooks=[recorder], token_text=token_text)
     req = records.requests
     finished = {}
     for i, rid in enumerate(req.request_id):

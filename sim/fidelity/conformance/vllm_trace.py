@@ -5,8 +5,15 @@ The driver plays the engine core's loop around the scheduler (vllm/v1/engine/cor
 scheduling is off, `step_with_batch_queue` with a queue of two when it is on (the next step is scheduled
 before the previous step's tokens are applied); aborts that arrive while a step runs are applied before
 its outputs. The "model" samples, for every request whose step catches up, the next token of the
-request's scripted stream. Every step that schedules tokens lasts STEP_S; the model is a config-only tiny
-Llama (no weights are loaded).
+request's scripted stream, except that below `min_tokens` it cannot sample EOS or a stop token id (vLLM's
+min-tokens logits processor masks them: a filler token comes instead). Every step that schedules tokens
+lasts STEP_S; the model is a config-only tiny Llama (no weights are loaded).
+
+The front end's part is played as vLLM's does it: `max_tokens=None` becomes `max_model_len` less the
+prompt (vllm/v1/engine/input_processor.py), and stop strings are looked for by vLLM's own incremental
+detokenizer (vllm/v1/engine/detokenizer.py, with `token_text` as the vocabulary) on every output the
+engine core sends; on a match the client's request ends "stop" and its abort reaches the engine core
+while the next step runs (vllm/v1/engine/output_processor.py `reqs_to_abort`).
 """
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import os
 import tempfile
 from collections import deque
 
-from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, token_text
 
 _TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -81,7 +88,7 @@ def make_scheduler(cfg: dict):
                structured_output_manager=StructuredOutputManager(vllm_config), block_size=cfg["block_size"])
 
 
-def make_request(spec: dict, block_size: int):
+def make_request(spec: dict, block_size: int, max_model_len: int):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.utils.hashing import sha256
@@ -91,8 +98,12 @@ def make_request(spec: dict, block_size: int):
         if not _hashers:
             init_none_hash(sha256)
         _hashers[block_size] = get_request_block_hasher(block_size, sha256)
-    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=spec["ignore_eos"],
-                            stop_token_ids=list(spec["stop_token_ids"]))
+    max_tokens = spec["max_tokens"]
+    if max_tokens is None:  # the input processor's rule: up to max_model_len
+        max_tokens = max_model_len - len(spec["prompt"])
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=spec["ignore_eos"],
+                            stop_token_ids=list(spec["stop_token_ids"]), min_tokens=spec.get("min_tokens", 0),
+                            stop=list(spec.get("stop", [])))
     params.update_from_generation_config({}, EOS_TOKEN_ID)
     kwargs = dict(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]), sampling_params=params,
                   pooling_params=None, arrival_time=spec["arrival"], priority=spec["priority"],
@@ -116,6 +127,8 @@ class _Driver:
         self.delivered = {r["id"]: 0 for r in scenario["requests"]}
         self.finished: dict[str, list] = {}
         self.now = self.gpu_free = 0.0
+        self.detokenizers: dict = {}
+        self.frontend_aborts: list[str] = []  # stop strings found; aborts land during the next step
 
     def process_inputs(self) -> None:
         while self.arrivals and self.arrivals[0]["arrival"] <= self.now:
@@ -123,7 +136,10 @@ class _Driver:
             if len(spec["prompt"]) >= self.cfg["max_model_len"]:  # the front end refuses it
                 self.finished[spec["id"]] = ["rejected", 0]
                 continue
-            self.sched.add_request(make_request(spec, self.cfg["block_size"]))
+            request = make_request(spec, self.cfg["block_size"], self.cfg["max_model_len"])
+            if request.sampling_params.stop:
+                self.detokenizers[spec["id"]] = make_detokenizer(request.sampling_params)
+            self.sched.add_request(request)
         self.process_aborts()
 
     def process_aborts(self) -> None:
@@ -161,25 +177,57 @@ class _Driver:
         samples = {rid for rid in out.num_scheduled_tokens if not self.sched.requests[rid].is_prefill_chunk}
         return out, self.gpu_free, samples
 
+    def sample(self, req) -> int:
+        """The scripted token, or a filler where the min-tokens logits processor masks it."""
+        script, position = self.specs[req.request_id]["output"], len(req.output_token_ids)
+        token = script[position] if position < len(script) else 1000 + position
+        params = req.sampling_params
+        if position < params.min_tokens and token in params.all_stop_token_ids | set(params.stop_token_ids or ()):
+            return 1000 + position
+        return token
+
+    def apply_frontend_aborts(self) -> None:
+        from vllm.v1.request import RequestStatus
+        for rid in self.frontend_aborts:
+            req = self.sched.requests.get(rid)
+            if req is not None and not req.is_finished():
+                self.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+        self.frontend_aborts.clear()
+
+    def front_end(self, output) -> None:
+        """The API server's view of one engine-core output: count it, look for stop strings."""
+        rid = output.request_id
+        if rid in self.finished:
+            return  # the client's request already ended; the front end drops what follows
+        detok = self.detokenizers.get(rid)
+        stop_terminated = output.finish_reason is not None and str(output.finish_reason) == "stop"
+        if detok is not None and detok.update(list(output.new_token_ids), stop_terminated) is not None:
+            self.delivered[rid] = detok.num_output_tokens()  # up to the token completing it
+            self.finished[rid] = ["stop", self.delivered[rid]]
+            if output.finish_reason is None:
+                self.frontend_aborts.append(rid)
+            return
+        self.delivered[rid] += len(output.new_token_ids)
+        if output.finish_reason is not None:
+            self.finished[rid] = [str(output.finish_reason), self.delivered[rid]]
+
     def update(self, out, samples) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
         self.process_aborts()
+        self.apply_frontend_aborts()
         req_ids = list(out.num_scheduled_tokens)
         tokens = []
         for rid in req_ids:
             req = self.sched.requests.get(rid)
             if rid in samples and req is not None:
-                script, position = self.specs[rid]["output"], len(req.output_token_ids)
-                tokens.append([script[position] if position < len(script) else 1000 + position])
+                tokens.append([self.sample(req)])
             else:
                 tokens.append([])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=tokens)
         for outputs in self.sched.update_from_output(out, mro).values():
             for o in outputs.outputs:
-                self.delivered[o.request_id] += len(o.new_token_ids)
-                if o.finish_reason is not None:
-                    self.finished.setdefault(o.request_id, [str(o.finish_reason), self.delivered[o.request_id]])
+                self.front_end(o)
 
     def run(self, max_steps: int = 5000) -> dict:
         size = 2 if self.cfg["async_scheduling"] else 1
@@ -209,6 +257,18 @@ class _Driver:
                 self.now = max(self.now, end)
                 self.update(out, samples)
         return {"steps": self.steps, "finished": dict(sorted(self.finished.items()))}
+
+
+def make_detokenizer(params):
+    """vLLM's incremental detokenizer (its stop-string check) over the scenarios' `token_text`."""
+    from types import SimpleNamespace
+    from vllm.v1.engine.detokenizer import BaseIncrementalDetokenizer
+
+    class _Detokenizer(BaseIncrementalDetokenizer):
+        def decode_next(self, next_token_id: int) -> str:
+            return token_text(next_token_id)
+
+    return _Detokenizer(SimpleNamespace(sampling_params=params))
 
 
 def run_vllm(scenario: dict) -> dict:
