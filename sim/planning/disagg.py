@@ -27,13 +27,14 @@ import simpy
 
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link, kv_transfer_bytes
-from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks
+from sim.api.simulator import SimulationConfig, check_names
 from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
-from sim.engine.simulation import EngineProcess, start_workload
+from sim.engine.simulation import start_workload
 from sim.planning.disagg_config import DisaggConfig
+from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
 from sim.planning.routers import make_router
 from sim.planning.transfer import PortGroup, TransferLog
@@ -47,9 +48,12 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
     """One instance's config; an error names its TOML path, and a decode cache too small for one
     request is a KVTransferError (a transfer could never fit)."""
     try:
-        instance = getattr(disagg, pool).instance_config(config)
+        settings = getattr(disagg, pool)
+        instance = settings.shape.config(settings.instance_config(config))
         if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
             instance = instance.replace(engine={"async_scheduling": False})
+        if settings.kv_offloading_size is not None:
+            settings.shape.offload.cpu_blocks(instance)   # a tier smaller than a block: named now
         return instance
     except ConfigError as exc:
         decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
@@ -110,17 +114,19 @@ class DisaggregatedCluster:
         prefill_cfg = pool_config(disagg, config, "prefill")
         decode_cfg = pool_config(disagg, config, "decode")
         check_names(prefill_cfg.engine), check_names(decode_cfg.engine)
-        self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill")
+        shapes = {"prefill": disagg.prefill.shape, "decode": disagg.decode.shape}
+        self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill", shapes["prefill"])
                         for i in range(disagg.prefill.num_instances)]
-        self.decode = [self._engine(decode_cfg, DecodeAdmission(self, i), "decode")
+        self.decode = [self._engine(decode_cfg, DecodeAdmission(self, i), "decode", shapes["decode"])
                        for i in range(disagg.decode.num_instances)]
-        self.prefill_procs = [EngineProcess(env, e) for e in self.prefill]
-        self.decode_procs = [EngineProcess(env, e) for e in self.decode]
+        self.prefill_procs = [make_process(env, e, prefill_cfg, shapes["prefill"]) for e in self.prefill]
+        self.decode_procs = [make_process(env, e, decode_cfg, shapes["decode"]) for e in self.decode]
         block = config.engine.block_size
         self.prefill_router = make_router(disagg.prefill.router, self.prefill_procs, block)
         self.decode_router = make_router(disagg.decode.router, self.decode_procs, block)
         link = get_link(disagg.link)
-        lanes = min(prefill_cfg.deployment.tensor_parallel_size, decode_cfg.deployment.tensor_parallel_size)
+        lanes = min(prefill_cfg.deployment.tensor_parallel_size * shapes["prefill"].pipeline_parallel_size,
+                    decode_cfg.deployment.tensor_parallel_size * shapes["decode"].pipeline_parallel_size)
         self.log = TransferLog()
         self.ports = [PortGroup(env, link, lanes, i, self.log) for i in range(len(self.prefill))]
         self.model = config.deployment.model
@@ -134,8 +140,11 @@ class DisaggregatedCluster:
         for i, e in enumerate(self.decode):
             e.on_finish = lambda req, i=i: self._decode_finished(i, req)
 
-    def _engine(self, config: SimulationConfig, hook: EngineHook, pool: str) -> Engine:
-        blocks = resolve_num_gpu_blocks(config)
+    def _engine(self, config: SimulationConfig, hook: EngineHook, pool: str, shape) -> Engine:
+        try:
+            blocks = shape.num_gpu_blocks(config)
+        except ConfigError as exc:
+            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
         tokens = blocks * config.engine.block_size
         if tokens < config.engine.max_model_len:
             error = KVTransferError if pool == "decode" else ConfigError
@@ -143,7 +152,7 @@ class DisaggregatedCluster:
                         f"the {pool} instance's KV cache holds {tokens} tokens, less than one "
                         f"max_model_len={config.engine.max_model_len} request"
                         + ("; its KV transfer could never fit" if pool == "decode" else ""))
-        return Engine(config.engine, build_cost_model(config.deployment), blocks, hooks=[hook])
+        return build_engine(config, shape, [hook], blocks)[0]
 
     # ----- arrivals ----------------------------------------------------------------------------
     def submit(self, spec) -> simpy.Event:

@@ -10,6 +10,8 @@
     [disaggregation.decode]
     num_instances = 1
     engine = { max_num_seqs = 512 }
+    pipeline_parallel_size = 2    # PP stages per instance (default 1), over pipeline_link (nvlink4)
+    kv_offloading_size = 64       # GiB CPU KV tier per instance (default none), over kv_offloading_link (pcie5)
 
 Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's GPU (or the pool's
 `gpu`). `engine` overrides the shared [engine] settings for that pool; `block_size` and
@@ -23,6 +25,9 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
 from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.planning.instances import InstanceShape
+from sim.planning.offload import OffloadConfig
+from sim.planning.pipeline import PipelineConfig
 from sim.planning.routers import ROUTERS
 
 SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
@@ -37,6 +42,10 @@ class PoolConfig:
     gpu: str | None = None
     router: str = "least_outstanding"
     engine: dict = field(default_factory=dict)
+    pipeline_parallel_size: int = 1
+    pipeline_link: str = "nvlink4"
+    kv_offloading_size: float | None = None   # GiB of host memory per instance (vLLM's name), None: no CPU tier
+    kv_offloading_link: str = "pcie5"
 
     def __post_init__(self) -> None:
         require(isinstance(self.num_instances, int) and self.num_instances >= 1, "num_instances",
@@ -49,6 +58,24 @@ class PoolConfig:
         for key in SHARED_ENGINE_KEYS:
             require(key not in self.engine, f"engine.{key}", self.engine.get(key),
                     "is shared by both pools; set it in [engine]")
+        require(isinstance(self.pipeline_parallel_size, int) and self.pipeline_parallel_size >= 1,
+                "pipeline_parallel_size", self.pipeline_parallel_size, "must be an integer >= 1")
+        self.shape   # links and offload size checked now
+
+    @property
+    def shape(self):
+        """The instances' PP stages and CPU KV tier (sim.planning.instances)."""
+        with within("pipeline_link"):
+            pipeline = (PipelineConfig(self.pipeline_parallel_size, self.pipeline_link)
+                        if self.pipeline_parallel_size > 1 else None)
+        if self.kv_offloading_size is None:
+            return InstanceShape(pipeline, None)
+        size = self.kv_offloading_size
+        require(isinstance(size, (int, float)) and size > 0, "kv_offloading_size", size, "must be > 0 GiB")
+        try:
+            return InstanceShape(pipeline, OffloadConfig(cpu_bytes=float(size) * 2**30, link=self.kv_offloading_link))
+        except ConfigError as exc:
+            raise ConfigError("kv_offloading_link", self.kv_offloading_link, exc.reason) from None
 
     def instance_config(self, base: SimulationConfig) -> SimulationConfig:
         """The simulation config of one instance of this pool."""
@@ -57,7 +84,8 @@ class PoolConfig:
         return base.replace(deployment=deployment, engine=dict(self.engine))
 
     def num_gpus(self, base: SimulationConfig) -> int:
-        return self.num_instances * (self.tensor_parallel_size or base.deployment.tensor_parallel_size)
+        tp = self.tensor_parallel_size or base.deployment.tensor_parallel_size
+        return self.num_instances * tp * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)
