@@ -165,6 +165,8 @@ class DisaggregatedCluster:
         self.prefill_router.outstanding[i] += 1
         done = self.env.event()
         req = self.prefill[i].add_request(spec, self.env.now)
+        if req.is_finished:   # rejected (prompt over max_model_len): finished on arrival
+            return done.succeed(req)
         self.done_events[req.request_id] = done
         self.prefill_procs[i]._wake()
         return done
@@ -236,7 +238,9 @@ class DisaggregatedCluster:
         self.num_finished[req.request_id] = count
         if count > 1:
             raise InvariantError(f"{req.request_id} finished {count} times")
-        self.done_events.pop(req.request_id).succeed(req)
+        event = self.done_events.pop(req.request_id, None)
+        if event is not None:   # None: rejected on arrival, answered by submit
+            event.succeed(req)
 
     def run(self, workload, until: float | None = None) -> DisaggResults:
         start_workload(self.env, workload, self.submit, self.config.seed)

@@ -293,7 +293,7 @@ def _row(plan, t: Topology, cap, done: dict, price: float) -> dict:
            "offload": t.offload, "pd_ratio": f"{t.prefill}:{t.decode}" if t.disaggregated else "",
            "gpus_per_replica": t.gpus_per_unit, "replicas": n, "num_gpus": gpus, "usd_per_gpu_hour": price,
            "usd_per_hour": usd_h, "usd_per_million_output_tokens": usd_h * per_million / out_per_req,
-           "usd_per_million_tokens": usd_h * per_million / tokens_per_req,
+           "usd_per_million_tokens": usd_h * per_million / tokens_per_req, "output_tokens_per_request": out_per_req,
            "goodput_per_gpu": cap.rate / t.gpus_per_unit, "capacity_per_replica": cap.rate,
            "capacity_low": cap.low, "capacity_high": cap.high, "capacity_seeds": len(cap.per_seed),
            "headroom": n * cap.rate / plan.target_rate if n else math.nan, "feasible": feasible}
