@@ -19,7 +19,8 @@ import simpy
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.results import Results
-from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
+from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
+                               resolve_num_gpu_blocks, within)
 from sim.core.kv_offload import CPUOffloadKVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
@@ -88,7 +89,8 @@ def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workloa
     config = shape.config(config)
     engine, reload = build_engine(config, shape)
     proc = make_process(simpy.Environment(), engine, config, shape)
-    meta = {"pipeline_parallel_size": shape.pipeline_parallel_size,
+    meta = {"config": _plain(config), "cost_model_description": describe_cost_model(engine.cost_model),
+            "pipeline_parallel_size": shape.pipeline_parallel_size,
             "offload": {"num_cpu_blocks": engine.state.kv.num_cpu_blocks, "link": shape.offload.link}
             if reload is not None else None}
     results = serve(config, proc, workload, until, meta)
