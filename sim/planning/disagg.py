@@ -33,6 +33,7 @@ from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
 from sim.engine.simulation import start_workload
+from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
 from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
@@ -97,12 +98,13 @@ class DecodeAdmission(EngineHook):
 class Transfer:
     """One request's KV on its way: its prefill-side and decode-side requests and instances."""
 
-    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks")
+    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks", "aborted")
 
     def __init__(self, source, destination, prefill_req, decode_req):
         self.source, self.destination = source, destination
         self.prefill_req, self.decode_req = prefill_req, decode_req
         self.num_bytes = self.num_blocks = 0
+        self.aborted = False
 
 
 class DisaggregatedCluster:
@@ -132,6 +134,8 @@ class DisaggregatedCluster:
         self.model = config.deployment.model
         self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
         self.in_flight: dict[str, Transfer] = {}
+        self.handoffs: dict[str, Transfer] = {}                           # handed off, not finished
+        self.prefill_of: dict[str, int] = {}
         self.arrived: list[list] = [[] for _ in self.decode]             # KV here, waiting for a seat
         self.done_events: dict[str, simpy.Event] = {}
         self.num_finished: dict[str, int] = {}
@@ -158,9 +162,6 @@ class DisaggregatedCluster:
     def submit(self, spec) -> simpy.Event:
         """The workload's entry: route to a prefill instance; the event succeeds when the request
         has finished (on the prefill instance if its first token stopped it, else on decode)."""
-        if spec.abort_time_s is not None:
-            raise ConfigError("abort_time_s", spec.abort_time_s,
-                              "client aborts are not modelled under disaggregation")
         i = self.prefill_router.choose(spec)
         self.prefill_router.outstanding[i] += 1
         done = self.env.event()
@@ -168,6 +169,9 @@ class DisaggregatedCluster:
         if req.is_finished:   # rejected (prompt over max_model_len): finished on arrival
             return done.succeed(req)
         self.done_events[req.request_id] = done
+        self.prefill_of[req.request_id] = i
+        if spec.abort_time_s is not None:
+            self.env.process(abort_at(self, req.request_id, spec.abort_time_s))
         self.prefill_procs[i]._wake()
         return done
 
@@ -179,7 +183,9 @@ class DisaggregatedCluster:
         d = self.decode_router.choose(spec)
         self.decode_router.outstanding[d] += 1
         decode_req = self.decode[d].add_prefilled_request(spec, now, req, engine.streams[req.index])
-        self.pending[d].append(Transfer(source, d, req, decode_req))
+        t = Transfer(source, d, req, decode_req)
+        self.handoffs[req.request_id] = t
+        self.pending[d].append(t)
         self.start_transfers(d)
 
     def start_transfers(self, d: int) -> None:
@@ -206,6 +212,9 @@ class DisaggregatedCluster:
 
     def _transfer_done(self, t: Transfer, now: float) -> None:
         check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)
+        if t.aborted:
+            del self.in_flight[t.decode_req.request_id]
+            return land_aborted(self, t, now)
         t.prefill_req.status = RequestStatus.FINISHED_LENGTH_CAPPED  # the prefill's max_tokens=1 request
         self.prefill[t.source].complete(t.prefill_req, now)           # frees its held blocks
         del self.in_flight[t.decode_req.request_id]
@@ -226,14 +235,16 @@ class DisaggregatedCluster:
     # ----- completions -----------------------------------------------------------------------------
     def _prefill_finished(self, i: int, req) -> None:
         self.prefill_router.outstanding[i] -= 1
-        if req.request_id not in self.in_flight:   # stopped on its first token: done here
+        if req.request_id not in self.handoffs:   # stopped on its first token or aborted: done here
             self._done(req)
 
     def _decode_finished(self, d: int, req) -> None:
         self.decode_router.outstanding[d] -= 1
+        del self.handoffs[req.request_id]
         self._done(req)
 
     def _done(self, req) -> None:
+        self.prefill_of.pop(req.request_id, None)
         count = self.num_finished.get(req.request_id, 0) + 1
         self.num_finished[req.request_id] = count
         if count > 1:
