@@ -111,7 +111,7 @@ def test_an_abort_during_the_kv_transfer_lands_then_finishes_once():
     out = cluster.run(_long(1, abort=mid))
     row = out.requests.iloc[0]
     assert row.finish_reason == "abort" and row.finish_time == t.end      # takes effect as the KV lands
-    assert row.num_output_tokens == 1 and len(out.transfers) == 1
+    assert row.num_output_tokens == 0 and len(out.transfers) == 1   # the decode instance never answered
     for e in cluster.prefill + cluster.decode:
         assert e.state.kv.num_free_blocks == e.state.kv.num_usable_blocks
     assert len(cluster.decode[0].requests.request_id) == 1                   # the decode half exists, aborted
@@ -137,7 +137,7 @@ def test_an_abort_while_waiting_for_decode_blocks_frees_the_prefill_side_at_once
     cluster = _cluster(300)
     out = cluster.run(specs)
     row = out.requests.set_index("request_id").loc["q1"]
-    assert row.finish_reason == "abort" and row.finish_time == when and row.num_output_tokens == 1
+    assert row.finish_reason == "abort" and row.finish_time == when and row.num_output_tokens == 0  # the client saw no token
     assert list(out.transfers.request_id) == ["q0"]      # its KV never moved
     for e in cluster.prefill + cluster.decode:
         assert e.state.kv.num_free_blocks == e.state.kv.num_usable_blocks

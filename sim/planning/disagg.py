@@ -35,6 +35,7 @@ from sim.engine.engine import Engine
 from sim.engine.simulation import start_workload
 from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
+from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
 from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
 from sim.planning.routers import make_router
@@ -136,6 +137,7 @@ class DisaggregatedCluster:
         self.in_flight: dict[str, Transfer] = {}
         self.handoffs: dict[str, Transfer] = {}                           # handed off, not finished
         self.prefill_of: dict[str, int] = {}
+        self.original: dict[str, object] = {}                              # each request's own spec
         self.arrived: list[list] = [[] for _ in self.decode]             # KV here, waiting for a seat
         self.done_events: dict[str, simpy.Event] = {}
         self.num_finished: dict[str, int] = {}
@@ -165,11 +167,13 @@ class DisaggregatedCluster:
         i = self.prefill_router.choose(spec)
         self.prefill_router.outstanding[i] += 1
         done = self.env.event()
-        req = self.prefill[i].add_request(spec, self.env.now)
+        req = self.prefill[i].add_request(prefill_spec(spec, self.disagg.first_token,
+                                                       self.config.engine.max_model_len), self.env.now)
         if req.is_finished:   # rejected (prompt over max_model_len): finished on arrival
             return done.succeed(req)
         self.done_events[req.request_id] = done
         self.prefill_of[req.request_id] = i
+        self.original[req.request_id] = spec
         if spec.abort_time_s is not None:
             self.env.process(abort_at(self, req.request_id, spec.abort_time_s))
         self.prefill_procs[i]._wake()
@@ -182,7 +186,11 @@ class DisaggregatedCluster:
         spec = req.spec
         d = self.decode_router.choose(spec)
         self.decode_router.outstanding[d] += 1
-        decode_req = self.decode[d].add_prefilled_request(spec, now, req, engine.streams[req.index])
+        original = self.original[req.request_id]
+        if self.disagg.first_token == "decode":
+            decode_req = decode_request(self.decode[d], original, req, engine.streams[req.index], now)
+        else:
+            decode_req = self.decode[d].add_prefilled_request(original, now, req, engine.streams[req.index])
         t = Transfer(source, d, req, decode_req)
         self.handoffs[req.request_id] = t
         self.pending[d].append(t)
@@ -227,7 +235,10 @@ class DisaggregatedCluster:
         engine, queue = self.decode[d], self.arrived[d]
         admitted = False
         while queue and len(engine.state.running) < engine.config.max_num_seqs:
-            engine.start_prefilled(queue.pop(0), now)
+            req = queue.pop(0)
+            engine.start_prefilled(req, now)
+            if self.disagg.first_token == "decode":
+                recompute_last_prompt_token(req)
             admitted = True
         if admitted:
             self.decode_procs[d]._wake()
@@ -245,6 +256,7 @@ class DisaggregatedCluster:
 
     def _done(self, req) -> None:
         self.prefill_of.pop(req.request_id, None)
+        self.original.pop(req.request_id, None)
         count = self.num_finished.get(req.request_id, 0) + 1
         self.num_finished[req.request_id] = count
         if count > 1:

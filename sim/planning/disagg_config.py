@@ -2,6 +2,7 @@
 
     [disaggregation]              # beside [engine], [deployment], [workload], [slo] in one TOML file
     link = "ib-ndr"               # kernels_cost_model/data/links.csv: nvlink4, pcie5, ib-ndr, roce-100g, ...
+    first_token = "decode"        # the client's first token: "decode" (vLLM's proxy) or "prefill"
     [disaggregation.prefill]
     num_instances = 2
     tensor_parallel_size = 1      # default: the deployment's
@@ -25,6 +26,7 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
 from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.planning.first_token import FIRST_TOKEN
 from sim.planning.instances import InstanceShape
 from sim.planning.offload import OffloadConfig
 from sim.planning.pipeline import PipelineConfig
@@ -95,9 +97,11 @@ class DisaggConfig:
     prefill: PoolConfig = field(default_factory=PoolConfig)
     decode: PoolConfig = field(default_factory=PoolConfig)
     link: str = "ib-ndr"
+    first_token: str = "decode"     # whose first token the client sees (sim.planning.first_token)
 
     def __post_init__(self) -> None:
         get_link(self.link)
+        require(self.first_token in FIRST_TOKEN, "first_token", self.first_token, f"must be one of {FIRST_TOKEN}")
 
     @property
     def ratio(self) -> str:
@@ -108,13 +112,14 @@ class DisaggConfig:
         """From the [disaggregation] table; unknown keys are named errors."""
         if not isinstance(data, dict):
             raise ConfigError("disaggregation", data, "must be a table")
-        unknown = set(data) - {"prefill", "decode", "link"}
+        unknown = set(data) - {"prefill", "decode", "link", "first_token"}
         if unknown:
             key = sorted(unknown)[0]
-            raise ConfigError(f"disaggregation.{key}", data[key], "unknown setting; known: decode, link, prefill")
+            raise ConfigError(f"disaggregation.{key}", data[key],
+                              "unknown setting; known: decode, first_token, link, prefill")
         pools = {name: _pool(name, data.get(name, {})) for name in ("prefill", "decode")}
         with within("disaggregation"):
-            return cls(**pools, link=data.get("link", "ib-ndr"))
+            return cls(**pools, link=data.get("link", "ib-ndr"), first_token=data.get("first_token", "decode"))
 
 
 def _pool(name: str, values) -> PoolConfig:
