@@ -53,9 +53,9 @@ def base(requests: int, chunked: bool) -> SimulationConfig:
 TOPOLOGIES = {  # name -> (GPUs, run(config, workload) -> requests table)
     "agg (no chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, False),
     "agg (chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, True),
-    "1P1D": (2, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(1), PoolConfig(1), "nvlink4"),
+    "1P1D": (2, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(1), PoolConfig(1), "nvlink4", first_token="prefill"),
                                                      workload=w).requests, False),
-    "2P1D": (3, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(2), PoolConfig(1), "nvlink4"),
+    "2P1D": (3, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(2), PoolConfig(1), "nvlink4", first_token="prefill"),
                                                      workload=w).requests, False),
 }
 
