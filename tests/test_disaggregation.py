@@ -177,3 +177,16 @@ def test_link_catalog_prices_transfers_with_cited_figures():
     assert kv_transfer_bytes("llama-3.1-8b", 10) == 10 * 131072
     with pytest.raises(ConfigError, match="link"):
         get_link("smoke-signals")
+
+
+@pytest.mark.parametrize("pool, field", [
+    ({"pipeline_parallel_size": 3}, "disaggregation.decode.pipeline.pipeline_parallel_size=3"),   # 32 layers
+    ({"kv_offloading_size": 1e-6}, "disaggregation.decode.kv_offloading_size=1e-06"),             # < one block
+    ({"kv_offloading_size": 1, "engine": {"enable_prefix_caching": False}}, "disaggregation.decode.kv_offloading_size"),
+    ({"kv_offloading_size": 1, "kv_offloading_link": "tin-can"}, "disaggregation.decode.kv_offloading_link"),
+])
+def test_bad_pool_pp_and_cpu_tier_are_named_errors(pool, field):
+    with pytest.raises(ConfigError) as err:
+        simulate_disaggregated(SimulationConfig(deployment=LINEAR), DisaggConfig.from_dict({"decode": pool}),
+                               workload=[])
+    assert str(err.value).startswith(field)

@@ -54,8 +54,13 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
         instance = settings.shape.config(settings.instance_config(config))
         if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
             instance = instance.replace(engine={"async_scheduling": False})
-        if settings.kv_offloading_size is not None:
-            settings.shape.offload.cpu_blocks(instance)   # a tier smaller than a block: named now
+        if settings.kv_offloading_size is not None and not instance.engine.enable_prefix_caching:
+            raise ConfigError("kv_offloading_size", settings.kv_offloading_size, "a CPU tier needs prefix caching")
+        if settings.kv_offloading_size is not None:   # a tier smaller than a block: named now
+            try:
+                settings.shape.offload.cpu_blocks(instance)
+            except ConfigError as exc:
+                raise ConfigError("kv_offloading_size", settings.kv_offloading_size, exc.reason) from None
         return instance
     except ConfigError as exc:
         decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
