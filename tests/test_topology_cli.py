@@ -102,3 +102,12 @@ def test_capacity_names_a_bad_topology(capsys, tmp_path):
     plan.write_text(TOPOLOGY_PLAN.replace('pd_ratios = ["1:1"]', 'pd_ratios = ["1:x"]'))
     assert main(["capacity", "--config", str(plan), "--out", str(tmp_path / "out")]) == 2
     assert "search.pd_ratios" in capsys.readouterr().err
+
+
+def test_disagg_first_token_flag(capsys, tmp_path):
+    config = tmp_path / "pd.toml"
+    config.write_text('[deployment]\ncost_model = "linear"\n[workload]\nnum_requests = 10\n[disaggregation]\n')
+    assert main(["disagg", "--config", str(config)]) == 0
+    assert "first token from decode" in capsys.readouterr().out
+    assert main(["disagg", "--config", str(config), "--first-token", "prefill"]) == 0
+    assert "first token from prefill" in capsys.readouterr().out
