@@ -67,8 +67,9 @@ def test_plain_plan_has_no_topologies(tmp_path):
     ('pd_ratios = ["2-1"]', "search.pd_ratios"),
     ('pd_ratios = ["0:1"]', "search.pd_ratios"),
     ('offload = ["yes"]', "search.offload"),
-    ("kv_offloading_size = 0", "search"),
-    ('kv_transfer_link = "carrier-pigeon"', "search"),
+    ("kv_offloading_size = 0", "search.kv_offloading_size=0"),
+    ('kv_transfer_link = "carrier-pigeon"', "search.kv_transfer_link='carrier-pigeon'"),
+    ('kv_offloading_link = "carrier-pigeon"', "search.kv_offloading_link"),
     ("pipeline_parallel_sizes = []", "search.pipeline_parallel_sizes"),
 ])
 def test_bad_search_axes_are_named_errors(tmp_path, line, field):

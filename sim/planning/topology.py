@@ -30,6 +30,7 @@ import pandas as pd
 
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size
 from sim.api.simulator import SimulationConfig, simulate
 from sim.planning.capacity import CapacityTarget, bracket_and_bisect, set_rate, summarize_seeds
@@ -114,6 +115,7 @@ def topologies(search: dict, base: SimulationConfig) -> tuple[Topology, ...]:
     ratios = [_ratio(r) for r in _list(search, "pd_ratios", ["1:1"])]
     shared = {k: search[k] for k in ("kv_offloading_size", "kv_offloading_link", "pipeline_link",
                                      "kv_transfer_link") if k in search}
+    _check_shared(shared)
     grid = itertools.product(_list(search, "gpus", [base.deployment.gpu]),
                              _list(search, "tensor_parallel_sizes", [base.deployment.tensor_parallel_size]),
                              _list(search, "pipeline_parallel_sizes", [1]), _list(search, "offload", [False]))
@@ -126,6 +128,19 @@ def topologies(search: dict, base: SimulationConfig) -> tuple[Topology, ...]:
         out += [_topology(base, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, offload=offload,
                           prefill=p, decode=d, **shared) for p, d in shapes]
     return tuple(out)
+
+
+def _check_shared(shared: dict) -> None:
+    """The CPU tier's size and the links, each named by its [search] key."""
+    size = shared.get("kv_offloading_size", 1.0)
+    require(isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0,
+            "search.kv_offloading_size", size, "must be > 0 (GiB)")
+    for key in ("kv_offloading_link", "pipeline_link", "kv_transfer_link"):
+        if key in shared:
+            try:
+                get_link(shared[key])
+            except ConfigError as exc:
+                raise ConfigError(f"search.{key}", shared[key], exc.reason) from None
 
 
 def _topology(base: SimulationConfig, **fields) -> Topology:
