@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from kernels_cost_model.calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split,  # noqa: E402
                                             predict, shipped_calibration)
 from kernels_cost_model.derived_defaults import derive_defaults, derived_coeffs  # noqa: E402
-from kernels_cost_model.gpu_calibration import SOURCES, device_rows  # noqa: E402
+from kernels_cost_model.gpu_calibration import SOURCES, device_of, device_rows  # noqa: E402
 from kernels_cost_model.hardware import get_gpu  # noqa: E402
 from kernels_cost_model.roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs  # noqa: E402
 
@@ -55,6 +55,8 @@ def held_out_table(device: str, held: list[dict], cal: Calibration) -> None:
 
 
 def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
+    """Named variants (`<gpu>@<tag>`) are left out with their GPU and are not scored themselves."""
+    helds = {d: h for d, h in helds.items() if device_of(d) == d}
     cals = {d: shipped_calibration(d) for d in helds}
     gpus = {d: get_gpu(d) for d in helds}
     print("\nleave one GPU out: defaults derived from the other calibrated GPUs, median held-out error")

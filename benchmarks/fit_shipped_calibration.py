@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from kernels_cost_model.calibration import save_calibration, shipped_calibration  # noqa: E402
 from kernels_cost_model.derived_defaults import derive_defaults  # noqa: E402
 from kernels_cost_model.hardware import get_gpu  # noqa: E402
-from kernels_cost_model.gpu_calibration import SOURCES, fit_all  # noqa: E402
+from kernels_cost_model.gpu_calibration import SOURCES, device_of, fit_all  # noqa: E402
 
 
 def main() -> int:
@@ -33,7 +33,7 @@ def main() -> int:
                         help="only rederive data/derived_defaults.json from the shipped calibrations")
     args = parser.parse_args()
     if args.defaults_only:
-        cals = {d: shipped_calibration(d) for d in SOURCES}
+        cals = {d: shipped_calibration(d) for d in SOURCES if device_of(d) == d}
         write_defaults(derive_defaults(cals, {d: get_gpu(d) for d in cals}), args.out_dir)
         return 0
     if not args.profiles.is_dir():

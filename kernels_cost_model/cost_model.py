@@ -15,12 +15,14 @@ from pathlib import Path
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError, require
 
-from .attention_backend import mixed_decode_s_per_byte
+from .attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s_per_byte
 from .batch_fold import _fold_prefill_rows
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
+from .expert_sharding import expert_sharded
+from .interconnect import host_gpu
 from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
@@ -85,6 +87,9 @@ class RooflineCostModel:
     #: vLLM's CUDA-graph capture sizes (cuda_graph.py); a batch of up to the largest runs padded to
     #: the next one (empty = eager: no padding).
     cuda_graph_sizes: tuple[int, ...] = ()
+    #: Measured imbalance of decodes with different contexts in one launch: (alone, beside a chunk)
+    #: (decodes, alpha) points (attention_backend.decode_imbalance); None = priced at the mean context.
+    decode_imbalance: tuple | None = None
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -109,10 +114,19 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
+        if self.decode_imbalance is not None and n_dec > 1:
+            dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _imbalanced(self, dec_keys: float, new: list, ctx: list, n_dec: int, mixed: bool) -> float:
+        """Decode keys as the launch prices them: mean + alpha x (longest - mean) per row, alpha as
+        measured for this many decodes alone or beside a chunk (attention_backend.py)."""
+        longest = max(c for k, c in zip(new, ctx) if k == 1) + 1
+        alpha = imbalance_alpha(self.decode_imbalance[1 if mixed else 0], n_dec)
+        return dec_keys + alpha * (n_dec * longest - dec_keys)
 
     def _padded(self, tokens: int) -> int:
         """Tokens the forward pass runs: vLLM pads a batch to the next CUDA-graph capture size."""
@@ -202,6 +216,13 @@ class RooflineCostModel:
         return mlp, routing
 
 
+def link_all_reduce(host: GPU) -> Coeffs:
+    """All-reduce on a host whose link is not the catalog's: the measured efficiency of calibrated GPUs
+    on that kind of link (derived_defaults.py groups), at the link's rate."""
+    from .derived_defaults import derived_coeffs, shipped_defaults
+    return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
+
+
 def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
     """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
     (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
@@ -223,21 +244,41 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
                           "(datasheet peaks x default efficiencies)", stacklevel=3)
             return uncalibrated(gpu)
         return cal
+    named = shipped_calibration(str(calibration)) if "@" in str(calibration) else None
+    if named is not None:  # a named shipped variant, e.g. rtx-pro-6000@vllm-0.19
+        require(named.device == gpu.name, "calibration", str(calibration),
+                f"is a calibration of {named.device}, not of {gpu.name}")
+        return named
+    require("@" not in str(calibration) or Path(calibration).is_file(), "calibration", str(calibration),
+            f"no shipped calibration of that name (shipped variants: {', '.join(shipped_variants())})")
     return load_calibration(calibration)
+
+
+def shipped_variants() -> list[str]:
+    """Names of the shipped named calibrations (`<gpu>@<tag>`), for `calibration=NAME`."""
+    from importlib import resources
+    folder = resources.files("kernels_cost_model").joinpath("data", "calibration")
+    return sorted(p.name[:-5] for p in folder.iterdir() if "@" in p.name and p.name.endswith(".json"))
 
 
 def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
-                    max_num_seqs: int = 256, enforce_eager: bool = False) -> RooflineCostModel:
+                    max_num_seqs: int = 256, enforce_eager: bool = False, kv_cache_dtype: str = "auto",
+                    enable_expert_parallel: bool = False,
+                    interconnect: str | None = "auto") -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
-    warning when none ships); None = uncalibrated roofline; a path = a calibration JSON file.
+    warning when none ships); None = uncalibrated roofline; "<gpu>@<tag>" = a named shipped variant of
+    this GPU (e.g. rtx-pro-6000@vllm-0.19, `shipped_variants()`); a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
+    kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
+    enable_expert_parallel: shard a MoE model's experts over the TP ranks (expert_sharding.py).
+    interconnect: "auto" (the catalog's link), "nvlink" or "pcie": the host's link (interconnect.py).
     """
     require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
@@ -250,6 +291,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
             f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
     cal = _resolve_calibration(hw, calibration)
+    host = host_gpu(hw, interconnect)
+    own_host = host is hw  # collectives at this host's measured curves, else at its link's class
 
     def co(family: str, op: str) -> Coeffs:
         return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
@@ -263,7 +306,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     inter = (spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size) / tp
     heads, kv_heads = spec.num_heads / tp, max(1, spec.num_kv_heads // tp)
     plain = RooflineCostModel(
-        model=spec, gpu=hw, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
+        model=spec, gpu=host, tensor_parallel_size=tp, calibration=cal, cpu_overhead=cpu_overhead,
         layers=float(spec.num_layers), dtype_bytes=float(spec.dtype_bytes), hidden=float(h),
         q_gpu=q_gpu, kv_gpu=float(kv_gpu), heads_gpu_x_hd=q_gpu, inter_gpu=inter,
         experts=float(spec.num_experts), top_k=float(spec.num_experts_per_tok),
@@ -276,13 +319,22 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         decode=attention_operator(cal, "decode_attention", heads, kv_heads, hd),
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
-        embed=co("elementwise", "embedding"), all_reduce=cal.coeffs["all_reduce"],
+        embed=co("elementwise", "embedding"),
+        all_reduce=cal.coeffs["all_reduce"] if own_host else link_all_reduce(host),
         mixed_decode=mixed_decode_s_per_byte(hw.name),
-        all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce"),
-        all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather"),
+        all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce") if own_host else None,
+        all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather") if own_host else None,
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
+        decode_imbalance=decode_imbalance(hw.name),
     )
-    return plain if spec.is_plain else shaped_cost_model(plain, BREAKDOWN_KEYS)  # layer_ops.py
+    require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,
+            "must be true or false")
+    if enable_expert_parallel:
+        plain = expert_sharded(plain)
+    if spec.is_plain:
+        return plain
+    measured = isinstance(calibration, str) and calibration == "default"  # shipped modern fits with shipped cal
+    return shaped_cost_model(plain, BREAKDOWN_KEYS, kv_cache_dtype, measured)  # layer_ops.py

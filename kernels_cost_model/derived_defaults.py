@@ -4,8 +4,8 @@ Every fitted coefficient is read back as a fraction of its GPU's datasheet peak 
 peak FLOP/s x s_per_flop inverted, memory efficiency likewise against HBM bandwidth, or against the
 interconnect for all-reduce) plus its absolute launch overhead, tile rows and per-sequence time. The
 default for a family is the median over the calibrated GPUs of the same architecture generation
-(`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe), else over all of
-them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
+(`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe; for attention: the
+same attention kernels, FlashAttention 2 or the architecture's own), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
 GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at.
 
 `data/derived_defaults.json` holds the result (benchmarks/fit_shipped_calibration.py writes it), with
@@ -28,10 +28,26 @@ def _bandwidth(gpu, family: str) -> float:
 
 
 def group_of(gpu, family: str) -> str:
-    """The group whose medians price this GPU's family: architecture, or interconnect for all-reduce."""
-    if family.split("@")[0].split(".")[0] == "all_reduce":
+    """The group whose medians price this GPU's family: architecture; interconnect for all-reduce;
+    for attention, the kernel family vLLM runs there (`attention_kernels`)."""
+    base = family.split("@")[0].split(".")[0]
+    if base == "all_reduce":
         return "nvlink" if gpu.has_nvlink else "pcie"
+    if base in ("prefill_attention", "decode_attention"):
+        return attention_kernels(gpu)
     return gpu.architecture or "unknown"
+
+
+def attention_kernels(gpu) -> str:
+    """vLLM's default attention kernels on this GPU, as a group: "fa2" (FlashAttention 2) on Ampere, Ada
+    and workstation Blackwell (sm_120: PCIe-only in the catalog; FlashAttention 3 needs sm_90a and does
+    not build for sm_12x), else the architecture (Hopper: FlashAttention 3; datacenter Blackwell, sm_100:
+    FlashInfer/TRT-LLM kernels). Leave-one-GPU-out, this grouping prices prefill attention at 14.0 %
+    median error against 16.6 % by architecture (benchmarks/cost_model_accuracy.py)."""
+    arch = gpu.architecture or "unknown"
+    if arch in ("ampere", "ada") or (arch == "blackwell" and not gpu.has_nvlink):
+        return "fa2"
+    return arch
 
 
 def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:

@@ -12,6 +12,9 @@ Per rank r with batch tokens T_r, T = sum of T_r, E experts (top-k), ep ranks:
   of the hidden states and a reduce-scatter of the outputs, each moving (ep-1)/ep of T x hidden x 2 B
   on the bus: at the measured all-gather / reduce-scatter curves where this GPU has them for ep ranks
   (local size T x hidden x 2 B / ep), else with the all-reduce coefficients (latency + bus bytes / bw).
+A model beyond plain attention (layer_ops.ShapedCostModel: DeepSeek-V3, gpt-oss, ...) keeps its own
+attention, leading dense layers and shared experts per rank; only its MoE layers' routed experts are
+sharded and exchange tokens.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
 
 from .collectives import collective_curve
+from .hardware import get_gpu
 from .cost_model import RooflineCostModel
 
 #: The batch an idle DP rank runs so the others' collectives can proceed (vLLM's dummy batch).
@@ -31,17 +35,24 @@ DUMMY_BATCH = BatchShape([1], [0], 0)
 class ExpertParallelCostModel:
     """Prices one lockstep step of `ep` DP ranks of a MoE model. `base` is the TP-1 model."""
 
-    base: RooflineCostModel
+    base: RooflineCostModel  # or a layer_ops.ShapedCostModel around one
     ep: int
 
+    @property
+    def _inner(self) -> RooflineCostModel:
+        return getattr(self.base, "base", self.base)
+
     def __post_init__(self) -> None:
-        require(self.base.router is not None, "model", self.base.model.name, "expert parallelism needs a MoE model")
+        require(self._inner.router is not None, "model", self.base.model.name, "expert parallelism needs a MoE model")
         require(isinstance(self.ep, int) and self.ep >= 1, "ep", self.ep, "must be an integer >= 1")
 
     def rank_breakdown(self, batch: BatchShape, total_tokens: int) -> dict[str, float]:
         """Seconds per operator family on one rank, given all ranks' tokens this step."""
         terms = dict(self.base.breakdown(batch))
-        b, d, L = self.base, self.base.dtype_bytes, self.base.layers
+        b = self._inner
+        d = b.dtype_bytes
+        shaped = self.base if b is not self.base else None
+        L = shaped.moe_layers if shaped is not None else b.layers  # layers with routed experts
         e, k = b.experts, b.top_k
         t = max(total_tokens, 1)
         local = e / self.ep
@@ -52,6 +63,8 @@ class ExpertParallelCostModel:
         else:
             terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
                                 + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
+        if shaped is not None:  # this rank's own dense layers and shared experts (routed part left out)
+            terms["mlp"] += shaped._mlp(batch, 0.0)
         terms["all_to_all"] = (2.0 * L * b.collective_scale * self._exchange(t * b.hidden * d)
                                if self.ep > 1 else 0.0)
         return terms
@@ -59,11 +72,11 @@ class ExpertParallelCostModel:
     def _exchange(self, total_bytes: float) -> float:
         """One MoE layer's all-gather + reduce-scatter of `total_bytes` of hidden states over the ranks,
         at the measured curves where they exist (local size = total / ep), else latency + bus bytes / bw."""
-        gpu, ep = self.base.gpu.name, self.ep
+        gpu, ep = self._inner.gpu.name, self.ep
         ag, rs = collective_curve(gpu, ep, "all_gather"), collective_curve(gpu, ep, "reduce_scatter")
-        if ag is not None and rs is not None:
+        if ag is not None and rs is not None and self.base.gpu == get_gpu(gpu):  # the catalog's own host
             return 0.5 * (ag.time(total_bytes / ep) + rs.time(total_bytes / ep))
-        c = self.base.all_reduce
+        c = self._inner.all_reduce
         return (ep - 1) / ep * total_bytes * c.s_per_byte + c.overhead_s
 
     def step_time(self, batches: list[BatchShape | None]) -> float:

@@ -8,6 +8,12 @@ Sources, read in place from the shared data folder (never copied; see data/NOTIC
 | h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
 | rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-4090 | - | LLMServingSim vLLM 0.19 per-layer profiles |
+| rtx-pro-6000@vllm-0.19 (named variant) | - | LLMServingSim vLLM 0.19 per-layer profiles only |
+
+A named variant `<gpu>@<tag>` is a second calibration of the same GPU from a subset of its sources (e.g.
+only the vLLM version a user runs); it ships as data/calibration/<gpu>@<tag>.json, is picked by name
+(`make_cost_model(calibration=NAME)`, `servesim run --calibration NAME`) and never feeds the derived
+defaults.
 
 Each device's rows are split by `holdout_split` (every 5th distinct shape by rank); the fit sees only
 the fit split, and the error on the held-out split is recorded in the file. Families a device has no
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from .aiconfigurator_tables import LICENCE as AIC_LICENCE
 from .aiconfigurator_tables import SYSTEMS, read_system
-from .derived_defaults import derive_defaults, derived_coeffs, group_of
+from .derived_defaults import derive_defaults, derived_coeffs, group_of, shipped_defaults
 from .calibration import HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors, uncalibrated
 from .hardware import get_gpu
 from .llmservingsim_profiles import LICENCE as LSS_LICENCE
@@ -43,7 +49,13 @@ SOURCES = {
     "l40s": ("l40s", None, False),
     "rtx-pro-6000": ("rtx_pro_6000_server", "RTXPRO6000", False),
     "rtx-4090": (None, "RTX4090", False),
+    "rtx-pro-6000@vllm-0.19": (None, "RTXPRO6000", False),
 }
+
+
+def device_of(name: str) -> str:
+    """The GPU a calibration name is for: `rtx-pro-6000@vllm-0.19` -> `rtx-pro-6000`."""
+    return name.split("@", 1)[0]
 
 
 def device_rows(root: str | Path, device: str) -> list[dict]:
@@ -73,12 +85,13 @@ def software_versions(rows: list[dict]) -> list[str]:
     return sorted(found)
 
 
-def fit_device(root: str | Path, device: str, fallback: Calibration | None = None) -> tuple[Calibration, list]:
-    """(calibration fitted on the device's fit split, its held-out rows) with provenance recorded."""
-    rows = device_rows(root, device)
+def fit_device(root: str | Path, name: str, fallback: Calibration | None = None) -> tuple[Calibration, list]:
+    """(calibration `name` fitted on its device's fit split, its held-out rows) with provenance recorded."""
+    device = device_of(name)
+    rows = device_rows(root, name)
     fit_rows, held = holdout_split(rows)
     cal = fit_profile(fit_rows, device, fallback=fallback or uncalibrated(get_gpu(device), derived=False))
-    system, hardware, vidur = SOURCES[device]
+    system, hardware, vidur = SOURCES[name]
     cal.provenance.update({
         "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware), (VIDUR_LICENCE, vidur))
                     if used],
@@ -94,10 +107,13 @@ def fit_all(root: str | Path, devices=None) -> tuple[dict[str, tuple[Calibration
     """Fit every device with measurements, derive the defaults from them, then give each device the
     derived default of each family it lacks. Returns ({device: (calibration, held-out rows)}, defaults)."""
     fits = {d: fit_device(root, d) for d in (devices or SOURCES)}
-    defaults = derive_defaults({d: cal for d, (cal, _) in fits.items()}, {d: get_gpu(d) for d in fits})
+    base = {d: cal for d, (cal, _) in fits.items() if device_of(d) == d}     # named variants do not vote
+    every = {d for d in SOURCES if device_of(d) == d}
+    # a partial refit keeps the shipped defaults: a few GPUs alone would derive narrower ones
+    defaults = derive_defaults(base, {d: get_gpu(d) for d in base}) if set(base) == every else shipped_defaults()
     out = {}
     for device, (cal, held) in fits.items():
-        filled = rounded(with_derived_families(cal, get_gpu(device), defaults))
+        filled = rounded(with_derived_families(cal, get_gpu(device_of(device)), defaults))
         filled.provenance["holdout_error"] = relative_errors(held, filled)
         out[device] = (filled, held)
     return out, defaults

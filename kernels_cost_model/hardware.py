@@ -31,8 +31,10 @@ class GPU:
 
     @property
     def has_nvlink(self) -> bool:
-        """Whether GPUs of this kind talk over NVLink (else PCIe or another fabric)."""
-        return "nvlink" in self.interconnect.lower()
+        """Whether GPUs of this kind talk over NVLink (else PCIe or another fabric): the catalog's
+        interconnect names the primary link first; "PCIe ... (no NVLink)" or "PCIe ... (NVLink bridge
+        pairs)" are PCIe hosts."""
+        return self.interconnect.strip().lower().startswith("nvlink")
 
     def __post_init__(self) -> None:
         require(self.bf16_flops_per_s > 0, "bf16_flops_per_s", self.bf16_flops_per_s, "must be > 0")

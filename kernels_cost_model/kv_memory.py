@@ -1,10 +1,16 @@
-"""KV-cache sizing, the way vLLM sizes its cache.
+"""KV-cache sizing, the way vLLM sizes its cache (its worker's memory profiling at start-up).
 
 bytes per token per GPU = 2 (K and V) x layers x KV heads on this GPU x head_dim x dtype bytes.
-num_gpu_blocks = floor((memory x gpu_memory_utilization - weights per GPU - activation peak
-                        - non-torch reserve) / (block_size x bytes per token)).
-The activation peak is vLLM's profiling forward pass of `max_num_batched_tokens` tokens; we estimate
-it from the widest live tensors of one layer plus the sampler's fp32 logits.
+num_gpu_blocks = floor((total memory x gpu_memory_utilization - weights per GPU - activation peak
+                        - non-torch memory - CUDA-graph memory) / (block_size x bytes per token)).
+Total memory is what CUDA reports (a little under the datasheet's) where known. The activation peak
+is vLLM's profiling run: a forward pass of `max_num_batched_tokens` tokens, then a sampler pass over
+`max_num_seqs` rows of logits, which dominates for every catalog model.
+
+Checked against vLLM's own start-up logs (llm-d/llm-d-benchmark,
+config_explorer/empirical-vllm-memory-results.md, H100, 79.18 GiB, gpu_memory_utilization 0.9):
+available KV cache Llama-3.1-8B 51.38 GiB, Qwen3-32B 4.45 GiB, gpt-oss-20b 50.28 GiB
+(tests/test_kv_sizing_vllm.py).
 """
 from __future__ import annotations
 
@@ -14,10 +20,19 @@ from .hardware import get_gpu
 from .kv_layout import KVCacheLayout, kv_cache_layout
 from .models import get_model
 
-#: CUDA context, NCCL buffers and CUDA graphs outside PyTorch's allocator (assumed, ~vLLM's logs).
-NON_TORCH_RESERVE_BYTES = 1 << 30
-#: Requests the sampler's dummy run produces logits for (vLLM's default max_num_seqs).
-SAMPLER_ROWS = 256
+GIB = 1 << 30
+#: Total memory as CUDA reports it (torch.cuda.mem_get_info), below the datasheet's 80 GB.
+#: H100 SXM 80GB: 79.18 GiB in vLLM's logs (llm-d/llm-d-benchmark, empirical-vllm-memory-results.md).
+CUDA_TOTAL_BYTES = {"h100-sxm": round(79.18 * GIB)}
+#: Memory outside PyTorch's allocator (CUDA context, NCCL): vLLM's "non-torch memory" in the same
+#: logs: 0.13-0.14 GiB on one GPU, 0.55 GiB per GPU at tensor_parallel_size 2 (NCCL buffers).
+NON_TORCH_BYTES_ONE_GPU = round(0.13 * GIB)
+NON_TORCH_BYTES_PARALLEL = round(0.55 * GIB)
+#: Peak bytes of the sampler's profiling pass per logit (row x vocabulary entry): the fp32 logits
+#: and the sort, softmax and cumulative-sum copies top-k/top-p sampling makes of them. Fitted to the
+#: same logs' peak activation (Llama-3.1-8B 4.76, Qwen3-32B 5.64, gpt-oss-20b 7.38, Qwen3-0.6B 5.56 GiB
+#: at vLLM's H100 defaults max_num_seqs 1024, max_num_batched_tokens 8192; 38.3-38.6 each).
+SAMPLER_BYTES_PER_LOGIT = 38.4
 
 
 def _kv_heads_per_gpu(spec, tp: int) -> int:
@@ -52,18 +67,45 @@ def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1) -> int:
     return int(spec.weight_bytes_total()) // tensor_parallel_size
 
 
-def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_tokens: int = 8192) -> int:
-    """Peak activation memory of the profiling forward pass (estimate)."""
+def total_memory_bytes(gpu) -> int:
+    """A GPU's total memory as CUDA reports it where known, else the datasheet's (data/gpus.csv)."""
+    hw = get_gpu(gpu)
+    return CUDA_TOTAL_BYTES.get(hw.name, hw.memory_bytes)
+
+
+def non_torch_bytes(tensor_parallel_size: int = 1) -> int:
+    """Memory outside PyTorch's allocator per GPU; more once NCCL runs collectives."""
+    return NON_TORCH_BYTES_ONE_GPU if tensor_parallel_size == 1 else NON_TORCH_BYTES_PARALLEL
+
+
+def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_tokens: int = 8192,
+                     max_num_seqs: int = 256) -> int:
+    """Peak activation memory of vLLM's profiling run: the larger of the forward pass (widest live
+    tensors of one layer) and the sampler pass (its logits while the hidden states stay alive)."""
     spec, tp, t = get_model(model), tensor_parallel_size, max_num_batched_tokens
     inter = (spec.moe_intermediate_size * spec.num_experts_per_tok if spec.is_moe else spec.intermediate_size)
     per_token = 4 * spec.hidden_size + (spec.q_dim + 2 * spec.kv_dim) // tp + 3 * inter // tp
-    logits = min(SAMPLER_ROWS, t) * spec.vocab_size // tp * 4
-    return t * per_token * spec.dtype_bytes + logits
+    hidden = t * spec.hidden_size * spec.dtype_bytes
+    sampler = SAMPLER_BYTES_PER_LOGIT * min(max_num_seqs, t) * spec.vocab_size  # logits are gathered whole
+    return int(max(t * per_token * spec.dtype_bytes, hidden + sampler))
+
+
+def kv_cache_memory_bytes(model, gpu, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                          max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                          cudagraph_memory_bytes: int = 0) -> int:
+    """Bytes per GPU left for the KV cache (vLLM's "Available KV cache memory"); may be <= 0."""
+    spec = get_model(model)
+    budget = total_memory_bytes(gpu) * gpu_memory_utilization
+    used = (weight_bytes_per_gpu(spec, tensor_parallel_size)
+            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
+            + non_torch_bytes(tensor_parallel_size) + cudagraph_memory_bytes)
+    return int(budget - used)
 
 
 def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int = 16,
                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
-                    num_gpu_blocks: int | None = None, kv_cache_dtype: str = "auto") -> int:
+                    num_gpu_blocks: int | None = None, kv_cache_dtype: str = "auto", *,
+                    max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> int:
     """KV blocks per GPU that fit beside weights and activations (vLLM's `num_gpu_blocks`).
 
     A user who pins `num_gpu_blocks` (vLLM's `num_gpu_blocks_override`) gets it back, validated.
@@ -76,15 +118,15 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
     require(0.0 < gpu_memory_utilization <= 1.0, "gpu_memory_utilization", gpu_memory_utilization,
             "must be in (0, 1]")
     require(max_num_batched_tokens >= 1, "max_num_batched_tokens", max_num_batched_tokens, "must be >= 1")
+    require(cudagraph_memory_bytes >= 0, "cudagraph_memory_gib", cudagraph_memory_bytes / GIB, "must be >= 0")
     hw, spec = get_gpu(gpu), get_model(model)
-    budget = hw.memory_bytes * gpu_memory_utilization
-    used = (weight_bytes_per_gpu(spec, tensor_parallel_size)
-            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens) + NON_TORCH_RESERVE_BYTES)
-    free = budget - used
+    free = kv_cache_memory_bytes(spec, hw.name, tensor_parallel_size, gpu_memory_utilization,
+                                 max_num_batched_tokens, max_num_seqs, cudagraph_memory_bytes)
     if free <= 0:
+        budget = total_memory_bytes(hw.name) * gpu_memory_utilization
         raise ConfigError("gpu", hw.name, f"{spec.name} at tensor_parallel_size={tensor_parallel_size} "
-                          f"needs {used / 2**30:.1f} GiB but gpu_memory_utilization={gpu_memory_utilization} "
-                          f"leaves {budget / 2**30:.1f} GiB: no room for a KV cache")
+                          f"needs {(budget - free) / GIB:.1f} GiB but gpu_memory_utilization={gpu_memory_utilization} "
+                          f"leaves {budget / GIB:.1f} GiB: no room for a KV cache")
     if spec.is_plain and kv_cache_dtype == "auto":
         return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
     return int(free // kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype).block_bytes)

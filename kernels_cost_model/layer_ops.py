@@ -12,7 +12,10 @@
 - linear-attention (Gated DeltaNet) layers: per token, the recurrent update (value heads x key_dim x
   value_dim state, ~6 FLOPs per element), and per request a read and write of its state;
 - MoE shared experts (a dense MLP beside the routed ones) and leading dense layers (DeepSeek's
-  first_k_dense_replace). Expert parallelism is not modelled: experts are TP-sharded as in vLLM's default.
+  first_k_dense_replace). Expert parallelism: see expert_sharding.py.
+Where modern_fit.py measured them for this GPU (modern_kernels.py), FP8 GEMMs, FusedMoE at the weights'
+dtype, the MLA layer (module fit: projections included, reported under attention) and the Gated
+DeltaNet layer use those fits.
 Returns seconds in the base model's BREAKDOWN_KEYS order; calibration coefficients are the base's.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from kernels_cost_model.batch import BatchShape
 
 from .kv_layout import linear_state_bytes
 from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING, attention_params
+from .modern_kernels import gdn_kernels, gemm_op, mla_kernels, moe_op, weight_variant
 #: FLOPs per state element per token of the gated delta rule (decay, k^T S, rank-1 update, q S).
 DELTA_RULE_FLOPS_PER_ELEMENT = 6.0
 
@@ -36,7 +40,7 @@ def _scaled(m, flop: float, byte: float):
     return dataclasses.replace(m, s_per_flop=m.s_per_flop * flop, s_per_byte=m.s_per_byte * byte)
 
 
-def _precision_matmuls(base, spec) -> dict:
+def _precision_matmuls(base, spec, measured: bool) -> dict:
     """qkv/o/up/down/router/lm_head at the weights' stored precision."""
     d = float(spec.dtype_bytes)
     dense_b = spec.weight_bytes or d
@@ -46,6 +50,18 @@ def _precision_matmuls(base, spec) -> dict:
     out = {name: _scaled(getattr(base, name), fp8_speed, dense_b / d) for name in ("qkv", "o")}
     moe_b = expert_b if base.router is not None else dense_b
     out.update({name: _scaled(getattr(base, name), fp8_speed, moe_b / d) for name in ("up", "down")})
+    variant, gpu = weight_variant(spec), base.gpu.name
+    if not measured:
+        return out
+    shapes = {"qkv": (base.hidden, base.q_gpu + 2 * base.kv_gpu), "o": (base.q_gpu, base.hidden),
+              "up": (base.hidden, 2 * base.inter_gpu), "down": (base.inter_gpu, base.hidden)}
+    if variant.startswith("fp8"):  # measured FP8 GEMMs of this shape where modern_fit has them
+        for name, (k, n) in shapes.items():
+            out[name] = gemm_op(gpu, variant, getattr(base, name), n, k) or out[name]
+    if base.router is not None and variant != "bfloat16":
+        moe = moe_op(gpu, variant, base.hidden, base.inter_gpu, base.experts, base.top_k)
+        if moe is not None:
+            out["fused_moe"] = moe
     return out
 
 
@@ -78,6 +94,8 @@ class ShapedCostModel:
     moe_layers: int
     dense_mlp: tuple          # (up, down) of the leading dense layers, or ()
     shared_mlp: tuple         # (up, down) of the shared experts, or ()
+    mla: object = None        # modern_kernels.MLAKernels where measured, else None (roofline MLA)
+    gdn: object = None        # modern_kernels.GDNKernels where measured, else None (roofline delta rule)
 
     @property
     def model(self):
@@ -115,11 +133,39 @@ class ShapedCostModel:
         if self.counts.get(LINEAR):
             attn[1] += self.counts[LINEAR] * self._linear(batch)
         terms[at_pf], terms[at_dec] = attn
+        if self.mla is not None and full:
+            self._measured_mla(batch, terms, full)
         terms[at_mlp] = self._mlp(batch, terms[at_mlp])
         return terms
 
+    def _measured_mla(self, batch: BatchShape, terms: list, layers: int) -> None:
+        """MLA layers at the measured fits: prefill rows at the context fit, decode rows at the generation
+        one (the smaller fixed cost counted once when both run); a module fit includes the projections,
+        so qkv/o move into the attention terms."""
+        tok = pairs = cached = keys = 0.0
+        n_pf = n_dec = 0
+        for n, c in zip(batch.num_new_tokens, batch.num_context_tokens):
+            if n == 1:
+                n_dec, keys = n_dec + 1, keys + c + 1
+            elif n > 1:
+                n_pf, tok, pairs, cached = n_pf + 1, tok + n, pairs + n * c + n * (n + 1) / 2, cached + c
+        k = self.keys.index
+        pf, dec = self.mla.prefill(tok, pairs, cached, n_pf), self.mla.decode(n_dec, keys)
+        if pf and dec:  # one forward pass: the module's fixed launches are paid once, not per phase
+            shared = min(self.mla.context.overhead_s, self.mla.generation.overhead_s)
+            pf, dec = pf - shared * pf / (pf + dec), dec - shared * dec / (pf + dec)
+        terms[k("prefill_attention")] = layers * pf
+        terms[k("decode_attention")] = layers * dec
+        if self.mla.scope == "module":
+            terms[k("qkv_proj")] = terms[k("o_proj")] = 0.0
+
     def _linear(self, batch: BatchShape) -> float:
-        """One linear-attention layer: state read + written per request, delta-rule FLOPs per token."""
+        """One linear-attention layer: state read + written per request, delta-rule FLOPs per token
+        (measured prefill and decode fits where they exist)."""
+        if self.gdn is not None:
+            dec = sum(1 for n in batch.num_new_tokens if n == 1)
+            pf = [n for n in batch.num_new_tokens if n > 1]
+            return self.gdn.decode(dec) + self.gdn.prefill(float(sum(pf)), len(pf))
         c = self.base.decode
         rows = sum(1 for n in batch.num_new_tokens if n)
         tokens = sum(batch.num_new_tokens)
@@ -151,10 +197,12 @@ def _bounded(batch: BatchShape, kind: str, window: int) -> BatchShape:
     return dataclasses.replace(batch, num_context_tokens=ctx)
 
 
-def shaped_cost_model(base, breakdown_keys: tuple) -> ShapedCostModel:
-    """Wrap `base` (built by make_cost_model for a non-plain spec) with the per-layer-type operators."""
+def shaped_cost_model(base, breakdown_keys: tuple, kv_cache_dtype: str = "auto",
+                      measured: bool = True) -> ShapedCostModel:
+    """Wrap `base` (built by make_cost_model for a non-plain spec) with the per-layer-type operators;
+    `measured` = use the modern kernel fits of this GPU where they exist."""
     spec, tp = base.model, base.tensor_parallel_size
-    fields = _precision_matmuls(base, spec)
+    fields = _precision_matmuls(base, spec, measured)
     prefill_fields = fields
     if spec.is_mla:
         decode, prefill = _mla_fields(spec, tp, fields["qkv"], fields["o"])
@@ -165,18 +213,27 @@ def shaped_cost_model(base, breakdown_keys: tuple) -> ShapedCostModel:
     shaped = dataclasses.replace(base, **fields)
     pre = dataclasses.replace(base, **prefill_fields) if spec.is_mla else shaped
     moe_layers = spec.num_layers - spec.first_k_dense_replace if spec.is_moe else 0
-    mm = _scaled(base.up, fields["qkv"].s_per_flop / base.qkv.s_per_flop,
-                 fields["qkv"].s_per_byte / base.qkv.s_per_byte)  # dense weights' precision
+    scale = (base.gpu.bf16_flops_per_s / base.gpu.fp8_flops_per_s
+             if spec.quant_method == "fp8" and base.gpu.fp8_flops_per_s else 1.0)
+    mm = _scaled(base.up, scale, (spec.weight_bytes or spec.dtype_bytes) / spec.dtype_bytes)  # dense precision
+
+    def dense_op(k: float, n: float):
+        like = _like(mm, k, n)
+        fp8 = measured and spec.quant_method == "fp8"
+        return (gemm_op(base.gpu.name, weight_variant(spec), like, n, k) if fp8 else None) or like
+
     dense = ()
     if spec.is_moe and spec.first_k_dense_replace:
         inter = (spec.dense_intermediate_size or spec.intermediate_size) / tp
-        dense = (_like(mm, spec.hidden_size, 2 * inter), _like(mm, inter, spec.hidden_size))
+        dense = (dense_op(spec.hidden_size, 2 * inter), dense_op(inter, spec.hidden_size))
     shared = ()
     if spec.shared_expert_intermediate_size:
         inter = spec.shared_expert_intermediate_size / tp
-        shared = (_like(mm, spec.hidden_size, 2 * inter), _like(mm, inter, spec.hidden_size))
+        shared = (dense_op(spec.hidden_size, 2 * inter), dense_op(inter, spec.hidden_size))
     state = linear_state_bytes(spec, tp) if counts.get(LINEAR) else 0
     flops = (DELTA_RULE_FLOPS_PER_ELEMENT * spec.linear_num_value_heads / tp * spec.linear_key_head_dim
              * spec.linear_value_head_dim)
+    mla = mla_kernels(base.gpu.name, spec, spec.num_heads / tp, kv_cache_dtype) if measured and spec.is_mla else None
+    gdn = gdn_kernels(base.gpu.name, spec, tp) if measured and counts.get(LINEAR) else None
     return ShapedCostModel(tuple(breakdown_keys), shaped, pre, counts, spec.sliding_window, float(state), flops,
-                           moe_layers, dense, shared)
+                           moe_layers, dense, shared, mla, gdn)

@@ -77,6 +77,8 @@ def extended_fields(cfg: dict, num_layers: int) -> dict:
         first_k_dense_replace=get("first_k_dense_replace"),
         dense_intermediate_size=get("intermediate_size_mlp"),
         weight_bytes=dense_b, expert_weight_bytes=expert_b, quant_method=method,
+        weight_block_size=int(((cfg.get("quantization_config") or {}).get("weight_block_size") or [0])[0])
+        if method == "fp8" else 0,
     )
 
 

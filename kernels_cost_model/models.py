@@ -55,6 +55,7 @@ class ModelSpec:
     weight_bytes: float = 0.0              # bytes per dense weight (0 = dtype_bytes)
     expert_weight_bytes: float = 0.0       # bytes per routed-expert weight (0 = weight_bytes)
     quant_method: str = ""
+    weight_block_size: int = 0             # FP8 block-scale tile (DeepSeek: 128); 0 = per-tensor scales
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",

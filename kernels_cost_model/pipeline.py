@@ -11,7 +11,8 @@ from __future__ import annotations
 from kernels_cost_model.errors import ConfigError, require
 
 from .hardware import get_gpu
-from .kv_memory import NON_TORCH_RESERVE_BYTES, activation_bytes, kv_bytes_per_token, weight_bytes_per_gpu
+from .kv_memory import (activation_bytes, kv_bytes_per_token, non_torch_bytes, total_memory_bytes,
+                        weight_bytes_per_gpu)
 from .links import Link
 from .models import get_model
 
@@ -39,9 +40,10 @@ def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_par
     """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV."""
     check_pipeline_size(model, pipeline_parallel_size)
     hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
-    budget = hw.memory_bytes * gpu_memory_utilization
+    budget = total_memory_bytes(hw.name) * gpu_memory_utilization
     used = (weight_bytes_per_gpu(spec, tensor_parallel_size) / pp
-            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens) + NON_TORCH_RESERVE_BYTES)
+            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens)
+            + non_torch_bytes(tensor_parallel_size * pp))
     if budget <= used:
         raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tensor_parallel_size} x PP{pp} leaves no room "
                                           f"for a KV cache at gpu_memory_utilization={gpu_memory_utilization}")

@@ -1,12 +1,23 @@
-"""What a speculative-decoding proposer costs: time per step and memory for its weights and KV.
+"""What speculative decoding costs: the target's verification step, the proposer's time per step,
+and memory for the proposer's weights and KV.
 
-The target's verification is priced by the step-time model itself (a row of 1 + k query tokens
-over its context, with logits for every verified position). This module prices the proposer that
-runs after it in the same step (vLLM V1 drafts in the model runner, right after sampling):
+Verification (`verify_step_time`): a running request's row of 1 + k query tokens (its last token
+and k drafts) is a decode-like row, not a prefill chunk: vLLM runs it through the decode attention
+path (uniform `1 + k`-query batches, CUDA graphs), reading the request's KV once for all its
+queries, which share the kernel's query tile as a GQA group's heads do in plain decode. So the
+step is priced as the same batch with every verification row turned into one decode row over all
+its keys (context + k + 1) for attention, while the matmuls, norms, LM head (logits for every
+verified position) and collectives see every query token. A row that still carries prompt tokens
+besides its drafts (a prefill chunk ending in drafts) stays a prefill chunk.
+
+The proposer runs after the target in the same step (vLLM V1 drafts in the model runner, right
+after sampling):
 
 - "eagle", "eagle3", "mtp": a one-layer head of the target's shape. Its first pass reads the
   target's hidden states for every scheduled token (same rows as the target batch); then k - 1
-  passes of one token per proposing request. Plus `draft_overhead_s` per step.
+  passes of one token per proposing request. Plus `draft_overhead_s` per step. A draft tree
+  (`tree_widths`: nodes per depth) replaces those passes by one per depth but the last, each
+  over the previous depth's nodes of every proposing request (decode-like rows, as above).
 - "draft_model": the same passes through the draft model's own cost model.
 - "ngram": prompt lookup on the CPU, `ngram_fraction_of_step` of the target step.
 
@@ -31,6 +42,28 @@ from .models import ModelSpec, get_model
 NGRAM_FRACTION_OF_STEP = 0.005875
 DRAFT_OVERHEAD_S = 0.5e-3
 HEAD_METHODS = ("eagle", "eagle3", "mtp")
+#: Breakdown families that depend on how rows split into prefill and decode (the rest see tokens only).
+ATTENTION_KEYS = ("prefill_attention", "decode_attention")
+
+
+def verify_step_time(cost_model, batch: BatchShape, drafts: list[int]) -> float:
+    """Seconds for a step whose row i verifies `drafts[i]` draft tokens (0: a plain row).
+
+    Needs a cost model with a per-family `breakdown` (the roofline ones); a model without one (the
+    linear model, which does not tell prefill from decode) prices the batch as it is."""
+    if not any(drafts):
+        return cost_model.step_time(batch)
+    breakdown = getattr(cost_model, "breakdown", None)
+    whole = breakdown(batch) if breakdown is not None else {}
+    if "decode_attention" not in whole:
+        return cost_model.step_time(batch)
+    new, ctx = list(batch.num_new_tokens), list(batch.num_context_tokens)
+    for i, k in enumerate(drafts):
+        if k and new[i] == k + 1:        # last token + k drafts: one decode row over all its keys
+            new[i], ctx[i] = 1, ctx[i] + k
+    rows = breakdown(BatchShape(new, ctx, batch.num_sampled))
+    return (sum(v for key, v in whole.items() if key not in ATTENTION_KEYS)
+            + sum(rows[key] for key in ATTENTION_KEYS))
 
 
 def drafter_spec(method: str, target, draft_model=None) -> ModelSpec | None:
@@ -52,18 +85,28 @@ class ProposerCost:
     draft: object | None = None
     draft_overhead_s: float = DRAFT_OVERHEAD_S
     ngram_fraction_of_step: float = NGRAM_FRACTION_OF_STEP
+    tree_widths: tuple[int, ...] | None = None
 
-    def __call__(self, batch: BatchShape, proposing_context: list[int], target_s: float) -> float:
+    def __call__(self, batch: BatchShape, proposing_context: list[int], target_s: float,
+                 drafts: list[int] | None = None) -> float:
         """Time to propose the next drafts of the rows that sampled (`proposing_context`: their
-        tokens in KV after this step) after a target step of `target_s` seconds over `batch`."""
+        tokens in KV after this step) after a target step of `target_s` seconds over `batch`
+        (`drafts`: drafts verified per row; its first pass runs the same rows, priced likewise)."""
         m = len(proposing_context)
         if not m:
             return 0.0
         if self.draft is None:
             return self.ngram_fraction_of_step * target_s
-        first = self.draft.step_time(BatchShape(batch.num_new_tokens, batch.num_context_tokens, m))
-        one = self.draft.step_time(BatchShape([1] * m, proposing_context, m))
-        return self.draft_overhead_s + first + (self.num_speculative_tokens - 1) * one
+        first_batch = BatchShape(batch.num_new_tokens, batch.num_context_tokens, m)
+        first = verify_step_time(self.draft, first_batch, drafts or [0] * batch.num_reqs)
+        widths = self.tree_widths[:-1] if self.tree_widths else (1,) * (self.num_speculative_tokens - 1)
+        passes = sum(self._pass(w, m, proposing_context) * widths.count(w) for w in set(widths))
+        return self.draft_overhead_s + first + passes
+
+    def _pass(self, width: int, m: int, context: list[int]) -> float:
+        """One drafting pass over `width` tokens of each of `m` requests."""
+        batch = BatchShape([width] * m, context, m * width)
+        return verify_step_time(self.draft, batch, [width - 1] * m)
 
 
 def proposer_kv_cache_blocks(target, gpu, drafter: ModelSpec | None, tensor_parallel_size: int = 1,

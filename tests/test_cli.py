@@ -49,7 +49,7 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--config", "/no/such.toml"], "servesim: error: config='/no/such.toml': file not found"),
     (["--lengths", "nope"], "servesim: error: workload.lengths='nope': unknown preset"),
     (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
-     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=8192"),
+     "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=131072"),
     (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):
@@ -136,3 +136,31 @@ def test_without_pyarrow_out_falls_back_to_csv_and_parquet_is_a_config_error(cap
     assert code == 0 and (tmp_path / "a" / "requests.csv").exists()
     code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "b"), "--format", "parquet")
     assert code == 2 and err.startswith("servesim: error: format='parquet': Parquet needs pyarrow")
+
+
+def test_deployment_file_and_calibration_flag(capsys, tmp_path):
+    from sim.cli.run import config_from_args
+    path = tmp_path / "host.toml"
+    path.write_text('[deployment]\ngpu = "rtx-pro-6000"\ncpu_per_request_s = 1e-5\n'
+                    'calibration = "rtx-pro-6000@vllm-0.19"\n[engine]\nmax_num_seqs = 64\n')
+    args = build_parser().parse_args(["run", "--deployment", str(path), "--max-num-seqs", "32"])
+    config = config_from_args(args)
+    d = config.deployment
+    assert (d.gpu, d.cpu_per_request_s, d.calibration) == ("rtx-pro-6000", 1e-5, "rtx-pro-6000@vllm-0.19")
+    assert config.engine.max_num_seqs == 32                         # a flag still wins over the file
+    code, out, _ = run_cli(capsys, "run", *FAST, "--deployment", str(path), "--json")
+    assert code == 0 and json.loads(out)["num_requests"] == 20
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('[workload]\nrate = 3.0\n', "--deployment="),
+    ('[deployment]\nspeed = 3\n', "deployment.speed=3: unknown setting"),
+    ('[deployment]\ngpu = "h100"\ncalibration = "rtx-pro-6000@vllm-0.19"\n', "not of h100"),
+])
+def test_bad_deployment_files_exit_2_with_one_line(capsys, tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    code, _, err = run_cli(capsys, "run", *FAST, "--deployment", str(path))
+    assert code == 2 and message in err and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "run", *FAST, "--deployment", str(tmp_path / "none.toml"))
+    assert code == 2 and "--deployment=" in err and "file not found" in err

@@ -25,7 +25,8 @@ def config_of(*argv):
     (["--no-enable-prefix-caching"], ["--no-prefix-caching"]),
     (["--request-rate", "7"], ["--rate", "7"]),
     (["--num-prompts", "9"], ["--num-requests", "9"]),
-    (["--num-gpu-blocks-override", "5000"], ["--num-gpu-blocks", "5000"]),
+    (["--num-gpu-blocks-override", "5000", "--max-model-len", "8192"],
+     ["--num-gpu-blocks", "5000", "--max-model-len", "8192"]),
     (["--goodput", "ttft:500", "tpot:50", "e2el:20000"], ["--slo-ttft", "500ms", "--slo-tpot", "50ms",
                                                           "--slo-e2e", "20s"]),
     (["--table-format", "csv"], ["--format", "csv"]),
@@ -38,7 +39,7 @@ def test_vllm_names_mean_what_the_short_names_mean(vllm, short):
 
 
 def test_vllm_engine_flags_set_their_fields():
-    config = config_of("--no-enable-chunked-prefill", "--max-num-batched-tokens", "9000",
+    config = config_of("--no-enable-chunked-prefill", "--max-num-batched-tokens", "9000", "--max-model-len", "8192",
                        "--scheduling-policy", "priority", "--async-scheduling", "--no-ignore-eos")
     assert config.engine.enable_chunked_prefill is False and config.engine.scheduling == "priority"
     assert config.engine.async_scheduling is True and config.workload.ignore_eos is False

@@ -2,7 +2,8 @@
 import pytest
 
 from kernels_cost_model import kv_bytes_per_token, kv_cache_blocks
-from kernels_cost_model.kv_memory import NON_TORCH_RESERVE_BYTES, SAMPLER_ROWS
+from kernels_cost_model.kv_memory import (NON_TORCH_BYTES_ONE_GPU, NON_TORCH_BYTES_PARALLEL, SAMPLER_BYTES_PER_LOGIT,
+                                         activation_bytes, kv_cache_memory_bytes, non_torch_bytes, total_memory_bytes)
 from kernels_cost_model.errors import ConfigError
 
 
@@ -17,14 +18,29 @@ def test_kv_bytes_per_token_llama_3_1_8b():
 
 
 def test_num_gpu_blocks_llama_3_1_8b_on_h100():
-    total = 80 * 2**30 * 0.9
+    total = round(79.18 * 2**30) * 0.9   # what CUDA reports for an H100 80GB, not 80 GiB
     weights = 8_030_261_248 * 2   # parameters x bf16
-    t = 8192
-    activations = t * (4 * 4096 + (4096 + 2 * 1024) + 3 * 14336) * 2 + SAMPLER_ROWS * 128256 * 4
-    free = total - weights - activations - NON_TORCH_RESERVE_BYTES
+    t, seqs = 8192, 256
+    # the sampler pass over 256 rows of logits dominates the forward pass's widest tensors
+    activations = int(t * 4096 * 2 + SAMPLER_BYTES_PER_LOGIT * seqs * 128256)
+    free = total - weights - activations - NON_TORCH_BYTES_ONE_GPU
     expected = int(free // (16 * 131072))
     assert kv_cache_blocks("llama-3.1-8b", "h100") == expected
     assert 25_000 < expected < 30_000  # ~ what vLLM reports for this setup (about 450k tokens)
+
+
+def test_memory_terms():
+    assert total_memory_bytes("h100") < 80 * 2**30                   # CUDA's total, not the datasheet's
+    assert total_memory_bytes("h200") == 151397597184                # datasheet where CUDA's is unknown
+    assert non_torch_bytes(1) == NON_TORCH_BYTES_ONE_GPU < non_torch_bytes(2) == NON_TORCH_BYTES_PARALLEL
+    # more sampler rows, more activation memory; fewer tokens than seqs cap the rows
+    assert activation_bytes("llama-3.1-8b", 1, 8192, 1024) > activation_bytes("llama-3.1-8b", 1, 8192, 256)
+    assert activation_bytes("llama-3.1-8b", 1, 16, 1024) == activation_bytes("llama-3.1-8b", 1, 16, 16)
+    # CUDA-graph memory comes out of the KV cache byte for byte
+    base = kv_cache_memory_bytes("llama-3.1-8b", "h100")
+    assert kv_cache_memory_bytes("llama-3.1-8b", "h100", cudagraph_memory_bytes=2**30) == base - 2**30
+    graphs = kv_cache_blocks("llama-3.1-8b", "h100", cudagraph_memory_bytes=2**30)
+    assert graphs < kv_cache_blocks("llama-3.1-8b", "h100")
 
 
 def test_blocks_scale_with_utilisation_block_size_and_tp():

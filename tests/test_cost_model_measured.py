@@ -3,7 +3,7 @@ measured curves, and FlashAttention-2's per-query-head K/V reads for decode rows
 import pytest
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
-from kernels_cost_model.attention_backend import mixed_decode_s_per_byte
+from kernels_cost_model.attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s_per_byte
 from kernels_cost_model.collectives import CollectiveCurve, collective_curve
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel
 from kernels_cost_model.roofline import FAMILIES
@@ -93,7 +93,8 @@ def test_mixed_batch_decode_rows_read_kv_per_query_head_by_hand():
     sq, skv = mixed_decode_s_per_byte("rtx-pro-6000")
     assert (sq, skv) == pytest.approx((1 / 3.72e12, 1 / 6.29e12))
     bd = simple("rtx-pro-6000").breakdown(BatchShape([100, 1, 1], [50, 200, 300], 2))
-    keys = 201 + 301
+    alpha = imbalance_alpha(decode_imbalance("rtx-pro-6000")[1], 2)   # two decodes beside a chunk
+    keys = 201 + 301 + alpha * (2 * 301 - (201 + 301))                 # mean + alpha x (longest - mean)
     c_pf = 4 * 128 * 32 * (100 * 50 + 100 * 101 / 2) * A
     m_pf = D * (2 * 100 * Q + 2 * 150 * KV) * B
     c_dec = 4 * 128 * 32 * keys * A

@@ -5,7 +5,7 @@ from kernels_cost_model import Calibration, Coeffs, make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.calibration import uncalibrated
 from kernels_cost_model.cuda_graph import capture_sizes
-from kernels_cost_model.derived_defaults import (derive_defaults, derived_coeffs, shipped_defaults,
+from kernels_cost_model.derived_defaults import (derive_defaults, derived_coeffs, group_of, shipped_defaults,
                                                  to_efficiency)
 from kernels_cost_model.hardware import get_gpu
 from kernels_cost_model.roofline import FAMILIES
@@ -56,3 +56,35 @@ def test_batches_are_padded_to_the_next_capture_size_and_not_beyond_it():
         return cm.breakdown(BatchShape([1] * n, [100] * n, n))["qkv_proj"]
     assert qkv(9) == qkv(16) and qkv(9, eager=True) < qkv(16, eager=True)
     assert qkv(600) == qkv(600, eager=True)                 # above the largest captured size: eager
+
+
+@pytest.mark.parametrize("name, nvlink", [("h100-sxm", True), ("a100-sxm-80gb", True), ("b200", True),
+                                          ("rtx-pro-6000", False), ("rtx-4090", False), ("l40s", False),
+                                          ("a100-pcie-80gb", False), ("h100-pcie", False)])
+def test_pcie_hosts_are_not_nvlink_even_when_their_note_mentions_nvlink(name, nvlink):
+    gpu = get_gpu(name)
+    assert gpu.has_nvlink is nvlink
+    assert group_of(gpu, "all_reduce") == ("nvlink" if nvlink else "pcie")
+
+
+def test_the_engines_max_num_seqs_sets_the_capture_sizes_a_deployment_pads_to():
+    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from sim.core.config import EngineConfig
+    d = DeploymentConfig(model="llama-3.1-8b", gpu="h100")
+    assert build_cost_model(d, EngineConfig(max_num_seqs=16)).cuda_graph_sizes == capture_sizes(16)
+    assert build_cost_model(d).cuda_graph_sizes == capture_sizes(256)     # no engine: vLLM's default
+    small, default = build_cost_model(d, EngineConfig(max_num_seqs=16)), build_cost_model(d)
+    batch = BatchShape([1] * 36, [100] * 36, 36)   # 36 tokens: padded to 40 at 256 seqs, eager at 16
+    assert small.breakdown(batch)["qkv_proj"] < default.breakdown(batch)["qkv_proj"]
+
+
+def test_attention_defaults_are_grouped_by_the_kernels_vllm_runs():
+    from kernels_cost_model.derived_defaults import attention_kernels
+    kernels = {name: attention_kernels(get_gpu(name)) for name in
+               ("a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000", "h100-sxm", "b200")}
+    assert kernels == {"a100-sxm-80gb": "fa2", "l40s": "fa2", "rtx-4090": "fa2", "rtx-pro-6000": "fa2",
+                       "h100-sxm": "hopper", "b200": "blackwell"}
+    assert group_of(get_gpu("rtx-pro-6000"), "prefill_attention@64/8/128") == "fa2"
+    assert group_of(get_gpu("rtx-pro-6000"), "matmul") == "blackwell"
+    fa2 = shipped_defaults()["groups"]["fa2"]
+    assert set(fa2["prefill_attention"]["from"]) == {"a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000"}

@@ -41,11 +41,18 @@ def test_deployment_file_is_a_config_servesim_run_reads_with_fitted_figures_labe
     assert cfg.deployment.collective_scale == 2.25 and cfg.deployment.cpu_per_request_s == 1.6e-5
     assert cfg.deployment.tensor_parallel_size == 2 and cfg.engine.max_num_seqs == 128
     assert path.read_text().count("# FITTED end to end") == 2
+    assert cfg.deployment.calibration == "rtx-pro-6000@vllm-0.19"      # kernels of the run's vLLM version
+    from sim.cli.main import build_parser
+    from sim.cli.run import config_from_args
+    via_flag = config_from_args(build_parser().parse_args(["run", "--deployment", str(path)]))
+    assert via_flag.deployment == cfg.deployment and via_flag.engine == cfg.engine
 
 
 @needs_runs
 def test_fit_from_run_picks_the_grid_value_closest_on_the_fit_split():
     run = read_run(next(p for p in RUNS if "Llama" in p.name))
-    fit = fit_from_run(run, cpu_grid=(0.0, 2e-5))
-    assert fit.fitted == ("cpu_per_request_s",) and fit.host.cpu_per_request_s == 2e-5
+    fit = fit_from_run(run, cpu_grid=(0.0, 6e-5))
+    alone = {c: fit_from_run(run, cpu_grid=(c,)).fit_error for c in (0.0, 6e-5)}
+    rms = {c: sum(e * e for e in errs.values()) for c, errs in alone.items()}
+    assert fit.fitted == ("cpu_per_request_s",) and fit.host.cpu_per_request_s == min(rms, key=rms.get)
     assert abs(fit.held_out_error["tpot_s"]) < 0.05 and fit.held_out_requests == 60

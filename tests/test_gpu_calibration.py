@@ -7,7 +7,7 @@ import pytest
 
 from kernels_cost_model.aiconfigurator_tables import MalformedTableError, read_table
 from kernels_cost_model.calibration import Calibration, relative_errors, shipped_calibration
-from kernels_cost_model.gpu_calibration import SOURCES, device_rows
+from kernels_cost_model.gpu_calibration import SOURCES, device_of, device_rows
 from kernels_cost_model.roofline import FAMILIES, Coeffs
 from kernels_cost_model.shape_keys import attention_coeffs, matmul_coeffs
 
@@ -95,7 +95,7 @@ def test_attention_lookup_prefers_the_same_query_group_and_head_size():
 @pytest.mark.parametrize("device", sorted(SOURCES))
 def test_every_gpu_with_measurements_ships_a_calibration_with_provenance(device):
     cal = shipped_calibration(device)
-    assert isinstance(cal, Calibration) and cal.device == device
+    assert isinstance(cal, Calibration) and cal.device == device_of(device)
     prov = cal.provenance
     assert prov["licence"] and prov["software"] and prov["holdout_samples"] > 0
     assert set(prov["fitted_families"]) | set(prov["unfitted_families"]) >= set(FAMILIES)
@@ -106,7 +106,7 @@ def test_every_gpu_with_measurements_ships_a_calibration_with_provenance(device)
 
 
 #: Devices checked in CI (a few seconds each); HYPOTHESIS_PROFILE=thorough checks all of them.
-CI_DEVICES = ("rtx-4090", "a100-sxm-80gb")
+CI_DEVICES = ("rtx-4090", "a100-sxm-80gb", "rtx-pro-6000@vllm-0.19")
 
 
 @needs_data
@@ -123,3 +123,27 @@ def test_calibration_reproduces_its_recorded_held_out_error(device):
         assert got[family]["n"] == recorded["n"]
         assert got[family]["median_rel_err"] == pytest.approx(recorded["median_rel_err"], rel=1e-9, abs=1e-12)
     assert np.isfinite([e["max_rel_err"] for e in got.values()]).all()
+
+
+def test_named_variant_is_vllm_019_only_and_picked_by_name_for_its_gpu_alone():
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.cost_model import shipped_variants
+    from kernels_cost_model.errors import ConfigError
+    assert "rtx-pro-6000@vllm-0.19" in shipped_variants()
+    cal = shipped_calibration("rtx-pro-6000@vllm-0.19")
+    assert cal.provenance["software"] == ["vLLM 0.19.0"] and len(cal.provenance["licence"]) == 1
+    assert cal.provenance["holdout_error"]["decode_attention"]["median_rel_err"] <= 0.05
+    picked = make_cost_model("llama-3.1-8b", "rtx-pro-6000", calibration="rtx-pro-6000@vllm-0.19")
+    assert picked.calibration is cal
+    assert make_cost_model("llama-3.1-8b", "rtx-pro-6000").calibration is not cal
+    with pytest.raises(ConfigError, match="not of h100"):
+        make_cost_model("llama-3.1-8b", "h100", calibration="rtx-pro-6000@vllm-0.19")
+    with pytest.raises(ConfigError, match="shipped variants"):
+        make_cost_model("llama-3.1-8b", "rtx-pro-6000", calibration="rtx-pro-6000@vllm-9.9")
+
+
+def test_variants_do_not_feed_the_derived_defaults():
+    import json
+    from importlib import resources
+    text = resources.files("kernels_cost_model").joinpath("data", "derived_defaults.json").read_text()
+    assert "@vllm" not in text and "rtx-pro-6000@" not in json.dumps(json.loads(text)["all"]["matmul"]["from"])

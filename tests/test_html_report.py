@@ -29,7 +29,7 @@ class Elements(HTMLParser):
 def report(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     assert main(["run", "--num-prompts", "40", "--request-rate", "20", "--num-gpu-blocks-override", "600",
-                 "--out", str(run_dir), "--table-format", "csv", "--plot-format", "none"]) == 0
+                 "--max-model-len", "8192", "--out", str(run_dir), "--table-format", "csv", "--plot-format", "none"]) == 0
     assert main(["report", str(run_dir)]) == 0
     return run_dir / "report.html"
 

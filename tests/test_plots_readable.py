@@ -19,7 +19,7 @@ from sim.plots import (plot_kv_occupancy, plot_latency_cdfs, plot_queue_length, 
 def busy():
     """An overloaded run on a small KV cache: long queues and preemptions."""
     config = SimulationConfig().replace(workload={"num_requests": 200, "rate": 40.0},
-                                        engine={"num_gpu_blocks": 1500})
+                                        engine={"num_gpu_blocks": 1500, "max_model_len": 8192})
     return simulate(config)
 
 

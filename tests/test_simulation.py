@@ -97,7 +97,7 @@ def test_closed_loop_clients_drive_the_real_engine():
 
 def test_same_config_and_seed_give_identical_results():
     config = SimulationConfig.from_dict({
-        "engine": {"num_gpu_blocks": 3000, "max_num_batched_tokens": 1024},
+        "engine": {"num_gpu_blocks": 3000, "max_num_batched_tokens": 1024, "max_model_len": 8192},
         "workload": {"rate": 8.0, "num_requests": 150}, "seed": 7})
     a, b = simulate(config), simulate(config)
     pd.testing.assert_frame_equal(a.requests, b.requests)

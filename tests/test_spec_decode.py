@@ -116,6 +116,13 @@ def test_fewer_drafts_accept_a_prefix_of_the_same_decisions():
 def test_presets_and_named_errors():
     assert make_acceptance("eagle3", "gsm8k").rates != make_acceptance("eagle3", "sharegpt").rates
     assert make_acceptance("eagle", rates=[0.5]).rates == (0.5,)
+    # vLLM issue #20780's MT-Bench acceptance lengths (two decimals) for k = 2..7
+    for method, lengths in (("eagle", (2.10, 2.29, 2.39, 2.43, 2.45, 2.47)),
+                            ("eagle3", (2.36, 2.79, 3.08, 3.32, 3.46, 3.54))):
+        model = make_acceptance(method, "mtbench")
+        for k, length in zip(range(2, 8), lengths):
+            assert model.expected_length(k) == pytest.approx(length, abs=0.015)
+    assert make_acceptance("eagle").rates == make_acceptance("eagle", "mtbench").rates
     with pytest.raises(ConfigError, match="acceptance_dataset.*give acceptance_rates"):
         make_acceptance("draft_model")
     with pytest.raises(ConfigError, match="acceptance_dataset"):
@@ -167,7 +174,7 @@ def test_speculation_pays_at_low_load_and_metrics_agree(tmp_path):
     plain = simulate(base)
     spec = simulate(base.replace(speculative_config={"method": "eagle3", "num_speculative_tokens": 3}))
     s = spec.summary
-    assert s["tpot_ms_mean"] < plain.summary["tpot_ms_mean"] / 1.3
+    assert s["mean_tpot_ms"] < plain.summary["mean_tpot_ms"] / 1.3
     assert s["spec_decode_acceptance_length"] == pytest.approx(
         1 + s["spec_decode_num_accepted_tokens"] / s["spec_decode_num_drafts"])
     assert s["spec_decode_acceptance_rate_pos_1"] >= s["spec_decode_acceptance_rate_pos_3"]
@@ -219,3 +226,21 @@ def test_drafter_weights_and_kv_shrink_the_cache():
     assert blocks["ngram"] == plain
     assert blocks["draft_model"] < blocks["eagle3"] < plain
     assert blocks["eagle3"] > plain * 0.9  # one extra layer of KV (of 28) and its weights
+
+
+def test_verification_rows_are_priced_as_decode_rows_with_several_queries():
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.batch import BatchShape
+    from kernels_cost_model.speculative import verify_step_time
+    cost = make_cost_model("llama-3.1-8b", "h100")
+    plain = cost.step_time(BatchShape([1] * 128, [400] * 128, 128))
+    times = [verify_step_time(cost, BatchShape([1 + k] * 128, [400] * 128, 128 * (1 + k)), [k] * 128)
+             for k in (1, 3, 5)]
+    as_chunks = cost.step_time(BatchShape([4] * 128, [400] * 128, 512))
+    assert plain < times[0] < times[1] < times[2]
+    assert times[1] < plain * 2 < as_chunks  # k = 3 at batch 128: well under the prefill pricing
+    mixed = BatchShape([4, 200], [400, 0], 5)  # a prefill chunk beside a verification row
+    assert verify_step_time(cost, mixed, [3, 0]) < cost.step_time(mixed)
+    assert verify_step_time(cost, mixed, [0, 0]) == cost.step_time(mixed)
+    linear = LinearCostModel()
+    assert verify_step_time(linear, mixed, [3, 0]) == linear.step_time(mixed)

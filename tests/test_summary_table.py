@@ -51,7 +51,8 @@ def test_the_readme_70b_numbers_no_longer_merge():
 
 
 def test_an_overloaded_run_prints_seconds_through_the_cli(capsys):
-    code = main(["run", "--num-prompts", "150", "--request-rate", "200", "--num-gpu-blocks-override", "2000"])
+    code = main(["run", "--num-prompts", "150", "--request-rate", "200", "--num-gpu-blocks-override", "2000",
+                 "--max-model-len", "8192"])
     out = capsys.readouterr().out
     assert code == 0 and "TTFT (s)" in out and "E2E latency (s)" in out
 

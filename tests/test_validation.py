@@ -62,9 +62,9 @@ def test_unusable_config_files_are_named(tmp_path, capsys, content, reason):
 
 
 def test_max_model_len_above_the_models_context_is_refused():
-    config = SimulationConfig().replace(engine={"max_model_len": 200_000})
-    with pytest.raises(ConfigError, match="exceeds llama-3.1-8b's maximum context of 131072"):
-        simulate(config)
+    with pytest.raises(ConfigError, match="exceeds llama-3.1-8b's maximum context of 131072") as err:
+        SimulationConfig().replace(engine={"max_model_len": 200_000})   # refused before any run
+    assert err.value.field == "engine.max_model_len"
 
 
 def test_rejecting_requests_warns_loudly():

@@ -34,8 +34,19 @@ _MASK = (1 << 64) - 1
 #: - mtp: GLM-4.5-Air-106B with its one MTP head, GPQA-Main; unconditional per-position rates
 #:   0.92, 0.68, 0.38 (SpecDecode-Bench, arXiv 2601.11580, section on reasoning workloads) turned
 #:   into conditional ones (0.68/0.92, 0.38/0.68).
-#: No preset ships for "eagle" (EAGLE-1) or "draft_model": pass `acceptance_rates`.
+#: - eagle (EAGLE-1) and eagle3 on "mtbench": Llama-3.1-8B-Instruct with yuhuili/EAGLE-LLaMA3.1-
+#:   Instruct-8B and EAGLE3-LLaMA3.1-Instruct-8B in vLLM V1, MT-Bench, batch 1: mean acceptance
+#:   lengths for k = 2..7 in vLLM issue #20780 (github.com/vllm-project/vllm/issues/20780; EAGLE-1
+#:   2.10, 2.29, 2.39, 2.43, 2.45, 2.47; EAGLE-3 2.36, 2.79, 3.08, 3.32, 3.46, 3.54). The step
+#:   from k to k + 1 gives the unconditional rate of position k + 1; k = 2 only gives the sum of
+#:   the first two, split assuming the second and third conditional rates are equal. The lengths
+#:   carry two decimals, so deep rates are rough (EAGLE-1's seventh, 1.0, is dropped as noise;
+#:   the sixth repeats). EAGLE-1's mtbench preset is its default.
+#: No preset ships for "draft_model": pass `acceptance_rates`.
 PRESETS: dict[tuple[str, str], tuple[float, ...]] = {
+    ("eagle", "mtbench"): (0.728, 0.511, 0.511, 0.526, 0.400, 0.500),
+    ("eagle", "default"): (0.728, 0.511, 0.511, 0.526, 0.400, 0.500),
+    ("eagle3", "mtbench"): (0.781, 0.742, 0.742, 0.674, 0.828, 0.583, 0.571),
     ("eagle3", "gsm8k"): (0.765, 0.722, 0.705),
     ("eagle3", "sharegpt"): (0.724, 0.692, 0.699),
     ("eagle3", "default"): (0.724, 0.692, 0.699),
@@ -89,6 +100,30 @@ class PositionalAcceptance:
                 return slot
         return num_drafts
 
+    def accepted_on_tree(self, request_index: int, position: int, tree, num_nodes: int,
+                         sibling_decay: float = 0.5) -> int:
+        """Nodes accepted along the best root path of the first `num_nodes` nodes of `tree` (a
+        sim.core.token_tree.TokenTree). At depth d one uniform decides which ranked child, if
+        any, is the target's token: rank 0 with probability rates[d] (so a chain accepts exactly
+        what `num_accepted` does), rank j with rates[d] * sibling_decay**j of what the ranks
+        before it left. The walk stops when that child is not in the tree."""
+        present = set(tree.nodes[:num_nodes])
+        rates, last = self.rates, len(self.rates) - 1
+        node: tuple[int, ...] = ()
+        while True:
+            depth = len(node)
+            ranks = tree.children.get(node, ())
+            u = _uniform(self.seed, request_index, position, depth)
+            rate, covered, chosen = rates[min(depth, last)], 0.0, None
+            for rank in range(ranks[-1] + 1 if ranks else 0):
+                covered += (1.0 - covered) * rate * sibling_decay ** rank
+                if u < covered:
+                    chosen = rank
+                    break
+            if chosen is None or node + (chosen,) not in present:
+                return depth
+            node += (chosen,)
+
     def expected_length(self, num_drafts: int) -> float:
         """Mean tokens per verification (accepted drafts + the bonus token) with `num_drafts`."""
         total, alive = 1.0, 1.0
@@ -116,6 +151,15 @@ class ScriptedAcceptance:
         self._used[request_index] = used + 1
         count = counts[used] if used < len(counts) else self.default(request_index, position, num_drafts)
         return max(0, min(count, num_drafts))
+
+
+def accepted_on_tree(model, request_index: int, position: int, tree, num_nodes: int,
+                     sibling_decay: float = 0.5) -> int:
+    """Path length accepted on a draft tree by any acceptance model: a model without a tree rule
+    (a test's script) answers as for a chain as deep as the subtree (any length up to it exists)."""
+    if hasattr(model, "accepted_on_tree"):
+        return model.accepted_on_tree(request_index, position, tree, num_nodes, sibling_decay)
+    return model.num_accepted(request_index, position, tree.depths[num_nodes])
 
 
 def make_acceptance(method: str, dataset: str = "default", rates: Sequence[float] | None = None,

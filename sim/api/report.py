@@ -48,6 +48,18 @@ def describe_setup(meta: dict) -> str:
             f"{traffic}; seed {config.get('seed')}")
 
 
+def kv_capacity_lines(meta: dict) -> list[str]:
+    """vLLM's start-up log lines on the KV cache: its size in tokens and how many requests of
+    max_model_len tokens it holds at once (empty when the meta lacks them)."""
+    blocks, block_size = meta.get("num_gpu_blocks"), meta.get("block_size")
+    max_len = ((meta.get("config") or {}).get("engine") or {}).get("max_model_len")
+    if not (blocks and block_size and max_len):
+        return []
+    tokens = blocks * block_size
+    return [f"GPU KV cache size: {tokens:,} tokens",
+            f"Maximum concurrency for {max_len:,} tokens per request: {tokens / max_len:.2f}x"]
+
+
 def summary_percentiles(summary: dict) -> list[str]:
     """The percentile words a summary holds (from its TTFT keys), e.g. ['90', '99']."""
     found = (re.fullmatch(r"p([\d.]+)_ttft_ms", key) for key in summary)
@@ -87,7 +99,7 @@ def format_summary(summary: dict, meta: dict | None = None, metrics=None, percen
     s = summary
     lines = []
     if meta:
-        lines += [describe_setup(meta), ""]
+        lines += [describe_setup(meta)] + kv_capacity_lines(meta) + [""]
     lines.append(f"Requests     {s['completed']} completed of {s['num_requests']}"
                  f" ({s['num_aborted']} aborted, {s['num_rejected']} rejected)"
                  f" over {_num(s['duration'])} s simulated")

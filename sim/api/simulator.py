@@ -21,8 +21,9 @@ from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.version import __version__
-from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_model_limits, check_simulation, check_slo,
-                                check_workload, switch_kind, warn_rejections)
+from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
+                                check_simulation, check_slo, check_workload, resolve_engine, switch_kind,
+                                unresolved_engine_values, warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_speculative, spec_num_gpu_blocks
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
@@ -37,6 +38,14 @@ class DeploymentConfig:
     collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
+    cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: vLLM releases that
+        capture graphs after sizing the cache; newer ones estimate it first and log it).
+    enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
+        (vLLM's --enable-expert-parallel; no effect on a dense model).
+    interconnect: "auto" (the GPU catalog's link), "nvlink" or "pcie": how the host's GPUs talk, which
+        prices the collectives (kernels_cost_model/interconnect.py; roofline only).
+    calibration: "default" (the one shipped for the GPU), a named shipped variant such as
+        "rtx-pro-6000@vllm-0.19", or a calibration JSON file (roofline only).
     """
 
     model: str = "llama-3.1-8b"
@@ -48,6 +57,10 @@ class DeploymentConfig:
     collective_scale: float = 1.0
     cpu_per_request_s: float | None = None
     kv_cache_dtype: str = "auto"
+    cudagraph_memory_gib: float = 0.0
+    enable_expert_parallel: bool = False
+    calibration: str = "default"
+    interconnect: str = "auto"
 
     def __post_init__(self) -> None:
         check_deployment(self)
@@ -125,6 +138,7 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
+        object.__setattr__(self, "engine", resolve_engine(self.engine, self.deployment))
         check_simulation(self)
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
 
@@ -155,12 +169,16 @@ class SimulationConfig:
                 base = dataclasses.asdict(current) if current is not None and isinstance(value, dict) else {}
                 value = SpeculativeConfig.from_dict({**base, **value} if isinstance(value, dict) else value)
             elif isinstance(value, dict):
-                if name == "workload":
+                if name == "engine":
+                    merged = {**unresolved_engine_values(self), **value}
+                elif name == "workload":
                     merged = switch_kind(current, value)
                 else:
                     merged = {**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}, **value}
                 value = _section(name, type(current), merged)
             updates[name] = value
+        if "deployment" in updates and "engine" not in updates:
+            updates["engine"] = _section("engine", EngineConfig, unresolved_engine_values(self))
         return dataclasses.replace(self, **updates)
 
 
@@ -210,8 +228,9 @@ def within(section: str):
         raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
 
 
-def build_cost_model(deployment: DeploymentConfig):
-    """The step-time model a deployment asks for."""
+def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
+    """The step-time model a deployment asks for; `engine` (optional) sets the CUDA-graph capture sizes
+    decode batches are padded to (vLLM's default sizes for its max_num_seqs)."""
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
@@ -219,13 +238,24 @@ def build_cost_model(deployment: DeploymentConfig):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
                                async_scheduling=deployment.async_scheduling,
                                collective_scale=deployment.collective_scale,
-                               cpu_per_request_s=deployment.cpu_per_request_s)
+                               cpu_per_request_s=deployment.cpu_per_request_s,
+                               kv_cache_dtype=deployment.kv_cache_dtype,
+                               enable_expert_parallel=deployment.enable_expert_parallel,
+                               calibration=deployment.calibration, interconnect=deployment.interconnect,
+                               **({"max_num_seqs": engine.max_num_seqs} if engine is not None else {}))
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
-    """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory."""
+    """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory (which
+    must hold one max_model_len request, or vLLM does not start)."""
     if config.engine.num_gpu_blocks is not None:
         return config.engine.num_gpu_blocks
+    blocks = _sized_num_gpu_blocks(config)
+    check_kv_holds_one_request(config.engine, config.deployment, blocks)
+    return blocks
+
+
+def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
     if config.speculative_config is not None:
         with within("deployment"):
             return spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
@@ -233,8 +263,9 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     d, e = config.deployment, config.engine
     with within("deployment"):
         blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
-                                 d.gpu_memory_utilization, e.max_num_batched_tokens,
-                                 kv_cache_dtype=d.kv_cache_dtype)
+                                 d.gpu_memory_utilization, e.max_num_batched_tokens, kv_cache_dtype=d.kv_cache_dtype,
+                                 max_num_seqs=e.max_num_seqs,
+                                 cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
     require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
             f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
             " the engine keeps books for; use a larger block_size")
@@ -274,7 +305,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     config = config or SimulationConfig()
     check_names(config.engine)
     check_model_limits(config)
-    cost_model = build_cost_model(config.deployment)
+    cost_model = build_cost_model(config.deployment, config.engine)
     blocks = resolve_num_gpu_blocks(config)
     traffic = workload
     if traffic is None:

@@ -16,14 +16,18 @@ LINEAR_MODEL_LAYERS = 32
 
 def check_speculative(spec: SpeculativeConfig | None, engine):
     """The engine config speculative decoding runs with: vLLM V1's policy (it schedules what a
-    request lacks, drafts included) and synchronous scheduling (unset async_scheduling turns off;
-    asking for it is an error)."""
+    request lacks, drafts included). Async scheduling works with the GPU proposers; n-gram
+    drafting is synchronous in vLLM, so an unset async_scheduling turns off with it and asking
+    for it is an error."""
     if spec is None:
         return engine
     require(engine.policy == "vllm", "engine.policy", engine.policy,
             "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
+    if spec.method != "ngram":
+        return engine
     require(engine.async_scheduling is not True, "engine.async_scheduling", True,
-            "speculative decoding is modelled with synchronous scheduling; leave it unset or false")
+            "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
+            "leave async_scheduling unset or false, or pick a GPU proposer (eagle, eagle3, mtp)")
     return replace(engine, async_scheduling=False)
 
 
@@ -46,7 +50,9 @@ def proposer_cost(spec: SpeculativeConfig, deployment):
         draft = _scaled_linear(drafter, deployment.model)
     elif drafter is not None:
         draft = make_cost_model(drafter, deployment.gpu, deployment.tensor_parallel_size, cpu_overhead=False)
-    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction)
+    tree = spec.tree
+    widths = tuple(tree.level_widths(len(tree))) if tree is not None else None
+    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction, widths)
 
 
 def _scaled_linear(drafter, target) -> LinearCostModel:

@@ -55,6 +55,8 @@ def check_deployment(d) -> None:
     require(d.cpu_per_request_s is None or 0 <= d.cpu_per_request_s < 1, "deployment.cpu_per_request_s",
             d.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
     one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))
+    in_range("deployment.cudagraph_memory_gib", d.cudagraph_memory_gib, 0, 1024, why="GiB per GPU")
+    one_of("deployment.interconnect", d.interconnect, ("auto", "nvlink", "pcie"))
 
 
 def check_workload(w) -> None:
@@ -108,9 +110,61 @@ def check_simulation(config) -> None:
     require(not isinstance(config.seed, bool) and isinstance(config.seed, int) and config.seed >= 0,
             "seed", config.seed, "must be an integer >= 0")
     engine, workload = config.engine, config.workload
-    require(workload.shared_prefix_len <= engine.max_model_len, "workload.shared_prefix_len",
-            workload.shared_prefix_len, f"must not exceed engine.max_model_len={engine.max_model_len}"
+    require(engine.max_model_len is None or workload.shared_prefix_len <= engine.max_model_len,
+            "workload.shared_prefix_len", workload.shared_prefix_len,
+            f"must not exceed engine.max_model_len={engine.max_model_len}"
             " (a longer prompt is rejected)")
+
+
+def _model_unused(d, e) -> bool:
+    return d.cost_model == "linear" and e.num_gpu_blocks is not None
+
+
+def resolve_engine(engine, deployment):
+    """The engine with its max_model_len: the model's maximum when unset, else checked against it
+    (vLLM's rule). An unknown model is left for simulate() to name."""
+    from kernels_cost_model import get_model
+    from kernels_cost_model.max_model_len import resolve_max_model_len
+    if _model_unused(deployment, engine):
+        return engine.resolved()
+    try:
+        spec = get_model(deployment.model)
+    except ConfigError:
+        return engine
+    try:
+        length = resolve_max_model_len(spec, engine.max_model_len)
+        return engine if length == engine.max_model_len else dataclasses.replace(engine, max_model_len=length)
+    except ConfigError as exc:
+        field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
+        raise ConfigError(field, exc.value, exc.reason) from None
+
+
+def unresolved_engine_values(config) -> dict:
+    """The engine's settings with the derived ones (the model's max_model_len, vLLM's default step
+    budget) unset again, so a replaced model or chunking setting derives them anew."""
+    from kernels_cost_model.max_model_len import model_max_len
+    from sim.core.config import default_max_num_batched_tokens
+    e = config.engine
+    values = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
+    try:
+        if not _model_unused(config.deployment, e) and e.max_model_len == model_max_len(config.deployment.model):
+            values["max_model_len"] = None
+    except ConfigError:
+        pass
+    if e.max_num_batched_tokens == default_max_num_batched_tokens(e.enable_chunked_prefill, e.max_model_len):
+        values["max_num_batched_tokens"] = None
+    return values
+
+
+def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int) -> None:
+    """vLLM refuses to start when the sized KV cache cannot hold one max_model_len request."""
+    tokens = num_gpu_blocks * engine.block_size
+    require(tokens >= engine.max_model_len, "engine.max_model_len", engine.max_model_len,
+            f"one request of this length needs {engine.max_model_len} KV tokens, more than the {tokens} the KV"
+            f" cache holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size="
+            f"{deployment.tensor_parallel_size}, gpu_memory_utilization={deployment.gpu_memory_utilization});"
+            f" the longest that fits is {tokens}:"
+            " lower engine.max_model_len or raise deployment.gpu_memory_utilization or tensor_parallel_size")
 
 
 def check_model_limits(config) -> None:

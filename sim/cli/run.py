@@ -43,6 +43,9 @@ FIELDS = {
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
+    "enable_expert_parallel": ("deployment", "enable_expert_parallel"),
+    "kv_cache_dtype": ("deployment", "kv_cache_dtype"), "calibration": ("deployment", "calibration"),
+    "interconnect": ("deployment", "interconnect"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -87,6 +90,9 @@ def goodput_pair(text: str) -> tuple[str, float]:
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     """The flags that change a SimulationConfig (shared with other subcommands)."""
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with the whole setup")
+    p.add_argument("--deployment", type=Path, metavar="FILE", dest="deployment_file",
+                   help="TOML deployment file ([deployment] and [engine], e.g. from servesim calibrate "
+                   "--from-run), applied over --config; flags still win")
     g = p.add_argument_group("deployment")
     g.add_argument("--model", help="catalog model, e.g. llama-3.1-8b, qwen2.5-7b, llama-3.1-70b")
     g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x")
@@ -99,6 +105,12 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "--async-scheduling (default: the scheduler profile's, on); the step-time overlap is "
                    "deployment.async_scheduling")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), help="KV cache precision (vLLM's flag)")
+    g.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="shard a MoE model's experts over the TP ranks (vLLM's flag)")
+    g.add_argument("--interconnect", choices=("auto", "nvlink", "pcie"),
+                   help="the host's GPU link (default auto: the GPU catalog's); prices the collectives")
+    g.add_argument("--calibration", metavar="NAME", help="kernel calibration: default, a shipped variant "
+                   "(e.g. rtx-pro-6000@vllm-0.19) or a calibration JSON file")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
     for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch"),
@@ -122,7 +134,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="order of waiting requests (default fcfs)")
     g.add_argument("--speculative-config", metavar="JSON",
                    help='speculative decoding as vLLM takes it, e.g. \'{"method": "eagle3", '
-                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram)')
+                        '"num_speculative_tokens": 3}\' (methods: eagle, eagle3, mtp, draft_model, ngram; a draft tree: "speculative_token_tree": "eagle1")')
     g.add_argument("--scheduler-profile", metavar="NAME",
                    help="vLLM release whose scheduler to follow: vllm (newest), vllm-0.33, vllm-0.19")
     _add_workload_flags(p)
@@ -162,6 +174,8 @@ def config_from_args(args):
     """The SimulationConfig the flags describe (ConfigError on a bad value)."""
     from sim.api.simulator import SimulationConfig
     config = SimulationConfig.from_toml(args.config) if args.config else SimulationConfig()
+    if getattr(args, "deployment_file", None):
+        config = config.replace(**deployment_sections(args.deployment_file))
     for dest, seconds in getattr(args, "goodput", None) or ():
         setattr(args, dest, seconds)
     sections: dict[str, dict] = {}
@@ -185,6 +199,20 @@ def config_from_args(args):
         return config.replace(**sections)
     except TypeError as exc:
         raise ConfigError("config", sections, str(exc)) from None
+
+
+def deployment_sections(path: Path) -> dict:
+    """The [deployment] and [engine] sections of a deployment file; any other section is an error."""
+    from sim.api.simulator import read_toml
+    try:
+        data = read_toml(path)
+    except ConfigError as exc:  # name the flag's file, not --config's
+        raise ConfigError("--deployment", exc.value, exc.reason) from None
+    extra = sorted(set(data) - {"deployment", "engine"})
+    if extra:
+        raise ConfigError("--deployment", str(path), f"a deployment file holds [deployment] and [engine] "
+                          f"only, not {extra}; use --config for a whole setup")
+    return data
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """EngineConfig: the engine knobs, with vLLM's names, validated at construction."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
@@ -11,6 +12,8 @@ SCHEDULING_ORDERS = ("fcfs", "priority")
 MAX_NUM_GPU_BLOCKS = 2**22
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
+DEFAULT_MAX_MODEL_LEN = 8192
+"""max_model_len of an engine run with no model to take its maximum from (engine-level tests)."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,10 @@ class EngineConfig:
 
     num_gpu_blocks: KV-cache size in blocks of `block_size` tokens (None: sized from the model and
         GPU by the cost model's KV sizing; the engine itself needs a number).
-    max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes.
+    max_model_len: longest request, prompt plus output, in tokens (None: the model's own maximum, as
+        vLLM; SimulationConfig resolves it, an engine run without a model uses DEFAULT_MAX_MODEL_LEN).
+    max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes (None:
+        8192, or max(max_model_len, 2048) without chunked prefill, as vLLM).
     long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
     scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
         are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
@@ -38,9 +44,9 @@ class EngineConfig:
 
     block_size: int = 16
     num_gpu_blocks: int | None = None
-    max_model_len: int = 8192
+    max_model_len: int | None = None
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
@@ -61,19 +67,30 @@ class EngineConfig:
             return get_scheduler_profile(self.scheduler_profile).async_scheduling
         return self.async_scheduling
 
+    def resolved(self) -> "EngineConfig":
+        """This config with a max_model_len (DEFAULT_MAX_MODEL_LEN when no model gave one)."""
+        if self.max_model_len is not None:
+            return self
+        return dataclasses.replace(self, max_model_len=DEFAULT_MAX_MODEL_LEN)
+
     def __post_init__(self) -> None:
         check_types(self)
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            at_least(name, getattr(self, name), 1)
+            at_least(name, getattr(self, name), 1, optional=True)
         in_range("num_gpu_blocks", self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS, optional=True,
                  why="KV bookkeeping is kept per block; use a larger block_size for a larger cache")
-        in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID)
+        in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID, optional=True)
+        if self.max_num_batched_tokens is None:
+            object.__setattr__(self, "max_num_batched_tokens",
+                               default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len))
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
                 "must be true, false or unset")
+        if self.max_model_len is None:
+            return  # SimulationConfig (or run_engine) supplies it; the checks below need it
         require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
                 "max_num_batched_tokens", self.max_num_batched_tokens,
                 f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"
@@ -82,4 +99,13 @@ class EngineConfig:
             capacity = self.num_gpu_blocks * self.block_size
             require(capacity >= self.max_model_len, "num_gpu_blocks", self.num_gpu_blocks,
                     f"KV cache holds {capacity} tokens ({self.num_gpu_blocks} blocks x {self.block_size}),"
-                    f" less than one max_model_len={self.max_model_len} request")
+                    f" less than one max_model_len={self.max_model_len} request;"
+                    " pin more blocks or a smaller max_model_len")
+
+
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
+    """vLLM's step budget when none is given: 8192 with chunked prefill, else max(max_model_len, 2048)
+    so a whole prompt fits one step (None until max_model_len is known)."""
+    if enable_chunked_prefill:
+        return 8192
+    return None if max_model_len is None else max(max_model_len, 2048)

@@ -32,7 +32,8 @@ def check_invariants(engine) -> None:
             needed = -(-req.num_computed_tokens // kv.block_size)
             _ensure(len(blocks) >= needed,
                     f"{req.request_id} has {len(blocks)} blocks for {req.num_computed_tokens} computed tokens")
-        _ensure(req.num_computed_tokens <= req.num_tokens, f"{req.request_id} computed past its tokens")
+        _ensure(req.num_computed_tokens <= req.num_tokens + req.num_output_placeholders,
+                f"{req.request_id} computed past its tokens and placeholders")
     for req in kv.req_blocks:
         _ensure(req.status.name == "RUNNING", f"{req.request_id} holds KV while {req.status.name}")
 

@@ -4,6 +4,7 @@ vLLM names: `method` ("eagle", "eagle3", "mtp", "draft_model", "ngram"), `model`
 or EAGLE head; required for "draft_model"), `num_speculative_tokens` (k drafts per step).
 servesim's own keys say how drafts are accepted (see workloads.acceptance): `acceptance_dataset`
 picks a measured preset, `acceptance_rates` overrides it with per-position rates.
+`speculative_token_tree` (vLLM's name) drafts a static tree instead of a chain (sim.core.token_tree).
 """
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from dataclasses import dataclass, fields
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.request import Request
 from sim.core.stop_rules import length_limit
+from sim.core.token_tree import TokenTree
 
 SPEC_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
 #: Methods whose proposer writes the next drafts' KV during this step: vLLM reserves
 #: `num_speculative_tokens` lookahead slots for them (scheduler `num_lookahead_tokens`).
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+#: Methods that may draft a tree (vLLM's tree attention serves the EAGLE-style proposers).
+TREE_METHODS = ("eagle", "eagle3", "mtp")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class SpeculativeConfig:
     acceptance_dataset: which measured acceptance preset to use ("default": the method's own).
     acceptance_rates: per-position conditional acceptance probabilities (overrides the preset).
     ngram_fraction_of_step, draft_overhead_s: proposer-cost parameters (kernels_cost_model.speculative).
+    speculative_token_tree: node paths of a static draft tree, vLLM's string form, or a preset
+        ("eagle1"); num_speculative_tokens must equal its nodes (left out, it is set to them).
+    tree_sibling_decay: how much less likely each lower-ranked sibling is to be the target's token
+        (workloads.acceptance.PositionalAcceptance.accepted_on_tree).
     """
 
     method: str = "eagle3"
@@ -39,6 +47,8 @@ class SpeculativeConfig:
     acceptance_rates: tuple[float, ...] | None = None
     ngram_fraction_of_step: float | None = None
     draft_overhead_s: float | None = None
+    speculative_token_tree: tuple[tuple[int, ...], ...] | str | None = None
+    tree_sibling_decay: float = 0.5
 
     def __post_init__(self) -> None:
         require(self.method in SPEC_METHODS, "speculative_config.method", self.method,
@@ -58,6 +68,25 @@ class SpeculativeConfig:
             value = getattr(self, name)
             require(value is None or (isinstance(value, (int, float)) and 0 <= value < 1),
                     f"speculative_config.{name}", value, "must be null or a number in [0, 1)")
+        decay = self.tree_sibling_decay
+        require(isinstance(decay, (int, float)) and 0 <= decay <= 1, "speculative_config.tree_sibling_decay",
+                decay, "must be a number in [0, 1]")
+        if self.speculative_token_tree is not None:
+            self._check_tree()
+
+    def _check_tree(self) -> None:
+        tree = TokenTree.parse(self.speculative_token_tree)
+        require(self.method in TREE_METHODS, "speculative_config.method", self.method,
+                f"a speculative_token_tree needs one of {TREE_METHODS}")
+        require(self.num_speculative_tokens == len(tree), "speculative_config.num_speculative_tokens",
+                self.num_speculative_tokens, f"must equal the {len(tree)} nodes of speculative_token_tree")
+        object.__setattr__(self, "speculative_token_tree", tree.nodes)
+
+    @property
+    def tree(self) -> TokenTree | None:
+        """The draft tree, or None for a chain."""
+        nodes = self.speculative_token_tree
+        return None if nodes is None else TokenTree(nodes)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -76,6 +105,9 @@ class SpeculativeConfig:
             if key not in known:
                 raise ConfigError(f"speculative_config.{key}", data[key],
                                   f"unknown setting; known: {sorted(known)}")
+        tree = data.get("speculative_token_tree")
+        if tree is not None and "num_speculative_tokens" not in data:
+            data = {**data, "num_speculative_tokens": len(TokenTree.parse(tree))}
         return cls(**data)
 
     @classmethod
@@ -88,9 +120,14 @@ class SpeculativeConfig:
         return cls.from_dict(data)
 
 
-def draft_limit(req: Request, num_speculative_tokens: int, max_model_len: int | None) -> int:
+def draft_limit(req: Request, num_speculative_tokens: int, max_model_len: int | None,
+                in_flight: int = 0, tree: TokenTree | None = None) -> int:
     """Drafts `req` may be given for its next step: at most k, and never more than it may still
     emit beyond the bonus token (`max_tokens`, and `max_model_len` on prompt + output, which also
-    keeps every scheduled position below max_model_len as vLLM's scheduler does)."""
-    room = length_limit(req, max_model_len) - len(req.output_token_ids) - 1
+    keeps every scheduled position below max_model_len as vLLM's scheduler does). `in_flight`:
+    tokens steps still running may yet emit (async scheduling's placeholders), counted as emitted.
+    With a draft `tree`: its leading nodes whose subtree is at most `room` deep."""
+    room = length_limit(req, max_model_len) - len(req.output_token_ids) - in_flight - 1
+    if tree is not None:
+        return tree.nodes_within(max(0, room))
     return max(0, min(num_speculative_tokens, room))

@@ -46,7 +46,7 @@ class Engine:
                  hooks=(), kv_groups=None, kv: KVCacheManager | None = None):
         """`kv`: a KV cache manager of `num_gpu_blocks` blocks to use instead of the plain one
         (e.g. sim.core.kv_offload's, with a host-memory tier)."""
-        self.config = config
+        self.config = config = config.resolved()
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)

@@ -119,6 +119,7 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
     """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
     if num_gpu_blocks is None:
         raise ConfigError("num_gpu_blocks", None, "not set; give a number or size it from the GPU")
+    config = config.resolved()
     if num_gpu_blocks * config.block_size < config.max_model_len:
         raise ConfigError("num_gpu_blocks", num_gpu_blocks,
                           f"KV cache holds {num_gpu_blocks * config.block_size} tokens, less than one "
@@ -137,6 +138,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     `update(now)` is called once per finished request (see sim.api.progress). `kv_groups`: the
     model's KV layer groups (kernels_cost_model.kv_layout); several select the hybrid KV manager.
     """
+    config = config.resolved()
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
     env = simpy.Environment()

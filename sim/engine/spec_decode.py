@@ -10,19 +10,31 @@
   and are written again next step). The accepted drafts and the bonus token are the request's own
   stream tokens, appended one at a time, each through the stop rules; after a stop the rest are
   dropped (vLLM's `_update_request_with_output`).
-- Cost: the verification rows are already priced as 1 + drafts query tokens by the cost model;
-  this hook adds the drafts' LM-head rows (logits for every verified position) and the
-  proposer's time (`kernels_cost_model.speculative.ProposerCost`).
+- Cost: the step is repriced with its verification rows as decode-like rows of 1 + drafts
+  queries (`kernels_cost_model.speculative.verify_step_time`), the drafts' LM-head rows (logits
+  for every verified position) added, plus the proposer's time (`ProposerCost`).
 - KV: EAGLE / MTP / draft-model proposers reserve k lookahead slots per allocation.
-- Scheduling is synchronous (each step's tokens are applied before the next is planned); vLLM's
-  async scheduling with drafts as placeholders is not modelled.
+- Async scheduling (vLLM V1's AsyncScheduler): step N+1 is planned before step N's tokens are
+  known. A sampling row leaves 1 + drafts output placeholders (`num_output_placeholders`) and is
+  given placeholder drafts for its next step at once (`num_spec_tokens`, capped as if every
+  placeholder were emitted), so the next step verifies 1 + k tokens from the optimistic position;
+  when its results arrive the rejected drafts come off both `num_computed_tokens` and the
+  placeholders (the GPU side re-bases the in-flight step on the real position). Hence the
+  invariant computed <= tokens + placeholders. N-gram drafts need the sampled tokens on the CPU:
+  sync only, as in vLLM.
+- Draft trees (`speculative_token_tree`): a request verifies 1 + nodes tokens (all priced), and
+  accepts the nodes along one root path, at most the tree's depth; the rest are rejected and
+  un-computed like a chain's. A cut row verifies the subtree of its leading nodes.
 """
 from __future__ import annotations
 
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
+from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
+from sim.core.request import RequestStatus
 from sim.core.speculative import SpeculativeConfig, draft_limit
+from workloads.acceptance import accepted_on_tree
 
 STAT_COLUMNS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -35,71 +47,113 @@ class SpecDecoder(EngineHook):
         self.k = config.num_speculative_tokens
         self.acceptance = acceptance          # workloads.acceptance model: num_accepted(...)
         self.proposer_cost = proposer_cost    # kernels_cost_model.speculative.ProposerCost or None
+        self.tree = config.tree               # sim.core.token_tree.TokenTree, None for a chain
+        self.depth = self.tree.depth if self.tree else self.k
         self.columns: dict[str, list] = {}
 
     def on_attach(self, engine) -> None:
-        require(not engine.config.is_async, "engine.async_scheduling", True,
-                "speculative decoding is modelled with synchronous scheduling; set it to false")
+        require(not (engine.config.is_async and self.config.method == "ngram"),
+                "engine.async_scheduling", True,
+                "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
+                "set async_scheduling to false or pick a GPU proposer")
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
-        names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.k))
+        names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.depth))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}
+        self.row_drafts: dict[int, list[int]] = {}   # id(step) -> drafts per row, until applied
         engine.apply_rows = lambda step, now: self.apply_rows(engine, step, now)
 
     def on_plan(self, engine, step) -> None:
-        """Price the drafts' logits rows and the proposer's passes after this step's target pass."""
+        """Price the verification rows, the drafts' logits rows and the proposer's passes; under
+        async scheduling, leave each sampling row's placeholders and next drafts."""
         scheduled = step.plan.scheduled
-        drafts = sum(num_drafts(req, n) for req, n in scheduled)
+        per_row = [num_drafts(req, n) for req, n in scheduled]
+        self.row_drafts[id(step)] = per_row
+        drafts = sum(per_row)
         batch, cost = step.batch, engine.cost_model
+        target = step.duration
         if drafts:
             step.batch = BatchShape(batch.num_new_tokens, batch.num_context_tokens,
                                     batch.num_sampled + drafts)
-            step.duration += cost.step_time(step.batch) - cost.step_time(batch)
+            target = verify_step_time(cost, step.batch, per_row)
+            step.duration += target - cost.step_time(batch)
         if self.proposer_cost is not None and batch.num_sampled:
-            proposing = [req.num_computed_tokens + n for req, n in scheduled
-                         if req.num_computed_tokens + n >= req.num_tokens]
-            step.duration += self.proposer_cost(step.batch, proposing, cost.step_time(step.batch))
+            proposing = [req.num_computed_tokens + n for (req, n), samples in zip(scheduled, step.samples)
+                         if samples]
+            step.duration += self.proposer_cost(step.batch, proposing, target, per_row)
+        if engine.config.is_async:
+            self._leave_placeholders(engine, step, per_row)
+
+    def _leave_placeholders(self, engine, step, per_row: list[int]) -> None:
+        """AsyncScheduler._update_after_schedule: a sampling row's drafts become placeholders (the
+        engine adds the sampled token's) and the next step gets placeholder drafts."""
+        max_model_len = engine.config.max_model_len
+        for (req, _n), samples, drafts in zip(step.plan.scheduled, step.samples, per_row):
+            if samples:
+                req.num_output_placeholders += drafts
+                most = self.tree.depths[drafts] if self.tree else drafts  # it may emit 1 + most
+                in_flight = req.num_output_placeholders - drafts + most + 1
+                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight, self.tree)
 
     def apply_rows(self, engine, step, now: float) -> list:
         """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
 
         The engine counted the scheduled tokens, drafts included, as computed when it planned the
-        step (synchronous scheduling: nothing else was in flight)."""
+        step; rejected drafts come off again (not for a row planned before its request was
+        preempted: that one's counts were reset, only its tokens still arrive)."""
         finished = []
         streams, max_model_len = engine.streams, engine.config.max_model_len
-        counts = [0] * (3 + self.k)
+        async_, kv = engine.config.is_async, engine.state.kv
+        counts = [0] * (3 + self.depth)
         num_decode = 0
-        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        rows = zip(step.plan.scheduled, step.samples, self.row_drafts.pop(id(step)))
+        for (req, n), samples, drafts in rows:
             req.num_in_flight_tokens -= n
+            stale = req.num_stale_tokens > 0
+            if stale:
+                req.num_stale_tokens -= n
             if req.is_finished:
-                continue                         # aborted while the step ran
+                continue                         # aborted or stopped while the step ran
             if not samples:                      # a prefill chunk short of the end: no sample
-                req.num_spec_tokens = 0
+                if not async_:
+                    req.num_spec_tokens = 0
                 continue
-            num_tokens = req.num_tokens
-            if num_tokens - (req.num_computed_tokens - n) == 1 and req.output_token_ids:
+            if n - drafts == 1 and req.output_token_ids:
                 num_decode += n                  # a decode row: 1 + drafts verification tokens
-            drafts = req.num_computed_tokens - num_tokens
             position = len(req.output_token_ids)
-            accepted = self.acceptance.num_accepted(req.index, position, drafts) if drafts else 0
-            req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
+            accepted = self._accepted(req.index, position, drafts) if drafts else 0
+            if not stale:
+                req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
+                if async_:
+                    req.num_output_placeholders -= 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
             if any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1)):
                 finished.append(req)             # tokens after the stop are dropped
                 req.num_spec_tokens = 0
-            else:
-                req.num_spec_tokens = draft_limit(req, self.k, max_model_len)
+            elif not async_:
+                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)
+            elif not stale and req.status == RequestStatus.RUNNING:
+                kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
+                                              req.num_tokens))
         step.num_decode = num_decode
         for column, value in zip(self.columns.values(), counts):
             column.append(value)
         return finished
 
+    def _accepted(self, index: int, position: int, drafts: int) -> int:
+        """Drafts accepted: a prefix of a chain, or the nodes of one root path of a tree."""
+        if self.tree is None:
+            return self.acceptance.num_accepted(index, position, drafts)
+        return accepted_on_tree(self.acceptance, index, position, self.tree, drafts,
+                                self.config.tree_sibling_decay)
+
 
 def num_drafts(req, n: int) -> int:
-    """Draft positions among the `n` tokens scheduled for `req` (0 for a prefill chunk)."""
-    return max(0, req.num_computed_tokens + n - req.num_tokens)
+    """Draft positions among the `n` tokens scheduled for `req` (0 for a prefill chunk): those
+    past its tokens and the placeholders of steps in flight."""
+    return max(0, req.num_computed_tokens + n - req.num_tokens - req.num_output_placeholders)
 
 
 def _count(counts: list, drafts: int, accepted: int) -> None:

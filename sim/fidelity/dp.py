@@ -60,7 +60,7 @@ def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_
     if not expert_parallel:
         raise NotImplementedError("DP without expert parallelism: simulate each rank on its own")
     d, e = config.deployment, config.engine
-    cost = ExpertParallelCostModel(build_cost_model(d), dp)
+    cost = ExpertParallelCostModel(build_cost_model(d, e), dp)
     blocks = ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization,
                                 e.max_num_batched_tokens)
     env = simpy.Environment()

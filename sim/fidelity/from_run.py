@@ -87,7 +87,7 @@ def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
     label = f"FITTED end to end on {run.path} ({HELD_OUT_RULE} held out)"
     lines = [
         f"# servesim deployment fitted by `servesim calibrate --from-run` from {run.path}.",
-        f"# Kernels: the shipped calibration of {d.gpu} (not fitted). Fitted host figures: {', '.join(fit.fitted)}.",
+        f"# Kernels: the shipped calibration {d.calibration!r} of {d.gpu} (not fitted). Fitted host figures: {', '.join(fit.fitted)}.",
         f"# Error of mean latencies, fit split: {pct(fit.fit_error)}",
         f"# Error of mean latencies, held-out split ({fit.held_out_requests} requests): {pct(fit.held_out_error)}",
         "", "[engine]",
@@ -95,7 +95,7 @@ def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
         f"block_size = {e.block_size}", f"max_model_len = {e.max_model_len}",
         "", "[deployment]",
         f'model = "{d.model}"', f'gpu = "{d.gpu}"', f"tensor_parallel_size = {d.tensor_parallel_size}",
-        f"gpu_memory_utilization = {d.gpu_memory_utilization}",
+        f"gpu_memory_utilization = {d.gpu_memory_utilization}", f'calibration = "{d.calibration}"',
         f"cpu_per_request_s = {fit.host.cpu_per_request_s!r}  # {label}",
     ]
     if "collective_scale" in fit.fitted:

@@ -11,6 +11,7 @@ import dataclasses
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.config import EngineConfig
 from kernels_cost_model import get_model
+from kernels_cost_model.cost_model import shipped_variants
 
 from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
@@ -32,10 +33,18 @@ def engine_config(run: RealRun) -> EngineConfig:
                         record_token_times=False)
 
 
+def run_calibration(run: RealRun) -> str:
+    """The kernels measured under the run's own vLLM version (`<gpu>@vllm-<major.minor>`) where such a
+    calibration ships, else the GPU's default one."""
+    version = ".".join(str(run.meta.get("vllm_version", "")).split(".")[:2])
+    name = f"{RUN_DEFAULTS['gpu']}@vllm-{version}"
+    return name if name in shipped_variants() else "default"
+
+
 def deployment_config(run: RealRun, host: HostFit = UNFITTED) -> DeploymentConfig:
     """The run's GPUs and parallelism, with the runs' host figures `host` (`sim.fidelity.fit`)."""
     kw = run.engine_kwargs
-    return DeploymentConfig(model=kw["model"], gpu=RUN_DEFAULTS["gpu"],
+    return DeploymentConfig(model=kw["model"], gpu=RUN_DEFAULTS["gpu"], calibration=run_calibration(run),
                             tensor_parallel_size=int(kw["tensor_parallel_size"]),
                             gpu_memory_utilization=RUN_DEFAULTS["gpu_memory_utilization"],
                             collective_scale=host.collective_scale, cpu_per_request_s=host.cpu_per_request_s)

@@ -93,7 +93,7 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 
 def _engine(config: SimulationConfig) -> Engine:
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
-    return Engine(config.engine, build_cost_model(config.deployment), blocks, kv_groups=resolve_kv_groups(config))
+    return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, kv_groups=resolve_kv_groups(config))
 
 
 def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:

@@ -64,13 +64,13 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     e = config.engine
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)
     if shape.offload is None:
-        return Engine(e, build_cost_model(config.deployment), blocks, hooks=list(hooks)), None
+        return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks)), None
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     link, model, tp = get_link(shape.offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     reload = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                            e.check_invariants)
-    return Engine(e, build_cost_model(config.deployment), blocks, hooks=[*hooks, reload], kv=kv), reload
+    return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, reload], kv=kv), reload
 
 
 def make_process(env: simpy.Environment, engine: Engine, config: SimulationConfig,

@@ -87,7 +87,7 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     link, model, tp = get_link(offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                          e.check_invariants)
-    engine = Engine(e, build_cost_model(config.deployment), blocks, hooks=[hook], kv=kv)
+    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[hook], kv=kv)
     proc = EngineProcess(simpy.Environment(), engine)
     results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
     results.summary.update(tier_summary(kv, hook, results.requests["num_prompt_tokens"].sum()))

@@ -111,7 +111,7 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
         with within("deployment"):
             blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
                                               d.gpu_memory_utilization, e.max_num_batched_tokens)
-    engine = Engine(e, build_cost_model(d), check_kv_capacity(blocks, e))
+    engine = Engine(e, build_cost_model(d, e), check_kv_capacity(blocks, e))
     link = get_link(pipeline.link)
     proc = PipelineProcess(simpy.Environment(), engine, pp,
                            lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))

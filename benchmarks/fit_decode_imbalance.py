@@ -1,0 +1,67 @@
+"""Fit the decode-imbalance factor of vLLM's varlen attention from LLMServingSim's measured skew shots.
+
+A batch of decodes whose contexts differ runs slower than the same batch at the mean context: the
+kernel's tiles and SMs wait for the longest rows. LLMServingSim measured this on vLLM 0.19 (FA2) as
+alpha = (t_skew - t_mean) / (t_max - t_mean) per batch (`tp<N>/skew.csv`, regime `pure` = decodes
+only, `mixed` = decodes beside a prefill chunk). This script takes, per GPU, regime and number of
+decodes n, the median alpha over every model and TP degree profiled (clamped to [0, 1]) and writes
+`kernels_cost_model/data/decode_imbalance.csv` with its source. Nothing here is fitted to a serving run.
+
+    python benchmarks/fit_decode_imbalance.py [--profiles ../shared/data/kernel_profiles]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels_cost_model.attention_backend import read_skew_rows  # noqa: E402
+
+#: LLMServingSim hardware folder -> our GPU name.
+HARDWARE = {"RTXPRO6000": "rtx-pro-6000", "RTX4090": "rtx-4090"}
+SOURCE = ("median alpha=(t_skew-t_mean)/(t_max-t_mean) over measured heterogeneous-decode shots, all models "
+          "and TP degrees of {hw}: casys-kaist/LLMServingSim @5daddb21 profiler/perf/{hw}/*/*/bf16/tp*/skew.csv "
+          "(vLLM 0.19, MIT)")
+
+
+def fit(profiles: Path) -> list[dict]:
+    rows = []
+    for hw, gpu in sorted(HARDWARE.items()):
+        samples: dict[tuple[str, int], list[float]] = {}
+        files = sorted((profiles / "llmservingsim" / hw).glob("*/*/bf16/tp*/skew.csv"))
+        for path in files:
+            for regime, n, alpha in read_skew_rows(path):
+                samples.setdefault((regime, n), []).append(alpha)
+        for (regime, n), alphas in sorted(samples.items()):
+            rows.append({"gpu": gpu, "regime": regime, "decodes": n,
+                         "alpha": f"{min(1.0, max(0.0, median(alphas))):.4g}", "samples": len(alphas),
+                         "source": SOURCE.format(hw=hw)})
+        print(f"{gpu}: {len(files)} skew files, {sum(map(len, samples.values()))} shots")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
+    ap.add_argument("--out", type=Path, default=ROOT / "kernels_cost_model" / "data" / "decode_imbalance.csv")
+    args = ap.parse_args()
+    rows = fit(args.profiles)
+    if not rows:
+        raise SystemExit(f"no skew.csv under {args.profiles}/llmservingsim")
+    with args.out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    for r in rows:
+        print(f" {r['gpu']:13s} {r['regime']:6s} n={r['decodes']:4d} alpha={r['alpha']:>7s} ({r['samples']} shots)")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""Fit the modern kernels (MLA attention, FP8 GEMMs, MoE by weight dtype, Gated DeltaNet) from AIConfigurator's tables.
+
+    python -m kernels_cost_model.modern_fit ../shared/data/kernel_profiles [out_dir]
+
+writes data/calibration_modern/<gpu>.json for every system that has the tables: roofline coefficients
+(roofline_fit.fit_family) per kind and variant, each with its sample count, held-out relative error,
+source files and vLLM version. Hold-out: the distinct shape keys of a variant sorted, every 5th from the
+3rd (rank % 5 == 2) kept out of the fit, as calibration.holdout_split does.
+
+Cost terms: MLA per mla.py at DeepSeek-V3's shape (the tables' model); FP8 GEMMs and MoE at their bf16
+byte counts (roofline.matmul / roofline.moe with 2 bytes), so the fitted coefficients price an FP8 or
+MXFP4 layer through the same formulas as a bf16 one, the narrower weights showing in s_per_byte.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import mla
+from .aiconfigurator_modern import GEMM_DTYPES, MOE_DTYPES, gdn_rows, gemm_rows, mla_rows, moe_rows
+from .modern_kernels import gdn_cost
+from .aiconfigurator_tables import LICENCE, SYSTEMS
+from .models import get_model
+from .roofline import Coeffs, experts_hit, matmul, moe
+from .roofline_fit import fit_family, predict_arrays
+from .shape_keys import _num
+
+OUT_DIR = Path(__file__).parent / "data" / "calibration_modern"
+DTYPE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "nvfp4": 4.5 / 8}  # nvfp4: 4 bits + fp8 scale / 16
+HOLDOUT_RULE = "per variant: distinct shape keys sorted, every 5th from the 3rd (rank % 5 == 2) held out"
+MIN_SHAPE_SAMPLES = 8
+MLA_MODEL = "deepseek-v3"  # the shape the MLA tables were measured at (their `model` column)
+
+
+def _split(keys: list[tuple]) -> np.ndarray:
+    """Boolean mask of held-out samples."""
+    ranks = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return np.array([ranks[k] % 5 == 2 for k in keys], dtype=bool)
+
+
+def _coeffs_json(c: Coeffs) -> dict:
+    """Five significant digits: far below the fits' error, and a fifth of the file."""
+    return {f: float(f"{getattr(c, f):.5g}") for f in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows",
+                                                      "s_per_seq")}
+
+
+def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources) -> dict | None:
+    """Coefficients of the family and of each shape (`family@shape`, shape_keys.py's format) with at
+    least MIN_SHAPE_SAMPLES kept rows, fitted on the kept rows; scored on the held-out ones (each priced
+    at its shape's coefficients where fitted). None when too few samples."""
+    f, b, t, r = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds, rows))
+    s = np.zeros_like(t) if seqs is None else np.asarray(seqs, dtype=float)
+    out = np.zeros(len(t), dtype=bool)
+    groups: dict[str, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    for idx in groups.values():  # hold out within each shape, so every shape is both fitted and tested
+        out[idx] = _split([keys[i] for i in idx])
+    if (~out).sum() < 8 or out.sum() < 2:
+        return None
+    seq = None if seqs is None else s
+    fit = lambda m: fit_family(f[m], b[m], t[m], r[m], None if seq is None else s[m])  # noqa: E731
+    family_c = fit(~out)
+    coeffs, pred = {family: family_c}, np.zeros(len(t))
+    for shape, idx in groups.items():
+        idx = np.asarray(idx)
+        kept = idx[~out[idx]]
+        c = family_c
+        if len(kept) >= MIN_SHAPE_SAMPLES:
+            mask = np.zeros(len(t), dtype=bool)
+            mask[kept] = True
+            c = coeffs[f"{family}@{shape}"] = fit(mask)
+        pred[idx] = predict_arrays(c, f[idx], b[idx], r[idx], None if seq is None else s[idx])
+    err = np.abs(pred[out] / t[out] - 1.0)
+    return {"coeffs": {k: _coeffs_json(c) for k, c in sorted(coeffs.items())},
+            "samples": int((~out).sum()), "holdout_samples": int(out.sum()),
+            "holdout_error": {"median": round(float(np.median(err)), 4), "mean": round(float(err.mean()), 4),
+                              "p90": round(float(np.quantile(err, 0.9)), 4)},
+            "sources": sorted(set(sources))}
+
+
+def fit_mla(root, system: str) -> dict:
+    """MLA fits keyed '<phase>/<kv dtype>/<gemm dtype>' (scope recorded)."""
+    spec, out = get_model(MLA_MODEL), {}
+    for phase in ("context", "generation"):
+        groups: dict[tuple, list] = {}
+        for row in mla_rows(root, system, phase):
+            groups.setdefault((row["kv_dtype"], row["gemm"], row["scope"]), []).append(row)
+        for (kv, gemm, scope), rows in sorted(groups.items()):
+            cols = [[], [], [], [], [], [], [], []]
+            for x in rows:
+                kvb, wb = DTYPE_BYTES[kv], DTYPE_BYTES[gemm]
+                if phase == "generation":
+                    fb = mla.generation_cost(spec, x["heads"], x["batch"], x["batch"] * (x["step"] + 1), kvb, wb, scope)
+                    r = x["batch"]
+                else:
+                    tok, isl = x["batch"] * x["isl"], x["isl"]
+                    fb = mla.context_cost(spec, x["heads"], tok, x["batch"] * isl * (isl + 1) / 2, 0.0, kvb, wb, scope)
+                    r = isl
+                for col, v in zip(cols, (*fb, x["seconds"], r, x["batch"], _num(x["heads"]),
+                                         (x["batch"], x["isl"], x["step"]), x["source"])):
+                    col.append(v)
+            fit = _fit("mla", *cols)
+            if fit:
+                out[f"{phase}/{kv}/{gemm}"] = {"scope": scope, **fit}
+    return out
+
+
+def fit_gemm(root, system: str) -> dict:
+    out = {}
+    for dtype in GEMM_DTYPES:
+        rows = list(gemm_rows(root, system, dtype))
+        costs = [matmul(x["m"], x["n"], x["k"], 2) for x in rows]
+        fit = _fit("matmul", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in rows],
+                   [x["m"] for x in rows], None, [f"{_num(x['n'])}x{_num(x['k'])}" for x in rows],
+                   [(x["m"],) for x in rows], [x["source"] for x in rows])
+        if fit:
+            out[dtype] = {**fit, "kernels": sorted({x["kernel"] for x in rows})}
+    return out
+
+
+def fit_moe(root, system: str) -> dict:
+    out = {}
+    for dtype in MOE_DTYPES:
+        rows = list(moe_rows(root, system, dtype))
+        costs = [moe(x["tokens"], x["hidden"], x["inter"], x["experts"], x["top_k"], 2) for x in rows]
+        tile = [max(x["tokens"] * x["top_k"] / experts_hit(x["tokens"], x["experts"], x["top_k"]), 1.0) for x in rows]
+        shapes = ["/".join(_num(x[c]) for c in ("hidden", "inter", "experts", "top_k")) for x in rows]
+        fit = _fit("moe", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in rows], tile, None,
+                   shapes, [(x["tokens"],) for x in rows], [x["source"] for x in rows])
+        if fit:
+            out[dtype] = fit
+    return out
+
+
+def fit_gdn(root, system: str) -> dict:
+    """Gated DeltaNet layer fits per phase, per (key heads, value heads) shape (modern_kernels.gdn_cost)."""
+    out = {}
+    rows = gdn_rows(root, system)
+    for phase in ("context", "generation"):
+        sel = [x for x in rows if x["phase"] == phase]
+        costs = [gdn_cost(x["batch"] * x["seq_len"], x["batch"], x["k_heads"], x["k_dim"], x["v_heads"], x["v_dim"])
+                 for x in sel]
+        fit = _fit("gdn", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in sel],
+                   [x["seq_len"] for x in sel], [x["batch"] for x in sel],
+                   [f"{_num(x['k_heads'])}/{_num(x['v_heads'])}" for x in sel],
+                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel])
+        if fit:
+            out[phase] = fit
+    return out
+
+
+def fit_system(root, system: str) -> dict:
+    result = {"device": SYSTEMS[system], "mla": fit_mla(root, system), "gemm": fit_gemm(root, system),
+              "moe": fit_moe(root, system), "gdn": fit_gdn(root, system)}
+    result["provenance"] = {"kind": "aiconfigurator-modern", "licence": LICENCE, "holdout_rule": HOLDOUT_RULE,
+                            "mla_shape": MLA_MODEL, "fitted_by": "kernels_cost_model.modern_fit"}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    root, out_dir = Path(argv[0]), Path(argv[1]) if len(argv) > 1 else OUT_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for system in SYSTEMS:
+        result = fit_system(root, system)
+        if not (result["mla"] or result["gemm"] or result["moe"] or result["gdn"]):
+            continue
+        path = out_dir / f"{result['device']}.json"
+        path.write_text(json.dumps(result, sort_keys=True, separators=(",", ":")) + "\n")
+        for kind in ("mla", "gemm", "moe", "gdn"):
+            for variant, fit in result[kind].items():
+                e = fit["holdout_error"]
+                print(f"{result['device']:14s} {kind:4s} {variant:32s} n={fit['samples']:6d} "
+                      f"held-out median {e['median']:.1%} mean {e['mean']:.1%} p90 {e['p90']:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,109 @@
+"""KV sizing against vLLM's own start-up logs.
+
+Source: llm-d/llm-d-benchmark, config_explorer/empirical-vllm-memory-results.md (commit 2593348):
+vLLM on one H100 80GB (CUDA reports 79.18 GiB), gpu_memory_utilization 0.9, vLLM's H100 defaults
+max_num_seqs 1024 and max_num_batched_tokens 8192. "Available KV cache memory" per model below.
+"""
+import pytest
+
+from kernels_cost_model.kv_memory import GIB, kv_cache_memory_bytes
+
+VLLM_LOG_KV_GIB = [("llama-3.1-8b", 51.38, 0.005), ("qwen3-32b", 4.45, 0.01), ("gpt-oss-20b", 50.28, 0.02)]
+
+
+@pytest.mark.parametrize("model,logged_gib,tolerance", VLLM_LOG_KV_GIB)
+def test_available_kv_memory_matches_vllm_log(model, logged_gib, tolerance):
+    ours = kv_cache_memory_bytes(model, "h100", 1, 0.9, max_num_batched_tokens=8192, max_num_seqs=1024) / GIB
+    assert ours == pytest.approx(logged_gib, rel=tolerance)
+
+
+# max_model_len and the step budget, as vLLM derives them
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from kernels_cost_model.errors import ConfigError  # noqa: E402
+from sim import SimulationConfig  # noqa: E402
+from sim.cli.main import main  # noqa: E402
+from sim.core.config import EngineConfig  # noqa: E402
+
+
+def test_max_model_len_defaults_to_the_models_maximum():
+    assert SimulationConfig().engine.max_model_len == 131072                        # Llama-3.1-8B's own limit
+    assert SimulationConfig().replace(deployment={"model": "llama-2-7b"}).engine.max_model_len == 4096
+    assert SimulationConfig().replace(deployment={"model": "qwen3-32b"}).engine.max_model_len == 40960
+    pinned = SimulationConfig().replace(engine={"max_model_len": 4096}, deployment={"model": "llama-3-8b"})
+    assert pinned.engine.max_model_len == 4096                                     # a set one is kept
+    linear = SimulationConfig().replace(deployment={"cost_model": "linear"}, engine={"num_gpu_blocks": 900})
+    assert linear.engine.max_model_len == 8192                                     # no model in play
+
+
+def test_max_model_len_above_the_models_maximum_is_an_error_through_the_cli(capsys):
+    assert main(["run", "--model", "llama-2-7b", "--max-model-len", "8192"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: engine.max_model_len=8192: exceeds llama-2-7b's maximum context of 4096")
+
+
+def test_a_kv_cache_smaller_than_one_max_model_len_request_refuses_to_start(capsys):
+    # 0.3 x 79.18 GiB leaves ~7 GiB of KV (~60k tokens) for Llama-3.1-8B: not one 131072-token request
+    assert main(["run", "--gpu-memory-utilization", "0.3", "--num-prompts", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: engine.max_model_len=131072: one request of this length needs")
+    assert "gpu_memory_utilization=0.3" in err and err.count("\n") == 1
+    assert main(["run", "--gpu-memory-utilization", "0.3", "--num-prompts", "5", "--max-model-len", "32768"]) == 0
+
+
+def test_the_summary_prints_vllms_kv_lines(capsys):
+    assert main(["run", "--num-prompts", "5", "--max-model-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU KV cache size: 450,048 tokens" in out                 # 28128 blocks x 16
+    assert "Maximum concurrency for 32,768 tokens per request: 13.73x" in out
+
+
+@given(st.integers(1, 200_000), st.booleans())
+def test_step_budget_without_chunked_prefill_fits_a_whole_prompt(max_model_len, chunked):
+    e = EngineConfig(max_model_len=max_model_len, enable_chunked_prefill=chunked)
+    assert e.max_num_batched_tokens == (8192 if chunked else max(max_model_len, 2048))
+
+
+def test_replacing_the_model_or_chunking_derives_the_defaults_anew():
+    base = SimulationConfig()
+    small = base.replace(deployment={"model": "llama-2-7b"})        # no stale 131072 carried over
+    assert small.engine.max_model_len == 4096
+    whole = base.replace(engine={"enable_chunked_prefill": False})
+    assert whole.engine.max_num_batched_tokens == 131072               # max(max_model_len, 2048)
+    assert whole.replace(engine={"enable_chunked_prefill": True}).engine.max_num_batched_tokens == 8192
+    kept = base.replace(engine={"max_model_len": 2048, "max_num_batched_tokens": 4096})
+    assert kept.replace(deployment={"gpu": "h200"}).engine.max_model_len == 2048
+    with pytest.raises(ConfigError, match="must be >= max_model_len=131072"):
+        base.replace(engine={"enable_chunked_prefill": False, "max_num_batched_tokens": 4096})
+
+
+@pytest.mark.parametrize("max_model_len,starts", [(16000, True), (32000, False)])
+def test_qwen3_32b_starts_or_not_as_in_vllms_log(max_model_len, starts):
+    """The same log: Qwen3-32B on one H100 started at max-model-len 16000 and failed at 32000."""
+    from sim.api.simulator import resolve_num_gpu_blocks
+    config = SimulationConfig().replace(deployment={"model": "qwen3-32b"},
+                                        engine={"max_model_len": max_model_len, "max_num_seqs": 1024})
+    if starts:
+        assert resolve_num_gpu_blocks(config) * 16 >= max_model_len
+    else:
+        with pytest.raises(ConfigError, match="one request of this length needs 32000 KV tokens") as err:
+            resolve_num_gpu_blocks(config)
+        assert err.value.field == "engine.max_model_len"
+
+
+def test_cudagraph_memory_comes_out_of_the_kv_cache_and_is_validated():
+    from sim.api.simulator import resolve_num_gpu_blocks
+    base = resolve_num_gpu_blocks(SimulationConfig())
+    assert resolve_num_gpu_blocks(SimulationConfig().replace(deployment={"cudagraph_memory_gib": 1})) == \
+        base - 2**30 // (16 * 131072)                                # 1 GiB = 512 blocks of Llama-3.1-8B
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig().replace(deployment={"cudagraph_memory_gib": -1})
+    assert err.value.field == "deployment.cudagraph_memory_gib"
+
+
+def test_an_engine_without_max_model_len_still_checks_its_other_fields():
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(scheduling="bogus")
+    assert err.value.field == "scheduling"
+    assert EngineConfig().resolved().max_model_len == 8192        # an engine run with no model

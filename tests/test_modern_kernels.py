@@ -1,0 +1,196 @@
+"""Modern kernels: AIConfigurator's MLA / FP8 GEMM / MoE tables read, fitted (modern_fit.py) and priced
+(modern_kernels.py, layer_ops.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels_cost_model import get_model, make_cost_model, mla
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.model_shapes import attention_params
+from kernels_cost_model.modern_kernels import DATA_DIR, load_modern, mla_kernels, weight_variant
+
+PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
+needs_profiles = pytest.mark.skipif(not (PROFILES / "aiconfigurator").is_dir(), reason="../shared data absent")
+DSV3 = get_model("deepseek-v3")
+
+
+def decode(n: int, ctx: int) -> BatchShape:
+    return BatchShape(num_new_tokens=[1] * n, num_context_tokens=[ctx] * n, num_sampled=n)
+
+
+# ----- shipped fits ----------------------------------------------------------------------------------
+def test_every_shipped_fit_names_its_source_and_held_out_error():
+    files = sorted(DATA_DIR.glob("*.json"))
+    assert len(files) >= 9
+    for path in files:
+        raw = json.loads(path.read_text())
+        assert raw["provenance"]["licence"].startswith("measurements: ai-dynamo/aiconfigurator")
+        for kind in ("mla", "gemm", "moe"):
+            for variant, fit in raw[kind].items():
+                assert fit["sources"] and all("aiconfigurator" in s and "vLLM" in s for s in fit["sources"])
+                assert fit["holdout_samples"] > 0 and 0 <= fit["holdout_error"]["median"] < 0.5, (path, variant)
+
+
+def test_hopper_mla_fits_are_accurate_on_held_out_shapes():
+    for gpu in ("h100-sxm", "h200"):
+        raw = load_modern(gpu)["_raw"]["mla"]
+        for phase in ("context", "generation"):
+            assert raw[f"{phase}/bfloat16/fp8_block"]["holdout_error"]["median"] < 0.08
+
+
+# ----- MLA cost terms --------------------------------------------------------------------------------
+def test_mla_weights_at_all_heads_are_the_attention_parameters():
+    assert mla.weight_elements(DSV3, DSV3.num_heads) == attention_params(DSV3)
+    assert mla.weight_elements(DSV3, 16) < mla.weight_elements(DSV3, 128)
+
+
+def test_mla_decode_reads_the_576_wide_latent_once_per_key():
+    # kernel scope: bytes = keys x (512 + 64) x kv bytes + the few query/output activations
+    flops, nbytes = mla.generation_cost(DSV3, 16, batch=1, keys=1000, kv_bytes=1, weight_bytes=1, scope="kernel")
+    assert flops == 2 * 16 * (512 + 64 + 512) * 1000
+    assert nbytes == 576 * 1000 + 2 * 16 * (2 * 512 + 64)
+
+
+def test_fp8_kv_makes_long_context_decode_cheaper_on_h200():
+    bf16, fp8 = mla_kernels("h200", DSV3, 16, "auto"), mla_kernels("h200", DSV3, 16, "fp8")
+    assert bf16.scope == fp8.scope == "module"
+    assert fp8.decode(128, 128 * 32000) < 0.9 * bf16.decode(128, 128 * 32000)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 512), ctx=st.integers(1, 60000), extra=st.integers(1, 5000))
+def test_measured_mla_grows_with_keys_and_rows(rows, ctx, extra):
+    k = mla_kernels("h200", DSV3, 16)
+    assert k.decode(rows, rows * (ctx + extra)) > k.decode(rows, rows * ctx)
+    assert k.decode(rows + 1, (rows + 1) * ctx) >= k.decode(rows, rows * ctx)
+    assert k.prefill(ctx + extra, 0.5 * (ctx + extra) ** 2, 0, 1) > k.prefill(ctx, 0.5 * ctx ** 2, 0, 1)
+
+
+# ----- wired into the cost model -----------------------------------------------------------------------
+def test_deepseek_on_h200_prices_mla_fp8_and_moe_from_the_fits():
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    assert cm.mla is not None and cm.mla.heads == 16 and cm.mla.weight_bytes == 1.0
+    b = cm.breakdown(decode(64, 2000))
+    assert b["qkv_proj"] == b["o_proj"] == 0.0 and b["decode_attention"] > 0  # module fit holds projections
+    fits = load_modern("h200")["moe"]["fp8_block"]
+    assert cm.base.fused_moe.coeffs in fits.values()
+    uncal = make_cost_model("deepseek-v3", "h200", 8, calibration=None)
+    assert uncal.mla is None and uncal.breakdown(decode(64, 2000))["qkv_proj"] > 0
+
+
+def test_weight_variants_follow_the_quantization_config():
+    assert weight_variant(DSV3) == "fp8_block"
+    assert weight_variant(get_model("mistral-small-24b-fp8")) == "fp8"
+    assert weight_variant(get_model("gpt-oss-120b")) == "w4a16_mxfp4"
+    assert weight_variant(get_model("gemma-3-27b")) == "bfloat16"
+
+
+def test_measured_fp8_gemms_beat_bf16_on_a_compute_bound_step():
+    big = BatchShape(num_new_tokens=[8192], num_context_tokens=[0], num_sampled=1)
+    bf16, fp8 = make_cost_model("mistral-small-24b", "h100"), make_cost_model("mistral-small-24b-fp8", "h100")
+    assert fp8.breakdown(big)["mlp"] < 0.8 * bf16.breakdown(big)["mlp"]
+    one = decode(1, 100)  # weight-read bound: one byte per weight instead of two
+    assert fp8.breakdown(one)["mlp"] < 0.75 * bf16.breakdown(one)["mlp"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 96), ctx=st.integers(1, 30000), grow=st.integers(1, 3000), chunk=st.integers(0, 2048))
+def test_deepseek_step_is_monotone_in_context_and_batch(n, ctx, grow, chunk):
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    rows, ctxs = [1] * n, [ctx] * n
+    if chunk > 1:
+        rows, ctxs = rows + [chunk], ctxs + [0]
+    base = cm.step_time(BatchShape(rows, ctxs, n + (chunk > 1)))
+    assert cm.step_time(BatchShape(rows, [c + grow for c in ctxs], n + (chunk > 1))) >= base
+    assert cm.step_time(BatchShape(rows + [1], ctxs + [ctx], n + 1 + (chunk > 1))) >= base
+
+
+def test_a100_uses_the_kernel_only_mla_table():
+    k = mla_kernels("a100-sxm-80gb", DSV3, 16)
+    assert k is not None and k.scope == "kernel" and k.weight_bytes == 2.0
+    assert mla_kernels("a100-sxm-80gb", DSV3, 16, "fp8") is None  # no fp8 KV measured there
+
+
+# ----- readers and the fit script (need ../shared) -----------------------------------------------------
+@needs_profiles
+def test_readers_stream_mla_fp8_and_moe_rows():
+    from kernels_cost_model.aiconfigurator_modern import gemm_rows, mla_rows, moe_rows
+    rows = list(mla_rows(PROFILES, "h200_sxm", "generation"))
+    assert {(r["kv_dtype"], r["gemm"]) for r in rows} == {("bfloat16", "bfloat16"), ("bfloat16", "fp8_block"),
+                                                          ("fp8", "bfloat16"), ("fp8", "fp8_block")}
+    assert all(r["seconds"] > 0 and r["scope"] == "module" and "vLLM 0.24.0" in r["source"] for r in rows)
+    first = next(iter(gemm_rows(PROFILES, "h100_sxm", "fp8_block")))
+    assert min(first["n"], first["k"]) >= 512 and first["kernel"]
+    moe = next(iter(moe_rows(PROFILES, "h200_sxm", "fp8_block")))
+    assert moe["experts"] >= moe["top_k"] > 0
+    with pytest.raises(ConfigError, match="unknown AIConfigurator system"):
+        list(mla_rows(PROFILES, "tpu_v5", "context"))
+
+
+@needs_profiles
+def test_refit_reproduces_the_shipped_h200_mla_coefficients():
+    from kernels_cost_model.modern_fit import fit_mla
+    fresh = fit_mla(PROFILES, "h200_sxm")
+    shipped = load_modern("h200")["_raw"]["mla"]
+    assert fresh.keys() == shipped.keys()
+    for variant, fit in fresh.items():
+        assert fit["coeffs"] == shipped[variant]["coeffs"]
+
+
+def test_a_malformed_mla_table_names_the_column(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from kernels_cost_model.aiconfigurator_tables import MalformedTableError
+    from kernels_cost_model.aiconfigurator_modern import mla_rows
+    folder = tmp_path / "aiconfigurator" / "h200_sxm" / "mla" / "vllm" / "0.24.0"
+    folder.mkdir(parents=True)
+    table = {"version": ["0.24.0"], "kv_cache_dtype": ["int3"], "gemm_type": ["bfloat16"], "num_heads": [16],
+             "batch_size": [1], "isl": [1], "step": [8], "latency": [0.1]}
+    pq.write_table(pa.table(table), folder / "mla_generation_module_perf.parquet")
+    with pytest.raises(MalformedTableError, match="kv_cache_dtype"):
+        list(mla_rows(tmp_path, "h200_sxm", "generation"))
+
+
+def test_block_fp8_gemms_carry_no_eager_launch_latency():
+    # h200's fp8_block table was timed without CUDA graphs (~59 us at m=1 for n=512, k=7168); served from
+    # graphs the shared expert's up-projection of one token costs about the per-tensor FP8 GEMM's 10 us
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    up, _down = cm.shared_mlp
+    assert up.time(1, 2) < 20e-6
+    assert cm.base.qkv.overhead_s < 20e-6
+
+
+def test_qwen3_next_prices_its_linear_layers_from_the_gdn_fits():
+    cm = make_cost_model("qwen3-next-80b-a3b", "h200", 2)
+    assert cm.gdn is not None and cm.gdn.heads == (8, 128, 16, 128)  # 16 key / 32 value heads over 2 GPUs
+    assert make_cost_model("qwen3-next-80b-a3b", "h200", 2, calibration=None).gdn is None
+    # decode reads each request's state once, whatever its context: the cost follows requests, not keys
+    assert cm.gdn.decode(256) > 4 * cm.gdn.decode(32)
+    assert cm.gdn.prefill(8192, 1) > cm.gdn.prefill(1024, 1)
+
+
+@needs_profiles
+def test_gdn_cases_sum_both_kernels_and_refit_to_the_shipped_coefficients():
+    from kernels_cost_model.aiconfigurator_modern import gdn_rows
+    from kernels_cost_model.modern_fit import fit_gdn
+    rows = gdn_rows(PROFILES, "h200_sxm")
+    assert {r["phase"] for r in rows} == {"context", "generation"} and all(r["seconds"] > 0 for r in rows)
+    shipped = load_modern("h200")["_raw"]["gdn"]
+    assert {k: v["coeffs"] for k, v in fit_gdn(PROFILES, "h200_sxm").items()} == \
+        {k: v["coeffs"] for k, v in shipped.items()}
+
+
+def test_mixed_mla_step_pays_the_module_launches_once():
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    attn = lambda b: cm.breakdown(b)["prefill_attention"] + cm.breakdown(b)["decode_attention"]  # noqa: E731
+    pf, dec = BatchShape([512], [0], 1), decode(32, 3000)
+    mixed = BatchShape([512] + [1] * 32, [0] + [3000] * 32, 33)
+    shared = 61 * min(cm.mla.context.overhead_s, cm.mla.generation.overhead_s)
+    assert attn(mixed) == pytest.approx(attn(pf) + attn(dec) - shared)
+    assert attn(mixed) > max(attn(pf), attn(dec))
