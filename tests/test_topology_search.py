@@ -117,3 +117,9 @@ def test_search_is_deterministic(tmp_path, report):
     text = TINY.replace("pipeline_parallel_sizes = [1, 2]", "pipeline_parallel_sizes = [1]")
     again = search_topologies(plan_from(tmp_path, text))
     assert again.table.equals(report.table)
+
+
+def test_the_example_topology_plan_loads():
+    from pathlib import Path
+    plan = Plan.from_toml(Path(__file__).resolve().parent.parent / "examples" / "topology_plan.toml")
+    assert len(plan.topologies) == 12 and {t.offload for t in plan.topologies} == {False, True}
