@@ -50,14 +50,18 @@ def base(requests: int, chunked: bool) -> SimulationConfig:
                                             workload={"num_requests": requests})
 
 
-TOPOLOGIES = {  # name -> (GPUs, run(config, workload) -> requests table)
-    "agg (no chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, False),
-    "agg (chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, True),
-    "1P1D": (2, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(1), PoolConfig(1), "nvlink4"),
-                                                     workload=w).requests, False),
-    "2P1D": (3, lambda c, w: simulate_disaggregated(c, DisaggConfig(PoolConfig(2), PoolConfig(1), "nvlink4"),
-                                                     workload=w).requests, False),
-}
+def disaggregated(num_prefill: int, first_token: str):
+    """run(config, workload) of numP:1D over NVLink; first_token "prefill" is DistServe's TTFT."""
+    disagg = DisaggConfig(PoolConfig(num_prefill), PoolConfig(1), "nvlink4", first_token=first_token)
+    return lambda c, w: simulate_disaggregated(c, disagg, workload=w).requests
+
+
+def topologies(first_token: str) -> dict:
+    """name -> (GPUs, run(config, workload) -> requests table, chunked prefill)."""
+    return {"agg (no chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, False),
+            "agg (chunked prefill)": (1, lambda c, w: simulate(c, workload=w).requests, True),
+            "1P1D": (2, disaggregated(1, first_token), False),
+            "2P1D": (3, disaggregated(2, first_token), False)}
 
 
 def attainment(requests, tpot_s: float) -> float:
@@ -113,6 +117,9 @@ def main() -> None:
     ap.add_argument("--tpot", type=float, nargs="+", default=[0.025, 0.04, 0.1, 0.2])
     ap.add_argument("--rates", type=float, nargs="+", default=list(np.arange(0.5, 12.01, 0.5)))
     ap.add_argument("--skip-crossover", action="store_true")
+    ap.add_argument("--skip-offload", action="store_true")
+    ap.add_argument("--first-token", choices=("prefill", "decode"), default="prefill",
+                    help="disaggregated TTFT: the prefill's token (DistServe) or the decode's (vLLM's proxy)")
     ap.add_argument("--gpu-blocks", type=int, default=4096)
     ap.add_argument("--cpu-gb", type=float, default=200.0)
     ap.add_argument("--mooncake-requests", type=int, default=600)
@@ -121,16 +128,17 @@ def main() -> None:
     args = ap.parse_args()
     if not args.skip_crossover:
         crossover(args)
-    offload_section(args)
+    if not args.skip_offload:
+        offload_section(args)
 
 
 def crossover(args) -> None:
     lengths = Independent(Fixed(512), Fixed(64))
     print(f"llama-2-13b on A100-80GB, 512 in / 64 out, TTFT <= {TTFT_S} s, >= {ATTAINMENT:.0%} attainment; "
-          f"{args.requests} requests per run; per-GPU goodput (req/s/GPU):")
+          f"{args.requests} requests per run; first token from {args.first_token}; per-GPU goodput (req/s/GPU):")
     print(f"{'topology':28s}" + "".join(f"  TPOT<={t * 1e3:g}ms" for t in args.tpot))
     found = {}
-    for name, (gpus, run, chunked) in TOPOLOGIES.items():
+    for name, (gpus, run, chunked) in topologies(args.first_token).items():
         config = base(args.requests, chunked)
         tables = {}
         for rate in args.rates:

@@ -33,15 +33,15 @@ def _none(value):
     return None if isinstance(value, float) and np.isnan(value) else value
 
 
-def _run(engine: EngineConfig, specs, num_prefill=1, num_decode=1, link="ib-ndr"):
-    disagg = DisaggConfig(PoolConfig(num_prefill), PoolConfig(num_decode), link=link)
+def _run(engine: EngineConfig, specs, num_prefill=1, num_decode=1, link="ib-ndr", first_token="prefill"):
+    disagg = DisaggConfig(PoolConfig(num_prefill), PoolConfig(num_decode), link=link, first_token=first_token)
     cluster = DisaggregatedCluster(_config(engine), disagg)
     return cluster, cluster.run(specs)
 
 
-@given(scripted_specs(), engine_configs(), st.integers(1, 2), st.integers(1, 2))
-def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs, engine, p, d):
-    cluster, out = _run(engine, specs, p, d)
+@given(scripted_specs(), engine_configs(), st.integers(1, 2), st.integers(1, 2), st.sampled_from(["prefill", "decode"]))
+def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs, engine, p, d, first_token):
+    cluster, out = _run(engine, specs, p, d, first_token=first_token)
     rows = out.requests.set_index("request_id")
     assert sorted(rows.index) == sorted(s.request_id for s in specs)
     source = TokenSource(EOS)
@@ -59,7 +59,8 @@ def test_every_request_finishes_once_with_the_tokens_run_until_stop_gives(specs,
         assert not engine_.by_id
     handed = rows[rows.decode_instance >= 0]
     assert len(out.transfers) == len(handed)
-    assert (handed.num_output_tokens >= 2).all() or handed.empty
+    if first_token == "prefill":   # a request its first token stops never moves
+        assert (handed.num_output_tokens >= 2).all() or handed.empty
 
 
 @settings(max_examples=10)   # each run builds several result tables; the property above covers the space
@@ -146,7 +147,7 @@ def test_toml_gives_pools_ratio_and_link(tmp_path):
     assert disagg.ratio == "2P:1D" and disagg.link == "nvlink"
     assert disagg.decode.instance_config(config).engine.max_num_seqs == 64
     out = simulate_disaggregated(config, disagg)
-    assert out.summary["num_gpus"] == 4 and out.summary["num_completed"] == 5
+    assert out.summary["num_gpus"] == 4 and out.summary["completed"] == 5
 
 
 def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
@@ -176,3 +177,16 @@ def test_link_catalog_prices_transfers_with_cited_figures():
     assert kv_transfer_bytes("llama-3.1-8b", 10) == 10 * 131072
     with pytest.raises(ConfigError, match="link"):
         get_link("smoke-signals")
+
+
+@pytest.mark.parametrize("pool, field", [
+    ({"pipeline_parallel_size": 3}, "disaggregation.decode.pipeline.pipeline_parallel_size=3"),   # 32 layers
+    ({"kv_offloading_size": 1e-6}, "disaggregation.decode.kv_offloading_size=1e-06"),             # < one block
+    ({"kv_offloading_size": 1, "engine": {"enable_prefix_caching": False}}, "disaggregation.decode.kv_offloading_size"),
+    ({"kv_offloading_size": 1, "kv_offloading_link": "tin-can"}, "disaggregation.decode.kv_offloading_link"),
+])
+def test_bad_pool_pp_and_cpu_tier_are_named_errors(pool, field):
+    with pytest.raises(ConfigError) as err:
+        simulate_disaggregated(SimulationConfig(deployment=LINEAR), DisaggConfig.from_dict({"decode": pool}),
+                               workload=[])
+    assert str(err.value).startswith(field)

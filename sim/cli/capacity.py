@@ -18,7 +18,7 @@ from kernels_cost_model.errors import ConfigError
 from sim.planning.executors import EXECUTORS
 
 TABLE_COLUMNS = ["rank", "candidate", "replicas", "num_gpus", "usd_per_hour", "usd_per_million_output_tokens",
-                 "capacity_per_replica", "capacity_95ci", "headroom", "feasible", "p99_ttft_ms_at_target",
+                 "goodput_per_gpu", "capacity_per_replica", "capacity_95ci", "headroom", "feasible", "p99_ttft_ms_at_target",
                  "p99_tpot_ms_at_target"]
 CAPACITY_DESCRIPTION = """\
 Rank deployments (GPU x tensor parallelism x replicas x engine flags) by cost for a traffic and an
@@ -64,12 +64,13 @@ def run_capacity(args) -> int:
     from sim.plots.capacity import save_capacity_plots
     from sim.planning.deployments import search_deployments
     from sim.planning.plan import Plan
+    from sim.planning.topology import search_topologies
     try:
         plan = Plan.from_toml(args.config)
         if args.executor or args.workers:
             import dataclasses
             plan = dataclasses.replace(plan, executor=args.executor or plan.executor, workers=args.workers)
-        report = search_deployments(plan)
+        report = search_topologies(plan) if plan.topologies else search_deployments(plan)
     except ConfigError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2

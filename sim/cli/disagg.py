@@ -23,6 +23,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="TOML: [engine], [deployment], [workload], [slo], [disaggregation]")
     p.add_argument("--seed", type=int, help="override the file's seed")
     p.add_argument("--out", help="folder for requests.csv, transfers.csv, summary.json and plots")
+    p.add_argument("--first-token", choices=("decode", "prefill"),
+                   help="whose first token the client sees (override [disaggregation] first_token)")
     p.set_defaults(func=run_disagg)
     return p
 
@@ -35,9 +37,13 @@ def run_disagg(args) -> int:
     config, disagg = load_disaggregated(args.config)
     if args.seed is not None:
         config = config.replace(seed=args.seed)
+    if args.first_token:
+        import dataclasses
+        disagg = dataclasses.replace(disagg, first_token=args.first_token)
     out = simulate_disaggregated(config, disagg)
     print(format_summary(out.summary, out.results.meta))
-    print(f"\nDisaggregated {disagg.ratio} over {disagg.link}, {out.summary['num_gpus']} GPUs")
+    print(f"\nDisaggregated {disagg.ratio} over {disagg.link}, {out.summary['num_gpus']} GPUs, "
+          f"first token from {disagg.first_token}")
     print("\n".join(pool_lines(out.summary)))
     if args.out:
         folder = save(out, Path(args.out), summary_json)

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from sim.cli.output import add_output_flags, save_outputs, summary_options
+from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
 
 DESCRIPTION = """\
@@ -29,6 +30,8 @@ examples:
   servesim run --config my_setup.toml --seed 3 --out runs/seed3 --table-format csv
   servesim run --save-result --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99
   servesim run --rate 2 --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}'
+  servesim run --model llama-3.1-70b -tp 4 -pp 2 --kv-offloading-size 200
+  servesim run --conversations conversation_trace.jsonl --num-prompts 600 --kv-offloading-size 100
 
 exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
 (one line on stderr: servesim: error: <field>=<value>: <reason>)"""
@@ -225,6 +228,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=DESCRIPTION, epilog=EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p)
+    add_topology_flags(p)
     add_output_flags(p)
     p.set_defaults(func=run)
     return p
@@ -232,7 +236,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Handler of `servesim run`."""
-    from sim.api.simulator import simulate
     from sim.api.progress import Progress
     from sim.api.report import format_summary
     from sim.api.results import summary_json
@@ -246,7 +249,7 @@ def run(args) -> int:
     progress = Progress(config.workload.num_requests if known else None) if show else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = simulate(config, progress=progress)
+        results = simulate_from_args(config, args, progress)
     if progress is not None:
         progress.close()
     for warning in caught:

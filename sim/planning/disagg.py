@@ -27,13 +27,16 @@ import simpy
 
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link, kv_transfer_bytes
-from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks
+from sim.api.simulator import SimulationConfig, check_names
 from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
-from sim.engine.simulation import EngineProcess, start_workload
+from sim.engine.simulation import start_workload
+from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
+from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
+from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
 from sim.planning.routers import make_router
 from sim.planning.transfer import PortGroup, TransferLog
@@ -47,9 +50,17 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
     """One instance's config; an error names its TOML path, and a decode cache too small for one
     request is a KVTransferError (a transfer could never fit)."""
     try:
-        instance = getattr(disagg, pool).instance_config(config)
+        settings = getattr(disagg, pool)
+        instance = settings.shape.config(settings.instance_config(config))
         if pool == "prefill":   # hand off at the step that samples the first token: no step planned ahead
             instance = instance.replace(engine={"async_scheduling": False})
+        if settings.kv_offloading_size is not None and not instance.engine.enable_prefix_caching:
+            raise ConfigError("kv_offloading_size", settings.kv_offloading_size, "a CPU tier needs prefix caching")
+        if settings.kv_offloading_size is not None:   # a tier smaller than a block: named now
+            try:
+                settings.shape.offload.cpu_blocks(instance)
+            except ConfigError as exc:
+                raise ConfigError("kv_offloading_size", settings.kv_offloading_size, exc.reason) from None
         # the hand-off follows the engine's own stops: stop strings are found with the token checks
         return instance.replace(engine={"stop_string_detection": "engine"})
     except ConfigError as exc:
@@ -94,12 +105,13 @@ class DecodeAdmission(EngineHook):
 class Transfer:
     """One request's KV on its way: its prefill-side and decode-side requests and instances."""
 
-    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks")
+    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks", "aborted")
 
     def __init__(self, source, destination, prefill_req, decode_req):
         self.source, self.destination = source, destination
         self.prefill_req, self.decode_req = prefill_req, decode_req
         self.num_bytes = self.num_blocks = 0
+        self.aborted = False
 
 
 class DisaggregatedCluster:
@@ -111,22 +123,27 @@ class DisaggregatedCluster:
         prefill_cfg = pool_config(disagg, config, "prefill")
         decode_cfg = pool_config(disagg, config, "decode")
         check_names(prefill_cfg.engine), check_names(decode_cfg.engine)
-        self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill")
+        shapes = {"prefill": disagg.prefill.shape, "decode": disagg.decode.shape}
+        self.prefill = [self._engine(prefill_cfg, HandOff(self, i), "prefill", shapes["prefill"])
                         for i in range(disagg.prefill.num_instances)]
-        self.decode = [self._engine(decode_cfg, DecodeAdmission(self, i), "decode")
+        self.decode = [self._engine(decode_cfg, DecodeAdmission(self, i), "decode", shapes["decode"])
                        for i in range(disagg.decode.num_instances)]
-        self.prefill_procs = [EngineProcess(env, e) for e in self.prefill]
-        self.decode_procs = [EngineProcess(env, e) for e in self.decode]
+        self.prefill_procs = [make_process(env, e, prefill_cfg, shapes["prefill"]) for e in self.prefill]
+        self.decode_procs = [make_process(env, e, decode_cfg, shapes["decode"]) for e in self.decode]
         block = config.engine.block_size
         self.prefill_router = make_router(disagg.prefill.router, self.prefill_procs, block)
         self.decode_router = make_router(disagg.decode.router, self.decode_procs, block)
         link = get_link(disagg.link)
-        lanes = min(prefill_cfg.deployment.tensor_parallel_size, decode_cfg.deployment.tensor_parallel_size)
+        lanes = min(prefill_cfg.deployment.tensor_parallel_size * shapes["prefill"].pipeline_parallel_size,
+                    decode_cfg.deployment.tensor_parallel_size * shapes["decode"].pipeline_parallel_size)
         self.log = TransferLog()
         self.ports = [PortGroup(env, link, lanes, i, self.log) for i in range(len(self.prefill))]
         self.model = config.deployment.model
         self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
         self.in_flight: dict[str, Transfer] = {}
+        self.handoffs: dict[str, Transfer] = {}                           # handed off, not finished
+        self.prefill_of: dict[str, int] = {}
+        self.original: dict[str, object] = {}                              # each request's own spec
         self.arrived: list[list] = [[] for _ in self.decode]             # KV here, waiting for a seat
         self.done_events: dict[str, simpy.Event] = {}
         self.num_finished: dict[str, int] = {}
@@ -135,8 +152,11 @@ class DisaggregatedCluster:
         for i, e in enumerate(self.decode):
             e.on_finish = lambda req, i=i: self._decode_finished(i, req)
 
-    def _engine(self, config: SimulationConfig, hook: EngineHook, pool: str) -> Engine:
-        blocks = resolve_num_gpu_blocks(config)
+    def _engine(self, config: SimulationConfig, hook: EngineHook, pool: str, shape) -> Engine:
+        try:
+            blocks = shape.num_gpu_blocks(config)
+        except ConfigError as exc:
+            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
         tokens = blocks * config.engine.block_size
         if tokens < config.engine.max_model_len:
             error = KVTransferError if pool == "decode" else ConfigError
@@ -144,20 +164,24 @@ class DisaggregatedCluster:
                         f"the {pool} instance's KV cache holds {tokens} tokens, less than one "
                         f"max_model_len={config.engine.max_model_len} request"
                         + ("; its KV transfer could never fit" if pool == "decode" else ""))
-        return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, hooks=[hook])
+        return build_engine(config, shape, [hook], blocks)[0]
 
     # ----- arrivals ----------------------------------------------------------------------------
     def submit(self, spec) -> simpy.Event:
         """The workload's entry: route to a prefill instance; the event succeeds when the request
         has finished (on the prefill instance if its first token stopped it, else on decode)."""
-        if spec.abort_time_s is not None:
-            raise ConfigError("abort_time_s", spec.abort_time_s,
-                              "client aborts are not modelled under disaggregation")
         i = self.prefill_router.choose(spec)
         self.prefill_router.outstanding[i] += 1
         done = self.env.event()
-        req = self.prefill[i].add_request(spec, self.env.now)
+        req = self.prefill[i].add_request(prefill_spec(spec, self.disagg.first_token,
+                                                       self.config.engine.max_model_len), self.env.now)
+        if req.is_finished:   # rejected (prompt over max_model_len): finished on arrival
+            return done.succeed(req)
         self.done_events[req.request_id] = done
+        self.prefill_of[req.request_id] = i
+        self.original[req.request_id] = spec
+        if spec.abort_time_s is not None:
+            self.env.process(abort_at(self, req.request_id, spec.abort_time_s))
         self.prefill_procs[i]._wake()
         return done
 
@@ -168,8 +192,14 @@ class DisaggregatedCluster:
         spec = req.spec
         d = self.decode_router.choose(spec)
         self.decode_router.outstanding[d] += 1
-        decode_req = self.decode[d].add_prefilled_request(spec, now, req, engine.streams[req.index])
-        self.pending[d].append(Transfer(source, d, req, decode_req))
+        original = self.original[req.request_id]
+        if self.disagg.first_token == "decode":
+            decode_req = decode_request(self.decode[d], original, req, engine.streams[req.index], now)
+        else:
+            decode_req = self.decode[d].add_prefilled_request(original, now, req, engine.streams[req.index])
+        t = Transfer(source, d, req, decode_req)
+        self.handoffs[req.request_id] = t
+        self.pending[d].append(t)
         self.start_transfers(d)
 
     def start_transfers(self, d: int) -> None:
@@ -196,6 +226,9 @@ class DisaggregatedCluster:
 
     def _transfer_done(self, t: Transfer, now: float) -> None:
         check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)
+        if t.aborted:
+            del self.in_flight[t.decode_req.request_id]
+            return land_aborted(self, t, now)
         t.prefill_req.status = RequestStatus.FINISHED_LENGTH_CAPPED  # the prefill's max_tokens=1 request
         self.prefill[t.source].complete(t.prefill_req, now)           # frees its held blocks
         del self.in_flight[t.decode_req.request_id]
@@ -208,7 +241,10 @@ class DisaggregatedCluster:
         engine, queue = self.decode[d], self.arrived[d]
         admitted = False
         while queue and len(engine.state.running) < engine.config.max_num_seqs:
-            engine.start_prefilled(queue.pop(0), now)
+            req = queue.pop(0)
+            engine.start_prefilled(req, now)
+            if self.disagg.first_token == "decode":
+                recompute_last_prompt_token(req)
             admitted = True
         if admitted:
             self.decode_procs[d]._wake()
@@ -216,19 +252,24 @@ class DisaggregatedCluster:
     # ----- completions -----------------------------------------------------------------------------
     def _prefill_finished(self, i: int, req) -> None:
         self.prefill_router.outstanding[i] -= 1
-        if req.request_id not in self.in_flight:   # stopped on its first token: done here
+        if req.request_id not in self.handoffs:   # stopped on its first token or aborted: done here
             self._done(req)
 
     def _decode_finished(self, d: int, req) -> None:
         self.decode_router.outstanding[d] -= 1
+        del self.handoffs[req.request_id]
         self._done(req)
 
     def _done(self, req) -> None:
+        self.prefill_of.pop(req.request_id, None)
+        self.original.pop(req.request_id, None)
         count = self.num_finished.get(req.request_id, 0) + 1
         self.num_finished[req.request_id] = count
         if count > 1:
             raise InvariantError(f"{req.request_id} finished {count} times")
-        self.done_events.pop(req.request_id).succeed(req)
+        event = self.done_events.pop(req.request_id, None)
+        if event is not None:   # None: rejected on arrival, answered by submit
+            event.succeed(req)
 
     def run(self, workload, until: float | None = None) -> DisaggResults:
         start_workload(self.env, workload, self.submit, self.config.seed)

@@ -2,6 +2,7 @@
 
     [disaggregation]              # beside [engine], [deployment], [workload], [slo] in one TOML file
     link = "ib-ndr"               # kernels_cost_model/data/links.csv: nvlink4, pcie5, ib-ndr, roce-100g, ...
+    first_token = "decode"        # the client's first token: "decode" (vLLM's proxy) or "prefill"
     [disaggregation.prefill]
     num_instances = 2
     tensor_parallel_size = 1      # default: the deployment's
@@ -10,6 +11,8 @@
     [disaggregation.decode]
     num_instances = 1
     engine = { max_num_seqs = 512 }
+    pipeline_parallel_size = 2    # PP stages per instance (default 1), over pipeline_link (nvlink4)
+    kv_offloading_size = 64       # GiB CPU KV tier per instance (default none), over kv_offloading_link (pcie5)
 
 Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's GPU (or the pool's
 `gpu`). `engine` overrides the shared [engine] settings for that pool; `block_size` and
@@ -23,6 +26,10 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
 from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.planning.first_token import FIRST_TOKEN
+from sim.planning.instances import InstanceShape
+from sim.planning.offload import OffloadConfig
+from sim.planning.pipeline import PipelineConfig
 from sim.planning.routers import ROUTERS
 
 SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
@@ -37,6 +44,10 @@ class PoolConfig:
     gpu: str | None = None
     router: str = "least_outstanding"
     engine: dict = field(default_factory=dict)
+    pipeline_parallel_size: int = 1
+    pipeline_link: str = "nvlink4"
+    kv_offloading_size: float | None = None   # GiB of host memory per instance (vLLM's name), None: no CPU tier
+    kv_offloading_link: str = "pcie5"
 
     def __post_init__(self) -> None:
         require(isinstance(self.num_instances, int) and self.num_instances >= 1, "num_instances",
@@ -49,6 +60,24 @@ class PoolConfig:
         for key in SHARED_ENGINE_KEYS:
             require(key not in self.engine, f"engine.{key}", self.engine.get(key),
                     "is shared by both pools; set it in [engine]")
+        require(isinstance(self.pipeline_parallel_size, int) and self.pipeline_parallel_size >= 1,
+                "pipeline_parallel_size", self.pipeline_parallel_size, "must be an integer >= 1")
+        self.shape   # links and offload size checked now
+
+    @property
+    def shape(self):
+        """The instances' PP stages and CPU KV tier (sim.planning.instances)."""
+        with within("pipeline_link"):
+            pipeline = (PipelineConfig(self.pipeline_parallel_size, self.pipeline_link)
+                        if self.pipeline_parallel_size > 1 else None)
+        if self.kv_offloading_size is None:
+            return InstanceShape(pipeline, None)
+        size = self.kv_offloading_size
+        require(isinstance(size, (int, float)) and size > 0, "kv_offloading_size", size, "must be > 0 GiB")
+        try:
+            return InstanceShape(pipeline, OffloadConfig(cpu_bytes=float(size) * 2**30, link=self.kv_offloading_link))
+        except ConfigError as exc:
+            raise ConfigError("kv_offloading_link", self.kv_offloading_link, exc.reason) from None
 
     def instance_config(self, base: SimulationConfig) -> SimulationConfig:
         """The simulation config of one instance of this pool."""
@@ -57,7 +86,8 @@ class PoolConfig:
         return base.replace(deployment=deployment, engine=dict(self.engine))
 
     def num_gpus(self, base: SimulationConfig) -> int:
-        return self.num_instances * (self.tensor_parallel_size or base.deployment.tensor_parallel_size)
+        tp = self.tensor_parallel_size or base.deployment.tensor_parallel_size
+        return self.num_instances * tp * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)
@@ -67,9 +97,11 @@ class DisaggConfig:
     prefill: PoolConfig = field(default_factory=PoolConfig)
     decode: PoolConfig = field(default_factory=PoolConfig)
     link: str = "ib-ndr"
+    first_token: str = "decode"     # whose first token the client sees (sim.planning.first_token)
 
     def __post_init__(self) -> None:
         get_link(self.link)
+        require(self.first_token in FIRST_TOKEN, "first_token", self.first_token, f"must be one of {FIRST_TOKEN}")
 
     @property
     def ratio(self) -> str:
@@ -80,13 +112,14 @@ class DisaggConfig:
         """From the [disaggregation] table; unknown keys are named errors."""
         if not isinstance(data, dict):
             raise ConfigError("disaggregation", data, "must be a table")
-        unknown = set(data) - {"prefill", "decode", "link"}
+        unknown = set(data) - {"prefill", "decode", "link", "first_token"}
         if unknown:
             key = sorted(unknown)[0]
-            raise ConfigError(f"disaggregation.{key}", data[key], "unknown setting; known: decode, link, prefill")
+            raise ConfigError(f"disaggregation.{key}", data[key],
+                              "unknown setting; known: decode, first_token, link, prefill")
         pools = {name: _pool(name, data.get(name, {})) for name in ("prefill", "decode")}
         with within("disaggregation"):
-            return cls(**pools, link=data.get("link", "ib-ndr"))
+            return cls(**pools, link=data.get("link", "ib-ndr"), first_token=data.get("first_token", "decode"))
 
 
 def _pool(name: str, values) -> PoolConfig:

@@ -55,7 +55,7 @@ def collect_results(cluster) -> DisaggResults:
     decode = [Results.from_records(e.records(end), slo=slo, meta={"pool": "decode", "instance": i})
               for i, e in enumerate(cluster.decode)]
     transfers = cluster.log.transfers()
-    requests, tokens = join_requests(prefill, decode, transfers)
+    requests, tokens = join_requests(prefill, decode, transfers, cluster.disagg.first_token == "decode")
     blocks = sum(p.meta["num_gpu_blocks"] for p in prefill + decode)
     summary = summarize(requests, pd.DataFrame({"duration": [], "kv_blocks_used": []}).iloc[0:0],
                         tokens, blocks, slo)
@@ -73,8 +73,11 @@ def collect_results(cluster) -> DisaggResults:
                          transfers, cluster.log.queue())
 
 
-def join_requests(prefill: list, decode: list, transfers: pd.DataFrame) -> tuple[pd.DataFrame, list]:
-    """One row per request (by arrival), prefill and decode halves joined by request_id."""
+def join_requests(prefill: list, decode: list, transfers: pd.DataFrame,
+                  first_from_decode: bool = False) -> tuple[pd.DataFrame, list]:
+    """One row per request (by arrival), prefill and decode halves joined by request_id; with
+    `first_from_decode` the first token (time and token times) is the decode instance's."""
+    from_decode = FROM_DECODE + ("first_token_time",) * first_from_decode
     rows = pd.concat([p.requests.assign(prefill_instance=i) for i, p in enumerate(prefill)], ignore_index=True)
     tokens = [array("d", t) if t is not None else None for p in prefill for t in p.token_times]
     rows = rows.drop(columns=list(DERIVED))
@@ -84,12 +87,14 @@ def join_requests(prefill: list, decode: list, transfers: pd.DataFrame) -> tuple
     for d, part in enumerate(decode):
         for j, rec in enumerate(part.requests.itertuples(index=False)):
             i = at[rec.request_id]
-            for column in FROM_DECODE:
+            for column in from_decode:
                 rows.at[i, column] = getattr(rec, column)
             rows.at[i, "num_preemptions"] += rec.num_preemptions
             rows.at[i, "decode_instance"] = d
             rows.at[i, "decode_cached_tokens"] = rec.num_cached_tokens
             if tokens[i] is not None and part.token_times[j] is not None:
+                if first_from_decode:
+                    del tokens[i][:]
                 tokens[i].extend(part.token_times[j])
     rows = _with_transfers(rows, transfers)
     order = np.argsort(rows["arrival_time"].to_numpy(), kind="stable")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import simpy
 
-from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.results import Results
@@ -52,12 +51,6 @@ class PipelineProcess(EngineProcess):
         self.last_exit = 0.0
         self.max_in_flight = 0
         super().__init__(env, engine)
-
-    def submit(self, spec) -> simpy.Event:
-        if spec.abort_time_s is not None:
-            raise ConfigError("abort_time_s", spec.abort_time_s,
-                              "client aborts are not modelled under pipeline parallelism")
-        return super().submit(spec)
 
     def loop(self):
         env, engine = self.env, self.engine

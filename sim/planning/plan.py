@@ -20,9 +20,10 @@ from kernels_cost_model.errors import ConfigError, require
 from sim.planning.executors import EXECUTORS
 from sim.planning.routers import ROUTERS
 from sim.planning.sweep import make_point
+from sim.planning.topology import TOPOLOGY_KEYS, topologies as topology_candidates
 
 SEARCH_KEYS = {"gpus", "tensor_parallel_sizes", "candidates", "engine", "max_replicas", "router", "seeds",
-               "rel_tol", "executor", "workers", "curve_points"}
+               "rel_tol", "executor", "workers", "curve_points"} | TOPOLOGY_KEYS
 TARGET_KEYS = {"rate", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "min_attainment", "percentile"}
 
 
@@ -62,6 +63,7 @@ class Plan:
     curve_points: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25)
     prices: dict = field(default_factory=dict)
     prices_path: str | None = None
+    topologies: tuple = ()     # sim.planning.topology.Topology candidates; empty: aggregated candidates only
 
     def __post_init__(self) -> None:
         require(self.target_rate > 0, "target.rate", self.target_rate, "must be > 0")
@@ -91,9 +93,10 @@ class Plan:
         if path is not None and root is not None:
             path = str((root / path).resolve())
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()
-                  if k not in ("gpus", "tensor_parallel_sizes", "candidates", "engine")}
+                  if k not in {"gpus", "tensor_parallel_sizes", "candidates", "engine"} | TOPOLOGY_KEYS}
+        shapes = topology_candidates(search, base) if TOPOLOGY_KEYS & set(search) else ()
         return cls(base, rate, CapacityTarget(**target), candidates(search, base), prices=prices,
-                   prices_path=path, **kwargs)
+                   prices_path=path, topologies=shapes, **kwargs)
 
 
 def candidates(search: dict, base: SimulationConfig) -> tuple[Candidate, ...]:

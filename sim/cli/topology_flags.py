@@ -1,0 +1,97 @@
+"""`servesim run` flags for the deployment topology and multi-turn replay, with vLLM's names:
+`-pp/--pipeline-parallel-size`, `--kv-offloading-size` (GiB of host memory for a CPU KV tier) and
+`--conversations PATH` (a Mooncake prefix-hash trace or OpenTelemetry GenAI spans, replayed closed-loop).
+
+Without these flags `servesim run` is `simulate(config)`; with PP or a CPU tier the engine is built by
+sim.planning.instances.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kernels_cost_model.errors import ConfigError, require
+
+
+def add_topology_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("topology")
+    g.add_argument("--pipeline-parallel-size", "-pp", "--pp", dest="pp", type=int, metavar="N",
+                   help="pipeline stages per replica (vLLM's flag; default 1)")
+    g.add_argument("--pipeline-link", metavar="LINK", default="nvlink4",
+                   help="link between stages (kernels_cost_model/data/links.csv; default nvlink4)")
+    g.add_argument("--kv-offloading-size", type=float, metavar="GIB",
+                   help="CPU KV tier of GIB GiB of host memory (vLLM's flag; needs prefix caching)")
+    g.add_argument("--kv-offloading-link", metavar="LINK", default="pcie5",
+                   help="host-to-GPU link of the CPU tier (default pcie5)")
+    g.add_argument("--conversations", metavar="PATH",
+                   help="replay multi-turn conversations closed-loop: a Mooncake prefix-hash JSONL "
+                        "trace or OpenTelemetry GenAI spans (OTLP JSON); --num-prompts caps Mooncake rows")
+    g.add_argument("--conversation-time-scale", type=float, default=1.0, metavar="X",
+                   help="stretch a Mooncake trace's start times and gaps by X (default 1)")
+
+
+def instance_shape(args):
+    """The InstanceShape the flags ask for, or None for the plain engine."""
+    from sim.planning.instances import InstanceShape
+    from sim.planning.offload import OffloadConfig
+    from sim.planning.pipeline import PipelineConfig
+    pp, size = getattr(args, "pp", None), getattr(args, "kv_offloading_size", None)
+    if (pp is None or pp == 1) and size is None:
+        return None
+    require(pp is None or pp >= 1, "--pipeline-parallel-size", pp, "must be an integer >= 1")
+    require(size is None or size > 0, "--kv-offloading-size", size, "must be > 0 GiB")
+    try:
+        pipeline = PipelineConfig(pp, args.pipeline_link) if pp and pp > 1 else None
+    except ConfigError as exc:
+        raise ConfigError("--pipeline-link", args.pipeline_link, exc.reason) from None
+    try:
+        offload = OffloadConfig(cpu_bytes=size * 2**30, link=args.kv_offloading_link) if size else None
+    except ConfigError as exc:
+        raise ConfigError("--kv-offloading-link", args.kv_offloading_link, exc.reason) from None
+    return InstanceShape(pipeline, offload)
+
+
+def conversation_workload(args, config):
+    """The ConversationReplay of --conversations, or None."""
+    path = getattr(args, "conversations", None)
+    if path is None:
+        return None
+    from workloads.conversations import ConversationReplay, mooncake_conversations
+    from workloads.otel_genai import otel_genai_conversations
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("--conversations", str(path), "file not found")
+    ignore_eos = config.workload.ignore_eos
+    if _is_mooncake(path):
+        return ConversationReplay(mooncake_conversations(path, getattr(args, "num_requests", None), ignore_eos,
+                                                         args.conversation_time_scale))
+    return ConversationReplay(otel_genai_conversations(path, ignore_eos))
+
+
+def _is_mooncake(path: Path) -> bool:
+    with path.open() as f:
+        first = f.readline()
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "hash_ids" in row
+
+
+def simulate_from_args(config, args, progress=None):
+    """Results of `servesim run`: the plain engine, or one with PP / a CPU tier, on the config's
+    workload or the --conversations replay."""
+    from sim.api.simulator import simulate
+    from sim.planning.instances import simulate_instance
+    shape, workload = instance_shape(args), conversation_workload(args, config)
+    if shape is None:
+        return simulate(config, workload=workload, progress=progress)
+    if shape.offload is not None:
+        require(config.engine.enable_prefix_caching, "--kv-offloading-size", args.kv_offloading_size,
+                "the CPU tier needs prefix caching")
+        try:
+            shape.offload.cpu_blocks(config)
+        except ConfigError as exc:
+            raise ConfigError("--kv-offloading-size", args.kv_offloading_size, exc.reason) from None
+    return simulate_instance(config, shape, workload=workload)

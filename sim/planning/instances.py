@@ -1,0 +1,102 @@
+"""One serving instance as a topology builds it: an engine with an optional CPU KV tier, run by a
+plain or a pipeline-parallel process.
+
+    from sim.planning.instances import InstanceShape, simulate_instance
+    shape = InstanceShape(pipeline=PipelineConfig(2), offload=OffloadConfig(cpu_bytes=100e9))
+    results = simulate_instance(config, shape)
+
+Aggregated deployments in the topology search and each pool of a disaggregated one use these
+builders, so PP and a CPU tier combine the same way everywhere: the tier's reload time is added to
+the step (under PP each stage loads its own 1/PP share of the KV, in parallel, during its 1/PP of
+the step) and the KV cache is sized for 1/PP of the weights and layers per GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from kernels_cost_model.links import get_link, kv_transfer_bytes
+from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
+from sim.api.results import Results
+from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
+                               resolve_num_gpu_blocks, within)
+from sim.core.kv_offload import CPUOffloadKVCacheManager
+from sim.core.scheduler_profiles import get_scheduler_profile
+from sim.engine.engine import Engine
+from sim.engine.simulation import EngineProcess, check_kv_capacity
+from sim.planning.engine_run import serve
+from sim.planning.offload import OffloadConfig, ReloadPricing, tier_summary
+from sim.planning.pipeline import PipelineConfig, PipelineProcess
+
+
+@dataclass(frozen=True)
+class InstanceShape:
+    """What an instance adds to the plain engine: pipeline stages and/or a CPU KV tier."""
+
+    pipeline: PipelineConfig | None = None
+    offload: OffloadConfig | None = None
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.pipeline.pipeline_parallel_size if self.pipeline is not None else 1
+
+    def config(self, config: SimulationConfig) -> SimulationConfig:
+        """The engine's config: under PP the batch queue plans ahead, so async scheduling is off."""
+        return config.replace(engine={"async_scheduling": False}) if self.pipeline_parallel_size > 1 else config
+
+    def num_gpu_blocks(self, config: SimulationConfig) -> int:
+        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV."""
+        d, e, pp = config.deployment, config.engine, self.pipeline_parallel_size
+        if pp == 1 or e.num_gpu_blocks is not None:
+            return resolve_num_gpu_blocks(config)
+        with within("pipeline"):
+            check_pipeline_size(d.model, pp)
+        with within("deployment"):
+            return pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
+                                            d.gpu_memory_utilization, e.max_num_batched_tokens)
+
+
+def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
+                 num_gpu_blocks: int | None = None) -> tuple[Engine, ReloadPricing | None]:
+    """The engine of one instance (config already through `shape.config`) and its reload hook, if any."""
+    check_names(config.engine)
+    e = config.engine
+    blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)
+    if shape.offload is None:
+        return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks)), None
+    kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
+                                  get_scheduler_profile(e.scheduler_profile).free_uncached_first)
+    link, model, tp = get_link(shape.offload.link), config.deployment.model, config.deployment.tensor_parallel_size
+    reload = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
+                           e.check_invariants)
+    return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, reload], kv=kv), reload
+
+
+def make_process(env: simpy.Environment, engine: Engine, config: SimulationConfig,
+                 shape: InstanceShape) -> EngineProcess:
+    """The SimPy process running `engine`: a PP batch queue when PP > 1, the plain loop otherwise."""
+    pp = shape.pipeline_parallel_size
+    if pp == 1:
+        return EngineProcess(env, engine)
+    d, link = config.deployment, get_link(shape.pipeline.link)
+    return PipelineProcess(env, engine, pp, lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
+
+
+def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workload=None,
+                      until: float | None = None) -> Results:
+    """One instance of `shape` serving config.workload (or `workload`)."""
+    config = shape.config(config)
+    engine, reload = build_engine(config, shape)
+    proc = make_process(simpy.Environment(), engine, config, shape)
+    meta = {"config": _plain(config), "cost_model_description": describe_cost_model(engine.cost_model),
+            "pipeline_parallel_size": shape.pipeline_parallel_size,
+            "offload": {"num_cpu_blocks": engine.state.kv.num_cpu_blocks, "link": shape.offload.link}
+            if reload is not None else None}
+    results = serve(config, proc, workload, until, meta)
+    if reload is not None:
+        results.summary.update(tier_summary(engine.state.kv, reload, results.requests["num_prompt_tokens"].sum()))
+    if isinstance(proc, PipelineProcess):
+        results.summary["max_batches_in_flight"] = proc.max_in_flight
+    results.summary["num_gpus"] = config.deployment.tensor_parallel_size * shape.pipeline_parallel_size
+    return results

@@ -1,0 +1,113 @@
+"""`servesim run` topology flags with vLLM's names (-pp, --kv-offloading-size, --conversations) and
+`servesim capacity` over topologies."""
+import json
+
+import pytest
+
+from sim.cli.main import build_parser, main
+
+FAST = ["--num-prompts", "30", "--request-rate", "20", "--cost-model", "linear", "--json"]
+
+
+def summary(capsys, *argv) -> dict:
+    assert main(["run", *FAST, *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def error(capsys, *argv) -> str:
+    assert main(["run", *FAST, *argv]) == 2
+    return capsys.readouterr().err
+
+
+def test_pp_names_are_aliases():
+    parse = build_parser().parse_args
+    assert parse(["run", "-pp", "2"]) == parse(["run", "--pipeline-parallel-size", "2"]) == parse(["run", "--pp", "2"])
+
+
+def test_pp_one_is_the_plain_run(capsys):
+    assert summary(capsys, "-pp", "1") == summary(capsys)
+
+
+def test_pp_runs_a_pipeline(capsys):
+    s = summary(capsys, "-pp", "2")
+    assert s["num_gpus"] == 2 and 1 <= s["max_batches_in_flight"] <= 2 and s["completed"] == 30
+
+
+def test_kv_offloading_size_adds_a_cpu_tier(capsys):
+    s = summary(capsys, "--kv-offloading-size", "4", "-pp", "2")
+    assert s["cpu_prefix_hit_rate"] >= 0 and "cpu_offloaded_blocks" in s and s["completed"] == 30
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["-pp", "3"], "pipeline.pipeline_parallel_size=3"),              # 32 layers
+    (["--kv-offloading-size", "1e-9"], "--kv-offloading-size=1e-09"),  # smaller than one block
+    (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "--kv-offloading-size=4.0"),
+    (["--kv-offloading-size", "4", "--kv-offloading-link", "smoke-signals"], "--kv-offloading-link"),
+    (["--conversations", "/nonexistent/trace.jsonl"], "--conversations"),
+])
+def test_bad_topology_flags_are_named_errors(capsys, argv, named):
+    assert named in error(capsys, *argv)
+
+
+def test_conversations_replay_a_mooncake_trace(capsys, tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1800, "output_length": 20, "hash_ids": [0, 1, 2, 3]},
+            {"timestamp": 500, "input_length": 900, "output_length": 10, "hash_ids": [0, 7]},
+            {"timestamp": 4000, "input_length": 2600, "output_length": 30, "hash_ids": [0, 1, 2, 4, 5, 6]}]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    s = summary(capsys, "--conversations", str(path))
+    assert s["num_requests"] == s["completed"] == 3 and s["total_output_tokens"] == 60
+    assert s["prefix_cache_hit_rate"] > 0      # the third request continues the first's conversation
+    capped = summary(capsys, "--conversations", str(path), "--num-prompts", "2")
+    assert capped["num_requests"] == 2
+
+
+TOPOLOGY_PLAN = """
+seed = 0
+[deployment]
+cost_model = "linear"
+[engine]
+num_gpu_blocks = 2048
+max_model_len = 4096
+[workload]
+num_requests = 20
+max_tokens = 16
+rate = 10.0
+[target]
+rate = 10.0
+ttft_p99_s = 0.5
+[search]
+topologies = ["aggregated", "disaggregated"]
+pd_ratios = ["1:1"]
+seeds = [0]
+rel_tol = 0.2
+executor = "serial"
+curve_points = [1.0]
+[prices]
+h100 = 3.0
+"""
+
+
+def test_capacity_ranks_topologies(capsys, tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(TOPOLOGY_PLAN)
+    assert main(["capacity", "--config", str(plan), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "h100 TP1 agg" in out and "h100 TP1 1P:1D" in out and "goodput_per_gpu" in out
+    assert (tmp_path / "out" / "deployments.csv").read_text().count("\n") == 3   # header + 2 rows
+
+
+def test_capacity_names_a_bad_topology(capsys, tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(TOPOLOGY_PLAN.replace('pd_ratios = ["1:1"]', 'pd_ratios = ["1:x"]'))
+    assert main(["capacity", "--config", str(plan), "--out", str(tmp_path / "out")]) == 2
+    assert "search.pd_ratios" in capsys.readouterr().err
+
+
+def test_disagg_first_token_flag(capsys, tmp_path):
+    config = tmp_path / "pd.toml"
+    config.write_text('[deployment]\ncost_model = "linear"\n[workload]\nnum_requests = 10\n[disaggregation]\n')
+    assert main(["disagg", "--config", str(config)]) == 0
+    assert "first token from decode" in capsys.readouterr().out
+    assert main(["disagg", "--config", str(config), "--first-token", "prefill"]) == 0
+    assert "first token from prefill" in capsys.readouterr().out
