@@ -33,6 +33,13 @@ def test_pp_runs_a_pipeline(capsys):
     assert s["num_gpus"] == 2 and 1 <= s["max_batches_in_flight"] <= 2 and s["completed"] == 30
 
 
+def test_the_header_counts_every_gpu_of_a_pipeline(capsys):
+    assert main(["run", *FAST[:-1], "--tp", "2", "-pp", "2"]) == 0
+    assert "llama-3.1-8b on 4x (TP 2 x PP 2) h100" in capsys.readouterr().out.splitlines()[0]
+    assert main(["run", *FAST[:-1], "--tp", "2"]) == 0
+    assert "llama-3.1-8b on 2x h100" in capsys.readouterr().out.splitlines()[0]
+
+
 def test_kv_offloading_size_adds_a_cpu_tier(capsys):
     s = summary(capsys, "--kv-offloading-size", "4", "-pp", "2")
     assert s["cpu_prefix_hit_rate"] >= 0 and "cpu_offloaded_blocks" in s and s["completed"] == 30

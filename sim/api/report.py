@@ -42,10 +42,17 @@ def describe_setup(meta: dict) -> str:
                "sessions": f"chat sessions starting at {wl.get('rate')}/s"}.get(kind, f"{kind} {wl.get('rate')} req/s")
     if kind not in ("trace", "sessions"):
         traffic += f", {wl.get('lengths')} lengths"
-    return (f"{dep.get('model')} on {dep.get('tensor_parallel_size')}x {dep.get('gpu')} "
+    return (f"{dep.get('model')} on {_gpus(meta, dep)} {dep.get('gpu')} "
             f"({describe_cost_model(meta)}), policy {eng.get('policy')}, "
             f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
             f"{traffic}; seed {config.get('seed')}")
+
+
+def _gpus(meta: dict, dep: dict) -> str:
+    """"2x" for TP 2; "4x (TP 2 x PP 2)" when pipeline stages multiply the GPUs of a replica."""
+    tp = dep.get("tensor_parallel_size")
+    pp = meta.get("pipeline_parallel_size") or (meta.get("pipeline") or {}).get("pipeline_parallel_size") or 1
+    return f"{tp}x" if pp == 1 or tp is None else f"{tp * pp}x (TP {tp} x PP {pp})"
 
 
 def kv_capacity_lines(meta: dict) -> list[str]:
