@@ -18,7 +18,9 @@ from kernels_cost_model.errors import ConfigError, require
 
 from .hardware import get_gpu
 from .kv_layout import KVCacheLayout, kv_cache_layout
+from .model_shapes import split_params
 from .models import get_model
+from .mxfp4_layout import backend_for, expert_bytes
 
 GIB = 1 << 30
 #: Total memory as CUDA reports it (torch.cuda.mem_get_info), below the datasheet's 80 GB.
@@ -60,11 +62,19 @@ def kv_layout(model, tensor_parallel_size: int = 1, block_size: int = 16,
                            block_size, kv_cache_dtype)
 
 
-def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1) -> int:
-    spec = get_model(model)
+def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1, gpu=None) -> int:
+    """Weight bytes on each GPU. MXFP4 experts take what vLLM's MoE backend for `gpu` lays out
+    (mxfp4_layout.py); without a GPU, the checkpoint's bytes."""
+    spec, tp = get_model(model), tensor_parallel_size
     if spec.is_plain:
-        return spec.num_params() * spec.dtype_bytes // tensor_parallel_size
-    return int(spec.weight_bytes_total()) // tensor_parallel_size
+        return spec.num_params() * spec.dtype_bytes // tp
+    if spec.quant_method != "mxfp4" or gpu is None:
+        return int(spec.weight_bytes_total()) // tp
+    dense, _ = split_params(spec)
+    moe_layers = spec.num_layers - spec.first_k_dense_replace
+    experts = moe_layers * spec.num_experts * expert_bytes(spec.hidden_size, spec.moe_intermediate_size // tp,
+                                                           backend_for(get_gpu(gpu)))
+    return int(dense * (spec.weight_bytes or spec.dtype_bytes)) // tp + experts
 
 
 def total_memory_bytes(gpu) -> int:
@@ -96,7 +106,7 @@ def kv_cache_memory_bytes(model, gpu, tensor_parallel_size: int = 1, gpu_memory_
     """Bytes per GPU left for the KV cache (vLLM's "Available KV cache memory"); may be <= 0."""
     spec = get_model(model)
     budget = total_memory_bytes(gpu) * gpu_memory_utilization
-    used = (weight_bytes_per_gpu(spec, tensor_parallel_size)
+    used = (weight_bytes_per_gpu(spec, tensor_parallel_size, gpu)
             + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
             + non_torch_bytes(tensor_parallel_size) + cudagraph_memory_bytes)
     return int(budget - used)
