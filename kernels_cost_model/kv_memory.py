@@ -70,10 +70,15 @@ def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1, gpu=None) -> int:
         return spec.num_params() * spec.dtype_bytes // tp
     if spec.quant_method != "mxfp4" or gpu is None:
         return int(spec.weight_bytes_total()) // tp
+    return mxfp4_weight_bytes(spec, tp, backend_for(get_gpu(gpu)))
+
+
+def mxfp4_weight_bytes(spec, tp: int, backend) -> int:
+    """Weights per GPU of an MXFP4-expert model laid out by `backend` (mxfp4_layout.py)."""
     dense, _ = split_params(spec)
     moe_layers = spec.num_layers - spec.first_k_dense_replace
     experts = moe_layers * spec.num_experts * expert_bytes(spec.hidden_size, spec.moe_intermediate_size // tp,
-                                                           backend_for(get_gpu(gpu)))
+                                                           backend)
     return int(dense * (spec.weight_bytes or spec.dtype_bytes)) // tp + experts
 
 

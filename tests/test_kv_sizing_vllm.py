@@ -29,6 +29,17 @@ def test_mxfp4_weights_match_vllms_model_loading_line(model, gpu, logged_gib):
     assert weight_bytes_per_gpu(model, 1) < 0.96 * logged_gib * GIB      # the checkpoint alone falls short
 
 
+def test_mxfp4_marlin_layout_matches_vllm_0_10_on_h100():
+    """vllm-project/vllm#23278 (vLLM 0.10.1, H100, Marlin backend): "Model loading took 65.9651 GiB";
+    #33155 (0.14.1, H100, "Using Triton backend"): 64.38 GiB."""
+    from kernels_cost_model.kv_memory import mxfp4_weight_bytes
+    from kernels_cost_model.models import get_model
+    from kernels_cost_model.mxfp4_layout import MARLIN, TRITON_HOPPER
+    oss = get_model("gpt-oss-120b")
+    assert mxfp4_weight_bytes(oss, 1, MARLIN) / GIB == pytest.approx(65.9651, rel=0.002)
+    assert mxfp4_weight_bytes(oss, 1, TRITON_HOPPER) / GIB == pytest.approx(64.38, rel=0.002)
+
+
 def test_gpt_oss_120b_matches_the_logs_own_components_not_its_kv_line():
     """The log's gpt-oss-120b row does not add up: 71.26 - 64.38 weights - 7.38 activation - 0.13
     non-torch = -0.63 GiB, yet it prints 3.33 GiB available. servesim reproduces the components."""
@@ -130,3 +141,13 @@ def test_an_engine_without_max_model_len_still_checks_its_other_fields():
         EngineConfig(scheduling="bogus")
     assert err.value.field == "scheduling"
     assert EngineConfig().resolved().max_model_len == 8192        # an engine run with no model
+
+
+def test_kv_tokens_of_mistral_small_match_vllms_log():
+    """The same document's later revision (commit 4f4d449): Mistral-Small-3.2-24B (text shape of
+    mistral-small-24b) on one H100, block size 128: "Available KV cache memory: 28.20 GiB", "GPU KV
+    cache size: 184,832 tokens" (1,444 blocks)."""
+    from kernels_cost_model.kv_memory import kv_bytes_per_token
+    per_block = 128 * kv_bytes_per_token("mistral-small-24b")             # 160 KiB per token
+    assert 1444 * per_block / GIB == pytest.approx(28.20, abs=0.005)         # the logged GiB, to its rounding
+    assert 184_832 == 1444 * 128
