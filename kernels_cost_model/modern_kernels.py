@@ -101,11 +101,13 @@ class MLAKernels:
                                 self.scope)
         return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
 
-    def decode(self, rows: int, keys: float) -> float:
-        """Seconds for `rows` decode rows reading `keys` cached keys in all."""
+    def decode(self, rows: int, keys: float, read_weights: bool = True) -> float:
+        """Seconds for `rows` decode rows reading `keys` cached keys in all (without the module's
+        weight reads when `read_weights` is False: a prefill in the same step read them)."""
         if rows <= 0:
             return 0.0
-        f, b = mla.generation_cost(self.spec, self.heads, rows, keys, self.kv_bytes, self.weight_bytes, self.scope)
+        f, b = mla.generation_cost(self.spec, self.heads, rows, keys, self.kv_bytes, self.weight_bytes, self.scope,
+                                   read_weights)
         return self.generation.time(f, b, float(rows), rows)
 
 
