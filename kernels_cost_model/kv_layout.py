@@ -10,7 +10,10 @@ bytes per token per layer on one GPU:
 - MLA (DeepSeek-V3): kv_lora_rank + qk_rope_head_dim latent values, the same on every TP rank;
 - linear attention (Gated DeltaNet): no per-token cache but a per-request state, conv state
   (2 x key + value widths x (kernel - 1)) plus recurrent state (value heads x key_dim x value_dim),
-  split over TP, in the model dtype; it takes ceil(state / page) pool blocks per request and group.
+  split over TP; the conv state in the model dtype, the recurrent one too unless config.json's
+  `mamba_ssm_dtype` says otherwise (vLLM's mamba_ssm_cache_dtype "auto" follows the model dtype; its
+  Qwen3.5 config hook adopts `mamba_ssm_dtype`, float32 there); it takes ceil(state / page) pool blocks
+  per request and group.
   (vLLM instead raises the attention block size until one page holds the state; same bytes.)
 `kv_cache_dtype="fp8"` stores attention KV in one byte (vLLM's --kv-cache-dtype fp8); states stay.
 """
@@ -91,12 +94,12 @@ def attention_bytes_per_token_layer(spec, kv_heads_per_gpu: int, kv_cache_dtype:
 
 
 def linear_state_bytes(spec, tp: int) -> int:
-    """One request's state in one linear-attention layer on one GPU (conv + recurrent, model dtype)."""
+    """One request's state in one linear-attention layer on one GPU (conv + recurrent states)."""
     key = spec.linear_num_key_heads * spec.linear_key_head_dim
     value = spec.linear_num_value_heads * spec.linear_value_head_dim
     conv = (2 * key + value) // tp * (spec.linear_conv_kernel_dim - 1)
     recurrent = spec.linear_num_value_heads // tp * spec.linear_key_head_dim * spec.linear_value_head_dim
-    return (conv + recurrent) * spec.dtype_bytes
+    return conv * spec.dtype_bytes + recurrent * (spec.ssm_state_dtype_bytes or spec.dtype_bytes)
 
 
 def _kind_counts(spec) -> dict[str, int]:
