@@ -10,7 +10,8 @@ is vLLM's profiling run: a forward pass of `max_num_batched_tokens` tokens, then
 Checked against vLLM's own start-up logs (llm-d/llm-d-benchmark,
 config_explorer/empirical-vllm-memory-results.md, H100, 79.18 GiB, gpu_memory_utilization 0.9):
 available KV cache Llama-3.1-8B 51.38 GiB, Qwen3-32B 4.45 GiB, gpt-oss-20b 50.28 GiB
-(tests/test_kv_sizing_vllm.py).
+(tests/test_kv_sizing_vllm.py). MXFP4 expert weights are held as vLLM's MoE backend for the GPU lays
+them out (mxfp4_layout.py), which is what its "Model loading took" lines show.
 """
 from __future__ import annotations
 
