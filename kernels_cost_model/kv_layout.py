@@ -78,6 +78,28 @@ class KVCacheLayout:
         """KV tokens vLLM reports ("GPU KV cache size: N tokens"): blocks per group x block_size."""
         return num_blocks // len(self.groups) * self.block_size
 
+    def admission_blocks(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Pool blocks vLLM budgets for one request of `max_model_len` tokens when it checks that one
+        fits and reports its concurrency (each group's `max_memory_usage_bytes`, summed): a sliding
+        group keeps its window plus one step's tokens (+1 block for a window straddling a block
+        boundary), a chunked one a chunk plus one step's tokens, a state group its state."""
+        bs, total = self.block_size, 0
+        for g in self.groups:
+            if g.kind == LINEAR:
+                total += g.state_blocks
+            elif g.kind == SLIDING:
+                total += -(-min(g.window - 1 + max_num_batched_tokens, max_model_len) // bs) + 1
+            elif g.kind == CHUNKED:
+                total += -(-min(g.window + max_num_batched_tokens, max_model_len) // bs)
+            else:
+                total += -(-max_model_len // bs)
+        return total
+
+    def vllm_max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
+        """vLLM's "Maximum concurrency for max_model_len tokens per request: Nx"; below 1 vLLM
+        refuses to start."""
+        return num_blocks / self.admission_blocks(max_model_len, max_num_batched_tokens)
+
 
 def kv_dtype_bytes(spec, kv_cache_dtype: str) -> int:
     require(kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", kv_cache_dtype,

@@ -146,3 +146,23 @@ def test_deployment_kv_cache_dtype_and_groups_reach_the_engine():
     assert resolve_kv_groups(SimulationConfig()) is None          # plain model: the plain manager
     with pytest.raises(ConfigError, match="deployment.kv_cache_dtype"):
         DeploymentConfig(kv_cache_dtype="fp4")
+
+
+@pytest.mark.parametrize("model,tp,expected", [
+    ("llama-3.1-8b", 1, 131072 // 16),                                    # plain: the whole length
+    ("gpt-oss-120b", 1, 8192 + (-(-(128 - 1 + 8192) // 16) + 1)),          # full + window-and-step (+1)
+    ("gemma-3-27b", 1, 8192 + 6 * (-(-(1024 - 1 + 8192) // 16) + 1)),      # 1 full + 6 sliding groups
+    ("llama-4-scout", 2, 8192 + 3 * ((8192 + 8192) // 16)),                # 1 full + 3 chunked groups
+    ("qwen3-next-80b-a3b", 2, 8192 + 3 * 34),                              # 1 full + 3 state groups
+])
+def test_vllm_admission_blocks_per_request(model, tp, expected):
+    """vLLM's per-request budget (max_memory_usage_bytes per group, summed) at max_model_len 131072 and
+    max_num_batched_tokens 8192: what its "Maximum concurrency" line divides the pool by."""
+    layout = kv_layout(model, tp, 16)
+    assert layout.admission_blocks(131072, 8192) == expected
+    assert layout.vllm_max_concurrency(10 * expected, 131072, 8192) == 10.0
+
+
+def test_short_requests_take_their_whole_length_in_a_sliding_group():
+    layout = kv_layout("gpt-oss-20b", 1, 16)
+    assert layout.admission_blocks(64, 8192) == 64 // 16 + (64 // 16 + 1)  # full 4 + sliding 4 (+1)
