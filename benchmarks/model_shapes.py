@@ -75,6 +75,8 @@ def step_sources(name: str, gpu: str, kv_cache_dtype: str) -> str:
         out.append(f"GEMM {gemm} ({raw['gemm'][gemm]['holdout_error']['median']:.1%})")
     if spec.is_moe and variant != "bfloat16" and variant in raw["moe"]:
         out.append(f"MoE {variant} ({raw['moe'][variant]['holdout_error']['median']:.1%})")
+    if spec.num_linear_layers and "generation" in raw.get("gdn", {}):
+        out.append(f"GDN generation ({raw['gdn']['generation']['holdout_error']['median']:.1%})")
     if not out:
         return "roofline with the shipped bf16 calibration (no modern fit applies)"
     return f"calibration_modern/{gpu}.json: {', '.join(out)} (held-out median error)"
