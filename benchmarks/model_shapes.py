@@ -45,7 +45,7 @@ def smallest_tp(name: str, gpu: str, kv_cache_dtype: str) -> int | None:
 def row(name: str, gpu: str, length: int, batch: int, kv_cache_dtype: str) -> str:
     tp = smallest_tp(name, gpu, kv_cache_dtype)
     if tp is None:
-        return f"{name:24} does not fit on 8 x {gpu} (weights {weight_bytes_per_gpu(name, 8) / 2**30:.1f} GiB per GPU)"
+        return f"{name:24} does not fit on 8 x {gpu} (weights {weight_bytes_per_gpu(name, 8, gpu) / 2**30:.1f} GiB per GPU)"
     blocks = kv_cache_blocks(name, gpu, tp, kv_cache_dtype=kv_cache_dtype)
     layout = kv_layout(name, tp, 16, kv_cache_dtype)
     with warnings.catch_warnings():
@@ -53,7 +53,7 @@ def row(name: str, gpu: str, length: int, batch: int, kv_cache_dtype: str) -> st
         cost = make_cost_model(name, gpu, tp, kv_cache_dtype=kv_cache_dtype)
     step = [cost.step_time(BatchShape(num_new_tokens=[1] * n, num_context_tokens=[length] * n, num_sampled=n))
             for n in (1, batch)]
-    return (f"{name:24} {tp:>3} {weight_bytes_per_gpu(name, tp) / 2**30:>8.1f} {len(layout.groups):>6} "
+    return (f"{name:24} {tp:>3} {weight_bytes_per_gpu(name, tp, gpu) / 2**30:>8.1f} {len(layout.groups):>6} "
             f"{blocks:>9,} {layout.tokens(blocks):>11,} {layout.max_concurrency(blocks, length):>9,} "
             f"{step[0] * 1e3:>9.2f} {step[1] * 1e3:>10.2f}")
 
@@ -75,6 +75,8 @@ def step_sources(name: str, gpu: str, kv_cache_dtype: str) -> str:
         out.append(f"GEMM {gemm} ({raw['gemm'][gemm]['holdout_error']['median']:.1%})")
     if spec.is_moe and variant != "bfloat16" and variant in raw["moe"]:
         out.append(f"MoE {variant} ({raw['moe'][variant]['holdout_error']['median']:.1%})")
+    if spec.num_linear_layers and "generation" in raw.get("gdn", {}):
+        out.append(f"GDN generation ({raw['gdn']['generation']['holdout_error']['median']:.1%})")
     if not out:
         return "roofline with the shipped bf16 calibration (no modern fit applies)"
     return f"calibration_modern/{gpu}.json: {', '.join(out)} (held-out median error)"

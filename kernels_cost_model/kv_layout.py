@@ -10,7 +10,10 @@ bytes per token per layer on one GPU:
 - MLA (DeepSeek-V3): kv_lora_rank + qk_rope_head_dim latent values, the same on every TP rank;
 - linear attention (Gated DeltaNet): no per-token cache but a per-request state, conv state
   (2 x key + value widths x (kernel - 1)) plus recurrent state (value heads x key_dim x value_dim),
-  split over TP, in the model dtype; it takes ceil(state / page) pool blocks per request and group.
+  split over TP; the conv state in the model dtype, the recurrent one too unless config.json's
+  `mamba_ssm_dtype` says otherwise (vLLM's mamba_ssm_cache_dtype "auto" follows the model dtype; its
+  Qwen3.5 config hook adopts `mamba_ssm_dtype`, float32 there); it takes ceil(state / page) pool blocks
+  per request and group.
   (vLLM instead raises the attention block size until one page holds the state; same bytes.)
 `kv_cache_dtype="fp8"` stores attention KV in one byte (vLLM's --kv-cache-dtype fp8); states stay.
 """
@@ -75,6 +78,28 @@ class KVCacheLayout:
         """KV tokens vLLM reports ("GPU KV cache size: N tokens"): blocks per group x block_size."""
         return num_blocks // len(self.groups) * self.block_size
 
+    def admission_blocks(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Pool blocks vLLM budgets for one request of `max_model_len` tokens when it checks that one
+        fits and reports its concurrency (each group's `max_memory_usage_bytes`, summed): a sliding
+        group keeps its window plus one step's tokens (+1 block for a window straddling a block
+        boundary), a chunked one a chunk plus one step's tokens, a state group its state."""
+        bs, total = self.block_size, 0
+        for g in self.groups:
+            if g.kind == LINEAR:
+                total += g.state_blocks
+            elif g.kind == SLIDING:
+                total += -(-min(g.window - 1 + max_num_batched_tokens, max_model_len) // bs) + 1
+            elif g.kind == CHUNKED:
+                total += -(-min(g.window + max_num_batched_tokens, max_model_len) // bs)
+            else:
+                total += -(-max_model_len // bs)
+        return total
+
+    def vllm_max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
+        """vLLM's "Maximum concurrency for max_model_len tokens per request: Nx"; below 1 vLLM
+        refuses to start."""
+        return num_blocks / self.admission_blocks(max_model_len, max_num_batched_tokens)
+
 
 def kv_dtype_bytes(spec, kv_cache_dtype: str) -> int:
     require(kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", kv_cache_dtype,
@@ -91,12 +116,12 @@ def attention_bytes_per_token_layer(spec, kv_heads_per_gpu: int, kv_cache_dtype:
 
 
 def linear_state_bytes(spec, tp: int) -> int:
-    """One request's state in one linear-attention layer on one GPU (conv + recurrent, model dtype)."""
+    """One request's state in one linear-attention layer on one GPU (conv + recurrent states)."""
     key = spec.linear_num_key_heads * spec.linear_key_head_dim
     value = spec.linear_num_value_heads * spec.linear_value_head_dim
     conv = (2 * key + value) // tp * (spec.linear_conv_kernel_dim - 1)
     recurrent = spec.linear_num_value_heads // tp * spec.linear_key_head_dim * spec.linear_value_head_dim
-    return (conv + recurrent) * spec.dtype_bytes
+    return conv * spec.dtype_bytes + recurrent * (spec.ssm_state_dtype_bytes or spec.dtype_bytes)
 
 
 def _kind_counts(spec) -> dict[str, int]:

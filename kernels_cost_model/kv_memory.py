@@ -10,7 +10,8 @@ is vLLM's profiling run: a forward pass of `max_num_batched_tokens` tokens, then
 Checked against vLLM's own start-up logs (llm-d/llm-d-benchmark,
 config_explorer/empirical-vllm-memory-results.md, H100, 79.18 GiB, gpu_memory_utilization 0.9):
 available KV cache Llama-3.1-8B 51.38 GiB, Qwen3-32B 4.45 GiB, gpt-oss-20b 50.28 GiB
-(tests/test_kv_sizing_vllm.py).
+(tests/test_kv_sizing_vllm.py). MXFP4 expert weights are held as vLLM's MoE backend for the GPU lays
+them out (mxfp4_layout.py), which is what its "Model loading took" lines show.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from kernels_cost_model.errors import ConfigError, require
 
 from .hardware import get_gpu
 from .kv_layout import KVCacheLayout, kv_cache_layout
+from .model_shapes import split_params
 from .models import get_model
+from .mxfp4_layout import backend_for, expert_bytes
 
 GIB = 1 << 30
 #: Total memory as CUDA reports it (torch.cuda.mem_get_info), below the datasheet's 80 GB.
@@ -60,11 +63,24 @@ def kv_layout(model, tensor_parallel_size: int = 1, block_size: int = 16,
                            block_size, kv_cache_dtype)
 
 
-def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1) -> int:
-    spec = get_model(model)
+def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1, gpu=None) -> int:
+    """Weight bytes on each GPU. MXFP4 experts take what vLLM's MoE backend for `gpu` lays out
+    (mxfp4_layout.py); without a GPU, the checkpoint's bytes."""
+    spec, tp = get_model(model), tensor_parallel_size
     if spec.is_plain:
-        return spec.num_params() * spec.dtype_bytes // tensor_parallel_size
-    return int(spec.weight_bytes_total()) // tensor_parallel_size
+        return spec.num_params() * spec.dtype_bytes // tp
+    if spec.quant_method != "mxfp4" or gpu is None:
+        return int(spec.weight_bytes_total()) // tp
+    return mxfp4_weight_bytes(spec, tp, backend_for(get_gpu(gpu)))
+
+
+def mxfp4_weight_bytes(spec, tp: int, backend) -> int:
+    """Weights per GPU of an MXFP4-expert model laid out by `backend` (mxfp4_layout.py)."""
+    dense, _ = split_params(spec)
+    moe_layers = spec.num_layers - spec.first_k_dense_replace
+    experts = moe_layers * spec.num_experts * expert_bytes(spec.hidden_size, spec.moe_intermediate_size // tp,
+                                                           backend)
+    return int(dense * (spec.weight_bytes or spec.dtype_bytes)) // tp + experts
 
 
 def total_memory_bytes(gpu) -> int:
@@ -96,7 +112,7 @@ def kv_cache_memory_bytes(model, gpu, tensor_parallel_size: int = 1, gpu_memory_
     """Bytes per GPU left for the KV cache (vLLM's "Available KV cache memory"); may be <= 0."""
     spec = get_model(model)
     budget = total_memory_bytes(gpu) * gpu_memory_utilization
-    used = (weight_bytes_per_gpu(spec, tensor_parallel_size)
+    used = (weight_bytes_per_gpu(spec, tensor_parallel_size, gpu)
             + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
             + non_torch_bytes(tensor_parallel_size) + cudagraph_memory_bytes)
     return int(budget - used)

@@ -140,8 +140,8 @@ class ShapedCostModel:
 
     def _measured_mla(self, batch: BatchShape, terms: list, layers: int) -> None:
         """MLA layers at the measured fits: prefill rows at the context fit, decode rows at the generation
-        one (the smaller fixed cost counted once when both run); a module fit includes the projections,
-        so qkv/o move into the attention terms."""
+        one (the smaller fixed cost counted once when both run, and the module's weights read once: by
+        the prefill side); a module fit includes the projections, so qkv/o move into the attention terms."""
         tok = pairs = cached = keys = 0.0
         n_pf = n_dec = 0
         for n, c in zip(batch.num_new_tokens, batch.num_context_tokens):
@@ -150,7 +150,7 @@ class ShapedCostModel:
             elif n > 1:
                 n_pf, tok, pairs, cached = n_pf + 1, tok + n, pairs + n * c + n * (n + 1) / 2, cached + c
         k = self.keys.index
-        pf, dec = self.mla.prefill(tok, pairs, cached, n_pf), self.mla.decode(n_dec, keys)
+        pf, dec = self.mla.prefill(tok, pairs, cached, n_pf), self.mla.decode(n_dec, keys, read_weights=not n_pf)
         if pf and dec:  # one forward pass: the module's fixed launches are paid once, not per phase
             shared = min(self.mla.context.overhead_s, self.mla.generation.overhead_s)
             pf, dec = pf - shared * pf / (pf + dec), dec - shared * dec / (pf + dec)

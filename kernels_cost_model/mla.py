@@ -28,15 +28,16 @@ def weight_elements(spec, heads: float) -> float:
 
 
 def generation_cost(spec, heads: float, batch: float, keys: float, kv_bytes: float, weight_bytes: float,
-                    scope: str = "module") -> tuple[float, float]:
-    """(FLOPs, bytes) of one decode step of `batch` sequences, `keys` cached keys in all."""
+                    scope: str = "module", read_weights: bool = True) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step of `batch` sequences, `keys` cached keys in all;
+    `read_weights=False` when a prefill in the same step has already read the module's weights."""
     r, dr = spec.kv_lora_rank, spec.qk_rope_head_dim
     flops = 2.0 * heads * (2 * r + dr) * keys
     nbytes = (r + dr) * kv_bytes * keys + ACT_BYTES * batch * heads * (2 * r + dr)
     if scope == "module":
         w = weight_elements(spec, heads)
         flops += 2.0 * batch * w
-        nbytes += weight_bytes * w + ACT_BYTES * 2.0 * batch * spec.hidden_size
+        nbytes += weight_bytes * w * read_weights + ACT_BYTES * 2.0 * batch * spec.hidden_size
     return flops, nbytes
 
 

@@ -72,6 +72,7 @@ def extended_fields(cfg: dict, num_layers: int) -> dict:
         linear_num_key_heads=get("linear_num_key_heads"), linear_num_value_heads=get("linear_num_value_heads"),
         linear_key_head_dim=get("linear_key_head_dim"), linear_value_head_dim=get("linear_value_head_dim"),
         linear_conv_kernel_dim=get("linear_conv_kernel_dim"),
+        ssm_state_dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype")), 0),
         n_shared_experts=get("n_shared_experts") or (1 if _shared_width(cfg) else 0),
         shared_expert_intermediate_size=_shared_width(cfg),
         first_k_dense_replace=get("first_k_dense_replace"),

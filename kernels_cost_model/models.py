@@ -48,6 +48,7 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    ssm_state_dtype_bytes: int = 0         # recurrent state bytes per value (0 = model dtype, vLLM's "auto")
     n_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
     first_k_dense_replace: int = 0         # leading layers with a dense MLP in an MoE model

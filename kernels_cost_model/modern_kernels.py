@@ -101,11 +101,13 @@ class MLAKernels:
                                 self.scope)
         return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
 
-    def decode(self, rows: int, keys: float) -> float:
-        """Seconds for `rows` decode rows reading `keys` cached keys in all."""
+    def decode(self, rows: int, keys: float, read_weights: bool = True) -> float:
+        """Seconds for `rows` decode rows reading `keys` cached keys in all (without the module's
+        weight reads when `read_weights` is False: a prefill in the same step read them)."""
         if rows <= 0:
             return 0.0
-        f, b = mla.generation_cost(self.spec, self.heads, rows, keys, self.kv_bytes, self.weight_bytes, self.scope)
+        f, b = mla.generation_cost(self.spec, self.heads, rows, keys, self.kv_bytes, self.weight_bytes, self.scope,
+                                   read_weights)
         return self.generation.time(f, b, float(rows), rows)
 
 
@@ -125,37 +127,41 @@ def mla_kernels(gpu_name: str, spec, heads: float, kv_cache_dtype: str = "auto")
     return None
 
 
-#: The gated delta rule's recurrent state is kept in fp32 by vLLM's kernels (bytes per element).
+#: Bytes per recurrent-state element in AIConfigurator's GDN tables (fp32 state), which the fits use.
 GDN_STATE_BYTES = 4.0
 
 
-def gdn_cost(tokens: float, seqs: float, k_heads: float, k_dim: float, v_heads: float, v_dim: float) -> tuple[float, float]:
+def gdn_cost(tokens: float, seqs: float, k_heads: float, k_dim: float, v_heads: float, v_dim: float,
+             state_bytes: float = GDN_STATE_BYTES) -> tuple[float, float]:
     """(FLOPs, bytes) of one GDN layer: the delta rule's ~6 FLOPs per state element per token; each
-    sequence's state read and written once, and q, k, v, output (bf16) per token."""
+    sequence's state read and written once at `state_bytes` per element, and q, k, v, output (bf16)
+    per token."""
     state = v_heads * k_dim * v_dim
     flops = 6.0 * state * tokens
-    nbytes = 2.0 * GDN_STATE_BYTES * state * seqs + 2.0 * tokens * (2 * k_heads * k_dim + 2 * v_heads * v_dim)
+    nbytes = 2.0 * state_bytes * state * seqs + 2.0 * tokens * (2 * k_heads * k_dim + 2 * v_heads * v_dim)
     return flops, nbytes
 
 
 @dataclass(frozen=True)
 class GDNKernels:
-    """One Gated DeltaNet layer on one GPU (conv1d + delta rule), at the measured fits."""
+    """One Gated DeltaNet layer on one GPU (conv1d + delta rule), at the measured fits, with the
+    recurrent state at the bytes per element vLLM keeps it in for this model."""
 
     heads: tuple            # (key heads, key dim, value heads, value dim) on this GPU
     context: Coeffs
     generation: Coeffs
+    state_bytes: float = GDN_STATE_BYTES
 
     def prefill(self, tokens: float, seqs: int) -> float:
         if seqs <= 0:
             return 0.0
-        f, b = gdn_cost(tokens, seqs, *self.heads)
+        f, b = gdn_cost(tokens, seqs, *self.heads, self.state_bytes)
         return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
 
     def decode(self, rows: int) -> float:
         if rows <= 0:
             return 0.0
-        f, b = gdn_cost(rows, rows, *self.heads)
+        f, b = gdn_cost(rows, rows, *self.heads, self.state_bytes)
         return self.generation.time(f, b, 1.0, rows)
 
 
@@ -175,4 +181,5 @@ def gdn_kernels(gpu_name: str, spec, tp: int) -> GDNKernels | None:
         return shapes[near] if near else table["gdn"]
 
     return GDNKernels((hk, spec.linear_key_head_dim, hv, spec.linear_value_head_dim),
-                      pick(fits["gdn"]["context"]), pick(fits["gdn"]["generation"]))
+                      pick(fits["gdn"]["context"]), pick(fits["gdn"]["generation"]),
+                      float(spec.ssm_state_dtype_bytes or spec.dtype_bytes))

@@ -41,7 +41,7 @@ def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_par
     check_pipeline_size(model, pipeline_parallel_size)
     hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
     budget = total_memory_bytes(hw.name) * gpu_memory_utilization
-    used = (weight_bytes_per_gpu(spec, tensor_parallel_size) / pp
+    used = (weight_bytes_per_gpu(spec, tensor_parallel_size, hw.name) / pp
             + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens)
             + non_torch_bytes(tensor_parallel_size * pp))
     if budget <= used:

@@ -118,7 +118,7 @@ def proposer_kv_cache_blocks(target, gpu, drafter: ModelSpec | None, tensor_para
     if drafter is None:
         return blocks
     target_kv = kv_bytes_per_token(target, tensor_parallel_size) * block_size
-    freed = blocks * target_kv - weight_bytes_per_gpu(drafter, tensor_parallel_size)
+    freed = blocks * target_kv - weight_bytes_per_gpu(drafter, tensor_parallel_size, gpu)
     per_block = target_kv + kv_bytes_per_token(drafter, tensor_parallel_size) * block_size
     require(freed > 0, "speculative_config.model", drafter.name,
             "the drafter's weights leave no room for the KV cache")

@@ -8,13 +8,47 @@ import pytest
 
 from kernels_cost_model.kv_memory import GIB, kv_cache_memory_bytes
 
-VLLM_LOG_KV_GIB = [("llama-3.1-8b", 51.38, 0.005), ("qwen3-32b", 4.45, 0.01), ("gpt-oss-20b", 50.28, 0.02)]
+VLLM_LOG_KV_GIB = [("llama-3.1-8b", 51.38, 0.005), ("qwen3-32b", 4.45, 0.01), ("gpt-oss-20b", 50.28, 0.005)]
 
 
 @pytest.mark.parametrize("model,logged_gib,tolerance", VLLM_LOG_KV_GIB)
 def test_available_kv_memory_matches_vllm_log(model, logged_gib, tolerance):
     ours = kv_cache_memory_bytes(model, "h100", 1, 0.9, max_num_batched_tokens=8192, max_num_seqs=1024) / GIB
     assert ours == pytest.approx(logged_gib, rel=tolerance)
+
+
+# "Model loading took N GiB": the H100 rows above, and vLLM 0.19 on an A100
+# (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/). MXFP4 experts as vLLM's backend lays them out.
+VLLM_LOG_WEIGHT_GIB = [("gpt-oss-20b", "h100", 13.47), ("gpt-oss-120b", "h100", 64.38), ("gpt-oss-20b", "a100", 13.72)]
+
+
+@pytest.mark.parametrize("model,gpu,logged_gib", VLLM_LOG_WEIGHT_GIB)
+def test_mxfp4_weights_match_vllms_model_loading_line(model, gpu, logged_gib):
+    from kernels_cost_model.kv_memory import weight_bytes_per_gpu
+    assert weight_bytes_per_gpu(model, 1, gpu) / GIB == pytest.approx(logged_gib, rel=0.005)
+    assert weight_bytes_per_gpu(model, 1) < 0.96 * logged_gib * GIB      # the checkpoint alone falls short
+
+
+def test_mxfp4_marlin_layout_matches_vllm_0_10_on_h100():
+    """vllm-project/vllm#23278 (vLLM 0.10.1, H100, Marlin backend): "Model loading took 65.9651 GiB";
+    #33155 (0.14.1, H100, "Using Triton backend"): 64.38 GiB."""
+    from kernels_cost_model.kv_memory import mxfp4_weight_bytes
+    from kernels_cost_model.models import get_model
+    from kernels_cost_model.mxfp4_layout import MARLIN, TRITON_HOPPER
+    oss = get_model("gpt-oss-120b")
+    assert mxfp4_weight_bytes(oss, 1, MARLIN) / GIB == pytest.approx(65.9651, rel=0.002)
+    assert mxfp4_weight_bytes(oss, 1, TRITON_HOPPER) / GIB == pytest.approx(64.38, rel=0.002)
+
+
+def test_gpt_oss_120b_matches_the_logs_own_components_not_its_kv_line():
+    """The log's gpt-oss-120b row does not add up: 71.26 - 64.38 weights - 7.38 activation - 0.13
+    non-torch = -0.63 GiB, yet it prints 3.33 GiB available. servesim reproduces the components."""
+    from kernels_cost_model.kv_memory import activation_bytes, non_torch_bytes, weight_bytes_per_gpu
+    assert weight_bytes_per_gpu("gpt-oss-120b", 1, "h100") / GIB == pytest.approx(64.38, abs=0.1)
+    assert activation_bytes("gpt-oss-120b", 1, 8192, 1024) / GIB == pytest.approx(7.38, abs=0.05)
+    assert non_torch_bytes(1) / GIB == pytest.approx(0.13)
+    ours = kv_cache_memory_bytes("gpt-oss-120b", "h100", 1, 0.9, max_num_batched_tokens=8192, max_num_seqs=1024)
+    assert ours / GIB == pytest.approx(71.26 - 64.38 - 7.38 - 0.13, abs=0.1)
 
 
 # max_model_len and the step budget, as vLLM derives them
@@ -107,3 +141,13 @@ def test_an_engine_without_max_model_len_still_checks_its_other_fields():
         EngineConfig(scheduling="bogus")
     assert err.value.field == "scheduling"
     assert EngineConfig().resolved().max_model_len == 8192        # an engine run with no model
+
+
+def test_kv_tokens_of_mistral_small_match_vllms_log():
+    """The same document's later revision (commit 4f4d449): Mistral-Small-3.2-24B (text shape of
+    mistral-small-24b) on one H100, block size 128: "Available KV cache memory: 28.20 GiB", "GPU KV
+    cache size: 184,832 tokens" (1,444 blocks)."""
+    from kernels_cost_model.kv_memory import kv_bytes_per_token
+    per_block = 128 * kv_bytes_per_token("mistral-small-24b")             # 160 KiB per token
+    assert 1444 * per_block / GIB == pytest.approx(28.20, abs=0.005)         # the logged GiB, to its rounding
+    assert 184_832 == 1444 * 128

@@ -76,6 +76,36 @@ def test_linear_attention_state_qwen3_next():
     assert layout.block_bytes == 12 * page
 
 
+def _qwen3_next_config(tmp_path, **extra):
+    entry = next(e for e in read_config_catalog("models_modern.json") if e["name"] == "qwen3-next-80b-a3b")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**entry["config"], **extra}))
+    return get_model(str(path))
+
+
+def test_linear_recurrent_state_follows_mamba_ssm_dtype(tmp_path):
+    """vLLM keeps the GDN recurrent state in the model dtype (mamba_ssm_cache_dtype "auto"): Qwen3-Next's
+    config.json names no mamba_ssm_dtype, so BF16. A config.json that does (Qwen3.5: "float32") gets it,
+    as vLLM's Qwen3.5 config hook does; the conv state stays in the model dtype."""
+    from kernels_cost_model import make_cost_model
+    from kernels_cost_model.kv_layout import linear_state_bytes
+    conv, recurrent = (2 * 16 * 128 + 32 * 128) * 3, 32 * 128 * 128          # per request and layer, TP 1
+    bf16 = _qwen3_next_config(tmp_path)
+    assert linear_state_bytes(bf16, 1) == (conv + recurrent) * 2 == 1_097_728
+    assert linear_state_bytes(bf16, 2) == (conv // 2 + recurrent // 2) * 2
+    fp32 = _qwen3_next_config(tmp_path, mamba_ssm_dtype="float32")
+    assert fp32.ssm_state_dtype_bytes == 4
+    assert linear_state_bytes(fp32, 1) == conv * 2 + recurrent * 4 == 2_146_304
+    page = 16 * 2 * 2 * 256 * 2
+    assert kv_layout(fp32, 1, 16).groups[1].state_blocks == -(-2_146_304 // page)
+    # the decode step reads and writes the state: roofline and measured fits both see the larger state
+    rough = [make_cost_model(m, "h200", 2, calibration=None) for m in (bf16, fp32)]
+    assert rough[1].linear_state_bytes == 2 * rough[0].linear_state_bytes - conv // 2 * 2
+    fitted = [make_cost_model(m, "h200", 2) for m in (bf16, fp32)]
+    assert (fitted[0].gdn.state_bytes, fitted[1].gdn.state_bytes) == (2.0, 4.0)
+    assert fitted[1].gdn.decode(512) > 1.3 * fitted[0].gdn.decode(512)
+
+
 def test_fp8_and_mxfp4_weights_leave_more_room_for_kv():
     assert get_model("deepseek-v3").weight_bytes_total() == pytest.approx(get_model("deepseek-v3").num_params())
     bf16 = kv_cache_blocks("mistral-small-24b", "h100")
@@ -116,3 +146,23 @@ def test_deployment_kv_cache_dtype_and_groups_reach_the_engine():
     assert resolve_kv_groups(SimulationConfig()) is None          # plain model: the plain manager
     with pytest.raises(ConfigError, match="deployment.kv_cache_dtype"):
         DeploymentConfig(kv_cache_dtype="fp4")
+
+
+@pytest.mark.parametrize("model,tp,expected", [
+    ("llama-3.1-8b", 1, 131072 // 16),                                    # plain: the whole length
+    ("gpt-oss-120b", 1, 8192 + (-(-(128 - 1 + 8192) // 16) + 1)),          # full + window-and-step (+1)
+    ("gemma-3-27b", 1, 8192 + 6 * (-(-(1024 - 1 + 8192) // 16) + 1)),      # 1 full + 6 sliding groups
+    ("llama-4-scout", 2, 8192 + 3 * ((8192 + 8192) // 16)),                # 1 full + 3 chunked groups
+    ("qwen3-next-80b-a3b", 2, 8192 + 3 * 34),                              # 1 full + 3 state groups
+])
+def test_vllm_admission_blocks_per_request(model, tp, expected):
+    """vLLM's per-request budget (max_memory_usage_bytes per group, summed) at max_model_len 131072 and
+    max_num_batched_tokens 8192: what its "Maximum concurrency" line divides the pool by."""
+    layout = kv_layout(model, tp, 16)
+    assert layout.admission_blocks(131072, 8192) == expected
+    assert layout.vllm_max_concurrency(10 * expected, 131072, 8192) == 10.0
+
+
+def test_short_requests_take_their_whole_length_in_a_sliding_group():
+    layout = kv_layout("gpt-oss-20b", 1, 16)
+    assert layout.admission_blocks(64, 8192) == 64 // 16 + (64 // 16 + 1)  # full 4 + sliding 4 (+1)

@@ -192,5 +192,24 @@ def test_mixed_mla_step_pays_the_module_launches_once():
     pf, dec = BatchShape([512], [0], 1), decode(32, 3000)
     mixed = BatchShape([512] + [1] * 32, [0] + [3000] * 32, 33)
     shared = 61 * min(cm.mla.context.overhead_s, cm.mla.generation.overhead_s)
-    assert attn(mixed) == pytest.approx(attn(pf) + attn(dec) - shared)
+    reread = 61 * (cm.mla.decode(32, 32 * 3001) - cm.mla.decode(32, 32 * 3001, read_weights=False))
+    assert attn(mixed) == pytest.approx(attn(pf) + attn(dec) - shared - reread)   # weights read once too
     assert attn(mixed) > max(attn(pf), attn(dec))
+
+
+def test_a_mixed_mla_step_reads_the_module_weights_once():
+    """Prefill and decode rows in one step run the MLA projections once: the decode side is priced
+    without the weight reads the prefill side already made."""
+    cm = make_cost_model("deepseek-v3", "h200", 8)
+    k, layers = cm.mla, cm.counts["full_attention"]
+    n, ctx, chunk = 8, 2000, 512
+    mixed = cm.breakdown(BatchShape([1] * n + [chunk], [ctx] * n + [0], n + 1))
+    pf = k.prefill(chunk, chunk * (chunk + 1) / 2, 0, 1)
+    with_w, without_w = k.decode(n, n * (ctx + 1)), k.decode(n, n * (ctx + 1), read_weights=False)
+    weights_s = k.weight_bytes * mla.weight_elements(DSV3, 16) * k.generation.s_per_byte
+    assert 0.5 * weights_s < with_w - without_w <= weights_s * (1 + 1e-9)  # mostly weight-read bound
+    shared = min(k.context.overhead_s, k.generation.overhead_s)
+    expected = layers * (pf + without_w - shared)
+    assert mixed["prefill_attention"] + mixed["decode_attention"] == pytest.approx(expected, rel=1e-9)
+    alone = cm.breakdown(decode(n, ctx))["decode_attention"]
+    assert alone == pytest.approx(layers * with_w)                       # decode alone still reads them
