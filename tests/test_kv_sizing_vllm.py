@@ -151,3 +151,14 @@ def test_kv_tokens_of_mistral_small_match_vllms_log():
     per_block = 128 * kv_bytes_per_token("mistral-small-24b")             # 160 KiB per token
     assert 1444 * per_block / GIB == pytest.approx(28.20, abs=0.005)         # the logged GiB, to its rounding
     assert 184_832 == 1444 * 128
+
+
+def test_a_hybrid_models_kv_lines_count_per_layer_group(capsys):
+    # gpt-oss-120b: 18 full + 18 sliding-window (128) layers share one pool; vLLM reports blocks per
+    # group x block size and budgets a sliding group at its window plus one step's tokens (+1 block)
+    assert main(["run", "--model", "gpt-oss-120b", "--gpu", "h200", "--num-prompts", "5"]) == 0
+    head = capsys.readouterr().out.splitlines()
+    blocks = int(head[0].split(" KV blocks")[0].rsplit(" ", 1)[1])
+    assert head[1] == f"GPU KV cache size: {blocks // 2 * 16:,} tokens"
+    per_request = 131072 // 16 + (-(-(127 + 8192) // 16) + 1)    # full group + sliding group
+    assert head[2] == f"Maximum concurrency for 131,072 tokens per request: {blocks / per_request:.2f}x"

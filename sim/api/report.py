@@ -62,9 +62,10 @@ def kv_capacity_lines(meta: dict) -> list[str]:
     max_len = ((meta.get("config") or {}).get("engine") or {}).get("max_model_len")
     if not (blocks and block_size and max_len):
         return []
-    tokens = blocks * block_size
+    tokens = meta.get("kv_cache_tokens") or blocks * block_size
+    concurrency = meta.get("max_concurrency") or tokens / max_len
     return [f"GPU KV cache size: {tokens:,} tokens",
-            f"Maximum concurrency for {max_len:,} tokens per request: {tokens / max_len:.2f}x"]
+            f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x"]
 
 
 def summary_percentiles(summary: dict) -> list[str]:

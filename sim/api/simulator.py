@@ -265,7 +265,7 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     if config.engine.num_gpu_blocks is not None:
         return config.engine.num_gpu_blocks
     blocks = _sized_num_gpu_blocks(config)
-    check_kv_holds_one_request(config.engine, config.deployment, blocks)
+    check_kv_holds_one_request(config.engine, config.deployment, blocks, resolve_kv_layout(config))
     return blocks
 
 
@@ -286,18 +286,35 @@ def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
     return blocks
 
 
-def resolve_kv_groups(config: SimulationConfig):
-    """The model's KV layer groups when it has several (hybrid manager), else None (plain manager)."""
+def resolve_kv_layout(config: SimulationConfig):
+    """The model's KV layout on one GPU (kernels_cost_model.kv_layout.KVCacheLayout); None for a
+    pinned cache under the linear cost model, which needs no real model."""
     from kernels_cost_model import kv_layout
     d = config.deployment
     try:
         with within("deployment"):
-            layout = kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
+            return kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
     except ConfigError:
         if d.cost_model == "linear" and config.engine.num_gpu_blocks is not None:
-            return None  # a pinned cache under the linear cost model needs no real model
+            return None
         raise
-    return layout.groups if layout.is_hybrid else None
+
+
+def resolve_kv_groups(config: SimulationConfig):
+    """The model's KV layer groups when it has several (hybrid manager), else None (plain manager)."""
+    layout = resolve_kv_layout(config)
+    return layout.groups if layout is not None and layout.is_hybrid else None
+
+
+def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int) -> dict:
+    """What vLLM logs at start-up about the KV cache: its size in tokens and the concurrency of
+    max_model_len requests, counted per layer group as its hybrid manager does."""
+    layout, e = resolve_kv_layout(config), config.engine
+    if layout is None:
+        return {"num_gpu_blocks": num_gpu_blocks}
+    return {"num_gpu_blocks": num_gpu_blocks, "kv_cache_tokens": layout.tokens(num_gpu_blocks),
+            "max_concurrency": layout.vllm_max_concurrency(num_gpu_blocks, e.max_model_len,
+                                                           e.max_num_batched_tokens)}
 
 
 def check_names(engine: EngineConfig) -> None:
@@ -331,7 +348,8 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
-            "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__}
+            "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
+            **kv_capacity_meta(config, blocks)}
     results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
     warn_rejections(results.requests, config.engine.max_model_len)
     return results

@@ -156,10 +156,13 @@ def unresolved_engine_values(config) -> dict:
     return values
 
 
-def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int) -> None:
-    """vLLM refuses to start when the sized KV cache cannot hold one max_model_len request."""
-    tokens = num_gpu_blocks * engine.block_size
-    require(tokens >= engine.max_model_len, "engine.max_model_len", engine.max_model_len,
+def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=None) -> None:
+    """vLLM refuses to start when the sized KV cache cannot hold one max_model_len request (per layer
+    group, as its hybrid manager budgets one, when `layout` is given)."""
+    tokens = layout.tokens(num_gpu_blocks) if layout is not None else num_gpu_blocks * engine.block_size
+    fits = (layout.vllm_max_concurrency(num_gpu_blocks, engine.max_model_len, engine.max_num_batched_tokens) >= 1
+            if layout is not None else tokens >= engine.max_model_len)
+    require(fits, "engine.max_model_len", engine.max_model_len,
             f"one request of this length needs {engine.max_model_len} KV tokens, more than the {tokens} the KV"
             f" cache holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size="
             f"{deployment.tensor_parallel_size}, gpu_memory_utilization={deployment.gpu_memory_utilization});"
