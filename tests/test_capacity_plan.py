@@ -1,6 +1,8 @@
 """Deployment search, plan.toml, prices, the capacity/sweep CLI and the plots."""
 import argparse
 
+import matplotlib.colors
+
 import pytest
 
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main, recommended
@@ -150,6 +152,15 @@ def test_latency_plot_is_against_offered_rate_with_tpot_bounds_and_capacity(repo
         assert xs == {round(r, 6) for r in report.curves["rate"]}
         assert any("95% CI" in p.get_label() for p in ax.patches)
     assert target.as_slo() == {"ttft_s": 0.5, "tpot_s": 0.001}
+
+
+def test_capacity_shading_takes_the_colour_of_the_recommended_candidates_line(report):
+    best = recommended(report.table)
+    fig = throughput_latency(report.curves, capacity=best)
+    for ax in fig.axes:
+        line = next(l for l in ax.get_lines() if l.get_label().endswith(f"candidate={best['label']}"))
+        band = next(p for p in ax.patches if "95% CI" in p.get_label())
+        assert matplotlib.colors.same_color(band.get_facecolor()[:3], line.get_color())
 
 
 def test_attainment_plot_is_against_the_targets_bounds_and_zoomed(report):

@@ -101,6 +101,13 @@ def test_sweep_plot_takes_the_sweep_columns_and_averages_seeds(x):
     assert ttft.get_xlabel() == "offered load (requests/s)"
 
 
+def test_sweep_plot_labels_a_boolean_axis_true_false_not_1_0():
+    df = pd.concat([sweep_table().assign(**{"engine.enable_chunked_prefill": on}) for on in (True, False)])
+    labels = [line.get_label() for line in plot_throughput_latency(df, x="workload.rate").axes[0].get_lines()]
+    assert any("enable_chunked_prefill=True" in label for label in labels)
+    assert any("enable_chunked_prefill=False" in label for label in labels)
+
+
 def test_sweep_plot_names_a_missing_column():
     with pytest.raises(ValueError, match="column 'speed' not in the table"):
         plot_throughput_latency(sweep_table(), x="speed")

@@ -26,12 +26,21 @@ def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile:
                                   title="Latency vs offered rate, one replica", x_label="offered rate (req/s)")
     if capacity:
         for ax in fig.axes:
-            ax.axvspan(capacity["low"], capacity["high"], color="tab:green", alpha=0.12,
+            color = _line_color(ax, f"{group}={capacity['label']}")
+            ax.axvspan(capacity["low"], capacity["high"], color=color, alpha=0.12,
                        label=f"{capacity['label']}: capacity {capacity['rate']:.3g} req/s\n"
                              f"(95% CI {capacity['low']:.3g} to {capacity['high']:.3g})")
-            ax.axvline(capacity["rate"], color="tab:green", lw=1)
+            ax.axvline(capacity["rate"], color=color, lw=1)
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7)
     return fig
+
+
+def _line_color(ax, label_end: str) -> str:
+    """The colour of the line whose label ends with `label_end` (the recommended candidate's), else grey."""
+    for line in ax.get_lines():
+        if str(line.get_label()).endswith(label_end):
+            return line.get_color()
+    return "tab:gray"
 
 
 def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile: int = 99,

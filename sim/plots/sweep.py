@@ -73,7 +73,8 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate", metrics=DEFAUL
     groups = stats.groupby(level=list(range(len(hues))), sort=True) if hues else [(None, stats)]
     seeds = sweep["seed"].nunique() if "seed" in sweep else 1
     for g, (name, part) in enumerate(groups):
-        where = ", ".join(f"{h.split('.')[-1]}={v}" for h, v in zip(hues, np.atleast_1d(name))) if hues else ""
+        values = name if isinstance(name, tuple) else (name,)  # np.atleast_1d would turn True into 1
+        where = ", ".join(f"{h.split('.')[-1]}={v}" for h, v in zip(hues, values)) if hues else ""
         for metric in metrics:
             family = metric_label(metric)[0]
             style = LINE_STYLES[_same_family(metrics, family).index(metric) % len(LINE_STYLES)]
