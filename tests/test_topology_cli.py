@@ -45,6 +45,14 @@ def test_kv_offloading_size_adds_a_cpu_tier(capsys):
     assert s["cpu_prefix_hit_rate"] >= 0 and "cpu_offloaded_blocks" in s and s["completed"] == 30
 
 
+def test_the_printed_summary_shows_the_cpu_tier(capsys):
+    assert main(["run", *FAST[:-1], "--kv-offloading-size", "4"]) == 0
+    tier = [line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU KV tier")]
+    assert len(tier) == 1 and "% from CPU" in tier[0] and "loaded back" in tier[0]
+    assert main(["run", *FAST[:-1]]) == 0
+    assert "CPU KV tier" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, named", [
     (["-pp", "3"], "pipeline.pipeline_parallel_size=3"),              # 32 layers
     (["--kv-offloading-size", "1e-9"], "--kv-offloading-size=1e-09"),  # smaller than one block

@@ -129,5 +129,14 @@ def format_summary(summary: dict, meta: dict | None = None, metrics=None, percen
               f"Scheduling   {s['num_preemptions']} preemptions "
               f"({_num(100 * s['preempted_request_fraction'], 1)}% of requests); "
               f"prefix-cache hit rate {_num(100 * s['prefix_cache_hit_rate'], 1)}%"]
-    lines += format_spec_decode(s)
+    lines += format_cpu_tier(s) + format_spec_decode(s)
     return "\n".join(lines)
+
+
+def format_cpu_tier(s: dict) -> list[str]:
+    """The CPU KV tier's line (`--kv-offloading-size`), when the run had one."""
+    if "cpu_prefix_hit_rate" not in s:
+        return []
+    return [f"CPU KV tier  prefix hits {_num(100 * s['gpu_prefix_hit_rate'], 1)}% from GPU, "
+            f"{_num(100 * s['cpu_prefix_hit_rate'], 1)}% from CPU; {s['cpu_offloaded_blocks']:,} blocks offloaded, "
+            f"{s['cpu_loaded_blocks']:,} loaded back in {_num(s['cpu_load_s'])} s"]

@@ -161,7 +161,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-rate", "--rate", dest="rate", type=float, metavar="R",
                    help="arrival rate, requests/s (alias --rate)")
     g.add_argument("--num-prompts", "--num-requests", dest="num_requests", type=int, metavar="N",
-                   help="requests to simulate (alias --num-requests)")
+                   help="requests to simulate (alias --num-requests); with --workload sessions, chat sessions")
     g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt, arxiv_summarization, "
                    "bwb_translation, azure_conv, azure_code, mooncake_conversation")
     g.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
