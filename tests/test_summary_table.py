@@ -61,11 +61,13 @@ def test_an_overloaded_run_prints_seconds_through_the_cli(capsys):
     ({}, "roofline cost model calibrated on h100-sxm kernels"),
     ({"gpu": "l4"}, "uncalibrated roofline cost model"),
     ({"cost_model": "linear"}, "linear cost model"),
+    ({"gpu": "rtx-pro-6000", "calibration": "rtx-pro-6000@vllm-0.19"},
+     "calibrated on rtx-pro-6000 kernels, calibration rtx-pro-6000@vllm-0.19"),
 ])
 def test_header_names_the_cost_model_in_use(deployment, words):
     model = {"model": "qwen2.5-0.5b"} if deployment.get("gpu") == "l4" else {}
     config = SimulationConfig().replace(deployment={**deployment, **model}, workload={"num_requests": 5})
-    with pytest.warns(UserWarning) if deployment.get("gpu") else contextlib.nullcontext():
+    with pytest.warns(UserWarning) if deployment.get("gpu") == "l4" else contextlib.nullcontext():
         results = simulate(config)
     first = format_summary(results.summary, results.meta).splitlines()[0]
     assert words in first and "(roofline cost model)" not in first

@@ -25,11 +25,14 @@ def _num(value, digits: int = 2) -> str:
 
 
 def describe_cost_model(meta: dict) -> str:
-    """The cost model as `simulate` described it (calibrated or not), or the config's name for it."""
+    """The cost model as `simulate` described it (calibrated or not, naming a non-default calibration),
+    or the config's name for it."""
+    deployment = (meta.get("config") or {}).get("deployment", {})
     described = meta.get("cost_model_description")
-    if described:
-        return described
-    return f"{(meta.get('config') or {}).get('deployment', {}).get('cost_model')} cost model"
+    if not described:
+        return f"{deployment.get('cost_model')} cost model"
+    calibration = deployment.get("calibration", "default")
+    return described if calibration in (None, "default") else f"{described}, calibration {calibration}"
 
 
 def describe_setup(meta: dict) -> str:
