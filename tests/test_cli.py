@@ -51,6 +51,8 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
      "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=131072"),
     (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
+    (["--max-num-batched-tokens", "10"],
+     "servesim: error: engine.max_num_batched_tokens=10: must be >= max_num_seqs=256"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "run", *FAST, *argv)
