@@ -59,6 +59,8 @@ def test_the_printed_summary_shows_the_cpu_tier(capsys):
     (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "--kv-offloading-size=4.0"),
     (["--kv-offloading-size", "4", "--kv-offloading-link", "smoke-signals"], "--kv-offloading-link"),
     (["--conversations", "/nonexistent/trace.jsonl"], "--conversations"),
+    (["-pp", "2", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10: must be >= max_num_seqs"),
+    (["--kv-offloading-size", "4", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10"),
 ])
 def test_bad_topology_flags_are_named_errors(capsys, argv, named):
     assert named in error(capsys, *argv)

@@ -22,8 +22,8 @@ from kernels_cost_model.errors import ConfigError, require
 from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
-                                check_simulation, check_slo, check_workload, resolve_engine, switch_kind,
-                                unresolved_engine_values, warn_rejections)
+                                check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
+                                switch_kind, unresolved_engine_values, warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_speculative, spec_num_gpu_blocks
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
@@ -318,12 +318,14 @@ def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int) -> dict:
 
 
 def check_names(engine: EngineConfig) -> None:
-    """Fail early, with the TOML path, on an unknown policy or stop profile."""
+    """Fail early, with the TOML path, on an unknown policy or stop profile or a step budget below
+    max_num_seqs."""
     from policies import get_policy
     from sim.core.stop_rules import get_profile
     with within("engine"):
         get_policy(engine.policy)
         get_profile(engine.stop_profile)
+        check_step_budget(engine)
 
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,

@@ -170,14 +170,17 @@ def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=N
             " lower engine.max_model_len or raise deployment.gpu_memory_utilization or tensor_parallel_size")
 
 
+def check_step_budget(engine) -> None:
+    """A step budget of at least one token per batched request (vLLM's SchedulerConfig refuses less)."""
+    require(engine.max_num_batched_tokens >= engine.max_num_seqs, "max_num_batched_tokens",
+            engine.max_num_batched_tokens, f"must be >= max_num_seqs={engine.max_num_seqs} (each running request"
+            " needs a token of the step's budget; vLLM refuses to start otherwise): raise it or lower max_num_seqs")
+
+
 def check_model_limits(config) -> None:
-    """engine.max_model_len within the model's own context (max_position_embeddings), as vLLM checks;
-    a step budget of at least one token per batched request (vLLM's SchedulerConfig refuses less)."""
+    """engine.max_model_len within the model's own context (max_position_embeddings), as vLLM checks."""
     from kernels_cost_model import get_model
     d, e = config.deployment, config.engine
-    require(e.max_num_batched_tokens >= e.max_num_seqs, "engine.max_num_batched_tokens", e.max_num_batched_tokens,
-            f"must be >= max_num_seqs={e.max_num_seqs} (each running request needs a token of the step's"
-            " budget; vLLM refuses to start otherwise): raise it or lower max_num_seqs")
     if d.cost_model == "linear" and e.num_gpu_blocks is not None:
         return  # the model is not used: the step time and KV size come from elsewhere
     try:
