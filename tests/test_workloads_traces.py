@@ -97,11 +97,29 @@ def test_azure_crlf_7_digits_and_timezones(tmp_path):
     ("g.csv", "arrival_s,prompt_tokens\n0,5\n", r"g.csv:1: missing column.*output_tokens"),
     ("g.csv", "arrival_s,prompt_tokens,output_tokens\n0,5,2\n1,5,-2\n", r"g.csv:3: output_tokens='-2'"),
     ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 4}\n', r"g.jsonl:1: missing field.*output_tokens"),
+    ("g.csv", "", r"g.csv:1: empty file: expected a header row with columns \['arrival_s'"),
+    ("g.csv", "arrival_s,prompt_tokens,output_tokens\n", r"g.csv:1: no requests: the file has no data rows"),
+    ("g.jsonl", "\n\n", r"g.jsonl:1: no requests"),
 ])
 def test_bad_traces_name_file_and_line(tmp_path, name, text, match):
     path = write(tmp_path, name, text)
     with pytest.raises(TraceFormatError, match=match):
         list(TraceWorkload(path).iter_requests(make_rng(0)))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "t.csv:1: empty file"),
+    ("arrival_s,prompt_tokens,output_tokens\n", "t.csv:1: no requests"),
+])
+def test_an_empty_trace_is_an_error_through_the_cli_and_simulate(tmp_path, capsys, text, message):
+    from sim import SimulationConfig, simulate
+    from sim.cli.main import main
+    path = write(tmp_path, "t.csv", text)
+    assert main(["run", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {path.parent}/{message}") and err.count("\n") == 1
+    with pytest.raises(TraceFormatError, match=message):
+        simulate(SimulationConfig().replace(workload={"kind": "trace", "path": str(path)}))
 
 
 def test_burstgpt_skips_failed_requests_and_tags_model(tmp_path):

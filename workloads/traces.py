@@ -110,7 +110,9 @@ def _text_lines(path: Path) -> Iterator[str]:
 def _csv_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
     reader = csv.DictReader(_text_lines(path), skipinitialspace=True)
     try:
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if reader.fieldnames is None:
+            raise TraceFormatError(path, 1, f"empty file: expected a header row with columns {required}")
+        missing = [c for c in required if c not in reader.fieldnames]
         if missing:
             raise TraceFormatError(path, 1, f"missing column(s) {missing}; header is {reader.fieldnames}")
         for row in reader:
@@ -240,4 +242,14 @@ def read_trace(path: str | Path, format: str | None = None) -> Iterator[TraceRow
     """Stream the rows of a trace file of `format` (inferred when None)."""
     fmt = format or detect_format(path)
     require(fmt in READERS, "format", fmt, f"must be one of {sorted(READERS)}")
-    return READERS[fmt](Path(path))
+    return _at_least_one(READERS[fmt](Path(path)), Path(path))
+
+
+def _at_least_one(rows: Iterator[TraceRow], path: Path) -> Iterator[TraceRow]:
+    """The rows, and a TraceFormatError at the end when there were none (a run of 0 requests says nothing)."""
+    empty = True
+    for row in rows:
+        empty = False
+        yield row
+    if empty:
+        raise TraceFormatError(path, 1, "no requests: the file has no data rows")
