@@ -95,6 +95,14 @@ def test_bad_metric_flags_are_usage_errors(capsys, bad):
     assert exit_.value.code == 2 and "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value, named", [("50,101", "'101' is not a percentile (must be strictly between 0 and 100)"),
+                                          ("50,abc", "'abc' is not a percentile (not a number)")])
+def test_a_bad_percentile_is_named_with_its_reason(capsys, value, named):
+    with pytest.raises(SystemExit):
+        main(["run", *FAST, "--metric-percentiles", value])
+    assert named in capsys.readouterr().err
+
+
 VLLM_KEYS = {"date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
              "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
              "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",

@@ -19,10 +19,14 @@ PLOT_FORMATS = ("png", "svg")
 def csv_list(kind, allowed=None):
     """argparse type: 'a,b,c' -> tuple of `kind` values (each in `allowed`, if given)."""
     def parse(text: str) -> tuple:
-        try:
-            items = tuple(kind(item.strip()) for item in text.split(",") if item.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: not a comma-separated list of {kind.__name__}") from None
+        items = []
+        for item in (item.strip() for item in text.split(",") if item.strip()):
+            try:
+                items.append(kind(item))
+            except ValueError as exc:
+                why = f" ({exc})" if str(exc) != item else ""
+                raise argparse.ArgumentTypeError(f"{text!r}: {item!r} is not a {kind.__name__}{why}") from None
+        items = tuple(items)
         bad = [i for i in items if allowed is not None and i not in allowed]
         if bad or not items:
             raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(allowed or ())}")
@@ -31,9 +35,12 @@ def csv_list(kind, allowed=None):
 
 
 def percentile(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
     if not 0 < value < 100:
-        raise ValueError(text)
+        raise ValueError("must be strictly between 0 and 100")
     return value
 
 
