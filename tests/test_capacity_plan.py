@@ -1,10 +1,13 @@
 """Deployment search, plan.toml, prices, the capacity/sweep CLI and the plots."""
 import argparse
+import sys
 
 import matplotlib.colors
 
+import pandas as pd
 import pytest
 
+from sim.cli.main import build_parser
 from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main, recommended
 from sim.planning.capacity import CapacityTarget
 from sim.plots.capacity import attainment_vs_rate, pareto_front, save_capacity_plots, throughput_latency
@@ -106,6 +109,19 @@ def test_cli_sweep_writes_table_and_bad_config_exits_2(tmp_path, capsys):
     assert main(["sweep", "--config", str(bad), "--out", str(out)]) == 2
     assert "workload.rate" in capsys.readouterr().err
     assert main(["capacity", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_sweep_progress_only_on_a_terminal_unless_asked(monkeypatch, tmp_path):
+    from sim.cli import capacity
+    calls = []
+    monkeypatch.setattr("sim.planning.sweep.run_sweep", lambda *a, **kw: calls.append(kw["progress"]) or pd.DataFrame())
+    monkeypatch.setattr(capacity, "load_sweep", lambda path: ([], [0]))
+    for tty in (False, True):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+        for flag in ([], ["--progress"], ["--no-progress"]):
+            args = build_parser().parse_args(["sweep", "--config", "x.toml", "--no-plots", "--out", str(tmp_path), *flag])
+            capacity.run_sweep_cmd(args)
+    assert calls == [False, True, False, True, True, False]  # a log file gets no carriage-return bars
 
 
 def test_parsers_plug_into_any_subparsers():

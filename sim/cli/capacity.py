@@ -54,7 +54,8 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=EXECUTORS, default="pool")
     p.add_argument("--address", help="Ray cluster address (executor ray); none starts a local cluster")
     p.add_argument("--workers", type=int, help="processes / Ray CPUs (default: all cores)")
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line on stderr (default: when stderr is a terminal)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.set_defaults(func=run_sweep_cmd)
     return p
@@ -144,6 +145,11 @@ def flatten(table: dict, prefix: str = "") -> dict:
     return out
 
 
+def show_progress(flag: bool | None) -> bool:
+    """--progress / --no-progress, else only on a terminal (a log file gets no carriage-return bars)."""
+    return flag if flag is not None else sys.stderr.isatty()
+
+
 def run_sweep_cmd(args) -> int:
     from sim.api.table_io import atomic_path, check_output_folder
     from sim.planning.sweep import run_sweep
@@ -151,7 +157,7 @@ def run_sweep_cmd(args) -> int:
         check_output_folder(args.out)
         sweep_points, seeds = load_sweep(args.config)
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
-                       out_dir=args.out, progress=not args.no_progress)
+                       out_dir=args.out, progress=show_progress(args.progress))
     except ConfigError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
