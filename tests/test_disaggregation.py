@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link, kv_transfer_bytes
+from sim.api.report import format_summary
 from sim.api.simulator import DeploymentConfig, SimulationConfig
 from sim.core.config import EngineConfig
 from sim.core.replay import run_until_stop
@@ -148,6 +149,10 @@ def test_toml_gives_pools_ratio_and_link(tmp_path):
     assert disagg.decode.instance_config(config).engine.max_num_seqs == 64
     out = simulate_disaggregated(config, disagg)
     assert out.summary["num_gpus"] == 4 and out.summary["completed"] == 5
+    header = format_summary(out.summary, out.results.meta).splitlines()[0]
+    assert header.startswith("llama-3.1-8b on 4 GPUs (2P:1D, prefill 2x h100 TP 1, decode 1x h100 TP 2) "
+                             "(roofline cost model calibrated on h100-sxm kernels)")
+    assert "GPU KV cache size" not in format_summary(out.summary, out.results.meta)  # per pool instead
 
 
 def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
@@ -158,6 +163,7 @@ def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
     assert main(["disagg", "--config", str(path), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert "Disaggregated 1P:1D over ib-ndr, 2 GPUs" in printed and "KV transfers" in printed
+    assert "decode   27,526 KV blocks of 16 tokens per instance; KV occupancy" in printed
     for name in ("requests.csv", "transfers.csv", "summary.json", "kv_occupancy_per_pool.png",
                  "transfer_queue.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0

@@ -45,10 +45,11 @@ def describe_setup(meta: dict) -> str:
                "sessions": f"chat sessions starting at {wl.get('rate')}/s"}.get(kind, f"{kind} {wl.get('rate')} req/s")
     if kind not in ("trace", "sessions"):
         traffic += f", {wl.get('lengths')} lengths"
-    return (f"{dep.get('model')} on {_gpus(meta, dep)} {dep.get('gpu')} "
-            f"({describe_cost_model(meta)}), policy {eng.get('policy')}, "
-            f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
-            f"{traffic}; seed {config.get('seed')}")
+    pools = meta.get("pools")
+    hardware = f"{meta.get('num_gpus')} GPUs ({pools})" if pools else f"{_gpus(meta, dep)} {dep.get('gpu')}"
+    blocks = "" if pools else f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
+    return (f"{dep.get('model')} on {hardware} ({describe_cost_model(meta)}), policy {eng.get('policy')}, "
+            f"{blocks}{traffic}; seed {config.get('seed')}")
 
 
 def _gpus(meta: dict, dep: dict) -> str:
@@ -62,6 +63,8 @@ def kv_capacity_lines(meta: dict) -> list[str]:
     """vLLM's start-up log lines on the KV cache: its size in tokens and how many requests of
     max_model_len tokens it holds at once (empty when the meta lacks them)."""
     blocks, block_size = meta.get("num_gpu_blocks"), meta.get("block_size")
+    if meta.get("pools"):
+        return []  # a P:D deployment holds a request's KV in both pools: per-pool lines say more
     max_len = ((meta.get("config") or {}).get("engine") or {}).get("max_model_len")
     if not (blocks and block_size and max_len):
         return []

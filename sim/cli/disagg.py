@@ -44,15 +44,18 @@ def run_disagg(args) -> int:
     print(format_summary(out.summary, out.results.meta))
     print(f"\nDisaggregated {disagg.ratio} over {disagg.link}, {out.summary['num_gpus']} GPUs, "
           f"first token from {disagg.first_token}")
-    print("\n".join(pool_lines(out.summary)))
+    print("\n".join(pool_lines(out.summary, out.results.meta)))
     if args.out:
         folder = save(out, Path(args.out), summary_json)
         print(f"wrote {folder}")
     return 0
 
 
-def pool_lines(summary: dict) -> list[str]:
-    lines = [f"{pool:<8} KV occupancy mean {summary[f'{pool}_kv_occupancy_mean']:.1%}, "
+def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:
+    blocks = (meta or {}).get("pool_gpu_blocks", {})
+    size = (meta or {}).get("block_size")
+    lines = [f"{pool:<8} " + (f"{blocks[pool]:,} KV blocks of {size} tokens per instance; " if pool in blocks else "")
+             + f"KV occupancy mean {summary[f'{pool}_kv_occupancy_mean']:.1%}, "
              f"peak {summary[f'{pool}_kv_occupancy_peak']:.1%}" for pool in ("prefill", "decode")]
     lines += [f"{label:<32}{fmt.format(summary[key] * scale)}" for key, label, scale, fmt in TRANSFER_LINES]
     return lines

@@ -17,6 +17,7 @@ import pandas as pd
 
 from sim.api.metrics import add_latency_columns, describe, summarize
 from sim.api.results import Results
+from sim.api.simulator import describe_cost_model
 
 FROM_DECODE = ("finish_time", "num_output_tokens", "finish_reason", "stop_reason")
 DERIVED = ("ttft_s", "e2e_s", "queueing_s", "tpot_s", "completed")
@@ -68,9 +69,25 @@ def collect_results(cluster) -> DisaggResults:
     config = dict(dataclasses.asdict(cluster.config), disaggregation=dataclasses.asdict(cluster.disagg))
     meta = {"config": config, "ratio": cluster.disagg.ratio,
             "num_gpu_blocks": blocks, "block_size": cluster.config.engine.block_size,
-            "end_time": end, "slo": slo}
+            "end_time": end, "slo": slo, "num_gpus": summary["num_gpus"],
+            "pools": pools_label(cluster.disagg, cluster.config),
+            "pool_gpu_blocks": {"prefill": prefill[0].meta["num_gpu_blocks"],
+                                "decode": decode[0].meta["num_gpu_blocks"]},
+            "cost_model_description": describe_cost_model(cluster.prefill[0].cost_model)}
     return DisaggResults(Results(requests, pd.DataFrame(), tokens, summary, meta), prefill, decode,
                          transfers, cluster.log.queue())
+
+
+def pools_label(disagg, config) -> str:
+    """'1P:1D, prefill 1x h100 TP 1, decode 1x h100 TP 1 PP 2': the header's hardware of a P:D deployment."""
+    parts = []
+    for name in ("prefill", "decode"):
+        pool = getattr(disagg, name)
+        deployment = pool.instance_config(config).deployment
+        pp = pool.pipeline_parallel_size
+        parts.append(f"{name} {pool.num_instances}x {deployment.gpu} TP {deployment.tensor_parallel_size}"
+                     + (f" PP {pp}" if pp > 1 else ""))
+    return f"{disagg.ratio}, " + ", ".join(parts)
 
 
 def join_requests(prefill: list, decode: list, transfers: pd.DataFrame,
