@@ -124,6 +124,15 @@ def test_sweep_progress_only_on_a_terminal_unless_asked(monkeypatch, tmp_path):
     assert calls == [False, True, False, True, True, False]  # a log file gets no carriage-return bars
 
 
+def test_a_capacity_from_runs_too_short_to_show_a_queue_says_so():
+    from sim.cli.capacity import describe_recommended
+    best = {"label": "h100 TP1 agg", "replicas": 1, "rate": 50.0, "low": 50.0, "high": 50.0, "seeds": 1,
+            "usd_per_hour": 12.0}
+    short = describe_recommended(best, 20.0, num_requests=150)
+    assert "lasts only 3 s of arrivals" in short and "raise [workload] num_requests to 1500" in short
+    assert "lasts only" not in describe_recommended(best, 20.0, num_requests=3000)
+
+
 def test_parsers_plug_into_any_subparsers():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

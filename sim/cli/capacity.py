@@ -8,6 +8,7 @@ Handlers return exit codes: 0 ok, 2 configuration error (the message names field
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def run_capacity(args) -> int:
     report.curves.to_csv(out / "curves.csv", index=False)
     print(format_table(report.table, plan.target_rate))
     best = recommended(report.table)
-    print(describe_recommended(best, plan.target_rate))
+    print(describe_recommended(best, plan.target_rate, plan.base.workload.num_requests))
     if not args.no_plots:
         for path in save_capacity_plots(report, out, plan.target, best):
             print(f"wrote {path}")
@@ -99,8 +100,11 @@ def recommended(table: pd.DataFrame) -> dict | None:
             "seeds": int(row.get("capacity_seeds", 0)), "usd_per_hour": float(row["usd_per_hour"])}
 
 
-def describe_recommended(best: dict | None, target_rate: float) -> str:
-    """One paragraph on the recommended deployment and how sure its capacity is."""
+MIN_ARRIVAL_SPAN_S = 30.0  # shorter runs end before a slightly overloaded queue shows: ramp-up and drain flatter them
+
+
+def describe_recommended(best: dict | None, target_rate: float, num_requests: int | None = None) -> str:
+    """One paragraph on the recommended deployment and how sure its capacity is (seeds, run length)."""
     if best is None:
         return f"no candidate sustains {target_rate:g} req/s within [search] max_replicas"
     text = (f"recommended: {best['label']} x {best['replicas']} replicas, ${best['usd_per_hour']:.2f}/hour; "
@@ -108,6 +112,11 @@ def describe_recommended(best: dict | None, target_rate: float) -> str:
             f"{best['high']:.3g} over {best['seeds']} seeds)")
     if best["low"] < 0.5 * best["rate"]:
         text += "; the interval is wide: add seeds ([search] seeds) to narrow it"
+    span = num_requests / best["rate"] if num_requests and best["rate"] > 0 else math.inf
+    if span < MIN_ARRIVAL_SPAN_S:
+        text += (f"; at that rate a run of {num_requests} requests lasts only {span:.3g} s of arrivals, short enough"
+                 f" for ramp-up and drain to overstate capacity: raise [workload] num_requests to"
+                 f" {math.ceil(MIN_ARRIVAL_SPAN_S * best['rate'])} or more")
     return text
 
 
