@@ -115,3 +115,13 @@ def test_cli_flag():
     from tests.test_cli_vllm_names import config_of
     assert config_of("--stop-string-detection", "engine").engine.stop_string_detection == "engine"
     assert config_of().engine.stop_string_detection is None
+
+
+def test_cli_warns_when_the_flag_cannot_matter(capsys):
+    from sim.cli.main import main
+    argv = ["run", "--num-prompts", "5", "--cost-model", "linear", "--num-gpu-blocks-override", "4000",
+            "--max-model-len", "8192"]
+    assert main([*argv, "--stop-string-detection", "engine"]) == 0
+    assert "--stop-string-detection=engine changed nothing" in capsys.readouterr().err
+    assert main(argv) == 0
+    assert "changed nothing" not in capsys.readouterr().err

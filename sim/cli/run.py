@@ -254,6 +254,10 @@ def run(args) -> int:
         progress.close()
     for warning in caught:
         print(f"servesim: warning: {warning.message}", file=sys.stderr)
+    if args.stop_string_detection and not any(isinstance(r, str) for r in results.requests["stop_reason"]):
+        print(f"servesim: warning: --stop-string-detection={args.stop_string_detection} changed nothing: no request"
+              " stopped on a stop string (servesim run's workloads carry none; pass simulate() RequestSpecs"
+              " with sampling_params=SamplingParams(stop=[...]) from Python)", file=sys.stderr)
     if percentiles is not None:
         results = results.with_percentiles(percentiles)
     table = format_summary(results.summary, results.meta, metrics)
