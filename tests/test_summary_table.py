@@ -61,6 +61,7 @@ def test_an_overloaded_run_prints_seconds_through_the_cli(capsys):
     ({}, "roofline cost model calibrated on h100-sxm kernels"),
     ({"gpu": "l4"}, "uncalibrated roofline cost model"),
     ({"cost_model": "linear"}, "linear cost model"),
+    ({"tensor_parallel_size": 2, "interconnect": "pcie"}, "llama-3.1-8b on 2x h100 over pcie (roofline"),
     ({"gpu": "rtx-pro-6000", "calibration": "rtx-pro-6000@vllm-0.19"},
      "calibrated on rtx-pro-6000 kernels, calibration rtx-pro-6000@vllm-0.19"),
 ])

@@ -47,6 +47,8 @@ def describe_setup(meta: dict) -> str:
         traffic += f", {wl.get('lengths')} lengths"
     pools = meta.get("pools")
     hardware = f"{meta.get('num_gpus')} GPUs ({pools})" if pools else f"{_gpus(meta, dep)} {dep.get('gpu')}"
+    if dep.get("interconnect") not in (None, "auto"):
+        hardware += f" over {dep['interconnect']}"
     blocks = "" if pools else f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
     return (f"{dep.get('model')} on {hardware} ({describe_cost_model(meta)}), policy {eng.get('policy')}, "
             f"{blocks}{traffic}; seed {config.get('seed')}")
