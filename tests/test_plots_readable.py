@@ -108,6 +108,12 @@ def test_sweep_plot_labels_a_boolean_axis_true_false_not_1_0():
     assert any("enable_chunked_prefill=False" in label for label in labels)
 
 
+def test_sweep_throughput_panels_carry_their_unit():
+    df = sweep_table().assign(request_throughput=1.0, output_throughput=100.0)
+    fig = plot_throughput_latency(df, x="workload.rate", metrics=("request_throughput", "output_throughput"))
+    assert [ax.get_ylabel() for ax in fig.axes] == ["request throughput (req/s)", "output throughput (tok/s)"]
+
+
 def test_sweep_plot_names_a_missing_column():
     with pytest.raises(ValueError, match="column 'speed' not in the table"):
         plot_throughput_latency(sweep_table(), x="speed")

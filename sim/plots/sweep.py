@@ -90,9 +90,15 @@ def _same_family(metrics: list[str], family: str) -> list[str]:
     return [m for m in metrics if metric_label(m)[0] == family]
 
 
+RATE_UNITS = {"request_throughput": "req/s", "request_goodput": "req/s", "output_throughput": "tok/s",
+              "total_token_throughput": "tok/s", "max_output_tokens_per_s": "tok/s"}
+
+
 def _family_unit(sweep: pd.DataFrame, metrics: list[str], family: str) -> tuple[float, str]:
     same = _same_family(metrics, family)
-    return _unit(sweep[same].to_numpy(float)) if LATENCY_KEY.match(same[0]) else (1.0, "")
+    if LATENCY_KEY.match(same[0]):
+        return _unit(sweep[same].to_numpy(float))
+    return 1.0, RATE_UNITS.get(same[0], "")
 
 
 def _draw(ax, part: pd.DataFrame, x: str, metric: str, color: str, where: str, scale: float, style: str,
