@@ -40,3 +40,14 @@ def test_run_help_names_table_and_image_formats_apart(capsys):
 def test_default_output_folders_are_ignored_by_git():
     ignored = (ROOT / ".gitignore").read_text().split()
     assert {"runs/", "sweep-out/", "capacity-out/"} <= set(ignored)
+
+
+def test_every_output_folder_and_figure_the_readme_and_examples_write_is_ignored_by_git():
+    import re
+    ignored = set((ROOT / ".gitignore").read_text().split())
+    texts = [(ROOT / "README.md").read_text()] + [p.read_text() for p in (ROOT / "examples").glob("*.toml")]
+    folders = {m.split("/")[0] for t in texts for m in re.findall(r"--(?:out|result-dir) ([\w./-]+)", t)
+               if "." not in m}
+    figures = {m for t in texts for m in re.findall(r'savefig\("([^"/]+)"\)', t)}
+    assert folders and figures
+    assert {f"{f}/" for f in folders} <= ignored and {f"/{f}" for f in figures} <= ignored
