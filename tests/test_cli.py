@@ -96,6 +96,17 @@ def test_plot_of_missing_folder_exits_2(capsys, tmp_path):
     assert code == 2 and "summary.json" in err
 
 
+def test_plot_and_report_of_a_disagg_or_incomplete_folder_say_what_is_wrong(capsys, tmp_path):
+    import json
+    (tmp_path / "summary.json").write_text(json.dumps({"summary": {}, "meta": {"ratio": "1P:1D"}}))
+    for command in ("plot", "report"):
+        code, _, err = run_cli(capsys, command, str(tmp_path))
+        assert code == 2 and "a servesim disagg folder" in err
+    (tmp_path / "summary.json").write_text(json.dumps({"format": "csv", "summary": {}, "meta": {}}))
+    code, _, err = run_cli(capsys, "plot", str(tmp_path))
+    assert code == 2 and err.strip() == f"servesim: error: {tmp_path / 'requests.csv'}: file not found"
+
+
 def test_unexpected_failure_exits_1(capsys, monkeypatch):
     import sim.api.simulator
     monkeypatch.setattr(sim.api.simulator, "run_engine", lambda *a, **k: 1 / 0)

@@ -1,6 +1,7 @@
 """Results: per-request and per-step tables of a run, its summary, and save/load."""
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 from array import array
@@ -106,7 +107,13 @@ class Results:
         if not summary_path.exists():
             raise FileNotFoundError(f"{summary_path}: no summary.json; is this a servesim output folder?")
         doc = json.loads(summary_path.read_text())
+        if "format" not in doc and "ratio" in (doc.get("meta") or {}):
+            raise FileNotFoundError(f"{src}: a servesim disagg folder (its plots are in it already); plot and report"
+                                    " read the folders of servesim run --out")
         fmt, types = doc.get("format", "parquet"), doc.get("columns", {})
+        for name in ("requests", "steps", "tokens"):
+            if not (src / f"{name}.{fmt}").exists():
+                raise FileNotFoundError(errno.ENOENT, "file not found", str(src / f"{name}.{fmt}"))
         requests, steps, tokens = (read_table(src / f"{n}.{fmt}", fmt, types.get(n))
                                    for n in ("requests", "steps", "tokens"))
         summary = Summary({k: float(doc.get("nonfinite", {}).get(k, "nan")) if v is None else v
