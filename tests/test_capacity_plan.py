@@ -199,8 +199,17 @@ def test_attainment_plot_is_against_the_targets_bounds_and_zoomed(report):
     assert 0.99 in [line.get_ydata()[0] for line in ax.lines]
 
 
+TINY_CURVES = pd.DataFrame({"candidate": ["x", "x"], "rate": [1.0, 2.0], "seed": [0, 0],
+                            "p99_ttft_ms": [10.0, 20.0], "p99_tpot_ms": [1.0, 2.0]})
+
+
 def test_capacity_prints_the_recommended_capacity_interval(tmp_path, capsys):
     code = main(["capacity", "--config", str(write(tmp_path, TINY_PLAN)), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert code == 0 and "capacity_95ci" in out
-    assert "recommended: a100 TP1 x" in out and "95% interval" in out and "over 1 seeds" in out
+    assert "recommended: a100 TP1 x" in out and "(one seed, so no 95% interval: add seeds" in out
+    assert "- (1 seed)" in out and "over 1 seeds" not in out  # one seed has no spread to show
+    best = {"label": "x", "rate": 5.0, "low": 5.0, "high": 5.0}
+    labels = lambda cap: {p.get_label() for p in throughput_latency(TINY_CURVES, capacity=cap).axes[0].patches}
+    assert labels({**best, "seeds": 1}) == {"x: capacity 5 req/s\n(one seed: no 95% CI)"}
+    assert labels({**best, "seeds": 3}) == {"x: capacity 5 req/s\n(95% CI 5 to 5)"}

@@ -108,9 +108,12 @@ def describe_recommended(best: dict | None, target_rate: float, num_requests: in
     if best is None:
         return f"no candidate sustains {target_rate:g} req/s within [search] max_replicas"
     text = (f"recommended: {best['label']} x {best['replicas']} replicas, ${best['usd_per_hour']:.2f}/hour; "
-            f"one replica sustains {best['rate']:.3g} req/s (95% interval {best['low']:.3g} to "
-            f"{best['high']:.3g} over {best['seeds']} seeds)")
-    if best["low"] < 0.5 * best["rate"]:
+            f"one replica sustains {best['rate']:.3g} req/s ")
+    if best["seeds"] <= 1:
+        text += "(one seed, so no 95% interval: add seeds ([search] seeds) to get one)"
+    else:
+        text += f"(95% interval {best['low']:.3g} to {best['high']:.3g} over {best['seeds']} seeds)"
+    if best["seeds"] > 1 and best["low"] < 0.5 * best["rate"]:
         text += "; the interval is wide: add seeds ([search] seeds) to narrow it"
     span = num_requests / best["rate"] if num_requests and best["rate"] > 0 else math.inf
     if span < MIN_ARRIVAL_SPAN_S:
@@ -122,8 +125,9 @@ def describe_recommended(best: dict | None, target_rate: float, num_requests: in
 
 def format_table(table: pd.DataFrame, target_rate: float) -> str:
     """The ranked table as text."""
-    table = table.assign(capacity_95ci=[f"{lo:.3g} to {hi:.3g}" for lo, hi in
-                                        zip(table["capacity_low"], table["capacity_high"])])
+    seeds = table["capacity_seeds"] if "capacity_seeds" in table else [2] * len(table)
+    table = table.assign(capacity_95ci=[f"{lo:.3g} to {hi:.3g}" if n > 1 else "- (1 seed)" if n else "-" for lo, hi, n in
+                                        zip(table["capacity_low"], table["capacity_high"], seeds)])
     shown = table[[c for c in TABLE_COLUMNS if c in table.columns]]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
         return f"deployments for {target_rate:g} req/s, cheapest first:\n{shown.to_string(index=False)}"

@@ -27,9 +27,10 @@ def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile:
     if capacity:
         for ax in fig.axes:
             color = _line_color(ax, f"{group}={capacity['label']}")
+            spread = (f"(95% CI {capacity['low']:.3g} to {capacity['high']:.3g})" if capacity.get("seeds", 2) > 1
+                      else "(one seed: no 95% CI)")
             ax.axvspan(capacity["low"], capacity["high"], color=color, alpha=0.12,
-                       label=f"{capacity['label']}: capacity {capacity['rate']:.3g} req/s\n"
-                             f"(95% CI {capacity['low']:.3g} to {capacity['high']:.3g})")
+                       label=f"{capacity['label']}: capacity {capacity['rate']:.3g} req/s\n{spread}")
             ax.axvline(capacity["rate"], color=color, lw=1)
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7)
     return fig
