@@ -3,6 +3,7 @@ data, a Gantt window that shows the queueing, preemptions marked, sweeps plotted
 averaged, and `servesim sweep` writing its plots."""
 import dataclasses
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
@@ -112,6 +113,14 @@ def test_sweep_throughput_panels_carry_their_unit():
     df = sweep_table().assign(request_throughput=1.0, output_throughput=100.0)
     fig = plot_throughput_latency(df, x="workload.rate", metrics=("request_throughput", "output_throughput"))
     assert [ax.get_ylabel() for ax in fig.axes] == ["request throughput (req/s)", "output throughput (tok/s)"]
+
+
+def test_more_than_ten_lines_get_distinct_colours():
+    df = pd.concat([sweep_table().assign(policy=f"p{i}") for i in range(12)])
+    fig = plot_throughput_latency(df, x="workload.rate", metrics=("p99_ttft_ms",), hue="policy")
+    colours = {matplotlib.colors.to_hex(line.get_color()) for line in fig.axes[0].get_lines()
+               if len(line.get_xdata()) > 2}
+    assert len(colours) == 12
 
 
 def test_sweep_plot_names_a_missing_column():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -78,12 +79,19 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate", metrics=DEFAUL
         for metric in metrics:
             family = metric_label(metric)[0]
             style = LINE_STYLES[_same_family(metrics, family).index(metric) % len(LINE_STYLES)]
-            _draw(axes[families.index(family)], part, x, metric, f"C{g}", where,
+            _draw(axes[families.index(family)], part, x, metric, line_color(g, len(groups)), where,
                   _family_unit(sweep, metrics, family)[0], style=style, band=seeds > 1)
     for ax, family in zip(axes, families):
         _finish_panel(ax, sweep, family, metrics, slo or {}, x_label or _x_label(x))
     fig.suptitle(title + (f" (mean of {seeds} seeds; band: min to max)" if seeds > 1 else ""))
     return fig
+
+
+def line_color(index: int, count: int):
+    """Distinct colours for up to 20 lines: tab10 while it suffices, else tab20 (C10 would repeat C0)."""
+    if count <= 10:
+        return f"C{index % 10}"
+    return matplotlib.colormaps["tab20"](index % 20)
 
 
 def _same_family(metrics: list[str], family: str) -> list[str]:
