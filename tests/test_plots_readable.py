@@ -121,6 +121,11 @@ def test_more_than_ten_lines_get_distinct_colours():
     colours = {matplotlib.colors.to_hex(line.get_color()) for line in fig.axes[0].get_lines()
                if len(line.get_xdata()) > 2}
     assert len(colours) == 12
+    from sim.plots.capacity import attainment_vs_rate
+    runs = pd.DataFrame([{"candidate": f"c{i}", "rate": r, "slo_attainment": 1.0, "num_requests": 10}
+                         for i in range(12) for r in (1.0, 2.0)])
+    lines = [l for l in attainment_vs_rate(runs).axes[0].get_lines() if l.get_label().startswith("c")]
+    assert len({matplotlib.colors.to_hex(l.get_color()) for l in lines}) == 12
 
 
 def test_sweep_plot_names_a_missing_column():

@@ -11,7 +11,7 @@ import pandas as pd
 
 from sim.api.metrics import latency_key
 from sim.plots.run_plots import legend_outside, new_figure
-from sim.plots.sweep import plot_throughput_latency
+from sim.plots.sweep import line_color, plot_throughput_latency
 
 
 def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile: int = 99,
@@ -54,8 +54,9 @@ def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile:
                        if admitted is not None else runs["slo_attainment"])
     data = runs.groupby([group, "rate"], as_index=False)["slo_attainment"].mean().sort_values([group, "rate"])
     fig, (ax,) = new_figure(size=(8.4, 4.2))
-    for name, part in data.groupby(group, sort=True):
-        ax.plot(part["rate"], part["slo_attainment"], marker="o", label=str(name))
+    groups = data.groupby(group, sort=True)
+    for index, (name, part) in enumerate(groups):
+        ax.plot(part["rate"], part["slo_attainment"], marker="o", label=str(name), color=line_color(index, len(groups)))
     ax.axhline(percentile / 100, color="red", ls="--", lw=1.2, label=f"{percentile}% (a p{percentile} bound)")
     if min_attainment is not None:
         ax.axhline(min_attainment, color="grey", ls="--", lw=1, label=f"min_attainment {min_attainment:g}")
