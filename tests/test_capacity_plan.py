@@ -119,7 +119,8 @@ def test_sweep_progress_only_on_a_terminal_unless_asked(monkeypatch, tmp_path):
     for tty in (False, True):
         monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
         for flag in ([], ["--progress"], ["--no-progress"]):
-            args = build_parser().parse_args(["sweep", "--config", "x.toml", "--no-plots", "--out", str(tmp_path), *flag])
+            args = build_parser().parse_args(["sweep", "--config", "x.toml", "--no-plots", "--out", str(tmp_path),
+                                              *flag])
             capacity.run_sweep_cmd(args)
     assert calls == [False, True, False, True, True, False]  # a log file gets no carriage-return bars
 

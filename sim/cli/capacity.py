@@ -126,8 +126,9 @@ def describe_recommended(best: dict | None, target_rate: float, num_requests: in
 def format_table(table: pd.DataFrame, target_rate: float) -> str:
     """The ranked table as text."""
     seeds = table["capacity_seeds"] if "capacity_seeds" in table else [2] * len(table)
-    table = table.assign(capacity_95ci=[f"{lo:.3g} to {hi:.3g}" if n > 1 else "- (1 seed)" if n else "-" for lo, hi, n in
-                                        zip(table["capacity_low"], table["capacity_high"], seeds)])
+    spread = [f"{lo:.3g} to {hi:.3g}" if n > 1 else "- (1 seed)" if n else "-"
+              for lo, hi, n in zip(table["capacity_low"], table["capacity_high"], seeds)]
+    table = table.assign(capacity_95ci=spread)
     shown = table[[c for c in TABLE_COLUMNS if c in table.columns]]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
         return f"deployments for {target_rate:g} req/s, cheapest first:\n{shown.to_string(index=False)}"
