@@ -83,7 +83,7 @@ def batch1_table(num_requests: int) -> list[float]:
 def batch128_row(num_requests: int) -> float:
     """EAGLE-3 k=3 at batch 128 vs SpecDecode-Bench, with the target sampling greedily and with
     top-p (the Llama-3.1-Instruct generation_config vLLM's server applies: temperature 0.6, top_p
-    0.9; the study does not state its sampling parameters, so both are shown)."""
+    0.9; what we could read of the study does not state its sampling, so both are shown)."""
     plain = run(None, GSM8K_LENGTHS, 128, num_requests)
     print(f"\nEAGLE-3 k=3, GSM8K-like, batch 128, tokens/s speedup vs published "
           f"{PUBLISHED_GSM8K_BS128:.2f}x:")
