@@ -165,20 +165,26 @@ def head_cost_model(method: str, head, draft_vocab_size: int | None = None):
     from .operators import matmul_operator
     if method not in ("eagle", "eagle3") or not isinstance(head, RooflineCostModel):
         return head, None
-    cal, h, tp, elementwise = head.calibration, head.hidden, head.tensor_parallel_size, head.add
     if method == "eagle":
-        return head, DraftShape(fc=matmul_operator(cal, "matmul", 2 * h, h), fc_every_pass=True,
-                                dtype_bytes=head.dtype_bytes)
-    vocab = EAGLE3_DRAFT_VOCAB_SIZE if draft_vocab_size is None else draft_vocab_size
-    require(isinstance(vocab, int) and 1 <= vocab <= head.model.vocab_size,
-            "speculative_config.draft_vocab_size", vocab,
-            f"must be an integer in [1, {head.model.vocab_size}] (the target's vocabulary)")
+        fc = matmul_operator(head.calibration, "matmul", 2 * head.hidden, head.hidden)
+        return head, DraftShape(fc=fc, fc_every_pass=True, dtype_bytes=head.dtype_bytes)
+    return _eagle3_head(head, draft_vocab_size)
+
+
+def _eagle3_head(head, draft_vocab_size: int | None):
+    """EAGLE-3: qkv over 2 x hidden, an LM head over the draft vocabulary, the three-layer fc and
+    the map back to the target's vocabulary (none when the draft vocabulary is the target's)."""
+    from .operators import matmul_operator
+    cal, h, tp, target_vocab = head.calibration, head.hidden, head.tensor_parallel_size, head.model.vocab_size
+    vocab = min(EAGLE3_DRAFT_VOCAB_SIZE, target_vocab) if draft_vocab_size is None else draft_vocab_size
+    require(isinstance(vocab, int) and 1 <= vocab <= target_vocab, "speculative_config.draft_vocab_size",
+            vocab, f"must be an integer in [1, {target_vocab}] (the target's vocabulary)")
     eagle3 = replace(head, qkv=matmul_operator(cal, "qkv_proj", 2 * h, head.q_gpu + 2 * head.kv_gpu),
                      lm_head=matmul_operator(cal, "lm_head", h, vocab / tp))
+    mapped = vocab < target_vocab
     shape = DraftShape(fc=matmul_operator(cal, "matmul", EAGLE3_AUX_LAYERS * h, h),
-                       target_vocab=head.model.vocab_size if vocab < head.model.vocab_size else 0,
-                       draft_vocab=vocab if vocab < head.model.vocab_size else 0,
-                       dtype_bytes=head.dtype_bytes, elementwise=elementwise)
+                       target_vocab=target_vocab if mapped else 0, draft_vocab=vocab if mapped else 0,
+                       dtype_bytes=head.dtype_bytes, elementwise=head.add)
     return eagle3, shape
 
 

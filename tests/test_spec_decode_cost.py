@@ -62,6 +62,8 @@ def test_a_draft_vocabulary_beyond_the_target_is_a_named_error():
         head_cost_model("eagle3", head("eagle3"), VOCAB + 1)
     with pytest.raises(ConfigError, match="speculative_config.draft_vocab_size"):
         SpeculativeConfig("eagle3", draft_vocab_size=0)
+    with pytest.raises(ConfigError, match="eagle3"):
+        SpeculativeConfig("eagle", draft_vocab_size=32000)
 
 
 def sampler(mode):

@@ -83,6 +83,8 @@ class SpeculativeConfig:
         vocab = self.draft_vocab_size
         require(vocab is None or (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1),
                 "speculative_config.draft_vocab_size", vocab, "must be null or an integer >= 1")
+        require(vocab is None or self.method == "eagle3", "speculative_config.draft_vocab_size", vocab,
+                f"applies to method 'eagle3' only (method is {self.method!r})")
         decay = self.tree_sibling_decay
         require(isinstance(decay, (int, float)) and 0 <= decay <= 1, "speculative_config.tree_sibling_decay",
                 decay, "must be a number in [0, 1]")
