@@ -38,10 +38,14 @@ def test_eagle3_head_reads_twice_the_hidden_size_and_its_own_vocabulary():
     assert (shape.draft_vocab, shape.target_vocab) == (EAGLE3_DRAFT_VOCAB_SIZE, VOCAB)
 
 
-@pytest.mark.parametrize("batch", [1, 64])
-def test_eagle3_drafting_grows_with_its_draft_vocabulary(batch):
-    times = [drafting("eagle3", batch=batch, draft_vocab=v) for v in (8000, 32000, 64000, VOCAB)]
-    assert times == sorted(times) and times[0] < times[-1]
+@given(batch=st.integers(1, 256), k=st.integers(1, 6), context=st.integers(1, 4000),
+       vocabs=st.lists(st.integers(1000, VOCAB - 1), min_size=2, max_size=4, unique=True))
+def test_eagle3_drafting_grows_with_its_draft_vocabulary(batch, k, context, vocabs):
+    vocabs = sorted(vocabs)
+    times = [drafting("eagle3", k=k, batch=batch, context=context, draft_vocab=v) for v in vocabs]
+    assert times == sorted(times)
+    assert drafting("eagle3", k=k, batch=batch, context=context, draft_vocab=8000) < drafting(
+        "eagle3", k=k, batch=batch, context=context, draft_vocab=VOCAB)
 
 
 @pytest.mark.parametrize("batch", [1, 32])
