@@ -25,9 +25,10 @@ The heads' own shapes (`DraftShape`, `head_cost_model`), as vLLM's llama_eagle.p
 llama_eagle3.py build them for Llama targets:
 - EAGLE-1: every pass first folds [token embedding ; hidden state] (2 x hidden) into hidden
   with an fc, then runs the target-shaped layer; logits through the target's own LM head.
-- EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B config.json, LlamaForCausalLMEagle3: one layer,
-  hidden 4096, 32 query / 8 KV heads, intermediate 14336, vocab_size 128256, draft_vocab_size
-  32000): the first pass folds three target layers' hidden states (3 x hidden -> hidden, fc) for
+- EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one layer, hidden 4096, 32 query / 8 KV heads,
+  intermediate 14336, vocab_size 128256, draft_vocab_size 32000; the config.json of SGLang's copy,
+  huggingface.co/jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, and SpecForge's
+  configs/llama3-8B-eagle3.json): the first pass folds three target layers' hidden states (3 x hidden -> hidden, fc) for
   every scheduled token; the layer's qkv_proj reads [normed embedding ; normed hidden] (2 x hidden
   wide); its own LM head covers draft_vocab_size tokens, and every pass then expands each sampled
   row's logits into the target's vocabulary (`logits.new_full((rows, vocab_size), -inf)`, a
@@ -66,8 +67,8 @@ from .models import ModelSpec, get_model
 NGRAM_FRACTION_OF_STEP = 0.005875
 DRAFT_OVERHEAD_S = 0.5e-3
 EAGLE3_DRAFT_OVERHEAD_S = 1.15e-3
-#: draft_vocab_size of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (its config.json; also the default of
-#: the EAGLE-3 training configs in SpecForge and vllm-project/speculators).
+#: draft_vocab_size of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (its config.json, as copied by SGLang;
+#: also the default of the EAGLE-3 training configs in SpecForge and vllm-project/speculators).
 EAGLE3_DRAFT_VOCAB_SIZE = 32000
 #: Target layers whose hidden states EAGLE-3 fuses (vLLM: layers 2, L/2 and L-3).
 EAGLE3_AUX_LAYERS = 3

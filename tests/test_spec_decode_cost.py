@@ -41,6 +41,7 @@ def test_eagle3_head_reads_twice_the_hidden_size_and_its_own_vocabulary():
 @given(batch=st.integers(1, 256), k=st.integers(1, 6), context=st.integers(1, 4000),
        vocabs=st.lists(st.integers(1000, VOCAB - 1), min_size=2, max_size=4, unique=True))
 def test_eagle3_drafting_grows_with_its_draft_vocabulary(batch, k, context, vocabs):
+    """Below the target's vocabulary (at it, vLLM skips the map back and the head is cheaper)."""
     vocabs = sorted(vocabs)
     times = [drafting("eagle3", k=k, batch=batch, context=context, draft_vocab=v) for v in vocabs]
     assert times == sorted(times)
