@@ -1,5 +1,5 @@
-"""What speculative decoding costs: the target's verification step, the proposer's time per step,
-and memory for the proposer's weights and KV.
+"""What speculative decoding costs: the target's verification step, the rejection sampler, the
+proposer's time per step, and memory for the proposer's weights and KV.
 
 Verification (`verify_step_time`): a running request's row of 1 + k query tokens (its last token
 and k drafts) is a decode-like row, not a prefill chunk: vLLM runs it through the decode attention
@@ -13,7 +13,7 @@ besides its drafts (a prefill chunk ending in drafts) stays a prefill chunk.
 The proposer runs after the target in the same step (vLLM V1 drafts in the model runner, right
 after sampling):
 
-- "eagle", "eagle3", "mtp": a one-layer head of the target's shape. Its first pass reads the
+- "eagle", "eagle3", "mtp": a one-layer head (shapes below). Its first pass reads the
   target's hidden states for every scheduled token (same rows as the target batch); then k - 1
   passes of one token per proposing request. Plus `draft_overhead_s` per step. A draft tree
   (`tree_widths`: nodes per depth) replaces those passes by one per depth but the last, each
@@ -28,8 +28,8 @@ llama_eagle3.py build them for Llama targets:
 - EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one layer, hidden 4096, 32 query / 8 KV heads,
   intermediate 14336, vocab_size 128256, draft_vocab_size 32000; the config.json of SGLang's copy,
   huggingface.co/jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, and SpecForge's
-  configs/llama3-8B-eagle3.json): the first pass folds three target layers' hidden states (3 x hidden -> hidden, fc) for
-  every scheduled token; the layer's qkv_proj reads [normed embedding ; normed hidden] (2 x hidden
+  configs/llama3-8B-eagle3.json): the first pass folds three target layers' hidden states
+  (3 x hidden -> hidden, fc) for every scheduled token; the layer's qkv_proj reads [normed embedding ; normed hidden] (2 x hidden
   wide); its own LM head covers draft_vocab_size tokens, and every pass then expands each sampled
   row's logits into the target's vocabulary (`logits.new_full((rows, vocab_size), -inf)`, a
   scatter through the draft-to-target table, an argmax over the target vocabulary: eager kernels
@@ -49,10 +49,10 @@ Defaults (uncertain figures, override per config):
   see (input preparation, per-pass metadata updates, eager launches between CUDA graphs):
   SpecDecode-Bench's fit of the EAGLE-3 drafter on H100 for Llama-3.1-8B, vLLM v0.10.1
   (predictor.py: 2.135 ms fixed + 0.84 us per draft token + 2.4 ns per KV token; 2.14 ms at batch
-  1, k = 3) minus our roofline of that head's real shape (below) there, 0.99 ms.
+  1, k = 3) minus our roofline of that head's real shape (above) there, 0.99 ms.
 - DRAFT_OVERHEAD_S = 0.5e-3 for the other drafters: the same measurement minus the 1.60 ms our
   roofline gave when it priced the EAGLE-3 head as a target-shaped layer with the target's LM
-  head (EAGLE-1's shape); no drafter of theirs was measured on its own.
+  head (EAGLE-1's shape); the study measured no other drafter on its own.
 """
 from __future__ import annotations
 
