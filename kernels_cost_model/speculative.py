@@ -29,9 +29,9 @@ llama_eagle3.py build them for Llama targets:
   intermediate 14336, vocab_size 128256, draft_vocab_size 32000; the config.json of SGLang's copy,
   huggingface.co/jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, and SpecForge's
   configs/llama3-8B-eagle3.json): the first pass folds three target layers' hidden states
-  (3 x hidden -> hidden, fc) for every scheduled token; the layer's qkv_proj reads [normed embedding ; normed hidden] (2 x hidden
-  wide); its own LM head covers draft_vocab_size tokens, and every pass then expands each sampled
-  row's logits into the target's vocabulary (`logits.new_full((rows, vocab_size), -inf)`, a
+  (3 x hidden -> hidden, fc) for every scheduled token; the layer's qkv_proj reads [normed
+  embedding ; normed hidden] (2 x hidden wide); its own LM head covers draft_vocab_size tokens,
+  and every pass then expands each sampled row's logits into the target's vocabulary (`logits.new_full((rows, vocab_size), -inf)`, a
   scatter through the draft-to-target table, an argmax over the target vocabulary: eager kernels
   outside the CUDA graph).
 
