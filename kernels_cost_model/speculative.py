@@ -31,9 +31,9 @@ llama_eagle3.py build them for Llama targets:
   configs/llama3-8B-eagle3.json): the first pass folds three target layers' hidden states
   (3 x hidden -> hidden, fc) for every scheduled token; the layer's qkv_proj reads [normed
   embedding ; normed hidden] (2 x hidden wide); its own LM head covers draft_vocab_size tokens,
-  and every pass then expands each sampled row's logits into the target's vocabulary (`logits.new_full((rows, vocab_size), -inf)`, a
-  scatter through the draft-to-target table, an argmax over the target vocabulary: eager kernels
-  outside the CUDA graph).
+  and every pass then expands each sampled row's logits into the target's vocabulary
+  (`logits.new_full((rows, vocab_size), -inf)`, a scatter through the draft-to-target table, an
+  argmax over the target vocabulary: eager kernels outside the CUDA graph).
 
 The rejection sampler (`RejectionSampler`) runs on the target's logits of every verified
 position before the drafter (vLLM's rejection_sampler.py): greedy takes an argmax; random
