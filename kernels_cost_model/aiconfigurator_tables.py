@@ -160,3 +160,26 @@ def read_system(root: str | Path, system: str) -> list[dict]:
     if system not in SYSTEMS:
         raise ConfigError("system", system, f"unknown AIConfigurator system; known: {sorted(SYSTEMS)}")
     return [row for kind in TABLES for row in read_table(root, system, kind)]
+
+
+#: nccl-tests' table (`comm/nccl/<version>/nccl_perf.parquet`): columns every row must have.
+NCCL_COLUMNS = ("version", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency")
+
+
+def read_nccl(root: str | Path, system: str, collective: str = "all_reduce") -> Iterator[dict]:
+    """nccl-tests rows of one system's newest NCCL folder for `collective` in half precision, as
+    {ranks, size_bytes, measured_s, source}; nothing if absent. `message_size` is an element count
+    (2 bytes each for half), `latency` the out-of-place time in ms."""
+    base = Path(root) / "aiconfigurator" / system / "comm" / "nccl"
+    found = sorted(base.glob("*/nccl_perf.parquet"),
+                   key=lambda p: tuple(int(x) for x in p.parent.name.split(".") if x.isdigit()))
+    if not found:
+        return
+    path = found[-1]
+    for raw in _records(path, NCCL_COLUMNS):
+        if raw["op_name"] != collective or raw["nccl_dtype"] != "half":
+            continue
+        yield {"ranks": _number(path, raw, "num_gpus", 2), "size_bytes": 2.0 * _number(path, raw, "message_size", 1),
+               "measured_s": _latency_s(path, raw),
+               "source": f"{ORIGIN}/{path.relative_to(Path(root) / 'aiconfigurator').as_posix()} "
+                         f"(NCCL {raw['version']})"}
