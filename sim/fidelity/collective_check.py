@@ -3,8 +3,8 @@
 The two-GPU replays price TP all-reduces with the NCCL sweep of `data/collective_curves.csv`
 (LLMServingSim, 2x RTX PRO 6000 Server). AIConfigurator measured the same GPU on another host
 (an 8-GPU RTX PRO 6000 Server node, 2 of its GPUs): nccl-tests' all-reduce (NCCL 2.29.2) and vLLM
-0.24's own `tensor_model_parallel_all_reduce` in a CUDA graph, which runs vLLM's custom all-reduce
-below its size limit and NCCL above it. Comparing the three by message size tells which mechanisms
+0.24's own `tensor_model_parallel_all_reduce` in a CUDA graph (faster than NCCL below 8 MB and equal to
+it above, as a custom all-reduce with vLLM's default 8 MB limit and its NCCL fallback would be). Comparing the three by message size tells which mechanisms
 could make serving collectives slower than the sweep (docs/fidelity.md):
 
     python -m sim.fidelity.collective_check [../shared/data/kernel_profiles]
