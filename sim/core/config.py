@@ -8,6 +8,7 @@ from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_o
 from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
+ENGINE_MODES = ("fast", "step")
 MAX_NUM_GPU_BLOCKS = 2**22
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
@@ -34,6 +35,8 @@ class EngineConfig:
         requests one step later.
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL).
+    mode: "fast" leaps over quiet stretches of pure-decode steps in one pass (sim.engine.leap);
+        "step" takes every step one by one (the reference). Both give bit-identical records.
     """
 
     block_size: int = 16
@@ -53,6 +56,7 @@ class EngineConfig:
     eos_token_id: int = 2
     check_invariants: bool = False
     record_token_times: bool = True
+    mode: str = "fast"
 
     @property
     def is_async(self) -> bool:
@@ -70,6 +74,7 @@ class EngineConfig:
         in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID)
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
+        one_of("mode", self.mode, ENGINE_MODES)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
