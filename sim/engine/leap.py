@@ -47,6 +47,7 @@ class Leaper:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
+        self.steps_leapt = 0                            # steps done by leaps so far
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
@@ -59,6 +60,7 @@ class Leaper:
         if not plan.fix_units(horizon):
             return None
         delays = _exact_delays(now, plan.times, plan.finishing, plan.units)
+        self.steps_leapt += plan.units
         return plan.apply(), delays
 
     # ----- is the engine at a steady point? ------------------------------------------------
@@ -283,8 +285,9 @@ class _StretchPlan:
         context = (self.computed + units - 1).tolist()
         scheduled = self.in_flight.plan.scheduled
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
-        return Step(SchedulerOutput(scheduled), batch, float(self.planned[units - 1]),
-                    float(times[units - 1]), 0, [True] * self.num_rows)
+        start = self.now if units == 1 else float(times[units - 1])
+        return Step(SchedulerOutput(scheduled), batch, float(self.planned[units - 1]), start, 0,
+                    [True] * self.num_rows)
 
     def _replay_kv(self):
         """Make the stretch's block allocations and registrations in order; the KV counters after
@@ -319,11 +322,13 @@ class _StretchPlan:
         """Append the records of the U steps that finished (steps k+1 .. k+U)."""
         units, lag, times = self.units, self.lag, self.times
         steps = self.engine.steps
-        starts = times[:units] if not lag else np.concatenate(([self.in_flight.start], times[:units - 1]))
+        starts = [self.now] + times[1:units].tolist()   # `now` kept as it is (SimPy starts at int 0)
+        if lag:
+            starts = [self.in_flight.start] + starts[:-1]
         finishing = self.finishing[:units]
         b = self.num_rows
         used, cached, free = snapshots
-        steps.start_time.extend(starts.tolist())
+        steps.start_time.extend(starts)
         steps.duration.extend(finishing.tolist())
         steps.num_prefill_tokens.extend([0] * units)
         steps.num_decode_tokens.extend([b] * units)
