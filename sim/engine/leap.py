@@ -30,6 +30,7 @@ from sim.engine.engine import Engine, Step
 
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
+MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 
 
 def make_leaper(engine: Engine) -> "Leaper | None":
@@ -48,17 +49,25 @@ class Leaper:
         self.engine = engine
         self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
         self.steps_leapt = 0                            # steps done by leaps so far
+        self.misses = 0                                 # leap attempts failed in a row
+        self.cooldown = 0                               # loop turns to let pass before the next try
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
         apply a quiet stretch of U >= MIN_UNITS steps if there is one before `horizon` (the next
         event due in SimPy). Returns (the step now in flight, delays to wait) or None."""
+        if self.cooldown:
+            self.cooldown -= 1
+            return None
         rows = self._steady_rows(in_flight)
-        if rows is None:
+        plan = None if rows is None else _StretchPlan(self, rows, in_flight, now)
+        if plan is None or not plan.fix_units(horizon):
+            # back off after misses (under overload stretches are rare): whether the engine looks
+            # for a leap never changes its results, only how fast it gets them
+            self.misses += 1
+            self.cooldown = min(self.misses, MAX_COOLDOWN)
             return None
-        plan = _StretchPlan(self, rows, in_flight, now)
-        if not plan.fix_units(horizon):
-            return None
+        self.misses = 0
         delays = _exact_delays(now, plan.times, plan.finishing, plan.units)
         self.steps_leapt += plan.units
         return plan.apply(), delays
