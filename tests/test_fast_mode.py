@@ -19,6 +19,7 @@ from sim.engine.leap import make_leaper
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
 from workloads.spec import RequestSpec
+from workloads.token_streams import stream_for
 
 EOS = 2
 
@@ -134,3 +135,12 @@ def test_no_leaper_where_unsupported():
     """Invariant checks after every step, and other policies, run step by step."""
     assert make_leaper(Engine(EngineConfig(check_invariants=True), LinearCostModel(), 1000)) is None
     assert make_leaper(Engine(EngineConfig(policy="orca"), LinearCostModel(), 1000)) is None
+
+
+@given(st.none() | st.lists(st.integers(0, 50), max_size=30), st.integers(1, 60), st.integers(0, 9),
+       st.integers(0, 80), st.integers(0, 40))
+def test_a_streams_span_reads_what_its_positions_read(scripted, output_len, index, start, count):
+    spec = RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len,
+                       output_token_ids=None if scripted is None else tuple(scripted))
+    stream = stream_for(spec, index, EOS)
+    assert stream.span(start, start + count).tolist() == [stream(p) for p in range(start, start + count)]

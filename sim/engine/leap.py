@@ -168,8 +168,15 @@ class _StretchPlan:
         for req, start in zip(self.rows, self.outputs.tolist()):
             stream = engine.streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
-            row = [stream(p) for p in range(start, start + units)]
-            if stop_ids:
+            span = getattr(stream, "span", None)
+            if span is not None:
+                span_tokens = span(start, start + units)
+                hits = np.flatnonzero(np.isin(span_tokens, tuple(stop_ids))) if stop_ids else ()
+                if len(hits):
+                    units = int(hits[0])
+                row = span_tokens.tolist()
+            else:
+                row = [stream(p) for p in range(start, start + units)]
                 for i, token in enumerate(row):
                     if token in stop_ids:
                         units = i
@@ -310,6 +317,9 @@ class _StretchPlan:
         unit_list, row_list, kind_list = self.events
         if kind_list:
             self._append_tokens(units)
+            if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
+                for req, target in zip(self.rows, (self.prompts + self.outputs - 1 + units).tolist()):
+                    kv._hashes(req, target // kv.block_size)
             targets = (self.prompts + self.outputs - 1).tolist()
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
