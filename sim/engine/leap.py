@@ -148,8 +148,10 @@ class _StretchPlan:
         the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
         `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
         cost_model, computed = self.engine.cost_model, self.computed
-        planned = np.zeros(0)
-        chunk = 16
+        planned = decode_step_times(cost_model, computed, 0, 1)
+        first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
+        # durations grow with the context: the first one bounds how many fit before the horizon
+        chunk = units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
         while True:
             count = min(chunk, units - len(planned))
             planned = np.concatenate((planned, decode_step_times(cost_model, computed, len(planned), count)))
@@ -157,7 +159,7 @@ class _StretchPlan:
             times = np.cumsum(np.concatenate(([self.now], finishing)))  # sequential, as SimPy adds
             if len(planned) >= units or times[-1] >= horizon:
                 break
-            chunk *= 2
+            chunk = max(16, 2 * chunk)
         self.planned, self.finishing, self.times = planned, finishing, times
         return min(units, int(np.searchsorted(times, horizon, side="left")) - 1)
 
