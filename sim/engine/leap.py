@@ -81,11 +81,8 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
-        if in_flight is not None:
-            scheduled = in_flight.plan.scheduled
-            if (len(scheduled) != len(running) or in_flight.plan.preempted or not all(in_flight.samples)
-                    or any(r is not q or n != 1 for (r, n), q in zip(scheduled, running))):
-                return None
+        if in_flight is not None and not _decodes_of(in_flight, running):
+            return None
         quick_stop = engine.quick_stop
         running_status = RequestStatus.RUNNING
         for req in running:
@@ -95,6 +92,22 @@ class Leaper:
                     or req.num_computed_tokens != req.num_prompt_tokens + len(req.output_token_ids) - 1 + lag):
                 return None
         return running
+
+
+def _decodes_of(step: Step, running: list) -> bool:
+    """`step` decodes every running request, in order, and besides them has only rows of requests
+    that finished since it was planned (async scheduling's wasted last step: they are skipped)."""
+    if step.plan.preempted:
+        return False
+    finished = RequestStatus.PREEMPTED
+    i, count = 0, len(running)
+    for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        if req.status > finished:
+            continue
+        if i == count or req is not running[i] or n != 1 or not samples:
+            return False
+        i += 1
+    return i == count
 
 
 class _StretchPlan:
@@ -301,7 +314,7 @@ class _StretchPlan:
         if not self.lag:
             return None
         context = (self.computed + units - 1).tolist()
-        scheduled = self.in_flight.plan.scheduled
+        scheduled = [(req, 1) for req in rows]
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
         start = self.now if units == 1 else float(times[units - 1])
         return Step(SchedulerOutput(scheduled), batch, float(self.planned[units - 1]), start, 0,
@@ -349,12 +362,18 @@ class _StretchPlan:
         finishing = self.finishing[:units]
         b = self.num_rows
         used, cached, free = snapshots
+        prefill, batch, sampled = [0] * units, [b] * units, [b] * units
+        if lag:  # the step in flight may still carry rows of requests finished since
+            first = self.in_flight
+            prefill[0] = sum(first.batch.num_new_tokens) - b
+            batch[0] = len(first.plan.scheduled)
+            sampled[0] = first.batch.num_sampled
         steps.start_time.extend(starts)
         steps.duration.extend(finishing.tolist())
-        steps.num_prefill_tokens.extend([0] * units)
+        steps.num_prefill_tokens.extend(prefill)
         steps.num_decode_tokens.extend([b] * units)
-        steps.batch_size.extend([b] * units)
-        steps.num_sampled.extend([b] * units)
+        steps.batch_size.extend(batch)
+        steps.num_sampled.extend(sampled)
         steps.num_preempted.extend([0] * units)
         steps.kv_blocks_used.extend(used.tolist())
         steps.kv_blocks_cached.extend(cached.tolist())
