@@ -57,18 +57,20 @@ def configs(draw, max_model_len: int = 256):
     block_size = draw(st.sampled_from([1, 4, 16]))
     min_blocks = -(-max_model_len // block_size) + 1
     chunked = draw(st.booleans())
+    policy = draw(st.sampled_from(["vllm", "vllm", "vllm", "vllm-v0", "sarathi"] if chunked else ["vllm", "vllm-v0"]))
+    whole = not chunked or policy == "vllm-v0"
     return EngineConfig(
         block_size=block_size,
         num_gpu_blocks=draw(st.integers(min_blocks, 4 * min_blocks)),
         max_model_len=max_model_len,
         max_num_seqs=draw(st.integers(1, 8)),
-        max_num_batched_tokens=draw(st.integers(1, 600)) if chunked else draw(st.integers(max_model_len, 800)),
+        max_num_batched_tokens=draw(st.integers(max_model_len, 800)) if whole else draw(st.integers(1, 600)),
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 50])),
         enable_prefix_caching=draw(st.booleans()),
         scheduler_reserve_full_isl=draw(st.booleans()),
         scheduling=draw(st.sampled_from(["fcfs", "priority"])),
-        policy=draw(st.sampled_from(["vllm", "vllm", "vllm", "sarathi"])) if chunked else "vllm",
+        policy=policy,
         stop_profile=draw(st.sampled_from(["vllm", "vllm-v1-2025", "vllm-v0"])),
         scheduler_profile=draw(st.sampled_from(["vllm", "vllm-0.19"])),
         async_scheduling=draw(st.sampled_from([None, True, False])),
@@ -134,7 +136,8 @@ def test_unknown_mode_is_a_config_error():
 def test_no_leaper_where_unsupported():
     """Invariant checks after every step, and other policies, run step by step."""
     assert make_leaper(Engine(EngineConfig(check_invariants=True), LinearCostModel(), 1000)) is None
-    assert make_leaper(Engine(EngineConfig(policy="orca"), LinearCostModel(), 1000)) is None
+    assert make_leaper(Engine(EngineConfig(policy="orca", max_num_batched_tokens=8192), LinearCostModel(),
+                              1000)) is None
 
 
 @given(st.none() | st.lists(st.integers(0, 50), max_size=30), st.integers(1, 60), st.integers(0, 9),

@@ -23,11 +23,15 @@ import numpy as np
 from kernels_cost_model.batch import BatchShape
 from policies.base import SchedulerOutput
 from policies.vllm import VllmV1Policy
+from policies.vllm_v0 import VllmV0Policy
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import RequestStatus
 from sim.engine.decode_times import decode_step_times
 from sim.engine.engine import Engine, Step
 
+#: Policies whose pure-decode step is "each running request, in order, one token" and whether they
+#: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
+ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
@@ -35,9 +39,9 @@ MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 
 def make_leaper(engine: Engine) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
-    policies other than vLLM V1's, invariant checks after every step)."""
+    policies other than vLLM V1's and V0's, invariant checks after every step)."""
     if (engine.hooks or type(engine.state.kv) is not KVCacheManager or engine.config.check_invariants
-            or type(engine.policy) is not VllmV1Policy or engine.state.kv.num_lookahead_tokens):
+            or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
         return None
     return Leaper(engine)
 
@@ -252,8 +256,10 @@ class _StretchPlan:
         or evicted (the cache hits it would get change): the stretch ends before that."""
         state = self.engine.state
         config = state.config
-        if (not state.waiting or len(state.running) >= config.max_num_seqs
-                or config.max_num_batched_tokens - self.num_rows <= 0):
+        budget = config.max_num_batched_tokens
+        if not ADMISSION_FIRST[type(self.engine.policy)]:
+            budget -= self.num_rows
+        if not state.waiting or len(state.running) >= config.max_num_seqs or budget <= 0:
             return units
         head = state.waiting[0]
         if not config.scheduler_reserve_full_isl:
