@@ -1,11 +1,14 @@
 """Simulator speed: the fast engine (leaps over quiet stretches) against the step-by-step reference.
 
-ShareGPT-like requests, Poisson arrivals, vLLM policy, linear cost model (the loop is what is measured;
-the cost model's own price is in cost_model_speed.py). Scenarios:
+Poisson arrivals. Scenarios with ShareGPT-like lengths, the vLLM (V1) policy and the linear cost model
+(the loop is what is measured; the cost model's own price is in cost_model_speed.py):
 
 - light:    2 req/s on a roomy KV cache (batches of ~6, long quiet decode stretches);
 - busy:     5 req/s (batches of ~35);
-- overload: 20 req/s on a small KV cache: a long queue and preemptions.
+- overload: 20 req/s on a small KV cache: a long queue and preemptions;
+
+and the setup issue 15 measured (Azure conversation lengths, Llama-2-7B on A100 with the roofline cost
+model, vLLM V0's policy, 128 sequences, 4096-token budget) at 4 req/s and at 20 req/s (about 2x its capacity).
 
 For each it runs both engine modes alternately `--repeat` times and reports the best CPU time of each
 (the machine may be shared), the ratio, requests and output tokens per CPU-second, and checks that the
@@ -27,10 +30,18 @@ import subprocess
 import sys
 import time
 
-SCENARIOS = {  # name: (arrival rate req/s, KV blocks)
-    "light": (2.0, 30_000),
-    "busy": (5.0, 30_000),
-    "overload": (20.0, 6_000),
+LINEAR = dict(lengths="sharegpt", policy="vllm", max_model_len=16384, max_num_batched_tokens=8192,
+              max_num_seqs=256, roofline=False)
+#: The issue's reference setup: Azure conversation lengths, Llama-2-7B on an A100 (roofline cost
+#: model), vLLM V0's policy, 128 sequences, a 4096-token budget (KV size: ~7,500 blocks of 16 tokens).
+ISSUE = dict(lengths="conversation", policy="vllm-v0", max_model_len=4096, max_num_batched_tokens=4096,
+             max_num_seqs=128, roofline=True)
+SCENARIOS = {  # name: (arrival rate req/s, KV blocks, setup)
+    "light": (2.0, 30_000, LINEAR),
+    "busy": (5.0, 30_000, LINEAR),
+    "overload": (20.0, 6_000, LINEAR),
+    "issue-light": (4.0, 7_500, ISSUE),
+    "issue-2x": (20.0, 7_500, ISSUE),
 }
 
 
@@ -41,12 +52,20 @@ def run_once(scenario: str, num_requests: int, mode: str | None):
     from sim.engine.simulation import run_engine
     from workloads import poisson_workload
 
-    rate, blocks = SCENARIOS[scenario]
+    rate, blocks, setup = SCENARIOS[scenario]
     kwargs = {} if mode is None else {"mode": mode}
-    config = EngineConfig(num_gpu_blocks=blocks, max_model_len=16384, max_num_batched_tokens=8192, **kwargs)
-    workload = poisson_workload(rate=rate, num_requests=num_requests, lengths="sharegpt")
+    config = EngineConfig(num_gpu_blocks=blocks, max_model_len=setup["max_model_len"], policy=setup["policy"],
+                          max_num_batched_tokens=setup["max_num_batched_tokens"],
+                          max_num_seqs=setup["max_num_seqs"], **kwargs)
+    if setup["roofline"]:
+        from kernels_cost_model.cost_model import make_cost_model
+        cost_model = make_cost_model("llama-2-7b", "a100-sxm-80gb", async_scheduling=config.is_async,
+                                     max_num_seqs=config.max_num_seqs)
+    else:
+        cost_model = LinearCostModel()
+    workload = poisson_workload(rate=rate, num_requests=num_requests, lengths=setup["lengths"])
     start = time.process_time()
-    records = run_engine(workload, config, LinearCostModel(), seed=0)
+    records = run_engine(workload, config, cost_model, seed=0)
     return time.process_time() - start, records
 
 

@@ -63,7 +63,7 @@ class Leaper:
         if self.cooldown:
             self.cooldown -= 1
             return None
-        rows = self._steady_rows(in_flight)
+        rows = self._steady_rows(in_flight, now, horizon)
         plan = None if rows is None else _StretchPlan(self, rows, in_flight, now)
         if plan is None or not plan.fix_units(horizon):
             # back off after misses (under overload stretches are rare): whether the engine looks
@@ -77,7 +77,7 @@ class Leaper:
         return plan.apply(), delays
 
     # ----- is the engine at a steady point? ------------------------------------------------
-    def _steady_rows(self, in_flight: Step | None):
+    def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
         engine, lag = self.engine, self.lag
         state = engine.state
         running = state.running
@@ -85,14 +85,17 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
-        if in_flight is not None and not _decodes_of(in_flight, running):
-            return None
+        if in_flight is not None and (not _decodes_of(in_flight, running)
+                                      or now + in_flight.duration >= horizon):
+            return None  # (the step in flight itself would end at or after the next event)
         quick_stop = engine.quick_stop
         running_status = RequestStatus.RUNNING
         for req in running:
+            quick = quick_stop[req.index]
             if (req.status != running_status or req.num_spec_tokens or req.num_stale_tokens
                     or req.num_in_flight_tokens != lag or req.num_output_placeholders != lag
-                    or not req.output_token_ids or quick_stop[req.index] is None
+                    or not req.output_token_ids or quick is None
+                    or quick[1] - len(req.output_token_ids) - 1 < MIN_UNITS  # a length rule is near
                     or req.num_computed_tokens != req.num_prompt_tokens + len(req.output_token_ids) - 1 + lag):
                 return None
         return running
