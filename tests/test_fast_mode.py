@@ -118,7 +118,7 @@ def test_a_long_decode_is_leapt_not_stepped(async_scheduling):
     """One request decoding 500 tokens: nearly all its steps are done by leaps."""
     spec = RequestSpec(0.0, np.arange(10, dtype=np.int32) + 100, output_len=500,
                        sampling_params=SamplingParams(max_tokens=None))
-    config = EngineConfig(num_gpu_blocks=200, max_model_len=1024, async_scheduling=async_scheduling)
+    config = EngineConfig(num_gpu_blocks=200, max_model_len=1024, async_scheduling=async_scheduling, mode="fast")
     env = simpy.Environment()
     engine = Engine(config, LinearCostModel(), 200)
     process = EngineProcess(env, engine)
