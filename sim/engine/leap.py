@@ -34,6 +34,7 @@ from sim.engine.engine import Engine, Step
 ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
+SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 
 
@@ -190,7 +191,7 @@ class _StretchPlan:
         for req, start in zip(self.rows, self.outputs.tolist()):
             stream = engine.streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
-            span = getattr(stream, "span", None)
+            span = getattr(stream, "span", None) if units > SPAN_FROM else None
             if span is not None:
                 span_tokens = span(start, start + units)
                 hits = np.flatnonzero(np.isin(span_tokens, tuple(stop_ids))) if stop_ids else ()
