@@ -147,3 +147,19 @@ def test_a_streams_span_reads_what_its_positions_read(scripted, output_len, inde
                        output_token_ids=None if scripted is None else tuple(scripted))
     stream = stream_for(spec, index, EOS)
     assert stream.span(start, start + count).tolist() == [stream(p) for p in range(start, start + count)]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_fast_mode_identical_with_closed_loop_clients_and_until(async_scheduling):
+    """Clients that send their next request when the last one finishes (plus think time), and a run
+    cut short by `until`: leaps never cross either."""
+    from workloads import ClosedLoopClients, Independent, ThinkTime, Uniform
+    config = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, async_scheduling=async_scheduling)
+    workload = ClosedLoopClients(6, 60, Independent(Uniform(1, 300), Uniform(1, 400)),
+                                 think_time=ThinkTime(0.3, cv=1.0))
+    step, fast = run_both(workload, config)
+    assert_identical(step, fast)
+    cut = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, async_scheduling=async_scheduling)
+    until = step.end_time / 3
+    assert_identical(run_engine(workload, replace(cut, mode="step"), LinearCostModel(), until=until),
+                     run_engine(workload, replace(cut, mode="fast"), LinearCostModel(), until=until))
