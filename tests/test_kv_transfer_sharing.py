@@ -8,10 +8,10 @@ from sim.planning.transfer import LinkFabric, TransferLog
 LINK = Link("test", bytes_per_s=1e9, latency_s=1e-3)
 
 
-def _run(sends, source_ranks=(1, 1), destination_ranks=(1, 1), cancel=()):
+def _run(sends, source_ranks=(1, 1), destination_ranks=(1, 1), cancel=(), shared=True):
     """sends: (time, source, destination, bytes); cancel: (time, index). Returns the log's rows by index."""
     env, log = simpy.Environment(), TransferLog()
-    fabric = LinkFabric(env, LINK, list(source_ranks), list(destination_ranks), log)
+    fabric = LinkFabric(env, LINK, list(source_ranks), list(destination_ranks), log, shared=shared)
     flows, landed = {}, {}
 
     def at(when, action):
@@ -36,6 +36,11 @@ def test_one_transfer_alone_takes_latency_plus_bytes_over_bandwidth():
 def test_two_overlapping_transfers_from_one_sender_take_longer_than_one():
     landed, _ = _run([(0.0, 0, 0, 10**9), (0.0, 0, 1, 10**9)])
     assert abs(landed[0] - 2.001) < 1e-9 and abs(landed[1] - 2.001) < 1e-9   # half the port each
+
+
+def test_unshared_what_if_moves_each_transfer_as_if_alone():
+    landed, _ = _run([(0.0, 0, 0, 10**9), (0.0, 0, 1, 10**9)], shared=False)
+    assert abs(landed[0] - 1.001) < 1e-12 and abs(landed[1] - 1.001) < 1e-12
 
 
 def test_two_senders_into_one_receiver_share_the_receiver():

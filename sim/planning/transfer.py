@@ -59,8 +59,10 @@ class LinkFabric:
     """Senders' and receivers' interfaces on one link kind; transfers share them max-min fairly."""
 
     def __init__(self, env: simpy.Environment, link: Link, source_ranks: list[int],
-                 destination_ranks: list[int], log: TransferLog):
-        self.env, self.link, self.log = env, link, log
+                 destination_ranks: list[int], log: TransferLog, shared: bool = True):
+        """shared=False: every transfer moves at its rate alone, as if nothing else were on the link
+        (a what-if for measuring contention, not a real network)."""
+        self.env, self.link, self.log, self.shared = env, link, log, shared
         self.capacity = {**{("src", i): r * link.bytes_per_s for i, r in enumerate(source_ranks)},
                          **{("dst", d): r * link.bytes_per_s for d, r in enumerate(destination_ranks)}}
         self.ranks = (list(source_ranks), list(destination_ranks))
@@ -115,8 +117,12 @@ class LinkFabric:
         self.generation += 1
         if not self.flows:
             return
-        share_fairly(self.flows, self.capacity)
-        self._check_capacity()
+        if self.shared:
+            share_fairly(self.flows, self.capacity)
+            self._check_capacity()
+        else:
+            for f in self.flows:
+                f.rate = min(self.capacity[("src", f.source)], self.capacity[("dst", f.destination)])
         wait = max(0.0, min(f.remaining / f.rate for f in self.flows))
         generation = self.generation
         self.env.timeout(wait).callbacks.append(lambda _e: self._tick(generation))
