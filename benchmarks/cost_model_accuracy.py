@@ -60,7 +60,7 @@ def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
     cals = {d: shipped_calibration(d) for d in helds}
     gpus = {d: get_gpu(d) for d in helds}
     print("\nleave one GPU out: defaults derived from the other calibrated GPUs, median held-out error")
-    print(f"  {'GPU (architecture)':28s} " + " ".join(f"{f[:16]:>17s}" for f in ALL))
+    print(f"  {'GPU (architecture)':28s} " + " ".join(f"{f.replace('_attention', '_attn')[:16]:>17s}" for f in ALL))
     rows = {"family": [], "shape": []}
     for device, held in helds.items():
         others = {d: c for d, c in cals.items() if d != device}

@@ -1,54 +1,155 @@
-"""Simulator speed: requests and output tokens simulated per wall-second, and peak memory.
+"""Simulator speed: the fast engine (leaps over quiet stretches) against the step-by-step reference.
 
-10,000 ShareGPT-like requests, Poisson arrivals, vLLM policy, linear cost model (the step loop is
-what is measured; the cost model's own price is measured in cost_model_speed.py). Also times a
-whole 1,000-request run including building its result tables.
+Poisson arrivals. Scenarios with ShareGPT-like lengths, the vLLM (V1) policy and the linear cost model
+(the loop is what is measured; the cost model's own price is in cost_model_speed.py):
 
-    python benchmarks/sim_speed.py [--requests 10000] [--rate 20]
+- light:    2 req/s on a roomy KV cache (batches of ~6, long quiet decode stretches);
+- busy:     5 req/s (batches of ~35);
+- overload: 20 req/s on a small KV cache: a long queue and preemptions;
+
+and the setup issue 15 measured (Azure conversation lengths, Llama-2-7B on A100 with the roofline cost
+model, vLLM V0's policy, 128 sequences, 4096-token budget) at 4 req/s and at 20 req/s (about 2x its capacity).
+
+For each it runs both engine modes alternately `--repeat` times and reports the best CPU time of each
+(the machine may be shared), the ratio, requests and output tokens per CPU-second, and checks that the
+two modes' records are identical. `--baseline PATH` also times another checkout (e.g. the main branch
+before this work) on the same scenarios in a subprocess. `--scale` reports peak memory (max RSS of a
+fresh process) and time for 1k/10k/100k requests in fast mode (`--scale 1000000` adds 1M).
+
+    python benchmarks/sim_speed.py [--requests 2000] [--repeat 3] [--baseline ../main] [--scale 100000]
+
+For context, issue 15 measured Vidur's loop at about 840/3.6 = 230 requests per wall-second on a 10k-request
+Azure-conversation run (servesim's step engine then: ~840 requests/s on that run).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
-import tracemalloc
 
-from sim.core.config import EngineConfig
-from sim.core.cost import LinearCostModel
-from sim.engine.simulation import run_engine
-from workloads import poisson_workload
+LINEAR = dict(lengths="sharegpt", policy="vllm", max_model_len=16384, max_num_batched_tokens=8192,
+              max_num_seqs=256, roofline=False)
+#: The issue's reference setup: Azure conversation lengths, Llama-2-7B on an A100 (roofline cost
+#: model), vLLM V0's policy, 128 sequences, a 4096-token budget (KV size: ~7,500 blocks of 16 tokens).
+ISSUE = dict(lengths="conversation", policy="vllm-v0", max_model_len=4096, max_num_batched_tokens=4096,
+             max_num_seqs=128, roofline=True)
+SCENARIOS = {  # name: (arrival rate req/s, KV blocks, setup)
+    "light": (2.0, 30_000, LINEAR),
+    "busy": (5.0, 30_000, LINEAR),
+    "overload": (20.0, 6_000, LINEAR),
+    "issue-light": (4.0, 7_500, ISSUE),
+    "issue-2x": (20.0, 7_500, ISSUE),
+}
 
 
-def measure(num_requests: int, rate: float, trace_memory: bool) -> dict:
-    workload = poisson_workload(rate=rate, num_requests=num_requests, lengths="sharegpt")
-    config = EngineConfig(num_gpu_blocks=30_000, max_model_len=16384, max_num_batched_tokens=8192)
-    if trace_memory:
-        tracemalloc.start()
-    t0, c0 = time.perf_counter(), time.process_time()
-    records = run_engine(workload, config, LinearCostModel(), seed=0)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = tracemalloc.get_traced_memory()[1] if trace_memory else 0
-    if trace_memory:
-        tracemalloc.stop()
-    tokens = sum(records.requests.num_output_tokens)
-    return {"requests": num_requests, "steps": len(records.steps), "output_tokens": tokens,
-            "wall_s": wall, "cpu_s": cpu, "simulated_s": records.end_time, "peak_mib": peak / 2**20}
+def run_once(scenario: str, num_requests: int, mode: str | None):
+    """(CPU seconds, records) of one simulation; mode None: the checkout's default engine."""
+    from sim.core.config import EngineConfig
+    from sim.core.cost import LinearCostModel
+    from sim.engine.simulation import run_engine
+    from workloads import poisson_workload
+
+    rate, blocks, setup = SCENARIOS[scenario]
+    kwargs = {} if mode is None else {"mode": mode}
+    config = EngineConfig(num_gpu_blocks=blocks, max_model_len=setup["max_model_len"], policy=setup["policy"],
+                          max_num_batched_tokens=setup["max_num_batched_tokens"],
+                          max_num_seqs=setup["max_num_seqs"], **kwargs)
+    if setup["roofline"]:
+        from kernels_cost_model.cost_model import make_cost_model
+        cost_model = make_cost_model("llama-2-7b", "a100-sxm-80gb", async_scheduling=config.is_async,
+                                     max_num_seqs=config.max_num_seqs)
+    else:
+        cost_model = LinearCostModel()
+    workload = poisson_workload(rate=rate, num_requests=num_requests, lengths=setup["lengths"])
+    start = time.process_time()
+    records = run_engine(workload, config, cost_model, seed=0)
+    return time.process_time() - start, records
+
+
+def fingerprint(records) -> tuple:
+    """Everything the two modes must agree on, as reprs."""
+    steps = {k: repr(list(v)) for k, v in records.steps.columns().items()}
+    reqs = {k: repr(list(v)) for k, v in records.requests.columns().items()}
+    times = repr([None if t is None else list(t) for t in records.requests.token_times])
+    return steps, reqs, times, repr(records.end_time)
+
+
+def compare(scenario: str, num_requests: int, repeat: int, baseline: str | None) -> dict:
+    best = {"step": float("inf"), "fast": float("inf"), "baseline": float("inf")}
+    prints = {}
+    for _ in range(repeat):
+        for mode in ("step", "fast"):
+            cpu, records = run_once(scenario, num_requests, mode)
+            best[mode] = min(best[mode], cpu)
+            prints[mode] = fingerprint(records)
+            tokens, steps = sum(records.requests.num_output_tokens), len(records.steps)
+            preempted = sum(records.requests.num_preemptions)
+        if baseline:
+            best["baseline"] = min(best["baseline"], _baseline_cpu(baseline, scenario, num_requests))
+    return {"scenario": scenario, "requests": num_requests, "steps": steps, "output_tokens": tokens,
+            "preemptions": preempted, "identical": prints["step"] == prints["fast"], **best}
+
+
+def _baseline_cpu(path: str, scenario: str, num_requests: int) -> float:
+    code = (f"import sys; sys.path.insert(0, {os.path.abspath(path)!r}); sys.path.insert(0, {_here()!r});"
+            f"import sim_speed as b; print(b.run_once({scenario!r}, {num_requests}, None)[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.abspath(path))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _here() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def scale_point(num_requests: int, mode: str) -> dict:
+    """Run in a fresh process: wall time, CPU time and max RSS of one overload run with tables."""
+    code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r});"
+            f"import sim_speed as b;"
+            f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r});"
+            f"tables = b.tables(rec); wall = time.perf_counter() - t;"
+            f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+            f"'tokens': int(sum(rec.requests.num_output_tokens))}}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(_here()))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tables(records):
+    """The run's request and step tables as numpy columns (what a user's analysis reads)."""
+    import numpy as np
+    steps = {k: np.asarray(v) for k, v in records.steps.columns().items()}
+    reqs = {k: np.asarray(v) for k, v in records.requests.columns().items()}
+    return reqs, steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--baseline", help="another checkout to time on the same scenarios")
+    parser.add_argument("--scale", type=int, default=0, help="largest request count of the scaling table")
     args = parser.parse_args()
-    r = measure(args.requests, args.rate, trace_memory=False)
-    print(f"{r['requests']} requests, {r['steps']} steps, {r['output_tokens']} output tokens, "
-          f"{r['simulated_s']:.0f} simulated s in {r['wall_s']:.2f} wall s")
-    print(f"  {r['requests'] / r['wall_s']:,.0f} requests/wall-s, "
-          f"{r['output_tokens'] / r['wall_s']:,.0f} output tokens/wall-s, "
-          f"{r['steps'] / r['wall_s']:,.0f} steps/wall-s")
-    print(f"  by process CPU time (less sensitive to other load): "
-          f"{r['output_tokens'] / r['cpu_s']:,.0f} output tokens/cpu-s")
-    m = measure(args.requests, args.rate, trace_memory=True)
-    print(f"  peak traced memory {m['peak_mib']:.0f} MiB ({m['peak_mib'] * 2**20 / args.requests / 1024:.1f} KiB/request)")
+    print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
+    for scenario in args.scenarios.split(","):
+        r = compare(scenario, args.requests, args.repeat, args.baseline)
+        line = (f"{scenario:9s} {r['steps']:7d} steps {r['preemptions']:5d} preemptions | step {r['step']:6.2f}s "
+                f"fast {r['fast']:6.2f}s  x{r['step'] / r['fast']:.2f} | fast: "
+                f"{r['requests'] / r['fast']:8,.0f} req/cpu-s {r['output_tokens'] / r['fast']:10,.0f} tok/cpu-s"
+                f" | identical: {r['identical']}")
+        if args.baseline:
+            line += f" | baseline {r['baseline']:6.2f}s  x{r['baseline'] / r['fast']:.2f}"
+        print(line)
+    n = 1000
+    while args.scale and n <= args.scale:
+        p = scale_point(n, "fast")
+        print(f"scale {n:>9,d} requests (busy, tables built): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} cpu-s "
+              f"{n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB")
+        n *= 10
 
 
 if __name__ == "__main__":

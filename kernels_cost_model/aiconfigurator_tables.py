@@ -43,6 +43,19 @@ TABLES = {
                                         "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
                                         "latency")),
 }
+#: L2 cache per GPU (bytes) and its source. AIConfigurator's decode-attention collector replays one layer
+#: over one KV cache (CUDA-graph replays, no copies cycled as for GEMMs), so a launch whose K and V fit in
+#: L2 reads them from L2; serving streams every layer's weights between two launches of a layer and reads
+#: KV from DRAM. Rows in the first state become `decode_attention_l2` (roofline.py). The held-out errors
+#: show the cliff at these sizes (docs/cost_model.md). GPUs without a documented figure are not split.
+L2_BYTES = {
+    "a100_sxm": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 40 MB L2"),
+    "h100_sxm": (50 * 2**20, "NVIDIA H100 Tensor Core GPU Architecture whitepaper: 50 MB L2 (SXM5)"),
+    "h200_sxm": (50 * 2**20, "same GH100 die as H100 SXM5 (NVIDIA H200 datasheet: H100 with HBM3e)"),
+    "l40s": (96 * 2**20, "NVIDIA L40S product brief: 96 MB L2 (AD102)"),
+    "rtx_pro_6000_server": (128 * 2**20, "casys-kaist/LLMServingSim profiler/perf/RTXPRO6000/hardware.yaml "
+                                         "spec.l2_cache_mib = 128.0 (read from the device)"),
+}
 #: Columns read where a table has them (a100's attention tables predate sliding windows).
 OPTIONAL_COLUMNS = ("window_size",)
 BATCH_ROWS = 16384
@@ -109,20 +122,20 @@ def read_table(root: str | Path, system: str, kind: str) -> Iterator[dict]:
     convert = {"gemm": _gemm, "context_attention": _attention, "generation_attention": _attention,
                "all_reduce": _all_reduce, "moe": _moe}[kind]
     for raw in _records(path, TABLES[kind][2]):
-        row = convert(path, raw, kind)
+        row = convert(path, raw, kind, system)
         if row is not None:
             row.update(device=device, source=_source(path, Path(root), str(raw["version"])))
             yield validate_row(row, str(path))
 
 
-def _gemm(path: Path, raw: dict, kind: str) -> dict | None:
+def _gemm(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     m, n, k = (_number(path, raw, c, 1) for c in ("m", "n", "k"))
     if raw["gemm_dtype"] not in ("bfloat16", "float16") or min(n, k) < MIN_MATMUL_WIDTH:
         return None
     return {"operator": "matmul", "m": m, "n": n, "k": k, "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
 
 
-def _attention(path: Path, raw: dict, kind: str) -> dict | None:
+def _attention(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     heads, kv, hd = (_number(path, raw, c) for c in ("num_heads", "num_key_value_heads", "head_dim"))
     batch = _number(path, raw, "batch_size", 1)
     if raw["kv_cache_dtype"] != "bfloat16" or hd not in HEAD_DIMS or raw.get("window_size", 0):
@@ -133,11 +146,22 @@ def _attention(path: Path, raw: dict, kind: str) -> dict | None:
     row = {"batch": batch, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd, "dtype": "bfloat16",
            "measured_s": _latency_s(path, raw)}
     if kind == "generation_attention":  # one new token over `step` cached ones
-        return {**row, "operator": "decode_attention", "context": _number(path, raw, "step")}
+        context = _number(path, raw, "step")
+        return {**row, "operator": _decode_operator(system, batch, context, kv, hd), "context": context}
     return {**row, "operator": "prefill_attention", "chunk": _number(path, raw, "isl", 1), "context": 0}
 
 
-def _all_reduce(path: Path, raw: dict, kind: str) -> dict | None:
+def kv_bytes(batch: float, context: float, kv_heads: float, head_dim: float) -> float:
+    """Bytes of K and V (bf16) one decode launch reads: `context` cached keys plus the new one."""
+    return 2.0 * 2.0 * batch * (context + 1.0) * kv_heads * head_dim
+
+
+def _decode_operator(system: str, batch: float, context: float, kv: float, hd: float) -> str:
+    l2 = L2_BYTES.get(system)
+    return "decode_attention_l2" if l2 and kv_bytes(batch, context, kv, hd) <= l2[0] else "decode_attention"
+
+
+def _all_reduce(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     if raw["kernel_source"] != "vLLM_custom_graph":
         return None  # vLLM serves from CUDA graphs; the eager rows time a path it does not take
     ranks = _number(path, raw, "num_gpus", 2)
@@ -145,7 +169,7 @@ def _all_reduce(path: Path, raw: dict, kind: str) -> dict | None:
             "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
 
 
-def _moe(path: Path, raw: dict, kind: str) -> dict | None:
+def _moe(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     if raw["moe_dtype"] != "bfloat16" or raw["distribution"] != "balanced":
         return None
     # this GPU holds experts/ep experts, each split tp ways; balanced routing sends it topk/ep rows a token
@@ -160,3 +184,26 @@ def read_system(root: str | Path, system: str) -> list[dict]:
     if system not in SYSTEMS:
         raise ConfigError("system", system, f"unknown AIConfigurator system; known: {sorted(SYSTEMS)}")
     return [row for kind in TABLES for row in read_table(root, system, kind)]
+
+
+#: nccl-tests' table (`comm/nccl/<version>/nccl_perf.parquet`): columns every row must have.
+NCCL_COLUMNS = ("version", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency")
+
+
+def read_nccl(root: str | Path, system: str, collective: str = "all_reduce") -> Iterator[dict]:
+    """nccl-tests rows of one system's newest NCCL folder for `collective` in half precision, as
+    {ranks, size_bytes, measured_s, source}; nothing if absent. `message_size` is an element count
+    (2 bytes each for half), `latency` the out-of-place time in ms."""
+    base = Path(root) / "aiconfigurator" / system / "comm" / "nccl"
+    found = sorted(base.glob("*/nccl_perf.parquet"),
+                   key=lambda p: tuple(int(x) for x in p.parent.name.split(".") if x.isdigit()))
+    if not found:
+        return
+    path = found[-1]
+    for raw in _records(path, NCCL_COLUMNS):
+        if raw["op_name"] != collective or raw["nccl_dtype"] != "half":
+            continue
+        yield {"ranks": _number(path, raw, "num_gpus", 2), "size_bytes": 2.0 * _number(path, raw, "message_size", 1),
+               "measured_s": _latency_s(path, raw),
+               "source": f"{ORIGIN}/{path.relative_to(Path(root) / 'aiconfigurator').as_posix()} "
+                         f"(NCCL {raw['version']})"}

@@ -36,6 +36,7 @@ REQUIRED = {
     "elementwise": ("m", "n"),
     "prefill_attention": ("chunk", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "decode_attention": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
+    "decode_attention_l2": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "all_reduce": ("size_bytes", "tp"),
     "moe": ("m", "n", "k", "num_experts", "top_k"),
 }

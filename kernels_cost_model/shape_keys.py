@@ -21,6 +21,8 @@ from functools import lru_cache
 
 from .roofline import OPERATOR_FAMILY, Coeffs
 
+#: Families priced per head layout.
+ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
 _FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq")
 
 
@@ -45,7 +47,7 @@ def shape_key(row: dict) -> str | None:
     family = OPERATOR_FAMILY[row["operator"]]
     if row["operator"] == "matmul":
         return matmul_key(row["n"], row["k"])
-    if family in ("prefill_attention", "decode_attention"):
+    if family in ATTENTION_FAMILIES:
         return attention_key(family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
     if family == "moe":
         return moe_key(row["n"], row["k"], row["num_experts"], row["top_k"])
@@ -131,7 +133,7 @@ def coeffs_for_row(coeffs: dict, row: dict) -> Coeffs:
     found = None
     if family == "matmul":
         found = matmul_coeffs(coeffs, row["n"], row["k"])
-    elif family in ("prefill_attention", "decode_attention"):
+    elif family in ATTENTION_FAMILIES:
         found = attention_coeffs(coeffs, family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
     elif family == "moe":
         found = moe_coeffs(coeffs, row["n"], row["k"], row["num_experts"], row["top_k"])

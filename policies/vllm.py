@@ -47,6 +47,7 @@ class VllmV1Policy(Policy):
                          self_preemption_continues: bool) -> int:
         running, scheduled = state.running, out.scheduled
         max_model_len = state.config.max_model_len
+        resumes = self_preemption_continues and state.config.scheduling == "priority"
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -61,12 +62,11 @@ class VllmV1Policy(Policy):
                 i += 1
                 continue
             num_preempted = len(out.preempted)
-            later = running[i + 1:]
+            later = running[i + 1:] if resumes else None  # only a priority self-preemption reads it
             fits, refund = self.allocate_or_preempt(state, req, n, out)
             budget += refund
             if not fits:
-                if (self_preemption_continues and req.status == RequestStatus.PREEMPTED
-                        and state.config.scheduling == "priority"):
+                if resumes and req.status == RequestStatus.PREEMPTED:
                     i = self._position_of_first(running, later)
                     continue  # the requests after it are more important and may fit now
                 break

@@ -51,19 +51,21 @@ def assert_answers(rows, specs, engine_config, index_of):
             assert (row.finish_reason, row.num_output_tokens) == (want.finish_reason, len(want.output_token_ids))
 
 
-def _disagg(engine, specs, p, d, pp, offload):
+def _disagg(engine, specs, p, d, pp, offload, abort_in_transfer="wait"):
     pool = {"pipeline_parallel_size": pp, "kv_offloading_size": 0.01 if offload else None}
     config = SimulationConfig(engine=engine, deployment=LINEAR)
     if offload:
         config = config.replace(engine={"enable_prefix_caching": True})
-    cluster = DisaggregatedCluster(config, DisaggConfig(PoolConfig(p, **pool), PoolConfig(d, **pool), link="roce-100g"))
+    cluster = DisaggregatedCluster(config, DisaggConfig(PoolConfig(p, **pool), PoolConfig(d, **pool), link="roce-100g",
+                                                        abort_in_transfer=abort_in_transfer))
     return cluster, cluster.run(specs)
 
 
 @settings(deadline=None)
-@given(aborting(), engine_configs(), st.integers(1, 2), st.integers(1, 2), st.sampled_from([1, 2]), st.booleans())
-def test_disaggregated_aborts_finish_once_and_release_kv_everywhere(specs, engine, p, d, pp, offload):
-    cluster, out = _disagg(engine, specs, p, d, pp, offload)
+@given(aborting(), engine_configs(), st.integers(1, 2), st.integers(1, 2), st.sampled_from([1, 2]), st.booleans(),
+       st.sampled_from(["wait", "cancel"]))
+def test_disaggregated_aborts_finish_once_and_release_kv_everywhere(specs, engine, p, d, pp, offload, on_link):
+    cluster, out = _disagg(engine, specs, p, d, pp, offload, on_link)
     rows = out.requests.set_index("request_id")
     index_of = {rid: i for e in cluster.prefill for i, rid in enumerate(e.requests.request_id)}
     assert_answers(rows, specs, cluster.prefill[0].config, index_of)
@@ -94,12 +96,13 @@ def _long(n=4, prompt=3000, out=50, abort=None):
             for i in range(n)]
 
 
-def _cluster(decode_blocks=None):
+def _cluster(decode_blocks=None, abort_in_transfer="wait"):
     """One prefill and one decode H100 over 100 GbE (a 3000-token prompt takes ms on the link)."""
     config = SimulationConfig(deployment=DeploymentConfig(model="llama-3.1-8b", gpu="h100")).replace(
         engine={"max_model_len": 4096})
     decode = PoolConfig(1, engine={"num_gpu_blocks": decode_blocks} if decode_blocks else {})
-    return DisaggregatedCluster(config, DisaggConfig(PoolConfig(1), decode, link="roce-100g"))
+    return DisaggregatedCluster(config, DisaggConfig(PoolConfig(1), decode, link="roce-100g",
+                                                     abort_in_transfer=abort_in_transfer))
 
 
 def test_an_abort_during_the_kv_transfer_lands_then_finishes_once():
@@ -141,3 +144,37 @@ def test_an_abort_while_waiting_for_decode_blocks_frees_the_prefill_side_at_once
     assert list(out.transfers.request_id) == ["q0"]      # its KV never moved
     for e in cluster.prefill + cluster.decode:
         assert e.state.kv.num_free_blocks == e.state.kv.num_usable_blocks
+
+
+def test_a_cancelled_transfer_frees_both_sides_and_its_link_share_at_once():
+    """abort_in_transfer = "cancel": q1 (sharing the link with q0) is aborted mid-transfer: it
+    finishes then, both instances hold only q0's blocks, and q0's KV lands sooner than when shared."""
+    specs = _long(2, out=5)
+    plain = _cluster().run(specs).transfers.set_index("request_id")
+    assert plain.loc["q0", "start"] == plain.loc["q1", "start"]            # one prefill step, one shared link
+    when = plain.loc["q1", "start"] + (plain.loc["q1", "end"] - plain.loc["q1", "start"]) / 4
+    specs[1] = dataclasses.replace(specs[1], abort_time_s=when)
+    cluster = _cluster(abort_in_transfer="cancel")
+    seen = {}
+
+    def spy(t, now, inner=cluster._transfer_done):
+        seen.update({e: e.state.kv.num_free_blocks for e in cluster.prefill + cluster.decode})
+        return inner(t, now)
+    cluster._transfer_done = spy
+    out = cluster.run(specs)
+    rows, transfers = out.requests.set_index("request_id"), out.transfers.set_index("request_id")
+    assert rows.loc["q1", "finish_reason"] == "abort" and rows.loc["q1", "finish_time"] == when
+    assert list(transfers.index) == ["q0"] and transfers.loc["q0", "end"] < plain.loc["q0", "end"]
+    blocks_of_one = -(-3000 // cluster.config.engine.block_size)
+    for e in cluster.prefill + cluster.decode:     # as q0 lands, only its blocks are held
+        assert e.state.kv.num_usable_blocks - seen[e] == blocks_of_one
+        assert e.state.kv.num_free_blocks == e.state.kv.num_usable_blocks
+    waited = _cluster().run(specs).requests.set_index("request_id")
+    assert waited.loc["q1", "finish_time"] == plain.loc["q1", "end"]      # "wait": at the landing
+
+
+def test_abort_in_transfer_must_be_wait_or_cancel():
+    import pytest
+    from kernels_cost_model.errors import ConfigError
+    with pytest.raises(ConfigError, match="abort_in_transfer"):
+        DisaggConfig.from_dict({"abort_in_transfer": "drop"})

@@ -123,3 +123,54 @@ def test_the_example_topology_plan_loads():
     from pathlib import Path
     plan = Plan.from_toml(Path(__file__).resolve().parent.parent / "examples" / "topology_plan.toml")
     assert len(plan.topologies) == 12 and {t.offload for t in plan.topologies} == {False, True}
+
+
+PER_POOL = TINY.replace("pipeline_parallel_sizes = [1, 2]\noffload = [false, true]\n",
+                        "prefill_tensor_parallel_sizes = [1]\ndecode_tensor_parallel_sizes = [1, 2]\n"
+                        "decode_offload = [false, true]\n").replace('pd_ratios = ["1:1", "2:1"]', 'pd_ratios = ["2:1"]')
+
+
+def test_per_pool_axes_give_disaggregated_candidates_with_their_own_pools(tmp_path):
+    plan = plan_from(tmp_path, PER_POOL)
+    labels = [t.label for t in plan.topologies]
+    # aggregated from the shared axes; disaggregated: prefill TP1 x decode TP {1, 2} x decode offload {no, yes}
+    assert labels == ["h100 TP1 agg", "h100 TP1 2P:1D", "h100 2P(TP1):1D(TP1 +cpu-kv)",
+                      "h100 2P(TP1):1D(TP2)", "h100 2P(TP1):1D(TP2 +cpu-kv)"]
+    t = plan.topologies[3]
+    assert t.gpus_per_unit == 2 * 1 + 1 * 2
+    disagg = t.disagg()
+    assert disagg.decode.tensor_parallel_size == 2 and disagg.prefill.tensor_parallel_size is None
+    assert plan.topologies[2].disagg().decode.kv_offloading_size == 8
+    assert plan.topologies[2].disagg().prefill.kv_offloading_size is None
+
+
+def test_a_decode_pool_on_more_gpus_is_priced_for_them(tmp_path):
+    text = PER_POOL.replace("decode_offload = [false, true]\n", "").replace('"aggregated", ', "")
+    report = search_topologies(plan_from(tmp_path, text))
+    table = report.table.set_index("candidate")
+    assert set(table.index) == {"h100 TP1 2P:1D", "h100 2P(TP1):1D(TP2)"}
+    wide = table.loc["h100 2P(TP1):1D(TP2)"]
+    assert wide["gpus_per_replica"] == 4 and wide["decode_tensor_parallel_size"] == 2
+    assert wide["usd_per_hour"] == pytest.approx(wide["replicas"] * 4 * 3.0)
+    costs = list(report.table["usd_per_million_output_tokens"])
+    assert report.table["feasible"].all() and costs == sorted(costs)
+
+
+@pytest.mark.parametrize("line, field", [
+    ("decode_pipeline_parallel_sizes = [3]", "search.decode_pipeline_parallel_sizes"),
+    ("prefill_tensor_parallel_sizes = [0]", "search.prefill_tensor_parallel_sizes"),
+    ('decode_offload = ["yes"]', "search.decode_offload"),
+    ("decode_tensor_parallel_sizes = []", "search.decode_tensor_parallel_sizes"),
+])
+def test_bad_per_pool_axes_are_named_errors(tmp_path, line, field):
+    text = PER_POOL.replace("decode_offload = [false, true]\n", "").replace("[search]\n", f"[search]\n{line}\n")
+    text = "\n".join(ln for ln in text.splitlines() if not (ln.startswith(line.split(" =")[0] + " =") and ln != line))
+    with pytest.raises(ConfigError) as err:
+        plan_from(tmp_path, text + "\n")
+    assert str(err.value).startswith(field)
+
+
+def test_per_pool_axes_need_disaggregated_candidates(tmp_path):
+    text = PER_POOL.replace('topologies = ["aggregated", "disaggregated"]', 'topologies = ["aggregated"]')
+    with pytest.raises(ConfigError, match="search.decode_"):
+        plan_from(tmp_path, text)

@@ -5,6 +5,8 @@ stream is given explicitly; a synthetic one emits filler ids and puts EOS at the
 """
 from __future__ import annotations
 
+import numpy as np
+
 FILLER_BASE_TOKEN_ID = 1000
 FILLER_SPAN = 20000
 
@@ -37,13 +39,39 @@ class TokenSource:
 
 
 def stream_for(spec, request_index: int, eos_token_id: int):
-    """A request's token stream as one cheap callable: position -> token id (the engine's hot path)."""
+    """A request's token stream as one cheap callable: position -> token id (the engine's hot path).
+
+    Its `span(start, stop)` gives positions start..stop-1 at once, as an int64 array."""
     scripted = spec.output_token_ids
     base = FILLER_BASE_TOKEN_ID
     offset = request_index * 7919
 
     if scripted is not None:
         n = len(scripted)
-        return lambda p: scripted[p] if p < n else base + (offset + p * 104729) % FILLER_SPAN
+        stream = lambda p: scripted[p] if p < n else base + (offset + p * 104729) % FILLER_SPAN  # noqa: E731
+        stream.span = lambda start, stop: _scripted_span(scripted, offset, start, stop)
+        return stream
     eos_position = -1 if spec.output_len is None else spec.output_len - 1
-    return lambda p: eos_token_id if p == eos_position else base + (offset + p * 104729) % FILLER_SPAN
+    stream = lambda p: eos_token_id if p == eos_position else base + (offset + p * 104729) % FILLER_SPAN  # noqa: E731
+    stream.span = lambda start, stop: _synthetic_span(eos_token_id, eos_position, offset, start, stop)
+    return stream
+
+
+def _filler_span(offset: int, start: int, stop: int) -> np.ndarray:
+    positions = np.arange(start, stop, dtype=np.int64)
+    return FILLER_BASE_TOKEN_ID + (offset + positions * 104729) % FILLER_SPAN
+
+
+def _synthetic_span(eos_token_id: int, eos_position: int, offset: int, start: int, stop: int) -> np.ndarray:
+    tokens = _filler_span(offset, start, stop)
+    if start <= eos_position < stop:
+        tokens[eos_position - start] = eos_token_id
+    return tokens
+
+
+def _scripted_span(scripted, offset: int, start: int, stop: int) -> np.ndarray:
+    tokens = _filler_span(offset, start, stop)
+    end = min(stop, len(scripted))
+    if start < end:
+        tokens[:end - start] = scripted[start:end]
+    return tokens

@@ -39,20 +39,27 @@ def build_spec_decoder(spec: SpeculativeConfig, deployment, seed: int) -> SpecDe
 
 def proposer_cost(spec: SpeculativeConfig, deployment):
     """ProposerCost with the drafter priced by the deployment's kind of cost model."""
-    from kernels_cost_model import make_cost_model
-    from kernels_cost_model.speculative import (DRAFT_OVERHEAD_S, NGRAM_FRACTION_OF_STEP, ProposerCost,
-                                                drafter_spec)
-    overhead = DRAFT_OVERHEAD_S if spec.draft_overhead_s is None else spec.draft_overhead_s
+    from kernels_cost_model import get_model, make_cost_model
+    from kernels_cost_model.speculative import (NGRAM_FRACTION_OF_STEP, ProposerCost, default_draft_overhead,
+                                                drafter_spec, head_cost_model, rejection_sampler)
+    overhead = default_draft_overhead(spec.method) if spec.draft_overhead_s is None else spec.draft_overhead_s
     fraction = NGRAM_FRACTION_OF_STEP if spec.ngram_fraction_of_step is None else spec.ngram_fraction_of_step
     drafter = drafter_spec(spec.method, deployment.model, spec.model)
-    draft = None
+    draft, shape, sampler = None, None, None
     if drafter is not None and deployment.cost_model == "linear":
         draft = _scaled_linear(drafter, deployment.model)
-    elif drafter is not None:
-        draft = make_cost_model(drafter, deployment.gpu, deployment.tensor_parallel_size, cpu_overhead=False)
+    elif deployment.cost_model != "linear":
+        tp = deployment.tensor_parallel_size
+        target = get_model(deployment.model)
+        if drafter is not None:
+            draft = make_cost_model(drafter, deployment.gpu, tp, cpu_overhead=False)
+            draft, shape = head_cost_model(spec.method, draft, spec.draft_vocab_size)
+        priced_on = draft if draft is not None else make_cost_model(target, deployment.gpu, tp, cpu_overhead=False)
+        sampler = rejection_sampler(priced_on, target.vocab_size, spec.target_sampling)
     tree = spec.tree
     widths = tuple(tree.level_widths(len(tree))) if tree is not None else None
-    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction, widths)
+    return ProposerCost(spec.method, spec.num_speculative_tokens, draft, overhead, fraction, widths,
+                        shape, sampler)
 
 
 def _scaled_linear(drafter, target) -> LinearCostModel:

@@ -90,7 +90,7 @@ def run_capacity(args) -> int:
 
 
 def recommended(table: pd.DataFrame) -> dict | None:
-    """The deployment ranked first, if feasible: label, replicas and one replica's capacity interval."""
+    """The deployment ranked first, if feasible: label, units (replicas) and one unit's capacity interval."""
     feasible = table[table["feasible"].astype(bool)]
     if feasible.empty:
         return None
@@ -107,8 +107,8 @@ def describe_recommended(best: dict | None, target_rate: float, num_requests: in
     """One paragraph on the recommended deployment and how sure its capacity is (seeds, run length)."""
     if best is None:
         return f"no candidate sustains {target_rate:g} req/s within [search] max_replicas"
-    text = (f"recommended: {best['label']} x {best['replicas']} replicas, ${best['usd_per_hour']:.2f}/hour; "
-            f"one replica sustains {best['rate']:.3g} req/s ")
+    text = (f"recommended: {best['label']} x {best['replicas']} units, ${best['usd_per_hour']:.2f}/hour; "
+            f"one unit (an instance or a P+D group) sustains {best['rate']:.3g} req/s ")
     if best["seeds"] <= 1:
         text += "(one seed, so no 95% interval: add seeds ([search] seeds) to get one)"
     else:

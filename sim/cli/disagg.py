@@ -15,7 +15,7 @@ from pathlib import Path
 TRANSFER_LINES = (("num_kv_transfers", "KV transfers", 1, "{:,.0f}"),
                   ("kv_transfer_bytes", "bytes moved (GB)", 1e-9, "{:,.2f}"),
                   ("kv_transfer_ms_mean", "time on link, mean (ms)", 1, "{:.3f}"),
-                  ("kv_transfer_wait_ms_p99", "wait behind others, p99 (ms)", 1, "{:.3f}"))
+                  ("kv_transfer_wait_ms_p99", "slowed by sharing the link, p99 (ms)", 1, "{:.3f}"))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

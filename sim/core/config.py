@@ -10,6 +10,7 @@ from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
 STOP_STRING_DETECTION = ("frontend", "engine")
+ENGINE_MODES = ("fast", "step")
 MAX_NUM_GPU_BLOCKS = 2**22
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
@@ -49,6 +50,8 @@ class EngineConfig:
         engine whatever the setting (their hooks act on the step a request stops in).
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL).
+    mode: "fast" leaps over quiet stretches of pure-decode steps in one pass (sim.engine.leap);
+        "step" takes every step one by one (the reference). Both give bit-identical records.
     """
 
     block_size: int = 16
@@ -69,6 +72,7 @@ class EngineConfig:
     eos_token_id: int = 2
     check_invariants: bool = False
     record_token_times: bool = True
+    mode: str = "fast"
 
     @property
     def is_async(self) -> bool:
@@ -104,6 +108,7 @@ class EngineConfig:
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         if self.stop_string_detection is not None:
             one_of("stop_string_detection", self.stop_string_detection, STOP_STRING_DETECTION)
+        one_of("mode", self.mode, ENGINE_MODES)
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,

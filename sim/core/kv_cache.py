@@ -39,6 +39,8 @@ class KVCacheManager:
         #: model proposer writes the next drafts' KV there), capped at `max_model_len`.
         self.num_lookahead_tokens = 0
         self.max_model_len: int | None = None
+        #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
+        self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
 
     # ----- queries -------------------------------------------------------------------------
     @property
@@ -123,6 +125,16 @@ class KVCacheManager:
 
         Returns the newly allocated blocks, or None if they do not fit (nothing changes then).
         """
+        if self._plain_growth and not cached_blocks and not self.num_lookahead_tokens:
+            blocks = self.req_blocks.get(req)
+            if blocks is not None:  # a running request growing within the blocks it holds: the hot path
+                total = req.num_computed_tokens + num_new_tokens
+                if total <= len(blocks) * self.block_size:
+                    if self.enable_prefix_caching:
+                        target = min(total, req.num_tokens)
+                        if target // self.block_size > self.num_hashed_blocks.get(req, 0):
+                            self.cache_full_blocks(req, target)
+                    return []
         fresh, revived = self._blocks_to_take(req, num_new_tokens, cached_blocks)
         if fresh + revived > len(self.free_queue):
             return None

@@ -54,22 +54,30 @@ class RequestRecords:
         return {k: v for k, v in vars(self).items() if k != "token_times"}
 
 
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
 @dataclass
 class StepRecords:
-    """Per-step columns."""
+    """Per-step columns, kept as typed arrays (8 bytes a value: a run's steps can number millions)."""
 
-    start_time: list = field(default_factory=list)
-    duration: list = field(default_factory=list)
-    num_prefill_tokens: list = field(default_factory=list)
-    num_decode_tokens: list = field(default_factory=list)
-    batch_size: list = field(default_factory=list)
-    num_sampled: list = field(default_factory=list)
-    num_preempted: list = field(default_factory=list)
-    kv_blocks_used: list = field(default_factory=list)
-    kv_blocks_cached: list = field(default_factory=list)
-    kv_blocks_free: list = field(default_factory=list)
-    num_running: list = field(default_factory=list)
-    num_waiting: list = field(default_factory=list)
+    start_time: array = field(default_factory=_floats)
+    duration: array = field(default_factory=_floats)
+    num_prefill_tokens: array = field(default_factory=_ints)
+    num_decode_tokens: array = field(default_factory=_ints)
+    batch_size: array = field(default_factory=_ints)
+    num_sampled: array = field(default_factory=_ints)
+    num_preempted: array = field(default_factory=_ints)
+    kv_blocks_used: array = field(default_factory=_ints)
+    kv_blocks_cached: array = field(default_factory=_ints)
+    kv_blocks_free: array = field(default_factory=_ints)
+    num_running: array = field(default_factory=_ints)
+    num_waiting: array = field(default_factory=_ints)
     #: Columns a hook records, one value per step (speculative decoding: drafts and acceptances).
     extra: dict = field(default_factory=dict)
 

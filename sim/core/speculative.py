@@ -22,6 +22,8 @@ SPEC_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 #: Methods that may draft a tree (vLLM's tree attention serves the EAGLE-style proposers).
 TREE_METHODS = ("eagle", "eagle3", "mtp")
+#: How requests sample (prices the rejection sampler; kernels_cost_model.speculative).
+TARGET_SAMPLING = ("greedy", "random", "top_p")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,12 @@ class SpeculativeConfig:
         ("eagle1"); num_speculative_tokens must equal its nodes (left out, it is set to them).
     tree_sibling_decay: how much less likely each lower-ranked sibling is to be the target's token
         (workloads.acceptance.PositionalAcceptance.accepted_on_tree).
+    draft_vocab_size: the EAGLE-3 head's vocabulary (its config.json's; None: 32000, that of
+        yuhuili/EAGLE3-LLaMA3.1-Instruct-8B); prices its LM head and the map to the target's.
+    target_sampling: how requests sample, which sets the rejection sampler's cost: "greedy"
+        (temperature 0), "random" (temperature only) or "top_p" (top-p / top-k: vLLM sorts every
+        verified position's logits; vLLM's server applies the model's generation_config, top_p
+        0.9 for Llama-3.1-Instruct).
     """
 
     method: str = "eagle3"
@@ -49,6 +57,8 @@ class SpeculativeConfig:
     draft_overhead_s: float | None = None
     speculative_token_tree: tuple[tuple[int, ...], ...] | str | None = None
     tree_sibling_decay: float = 0.5
+    draft_vocab_size: int | None = None
+    target_sampling: str = "greedy"
 
     def __post_init__(self) -> None:
         require(self.method in SPEC_METHODS, "speculative_config.method", self.method,
@@ -68,6 +78,13 @@ class SpeculativeConfig:
             value = getattr(self, name)
             require(value is None or (isinstance(value, (int, float)) and 0 <= value < 1),
                     f"speculative_config.{name}", value, "must be null or a number in [0, 1)")
+        require(self.target_sampling in TARGET_SAMPLING, "speculative_config.target_sampling",
+                self.target_sampling, f"must be one of {TARGET_SAMPLING}")
+        vocab = self.draft_vocab_size
+        require(vocab is None or (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1),
+                "speculative_config.draft_vocab_size", vocab, "must be null or an integer >= 1")
+        require(vocab is None or self.method == "eagle3", "speculative_config.draft_vocab_size", vocab,
+                f"applies to method 'eagle3' only (method is {self.method!r})")
         decay = self.tree_sibling_decay
         require(isinstance(decay, (int, float)) and 0 <= decay <= 1, "speculative_config.tree_sibling_decay",
                 decay, "must be a number in [0, 1]")

@@ -227,13 +227,18 @@ class Engine:
         first_token = self.requests.first_token_time
         quick_stop = self.quick_stop
         async_ = self.config.is_async
+        # under async scheduling a row registers its blocks full with known tokens (skipped, as
+        # cache_full_blocks itself would, when no new block is full)
+        caching = async_ and kv.enable_prefix_caching
+        block_size, hashed = kv.block_size, kv.num_hashed_blocks
+        preempted, running = RequestStatus.PREEMPTED, RequestStatus.RUNNING
         num_decode = 0
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_in_flight_tokens -= n
             stale = req.num_stale_tokens > 0
             if stale:
                 req.num_stale_tokens -= n
-            if req.is_finished or not samples:
+            if req.status > preempted or not samples:
                 continue  # aborted or stopped meanwhile (its extra step is wasted), or mid-prefill
             if async_ and not stale:
                 req.num_output_placeholders -= 1
@@ -248,9 +253,10 @@ class Engine:
                 continue
             token = streams[index](position)
             output.append(token)
-            if async_ and not stale and req.status == RequestStatus.RUNNING:
-                kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
-                                              req.num_tokens))
+            if caching and not stale and req.status == running:
+                known = min(req.num_computed_tokens - req.num_in_flight_tokens, req.num_prompt_tokens + position + 1)
+                if known // block_size > hashed.get(req, 0):
+                    kv.cache_full_blocks(req, known)
             if position == 0:
                 first_token[index] = now
             times = token_times[index]

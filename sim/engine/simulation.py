@@ -12,6 +12,7 @@ import simpy
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
 from sim.engine.engine import Engine
+from sim.engine.leap import make_leaper
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
 
@@ -25,6 +26,7 @@ class EngineProcess:
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
         engine.on_finish = self._on_finish
+        self.leaper = make_leaper(engine) if engine.config.mode == "fast" else None
         env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
@@ -65,6 +67,13 @@ class EngineProcess:
         ahead = engine.config.is_async
         step = None
         while True:
+            if self.leaper is not None and (step is None) != ahead:
+                leapt = self.leaper.leap(step, env.now, env.peek())
+                if leapt is not None:
+                    step, delays = leapt
+                    for delay in delays:
+                        yield env.timeout(delay)
+                    continue
             if step is None:
                 step = engine.plan_step(env.now) if engine.has_work else None
             if step is None:

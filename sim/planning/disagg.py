@@ -13,7 +13,8 @@ As vLLM's disaggregated path (a KV connector such as NIXL) runs it:
    prompt, reusing its own prefix-cache hits, first come first served; a request whose blocks do
    not fit waits until a decode step frees some.
 3. The missing KV moves over the link (bytes from the model's KV layout, time from the link's
-   bandwidth and latency, queued behind other transfers from the same prefill instance).
+   bandwidth and latency, sharing the sender's and receiver's interfaces fairly with other
+   transfers in flight: sim.planning.transfer).
 4. On arrival the prefill instance frees its blocks and the request joins the decode instance's
    running batch with its prompt computed and the first token sampled (waiting for a free
    `max_num_seqs` slot if needed); it decodes until it stops.
@@ -39,7 +40,7 @@ from sim.planning.first_token import decode_request, prefill_spec, recompute_las
 from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
 from sim.planning.routers import make_router
-from sim.planning.transfer import PortGroup, TransferLog
+from sim.planning.transfer import LinkFabric, TransferLog
 
 
 class KVTransferError(ConfigError):
@@ -105,13 +106,15 @@ class DecodeAdmission(EngineHook):
 class Transfer:
     """One request's KV on its way: its prefill-side and decode-side requests and instances."""
 
-    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks", "aborted")
+    __slots__ = ("source", "destination", "prefill_req", "decode_req", "num_bytes", "num_blocks", "aborted",
+                 "flow")
 
     def __init__(self, source, destination, prefill_req, decode_req):
         self.source, self.destination = source, destination
         self.prefill_req, self.decode_req = prefill_req, decode_req
         self.num_bytes = self.num_blocks = 0
         self.aborted = False
+        self.flow = None    # its share of the link (sim.planning.transfer.Flow) once it moves
 
 
 class DisaggregatedCluster:
@@ -134,10 +137,11 @@ class DisaggregatedCluster:
         self.prefill_router = make_router(disagg.prefill.router, self.prefill_procs, block)
         self.decode_router = make_router(disagg.decode.router, self.decode_procs, block)
         link = get_link(disagg.link)
-        lanes = min(prefill_cfg.deployment.tensor_parallel_size * shapes["prefill"].pipeline_parallel_size,
-                    decode_cfg.deployment.tensor_parallel_size * shapes["decode"].pipeline_parallel_size)
+        ranks = {pool: cfg.deployment.tensor_parallel_size * shapes[pool].pipeline_parallel_size
+                 for pool, cfg in (("prefill", prefill_cfg), ("decode", decode_cfg))}
         self.log = TransferLog()
-        self.ports = [PortGroup(env, link, lanes, i, self.log) for i in range(len(self.prefill))]
+        self.fabric = LinkFabric(env, link, [ranks["prefill"]] * len(self.prefill),
+                                 [ranks["decode"]] * len(self.decode), self.log)
         self.model = config.deployment.model
         self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
         self.in_flight: dict[str, Transfer] = {}
@@ -221,7 +225,7 @@ class DisaggregatedCluster:
             t.num_bytes = kv_transfer_bytes(self.model, missing)
             t.num_blocks = len(kv.blocks_of(req))
             self.in_flight[req.request_id] = t
-            self.ports[t.source].send(req.request_id, d, t.num_bytes,
+            t.flow = self.fabric.send(req.request_id, t.source, d, t.num_bytes,
                                       lambda now, t=t: self._transfer_done(t, now))
 
     def _transfer_done(self, t: Transfer, now: float) -> None:

@@ -7,15 +7,23 @@ Where an abort (`RequestSpec.abort_time_s`) can find a request, and what happens
   any engine does (during a step: at the step's end, before the step's tokens are applied);
 - handed off, waiting for decode blocks: it leaves the queue, the prefill instance frees its
   blocks, the decode side finishes it now;
-- handed off, its KV on the link: the transfer cannot be recalled; the abort takes effect when it
-  lands (as an abort during an engine step takes effect at the step's end): both sides free their
-  blocks and it finishes then;
+- handed off, its KV on the link: `DisaggConfig.abort_in_transfer` says what happens.
+  "wait" (the default, vLLM's behaviour): the transfer runs to the end and the abort takes effect
+  when it lands, both sides freeing their blocks then. vLLM's NIXL connector keeps the sender's
+  blocks of an aborted request until the receiver has read them or a timeout passes
+  (vllm-project/vllm#25067), and the receiver frees the blocks of a request aborted in
+  WAITING_FOR_REMOTE_KVS only when its receive finishes (vllm-project/vllm#46283).
+  "cancel": the transfer stops at once (as a connector that releases its transfer request, e.g.
+  NIXL's releaseXferReq, would): its share of the link goes to the other transfers, both sides free
+  their blocks and the request finishes now;
 - arrived, waiting for a decode seat: the decode instance frees its blocks and finishes it now;
 - decoding: the decode engine aborts it.
 """
 from __future__ import annotations
 
 from sim.core.request import RequestStatus
+
+ABORT_IN_TRANSFER = ("wait", "cancel")
 
 
 def abort_at(cluster, request_id: str, when: float):
@@ -39,6 +47,10 @@ def abort(cluster, request_id: str, now: float) -> None:
         release_prefill(cluster, t, now)
         finish_decode_aborted(cluster, t, now)
         cluster.start_transfers(d)
+    elif request_id in cluster.in_flight and cluster.disagg.abort_in_transfer == "cancel":
+        cluster.fabric.cancel(t.flow)            # its share of the link goes to the others now
+        del cluster.in_flight[request_id]
+        land_aborted(cluster, t, now)
     elif request_id in cluster.in_flight:
         t.aborted = True                         # applied when the transfer lands
     elif t.decode_req in cluster.arrived[d]:
@@ -51,7 +63,8 @@ def abort(cluster, request_id: str, now: float) -> None:
 
 
 def land_aborted(cluster, t, now: float) -> None:
-    """The KV of an aborted request has landed: free it on both sides and finish the request."""
+    """The KV of an aborted request has landed (or its transfer was cancelled): free it on both
+    sides and finish the request."""
     release_prefill(cluster, t, now)
     finish_decode_aborted(cluster, t, now)
     cluster.start_transfers(t.destination)

@@ -3,6 +3,7 @@
     [disaggregation]              # beside [engine], [deployment], [workload], [slo] in one TOML file
     link = "ib-ndr"               # kernels_cost_model/data/links.csv: nvlink4, pcie5, ib-ndr, roce-100g, ...
     first_token = "decode"        # the client's first token: "decode" (vLLM's proxy) or "prefill"
+    abort_in_transfer = "wait"    # an abort with KV on the link: "wait" for it to land (vLLM) or "cancel" it
     [disaggregation.prefill]
     num_instances = 2
     tensor_parallel_size = 1      # default: the deployment's
@@ -26,6 +27,7 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
 from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.planning.disagg_aborts import ABORT_IN_TRANSFER
 from sim.planning.first_token import FIRST_TOKEN
 from sim.planning.instances import InstanceShape
 from sim.planning.offload import OffloadConfig
@@ -98,10 +100,13 @@ class DisaggConfig:
     decode: PoolConfig = field(default_factory=PoolConfig)
     link: str = "ib-ndr"
     first_token: str = "decode"     # whose first token the client sees (sim.planning.first_token)
+    abort_in_transfer: str = "wait"  # sim.planning.disagg_aborts.ABORT_IN_TRANSFER
 
     def __post_init__(self) -> None:
         get_link(self.link)
         require(self.first_token in FIRST_TOKEN, "first_token", self.first_token, f"must be one of {FIRST_TOKEN}")
+        require(self.abort_in_transfer in ABORT_IN_TRANSFER, "abort_in_transfer", self.abort_in_transfer,
+                f"must be one of {ABORT_IN_TRANSFER}")
 
     @property
     def ratio(self) -> str:
@@ -112,14 +117,15 @@ class DisaggConfig:
         """From the [disaggregation] table; unknown keys are named errors."""
         if not isinstance(data, dict):
             raise ConfigError("disaggregation", data, "must be a table")
-        unknown = set(data) - {"prefill", "decode", "link", "first_token"}
+        known = ("abort_in_transfer", "decode", "first_token", "link", "prefill")
+        unknown = set(data) - set(known)
         if unknown:
             key = sorted(unknown)[0]
-            raise ConfigError(f"disaggregation.{key}", data[key],
-                              "unknown setting; known: decode, first_token, link, prefill")
+            raise ConfigError(f"disaggregation.{key}", data[key], f"unknown setting; known: {', '.join(known)}")
         pools = {name: _pool(name, data.get(name, {})) for name in ("prefill", "decode")}
         with within("disaggregation"):
-            return cls(**pools, link=data.get("link", "ib-ndr"), first_token=data.get("first_token", "decode"))
+            return cls(**pools, link=data.get("link", "ib-ndr"), first_token=data.get("first_token", "decode"),
+                       abort_in_transfer=data.get("abort_in_transfer", "wait"))
 
 
 def _pool(name: str, values) -> PoolConfig:

@@ -137,8 +137,10 @@ def pool_summary(pool: str, parts: list) -> dict:
 
 
 def transfer_summary(transfers: pd.DataFrame) -> dict:
-    """KV transfer count, bytes, wait behind other transfers and time on the link (ms)."""
+    """KV transfer count, bytes, time on the link and (`kv_transfer_wait_ms`) how much longer than
+    alone that was because other transfers shared the link (ms)."""
     out = {"num_kv_transfers": len(transfers), "kv_transfer_bytes": int(transfers["num_bytes"].sum())}
-    out.update(describe(transfers["start"] - transfers["queued"], "kv_transfer_wait_ms", 1e3))
+    slowed = (transfers["end"] - transfers["start"] - transfers["alone_s"]).clip(lower=0.0)
+    out.update(describe(slowed, "kv_transfer_wait_ms", 1e3))
     out.update(describe(transfers["end"] - transfers["start"], "kv_transfer_ms", 1e3))
     return out

@@ -7,11 +7,14 @@ offload on or off, TP x PP splits, ranked by cost per million tokens under the S
     pipeline_parallel_sizes = [1, 2]
     offload = [false, true]               # CPU KV tier of kv_offloading_size GiB per instance
     pd_ratios = ["1:1", "2:1"]            # prefill:decode instances of one disaggregated unit
+    decode_tensor_parallel_sizes = [1]    # per pool (disaggregated only): prefill_/decode_ +
+                                          # tensor_parallel_sizes, pipeline_parallel_sizes, offload
 
     report = search_topologies(Plan.from_toml("plan.toml"))
 
 A *unit* is what one candidate scales by: one instance (TP x PP GPUs) when aggregated, P prefill
-plus D decode instances when disaggregated. Per candidate: (1) a unit's max sustainable rate
+plus D decode instances when disaggregated. A per-pool key lets the pools of a disaggregated unit
+differ in that setting (each pool's list defaults to the shared one); without one they share it. Per candidate: (1) a unit's max sustainable rate
 (bisection, per seed, sim.planning.capacity); (2) units = ceil(target rate / the lowest seed's
 capacity); (3) one unit at target rate / units must meet the target on every seed, else a unit is
 added (up to 3 times, within max_replicas); (4) $/hour = units x GPUs per unit x $/GPU-hour, cost
@@ -43,14 +46,19 @@ from sim.planning.pipeline import PipelineConfig
 from sim.planning.pricing import load_prices, price_per_gpu_hour
 
 TOPOLOGIES = ("aggregated", "disaggregated")
+POOL_AXES = {"tensor_parallel_sizes": "tensor_parallel_size", "pipeline_parallel_sizes": "pipeline_parallel_size",
+             "offload": "offload"}       # [search] list -> Topology field, per pool as prefill_<key>, decode_<key>
+POOL_KEYS = {f"{pool}_{key}" for pool in ("prefill", "decode") for key in POOL_AXES}
 TOPOLOGY_KEYS = {"topologies", "pipeline_parallel_sizes", "offload", "pd_ratios", "kv_offloading_size",
-                 "kv_offloading_link", "pipeline_link", "kv_transfer_link"}
+                 "kv_offloading_link", "pipeline_link", "kv_transfer_link"} | POOL_KEYS
 CONFIRM_ROUNDS = 3
 
 
 @dataclass(frozen=True)
 class Topology:
-    """One candidate: GPU, TP x PP per instance, CPU tier, and (disaggregated) its P:D instances."""
+    """One candidate: GPU, TP x PP per instance, CPU tier, and (disaggregated) its P:D instances.
+    Disaggregated, tensor_parallel_size, pipeline_parallel_size and offload are the prefill pool's,
+    and the decode_ fields the decode pool's (None: as the prefill pool)."""
 
     gpu: str
     tensor_parallel_size: int = 1
@@ -62,18 +70,32 @@ class Topology:
     kv_offloading_link: str = "pcie5"
     pipeline_link: str = "nvlink4"
     kv_transfer_link: str = "ib-ndr"
+    decode_tensor_parallel_size: int | None = None
+    decode_pipeline_parallel_size: int | None = None
+    decode_offload: bool | None = None
 
     @property
     def disaggregated(self) -> bool:
         return self.prefill > 0
 
+    def pool(self, name: str) -> tuple[int, int, bool]:
+        """(TP, PP, offload) of the "prefill" (or aggregated) or "decode" instances."""
+        own = (self.tensor_parallel_size, self.pipeline_parallel_size, self.offload)
+        if name == "prefill":
+            return own
+        theirs = (self.decode_tensor_parallel_size, self.decode_pipeline_parallel_size, self.decode_offload)
+        return tuple(o if d is None else d for o, d in zip(own, theirs))
+
     @property
     def gpus_per_unit(self) -> int:
-        instances = self.prefill + self.decode if self.disaggregated else 1
-        return instances * self.tensor_parallel_size * self.pipeline_parallel_size
+        (tp, pp, _), (tp_d, pp_d, _) = self.pool("prefill"), self.pool("decode")
+        return self.prefill * tp * pp + self.decode * tp_d * pp_d if self.disaggregated else tp * pp
 
     @property
     def label(self) -> str:
+        if self.disaggregated and self.pool("prefill") != self.pool("decode"):
+            return (f"{self.gpu} {self.prefill}P({_describe(*self.pool('prefill'))}):"
+                    f"{self.decode}D({_describe(*self.pool('decode'))})")
         kind = f"{self.prefill}P:{self.decode}D" if self.disaggregated else "agg"
         pp = f" PP{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
         return f"{self.gpu} TP{self.tensor_parallel_size}{pp} {kind}{' +cpu-kv' if self.offload else ''}"
@@ -81,7 +103,8 @@ class Topology:
     def config(self, base: SimulationConfig) -> SimulationConfig:
         """The shared config of the unit's instances (a CPU tier needs prefix caching)."""
         config = base.replace(deployment={"gpu": self.gpu, "tensor_parallel_size": self.tensor_parallel_size})
-        return config.replace(engine={"enable_prefix_caching": True}) if self.offload else config
+        offload = self.offload or (self.disaggregated and self.pool("decode")[2])
+        return config.replace(engine={"enable_prefix_caching": True}) if offload else config
 
     def shape(self) -> InstanceShape:
         pipeline = PipelineConfig(self.pipeline_parallel_size, self.pipeline_link) \
@@ -91,11 +114,13 @@ class Topology:
         return InstanceShape(pipeline, offload)
 
     def disagg(self) -> DisaggConfig:
-        pool = {"pipeline_parallel_size": self.pipeline_parallel_size, "pipeline_link": self.pipeline_link,
-                "kv_offloading_size": self.kv_offloading_size if self.offload else None,
-                "kv_offloading_link": self.kv_offloading_link}
-        return DisaggConfig(PoolConfig(self.prefill, **pool), PoolConfig(self.decode, **pool),
-                            link=self.kv_transfer_link)
+        def pool(name: str, count: int) -> PoolConfig:
+            tp, pp, offload = self.pool(name)
+            return PoolConfig(count, tensor_parallel_size=tp if tp != self.tensor_parallel_size else None,
+                              pipeline_parallel_size=pp, pipeline_link=self.pipeline_link,
+                              kv_offloading_size=self.kv_offloading_size if offload else None,
+                              kv_offloading_link=self.kv_offloading_link)
+        return DisaggConfig(pool("prefill", self.prefill), pool("decode", self.decode), link=self.kv_transfer_link)
 
     def run(self, base: SimulationConfig) -> dict:
         """The summary of one unit serving base's traffic."""
@@ -125,9 +150,55 @@ def topologies(search: dict, base: SimulationConfig) -> tuple[Topology, ...]:
         with _named("search.pipeline_parallel_sizes"):
             check_pipeline_size(base.deployment.model, pp)
         shapes = [(0, 0)] * ("aggregated" in kinds) + ratios * ("disaggregated" in kinds)
+        if POOL_KEYS & set(search):        # disaggregated candidates come from the per-pool grid below
+            shapes = shapes[:1] if "aggregated" in kinds else []
         out += [_topology(base, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, offload=offload,
                           prefill=p, decode=d, **shared) for p, d in shapes]
+    if POOL_KEYS & set(search):
+        key = sorted(POOL_KEYS & set(search))[0]
+        require("disaggregated" in kinds, f"search.{key}", search[key],
+                'sets a pool of disaggregated candidates: add "disaggregated" to search.topologies')
+        out += _per_pool(search, base, ratios, shared)
     return tuple(out)
+
+
+def _per_pool(search: dict, base: SimulationConfig, ratios: list, shared: dict) -> list:
+    """Disaggregated candidates whose pools differ: gpus x (prefill, decode) pairs of each per-pool
+    axis (tied where neither pool has its own key) x P:D ratios."""
+    defaults = {"tensor_parallel_sizes": [base.deployment.tensor_parallel_size], "pipeline_parallel_sizes": [1],
+                "offload": [False]}
+    pairs = {}
+    for key, default in defaults.items():
+        both = _list(search, key, default)
+        if f"prefill_{key}" in search or f"decode_{key}" in search:
+            own = {pool: _list(search, f"{pool}_{key}", both) for pool in ("prefill", "decode")}
+            _check_axis(base, f"prefill_{key}", own["prefill"]), _check_axis(base, f"decode_{key}", own["decode"])
+            pairs[key] = list(itertools.product(own["prefill"], own["decode"]))
+        else:
+            pairs[key] = [(v, v) for v in both]
+    grid = itertools.product(_list(search, "gpus", [base.deployment.gpu]), pairs["tensor_parallel_sizes"],
+                             pairs["pipeline_parallel_sizes"], pairs["offload"], ratios)
+    return [_topology(base, gpu=gpu, tensor_parallel_size=tp[0], pipeline_parallel_size=pp[0], offload=off[0],
+                      decode_tensor_parallel_size=tp[1], decode_pipeline_parallel_size=pp[1], decode_offload=off[1],
+                      prefill=p, decode=d, **shared)
+            for gpu, tp, pp, off, (p, d) in grid]
+
+
+def _check_axis(base: SimulationConfig, key: str, values: list) -> None:
+    """A per-pool list: sizes integers >= 1 (PP dividing the layers), offload true/false."""
+    for v in values:
+        if key.endswith("offload"):
+            require(isinstance(v, bool), f"search.{key}", v, "must be a list of true/false")
+            continue
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"search.{key}", v,
+                "must be a list of integers >= 1")
+        if key.endswith("pipeline_parallel_sizes"):
+            with _named(f"search.{key}"):
+                check_pipeline_size(base.deployment.model, v)
+
+
+def _describe(tp: int, pp: int, offload: bool) -> str:
+    return f"TP{tp}" + (f" PP{pp}" if pp > 1 else "") + (" +cpu-kv" if offload else "")
 
 
 def _check_shared(shared: dict) -> None:
@@ -150,7 +221,8 @@ def _topology(base: SimulationConfig, **fields) -> Topology:
         t.shape(), t.disagg() if t.disaggregated else None
     d = t.config(base).deployment
     try:
-        make_cost_model(d.model, d.gpu, d.tensor_parallel_size, calibration=None)
+        for tp in {t.pool("prefill")[0], t.pool("decode")[0]}:
+            make_cost_model(d.model, d.gpu, tp, calibration=None)
     except ConfigError as exc:
         raise ConfigError(f"search candidate {t.label!r}: {exc.field}", exc.value, exc.reason) from None
     return t
@@ -306,6 +378,9 @@ def _row(plan, t: Topology, cap, done: dict, price: float) -> dict:
     row = {"candidate": t.label, "topology": "disaggregated" if t.disaggregated else "aggregated", "gpu": t.gpu,
            "tensor_parallel_size": t.tensor_parallel_size, "pipeline_parallel_size": t.pipeline_parallel_size,
            "offload": t.offload, "pd_ratio": f"{t.prefill}:{t.decode}" if t.disaggregated else "",
+           "decode_tensor_parallel_size": t.pool("decode")[0] if t.disaggregated else math.nan,
+           "decode_pipeline_parallel_size": t.pool("decode")[1] if t.disaggregated else math.nan,
+           "decode_offload": t.pool("decode")[2] if t.disaggregated else math.nan,
            "gpus_per_replica": t.gpus_per_unit, "replicas": n, "num_gpus": gpus, "usd_per_gpu_hour": price,
            "usd_per_hour": usd_h, "usd_per_million_output_tokens": usd_h * per_million / out_per_req,
            "usd_per_million_tokens": usd_h * per_million / tokens_per_req, "output_tokens_per_request": out_per_req,

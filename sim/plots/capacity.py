@@ -23,7 +23,7 @@ def throughput_latency(runs: pd.DataFrame, group: str = "candidate", percentile:
     metrics = [latency_key(m, percentile) for m in ("ttft", "tpot")]
     slo = {latency_key(m, percentile): v for m, v in (slo_ms or {}).items() if v is not None}
     fig = plot_throughput_latency(runs, x="rate", metrics=metrics, hue=group, slo=slo,
-                                  title="Latency vs offered rate, one replica", x_label="offered rate (req/s)")
+                                  title="Latency vs offered rate, one unit (an instance or a P+D group)", x_label="offered rate (req/s)")
     if capacity:
         for ax in fig.axes:
             color = _line_color(ax, f"{group}={capacity['label']}")
@@ -63,7 +63,7 @@ def attainment_vs_rate(runs: pd.DataFrame, group: str = "candidate", percentile:
     low = min([percentile / 100, min_attainment or 1.0, float(data["slo_attainment"].min())])
     ax.set(xlabel="offered rate (req/s)", ylabel="fraction of admitted requests\nwithin the bounds",
            ylim=(max(0.0, low - 0.25 * (1 - low) - 0.01), 1.002),
-           title=f"SLO attainment vs offered rate, one replica{': ' + bounds if bounds else ''}")
+           title=f"SLO attainment vs offered rate, one unit{': ' + bounds if bounds else ''}")
     ax.grid(alpha=0.3)
     legend_outside(ax)
     return fig

@@ -29,13 +29,13 @@ def plot_pool_kv_occupancy(steps: dict[str, pd.DataFrame], num_gpu_blocks: dict[
 
 
 def plot_transfer_queue(queue: pd.DataFrame):
-    """KV transfers queued or in flight per prefill instance's port group, over time."""
+    """KV transfers in flight (sharing the link) per prefill instance, over time."""
     fig, axes = new_figure()
     ax = axes[0]
     for source, rows in queue.groupby("source"):
         ax.step(rows["time"], rows["depth"], where="post", lw=0.8, label=f"prefill {source}")
     ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("KV transfers queued + in flight")
+    ax.set_ylabel("KV transfers in flight")
     if len(queue):
         ax.legend(loc="upper right", fontsize="small")
     return fig

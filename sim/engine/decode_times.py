@@ -1,0 +1,27 @@
+"""Durations of consecutive pure-decode steps of one batch, as the cost model prices them one by one.
+
+Step u (u = 0, 1, ...) of a stretch: every row computes 1 new token over a context of
+`context[r] + u` tokens and samples. For the linear cost model the sum is done in closed form with
+the same floating-point operations in the same order as `LinearCostModel.step_time` (bit-identical);
+any other cost model is asked step by step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_cost_model.batch import BatchShape
+from sim.core.cost import LinearCostModel
+
+
+def decode_step_times(cost_model, context: np.ndarray, first: int, count: int) -> np.ndarray:
+    """Durations of decode steps first .. first+count-1 of the stretch over `context` (int64)."""
+    rows = len(context)
+    if type(cost_model) is LinearCostModel:
+        m = cost_model
+        total = int(context.sum()) + rows  # context + new tokens at step 0
+        contexts = (total + rows * np.arange(first, first + count, dtype=np.int64)).astype(np.float64)
+        return ((m.fixed_s + m.per_new_token_s * rows) + m.per_context_token_s * contexts
+                + m.per_sampled_s * rows)
+    ones = [1] * rows
+    return np.array([cost_model.step_time(BatchShape(ones, (context + u).tolist(), rows))
+                     for u in range(first, first + count)], dtype=np.float64)

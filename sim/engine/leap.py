@@ -1,0 +1,286 @@
+"""Leap over quiet stretches: many pure-decode steps of one batch computed in one pass, exactly.
+
+A stretch is quiet when, step after step, the same running requests each decode one token and
+nothing else happens: no arrival or abort (nothing else is due in the SimPy queue before the stretch
+ends), no request can stop (its next tokens are known: none is a stop candidate and no length rule
+binds), no admission (the waiting queue is empty, has no seat or budget, or its head's blocks do not
+fit and cannot start to fit), no preemption (every KV block the stretch crosses into is free).
+
+Then every step's duration, every token time and every KV move is known in advance: durations from
+the cost model over the growing contexts, times as a running sum (added in the same order as SimPy
+adds them, so bit-identical), tokens from the streams, block allocations and prefix-cache
+registrations replayed in the order the step-by-step engine makes them. Records are appended in bulk.
+When any condition is not proven the engine just takes single steps (`EngineConfig.mode="step"` never
+leaps: the reference).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels_cost_model.batch import BatchShape
+from policies.base import SchedulerOutput
+from policies.vllm import VllmV1Policy
+from policies.vllm_v0 import VllmV0Policy
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import RequestStatus
+from sim.engine.decode_times import decode_step_times
+from sim.engine.leap_kv import StretchKV
+from sim.engine.engine import Engine, Step
+
+#: Policies whose pure-decode step is "each running request, in order, one token" and whether they
+#: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
+ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
+MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
+MIN_UNITS = 2      # a shorter stretch is left to single steps
+SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
+MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+
+
+def make_leaper(engine: Engine) -> "Leaper | None":
+    """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
+    policies other than vLLM V1's and V0's, invariant checks after every step)."""
+    if (engine.hooks or type(engine.state.kv) is not KVCacheManager or engine.config.check_invariants
+            or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
+        return None
+    return Leaper(engine)
+
+
+class Leaper:
+    """Finds and applies quiet stretches for one engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
+        self.steps_leapt = 0                            # steps done by leaps so far
+        self.misses = 0                                 # leap attempts failed in a row
+        self.cooldown = 0                               # loop turns to let pass before the next try
+
+    def leap(self, in_flight: Step | None, now: float, horizon: float):
+        """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
+        apply a quiet stretch of U >= MIN_UNITS steps if there is one before `horizon` (the next
+        event due in SimPy). Returns (the step now in flight, delays to wait) or None."""
+        if self.cooldown:
+            self.cooldown -= 1
+            return None
+        rows = self._steady_rows(in_flight, now, horizon)
+        plan = None if rows is None else _StretchPlan(self, rows, in_flight, now)
+        if plan is None or not plan.fix_units(horizon):
+            # back off after misses (under overload stretches are rare): whether the engine looks
+            # for a leap never changes its results, only how fast it gets them
+            self.misses += 1
+            self.cooldown = min(self.misses, MAX_COOLDOWN)
+            return None
+        self.misses = 0
+        delays = _exact_delays(now, plan.times, plan.finishing, plan.units)
+        self.steps_leapt += plan.units
+        return plan.apply(), delays
+
+    # ----- is the engine at a steady point? ------------------------------------------------
+    def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
+        engine, lag = self.engine, self.lag
+        state = engine.state
+        running = state.running
+        if (not running or engine.pending_aborts or engine.steps_in_flight != lag
+                or (in_flight is None) != (lag == 0)
+                or len(running) > state.config.max_num_batched_tokens):
+            return None
+        if in_flight is not None and (not _decodes_of(in_flight, running)
+                                      or now + in_flight.duration >= horizon):
+            return None  # (the step in flight itself would end at or after the next event)
+        quick_stop = engine.quick_stop
+        running_status = RequestStatus.RUNNING
+        for req in running:
+            quick = quick_stop[req.index]
+            if (req.status != running_status or req.num_spec_tokens or req.num_stale_tokens
+                    or req.num_in_flight_tokens != lag or req.num_output_placeholders != lag
+                    or not req.output_token_ids or quick is None
+                    or quick[1] - len(req.output_token_ids) - 1 < MIN_UNITS  # a length rule is near
+                    or req.num_computed_tokens != req.num_prompt_tokens + len(req.output_token_ids) - 1 + lag):
+                return None
+        return running
+
+
+def _decodes_of(step: Step, running: list) -> bool:
+    """`step` decodes every running request, in order, and besides them has only rows of requests
+    that finished since it was planned (async scheduling's wasted last step: they are skipped)."""
+    if step.plan.preempted:
+        return False
+    finished = RequestStatus.PREEMPTED
+    i, count = 0, len(running)
+    for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        if req.status > finished:
+            continue
+        if i == count or req is not running[i] or n != 1 or not samples:
+            return False
+        i += 1
+    return i == count
+
+
+class _StretchPlan(StretchKV):
+    """The numbers of one candidate stretch: units u = 1..U, each "plan step k+lag+u, then finish
+    step k+u" (a sync engine plans the step it then finishes)."""
+
+    def __init__(self, leaper: Leaper, rows: list, in_flight: Step | None, now: float):
+        engine = leaper.engine
+        self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
+        self.kv = engine.state.kv
+        self.admission_first = ADMISSION_FIRST[type(engine.policy)]
+        self.num_rows = len(rows)
+        self.outputs = np.array([len(r.output_token_ids) for r in rows], dtype=np.int64)
+        self.prompts = np.array([r.num_prompt_tokens for r in rows], dtype=np.int64)
+        self.computed = self.prompts + self.outputs - 1 + self.lag
+        self.units = 0
+        self.tokens: list[list[int]] = []
+
+    # ----- how many units are quiet -------------------------------------------------------
+    def fix_units(self, horizon: float) -> bool:
+        units = self._static_limit()
+        if units < MIN_UNITS:
+            return False
+        units = self._time_limit(units, horizon)
+        if units < MIN_UNITS:
+            return False
+        units = self._token_limit(units)
+        if units < MIN_UNITS:
+            return False
+        units = self._kv_limit(units)
+        if units < MIN_UNITS:
+            return False
+        self.units = units
+        self.times = self.times[:units + 1]
+        return True
+
+    def _static_limit(self) -> int:
+        """Units before a length rule, the async last-token skip or max_model_len stop a row."""
+        engine = self.engine
+        max_model_len = engine.config.max_model_len
+        limits = np.array([engine.quick_stop[r.index][1] for r in self.rows], dtype=np.int64)
+        units = int((limits - self.outputs - 1).min())
+        units = min(units, int((max_model_len - 1 - self.computed).min()), MAX_UNITS)
+        if self.lag:
+            max_tokens = np.array([r.sampling_params.max_tokens or max_model_len - r.num_prompt_tokens
+                                   for r in self.rows], dtype=np.int64)
+            units = min(units, int((self.prompts + max_tokens - self.computed - 1).min()))
+        return units
+
+    def _time_limit(self, units: int, horizon: float) -> int:
+        """Units whose finish comes strictly before `horizon`. Fills `self.planned` (durations of
+        the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
+        `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
+        cost_model, computed = self.engine.cost_model, self.computed
+        planned = decode_step_times(cost_model, computed, 0, 1)
+        first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
+        # durations grow with the context: the first one bounds how many fit before the horizon
+        chunk = units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
+        while True:
+            count = min(chunk, units - len(planned))
+            planned = np.concatenate((planned, decode_step_times(cost_model, computed, len(planned), count)))
+            finishing = planned if not self.lag else np.concatenate(([self.in_flight.duration], planned[:-1]))
+            times = np.cumsum(np.concatenate(([self.now], finishing)))  # sequential, as SimPy adds
+            if len(planned) >= units or times[-1] >= horizon:
+                break
+            chunk = max(16, 2 * chunk)
+        self.planned, self.finishing, self.times = planned, finishing, times
+        return min(units, int(np.searchsorted(times, horizon, side="left")) - 1)
+
+    def _token_limit(self, units: int) -> int:
+        """Units before any row's next token could stop it; keeps the tokens of those units."""
+        engine = self.engine
+        tokens = []
+        for req, start in zip(self.rows, self.outputs.tolist()):
+            stream = engine.streams[req.index]
+            stop_ids = engine.quick_stop[req.index][0]
+            span = getattr(stream, "span", None) if units > SPAN_FROM else None
+            if span is not None:
+                span_tokens = span(start, start + units)
+                hits = np.flatnonzero(np.isin(span_tokens, tuple(stop_ids))) if stop_ids else ()
+                if len(hits):
+                    units = int(hits[0])
+                row = span_tokens.tolist()
+            else:
+                row = [stream(p) for p in range(start, start + units)]
+                for i, token in enumerate(row):
+                    if token in stop_ids:
+                        units = i
+                        break
+            tokens.append(row)
+            if units < MIN_UNITS:
+                return units
+        self.tokens = tokens
+        return units
+
+    def _append_tokens(self, units: int) -> None:
+        for req, row in zip(self.rows, self.tokens):
+            req.output_token_ids.extend(row[:units])
+
+    def _truncate_tokens(self) -> None:
+        for req, start in zip(self.rows, self.outputs.tolist()):
+            del req.output_token_ids[start:]
+
+    # ----- applying it ----------------------------------------------------------------------
+    def apply(self) -> Step | None:
+        """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
+        step in flight afterwards (async) or None."""
+        units, rows = self.units, self.rows
+        snapshots = self._replay_kv()
+        self._append_tokens(units)
+        times = self.times
+        finish_times = times[1:].tolist()
+        token_times = self.engine.requests.token_times
+        for req in rows:
+            req.num_computed_tokens += units
+            column = token_times[req.index]
+            if column is not None:
+                column.extend(finish_times)
+        self._record_steps(snapshots)
+        if not self.lag:
+            return None
+        context = (self.computed + units - 1).tolist()
+        scheduled = [(req, 1) for req in rows]
+        batch = BatchShape([1] * self.num_rows, context, self.num_rows)
+        start = self.now if units == 1 else float(times[units - 1])
+        return Step(SchedulerOutput(scheduled), batch, float(self.planned[units - 1]), start, 0,
+                    [True] * self.num_rows)
+
+    def _record_steps(self, snapshots) -> None:
+        """Append the records of the U steps that finished (steps k+1 .. k+U)."""
+        units, lag, times = self.units, self.lag, self.times
+        steps = self.engine.steps
+        starts = [self.now] + times[1:units].tolist()   # `now` kept as it is (SimPy starts at int 0)
+        if lag:
+            starts = [self.in_flight.start] + starts[:-1]
+        finishing = self.finishing[:units]
+        b = self.num_rows
+        used, cached, free = snapshots
+        prefill, batch, sampled = [0] * units, [b] * units, [b] * units
+        if lag:  # the step in flight may still carry rows of requests finished since
+            first = self.in_flight
+            prefill[0] = sum(first.batch.num_new_tokens) - b
+            batch[0] = len(first.plan.scheduled)
+            sampled[0] = first.batch.num_sampled
+        steps.start_time.extend(starts)
+        steps.duration.extend(finishing.tolist())
+        steps.num_prefill_tokens.extend(prefill)
+        steps.num_decode_tokens.extend([b] * units)
+        steps.batch_size.extend(batch)
+        steps.num_sampled.extend(sampled)
+        steps.num_preempted.extend([0] * units)
+        steps.kv_blocks_used.extend(used.tolist())
+        steps.kv_blocks_cached.extend(cached.tolist())
+        steps.kv_blocks_free.extend(free.tolist())
+        steps.num_running.extend([b] * units)
+        steps.num_waiting.extend([len(self.engine.state.waiting)] * units)
+
+
+def _exact_delays(now: float, times: np.ndarray, finishing: np.ndarray, units: int) -> list[float]:
+    """Delays whose SimPy timeouts end exactly at times[units]: one if a single delay lands there
+    bit for bit, else one per step (each added as the step-by-step loop adds it)."""
+    end = float(times[units])
+    delay = end - now
+    for _ in range(4):
+        if now + delay == end:
+            return [delay]
+        delay = math.nextafter(delay, math.inf if now + delay < end else -math.inf)
+    return finishing[:units].tolist()

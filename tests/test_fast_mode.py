@@ -1,0 +1,165 @@
+"""The fast engine (leaps over quiet stretches) gives the reference step-by-step engine's records, bit
+for bit: every step row, request column and token time, over random workloads (issue 15)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels_cost_model.errors import ConfigError
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.core.sampling_params import SamplingParams
+from sim.engine.engine import Engine
+from sim.engine.leap import make_leaper
+from sim.engine.simulation import EngineProcess, run_engine, start_workload
+from workloads import poisson_workload
+from workloads.spec import RequestSpec
+from workloads.token_streams import stream_for
+
+EOS = 2
+
+
+@st.composite
+def long_runs(draw, max_requests: int = 10):
+    """Requests with long decodes (so stretches are long), shared prefixes, stop tokens, stop
+    strings, priorities and client aborts."""
+    specs, t = [], 0.0
+    for i in range(draw(st.integers(1, max_requests))):
+        t += draw(st.sampled_from([0.0, 0.0005, 0.003, 0.02, 0.2]))
+        prefix = draw(st.sampled_from([0, 0, 16, 40]))
+        body = draw(st.lists(st.integers(3, 40), min_size=1, max_size=60))
+        prompt = np.concatenate([np.arange(prefix, dtype=np.int32) + 500, np.asarray(body, np.int32)])
+        stream = draw(st.none() | st.lists(st.integers(2, 12), min_size=1, max_size=120))
+        max_tokens = draw(st.none() | st.integers(1, 150))
+        params = SamplingParams(max_tokens=max_tokens,
+                                min_tokens=min(draw(st.sampled_from([0, 0, 3])), max_tokens or 3),
+                                ignore_eos=draw(st.booleans()),
+                                stop_token_ids=draw(st.sampled_from([(), (), (7,)])),
+                                stop=draw(st.sampled_from([(), (), (), ("\x05\x06",)])))
+        abort = draw(st.none() | st.floats(0.0, 0.5)) if draw(st.integers(0, 4)) == 0 else None
+        specs.append(RequestSpec(t, prompt, output_len=draw(st.integers(1, 200)),
+                                 output_token_ids=None if stream is None else tuple(stream),
+                                 sampling_params=params, request_id=f"r{i}",
+                                 priority=draw(st.integers(0, 2)),
+                                 abort_time_s=None if abort is None else t + abort))
+    return specs
+
+
+@st.composite
+def configs(draw, max_model_len: int = 256):
+    """Random budgets, KV sizes (down to one request's worth: preemptions), block sizes, policies,
+    stop and scheduler profiles, sync or async scheduling."""
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    min_blocks = -(-max_model_len // block_size) + 1
+    chunked = draw(st.booleans())
+    policy = draw(st.sampled_from(["vllm", "vllm", "vllm", "vllm-v0", "sarathi"] if chunked else ["vllm", "vllm-v0"]))
+    whole = not chunked or policy == "vllm-v0"
+    return EngineConfig(
+        block_size=block_size,
+        num_gpu_blocks=draw(st.integers(min_blocks, 4 * min_blocks)),
+        max_model_len=max_model_len,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.integers(max_model_len, 800)) if whole else draw(st.integers(1, 600)),
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 50])),
+        enable_prefix_caching=draw(st.booleans()),
+        scheduler_reserve_full_isl=draw(st.booleans()),
+        scheduling=draw(st.sampled_from(["fcfs", "priority"])),
+        policy=policy,
+        stop_profile=draw(st.sampled_from(["vllm", "vllm-v1-2025", "vllm-v0"])),
+        scheduler_profile=draw(st.sampled_from(["vllm", "vllm-0.19"])),
+        async_scheduling=draw(st.sampled_from([None, True, False])),
+        eos_token_id=EOS,
+    )
+
+
+def run_both(specs, config):
+    step = run_engine(specs, replace(config, mode="step"), LinearCostModel())
+    fast = run_engine(specs, replace(config, mode="fast"), LinearCostModel())
+    return step, fast
+
+
+def assert_identical(step, fast) -> None:
+    """Same step table, request table, token times and end time, compared bit for bit (repr)."""
+    for name, column in step.steps.columns().items():
+        assert repr(list(fast.steps.columns()[name])) == repr(list(column)), f"steps.{name}"
+    for name, column in step.requests.columns().items():
+        assert repr(list(fast.requests.columns()[name])) == repr(list(column)), f"requests.{name}"
+    assert [None if t is None else list(t) for t in fast.requests.token_times] == \
+        [None if t is None else list(t) for t in step.requests.token_times]
+    assert repr(fast.end_time) == repr(step.end_time)
+
+
+@given(long_runs(), configs())
+def test_fast_mode_gives_the_reference_records_bit_for_bit(specs, config):
+    assert_identical(*run_both(specs, config))
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("num_gpu_blocks,rate", [(30_000, 2.0), (30_000, 30.0), (1_500, 30.0)])
+def test_fast_mode_identical_on_sharegpt_runs(async_scheduling, num_gpu_blocks, rate):
+    """Light load, overload with a long queue, and KV so small that requests are preempted."""
+    config = EngineConfig(num_gpu_blocks=num_gpu_blocks, max_model_len=16384, max_num_batched_tokens=8192,
+                          async_scheduling=async_scheduling)
+    workload = poisson_workload(rate=rate, num_requests=120, lengths="sharegpt")
+    step, fast = run_both(workload, config)
+    assert_identical(step, fast)
+    if num_gpu_blocks < 2000:
+        assert sum(step.requests.num_preemptions) > 0  # the case really preempts
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_long_decode_is_leapt_not_stepped(async_scheduling):
+    """One request decoding 500 tokens: nearly all its steps are done by leaps."""
+    spec = RequestSpec(0.0, np.arange(10, dtype=np.int32) + 100, output_len=500,
+                       sampling_params=SamplingParams(max_tokens=None))
+    config = EngineConfig(num_gpu_blocks=200, max_model_len=1024, async_scheduling=async_scheduling, mode="fast")
+    env = simpy.Environment()
+    engine = Engine(config, LinearCostModel(), 200)
+    process = EngineProcess(env, engine)
+    start_workload(env, [spec], process.submit, seed=0)
+    env.run()
+    assert engine.requests.finish_reason == ["stop"] and len(engine.steps) >= 500
+    assert process.leaper.steps_leapt >= 490
+
+
+def test_unknown_mode_is_a_config_error():
+    with pytest.raises(ConfigError, match="mode"):
+        EngineConfig(mode="turbo")
+
+
+def test_no_leaper_where_unsupported():
+    """Invariant checks after every step, and other policies, run step by step."""
+    assert make_leaper(Engine(EngineConfig(check_invariants=True), LinearCostModel(), 1000)) is None
+    assert make_leaper(Engine(EngineConfig(policy="orca", max_num_batched_tokens=8192), LinearCostModel(),
+                              1000)) is None
+
+
+@given(st.none() | st.lists(st.integers(0, 50), max_size=30), st.integers(1, 60), st.integers(0, 9),
+       st.integers(0, 80), st.integers(0, 40))
+def test_a_streams_span_reads_what_its_positions_read(scripted, output_len, index, start, count):
+    spec = RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len,
+                       output_token_ids=None if scripted is None else tuple(scripted))
+    stream = stream_for(spec, index, EOS)
+    assert stream.span(start, start + count).tolist() == [stream(p) for p in range(start, start + count)]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_fast_mode_identical_with_closed_loop_clients_and_until(async_scheduling):
+    """Clients that send their next request when the last one finishes (plus think time), and a run
+    cut short by `until`: leaps never cross either."""
+    from workloads import ClosedLoopClients, Independent, ThinkTime, Uniform
+    config = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, async_scheduling=async_scheduling)
+    workload = ClosedLoopClients(6, 60, Independent(Uniform(1, 300), Uniform(1, 400)),
+                                 think_time=ThinkTime(0.3, cv=1.0))
+    step, fast = run_both(workload, config)
+    assert_identical(step, fast)
+    cut = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, async_scheduling=async_scheduling)
+    until = step.end_time / 3
+    assert_identical(run_engine(workload, replace(cut, mode="step"), LinearCostModel(), until=until),
+                     run_engine(workload, replace(cut, mode="fast"), LinearCostModel(), until=until))

@@ -1,0 +1,119 @@
+"""What speculation costs beyond the target pass: the EAGLE-3 head priced from its own shape and
+the rejection sampler priced by how requests sample (kernels_cost_model.speculative)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels_cost_model import make_cost_model
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.speculative import (EAGLE3_DRAFT_VOCAB_SIZE, SAMPLER_BYTES_PER_LOGIT, ProposerCost,
+                                            default_draft_overhead, drafter_spec, head_cost_model,
+                                            rejection_sampler)
+from sim.core.speculative import SpeculativeConfig
+
+TARGET, GPU, VOCAB = "llama-3.1-8b", "h100", 128256
+
+
+def head(method):
+    return make_cost_model(drafter_spec(method, TARGET), GPU, cpu_overhead=False)
+
+
+def drafting(method, k=3, batch=1, context=300, draft_vocab=None, overhead=0.0):
+    """Seconds to propose k drafts for `batch` requests that each verified k drafts."""
+    model, shape = head_cost_model(method, head(method), draft_vocab)
+    cost = ProposerCost(method, k, model, draft_overhead_s=overhead, shape=shape)
+    return cost(BatchShape([k + 1] * batch, [context] * batch, batch * (k + 1)), [context + 2] * batch,
+                0.01, [k] * batch)
+
+
+def test_eagle3_head_reads_twice_the_hidden_size_and_its_own_vocabulary():
+    model, shape = head_cost_model("eagle3", head("eagle3"))
+    base = head("eagle3")
+    assert model.qkv.weight == pytest.approx(2 * base.qkv.weight)   # [embedding ; hidden] -> q, k, v
+    assert model.lm_head.weight == pytest.approx(base.hidden * EAGLE3_DRAFT_VOCAB_SIZE)
+    assert shape.fc.weight == pytest.approx(3 * base.hidden * base.hidden)  # three target layers fused
+    assert (shape.draft_vocab, shape.target_vocab) == (EAGLE3_DRAFT_VOCAB_SIZE, VOCAB)
+
+
+@given(batch=st.integers(1, 256), k=st.integers(1, 6), context=st.integers(1, 4000),
+       vocabs=st.lists(st.integers(1000, VOCAB - 1), min_size=2, max_size=4, unique=True))
+def test_eagle3_drafting_grows_with_its_draft_vocabulary(batch, k, context, vocabs):
+    """Below the target's vocabulary (at it, vLLM skips the map back and the head is cheaper)."""
+    vocabs = sorted(vocabs)
+    times = [drafting("eagle3", k=k, batch=batch, context=context, draft_vocab=v) for v in vocabs]
+    assert times == sorted(times)
+    assert drafting("eagle3", k=k, batch=batch, context=context, draft_vocab=8000) < drafting(
+        "eagle3", k=k, batch=batch, context=context, draft_vocab=VOCAB)
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+def test_eagle3_head_costs_more_than_eagle1_at_the_same_vocabulary(batch):
+    """Same k, same LM head: EAGLE-3's wider qkv and its three-layer fusion outweigh EAGLE-1's
+    fc; with its 32k draft vocabulary it is the cheaper head on the GPU."""
+    assert drafting("eagle3", batch=batch, draft_vocab=VOCAB) > drafting("eagle", batch=batch)
+    assert drafting("eagle3", batch=batch) < drafting("eagle", batch=batch)
+
+
+def test_eagle3_pays_its_measured_fixed_cost():
+    assert default_draft_overhead("eagle3") > default_draft_overhead("eagle") > 0
+    assert drafting("eagle3", overhead=default_draft_overhead("eagle3")) == pytest.approx(2.14e-3, rel=0.02)
+
+
+def test_a_draft_vocabulary_beyond_the_target_is_a_named_error():
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        head_cost_model("eagle3", head("eagle3"), VOCAB + 1)
+    with pytest.raises(ConfigError, match="speculative_config.draft_vocab_size"):
+        SpeculativeConfig("eagle3", draft_vocab_size=0)
+    with pytest.raises(ConfigError, match="eagle3"):
+        SpeculativeConfig("eagle", draft_vocab_size=32000)
+
+
+def sampler(mode):
+    return rejection_sampler(make_cost_model(TARGET, GPU, cpu_overhead=False), VOCAB, mode)
+
+
+def test_sampling_modes_order_greedy_random_top_p():
+    assert list(SAMPLER_BYTES_PER_LOGIT) == ["greedy", "random", "top_p"]
+    times = [sampler(mode)(512) for mode in SAMPLER_BYTES_PER_LOGIT]
+    assert times == sorted(times) and times[0] < times[1] < times[2]
+    assert sampler("top_p")(0) == 0.0
+    assert sampler("top_p")(512) > 2e-3 > sampler("top_p")(4)  # batch 128 x (1 + 3) vs batch 1
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40))
+def test_the_sampler_prices_every_verified_position_once(drafts):
+    s = sampler("top_p")
+    model, shape = head_cost_model("eagle3", head("eagle3"))
+    rows = len(drafts)
+    batch = BatchShape([d + 1 for d in drafts], [200] * rows, rows + sum(drafts))
+    with_sampler = ProposerCost("eagle3", 5, model, shape=shape, sampler=s)(batch, [202] * rows, 0.01, drafts)
+    without = ProposerCost("eagle3", 5, model, shape=shape)(batch, [202] * rows, 0.01, drafts)
+    assert with_sampler - without == pytest.approx(s(sum(d + 1 for d in drafts if d)))
+
+
+def test_an_unknown_sampling_mode_is_a_named_error():
+    with pytest.raises(ConfigError, match="speculative_config.target_sampling"):
+        SpeculativeConfig("eagle3", target_sampling="nucleus")
+    with pytest.raises(ConfigError, match="speculative_config.target_sampling"):
+        sampler("nucleus")
+
+
+def test_top_p_sampling_slows_a_batch_but_emits_the_same_tokens():
+    from sim.api.simulator import SimulationConfig, simulate
+    from workloads import ClosedLoopClients
+    from workloads.lengths import Fixed, Independent
+
+    def run(sampling):
+        config = SimulationConfig().replace(
+            deployment={"model": TARGET, "gpu": GPU}, engine={"max_model_len": 4096},
+            speculative_config={"method": "eagle3", "num_speculative_tokens": 3, "target_sampling": sampling})
+        return simulate(config, workload=ClosedLoopClients(16, 16, Independent(Fixed(64), Fixed(32)),
+                                                           max_tokens=None)).summary
+
+    greedy, top_p = run("greedy"), run("top_p")
+    assert top_p["output_throughput"] < greedy["output_throughput"]
+    for key in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"):
+        assert top_p[key] == greedy[key]
