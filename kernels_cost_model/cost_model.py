@@ -249,8 +249,9 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
         require(named.device == gpu.name, "calibration", str(calibration),
                 f"is a calibration of {named.device}, not of {gpu.name}")
         return named
-    require("@" not in str(calibration) or Path(calibration).is_file(), "calibration", str(calibration),
-            f"no shipped calibration of that name (shipped variants: {', '.join(shipped_variants())})")
+    require(Path(calibration).is_file(), "calibration", str(calibration),
+            "neither a shipped calibration nor a calibration JSON file (give default, one of the shipped variants:"
+            f" {', '.join(shipped_variants())}, or a file written by servesim calibrate)")
     return load_calibration(calibration)
 
 

@@ -154,8 +154,10 @@ def test_factory_rejects_bad_tensor_parallel_and_names():
         make_cost_model("llama-3.1-8b", "h100", 0)
     with pytest.raises(ConfigError, match="unknown GPU"):
         make_cost_model("llama-3.1-8b", "h1000")
-    with pytest.raises(ConfigError, match="unreadable calibration"):
-        make_cost_model("llama-3.1-8b", "h100", calibration="/nonexistent/cal.json")
+    for name in ("/nonexistent/cal.json", "nosuch"):  # a typo of a name reads no file: say what is accepted
+        with pytest.raises(ConfigError, match="neither a shipped calibration nor a calibration JSON file.*"
+                                              "rtx-pro-6000@vllm-0.19"):
+            make_cost_model("llama-3.1-8b", "h100", calibration=name)
 
 
 def test_calibrated_step_times_are_plausible():
