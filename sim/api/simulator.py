@@ -318,14 +318,12 @@ def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int) -> dict:
 
 
 def check_names(engine: EngineConfig) -> None:
-    """Fail early, with the TOML path, on an unknown policy or stop profile or a step budget below
-    max_num_seqs."""
+    """Fail early, with the TOML path, on an unknown policy or stop profile."""
     from policies import get_policy
     from sim.core.stop_rules import get_profile
     with within("engine"):
         get_policy(engine.policy)
         get_profile(engine.stop_profile)
-        check_step_budget(engine)
 
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,
@@ -337,6 +335,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     """
     config = config or SimulationConfig()
     check_names(config.engine)
+    check_step_budget(config.engine)
     check_model_limits(config)
     cost_model = build_cost_model(config.deployment, config.engine)
     blocks = resolve_num_gpu_blocks(config)

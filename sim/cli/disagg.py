@@ -35,6 +35,7 @@ def run_disagg(args) -> int:
     from sim.planning.disagg import simulate_disaggregated
     from sim.planning.disagg_config import load_disaggregated
     config, disagg = load_disaggregated(args.config)
+    check_pool_budgets(config, disagg)
     if args.seed is not None:
         config = config.replace(seed=args.seed)
     if args.first_token:
@@ -49,6 +50,17 @@ def run_disagg(args) -> int:
         folder = save(out, Path(args.out), summary_json)
         print(f"wrote {folder}")
     return 0
+
+
+def check_pool_budgets(config, disagg) -> None:
+    """Each pool's step budget covers its max_num_seqs, as vLLM requires of every instance."""
+    from kernels_cost_model.errors import ConfigError
+    from sim.api.validation import check_step_budget
+    for pool in ("prefill", "decode"):
+        try:
+            check_step_budget(getattr(disagg, pool).instance_config(config).engine)
+        except ConfigError as exc:
+            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
 
 
 def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:
