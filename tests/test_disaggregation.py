@@ -179,8 +179,8 @@ def test_cli_runs_the_example_and_writes_tables_and_plots(tmp_path, capsys):
 def test_cli_names_a_pool_whose_step_budget_is_below_its_max_num_seqs(tmp_path, capsys):
     from sim.cli.main import main
     path = tmp_path / "pd.toml"
-    path.write_text(open("examples/disagg.toml").read().replace("engine = { max_num_seqs = 512 }",
-                                                                "engine = { max_num_seqs = 512, max_num_batched_tokens = 256 }"))
+    small = "engine = { max_num_seqs = 512, max_num_batched_tokens = 256 }"
+    path.write_text(open("examples/disagg.toml").read().replace("engine = { max_num_seqs = 512 }", small))
     assert main(["disagg", "--config", str(path)]) == 2
     assert capsys.readouterr().err.startswith(
         "servesim: error: disaggregation.decode.engine.max_num_batched_tokens=256: must be >= max_num_seqs=512")
