@@ -27,11 +27,16 @@ from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
 from .roofline import Coeffs
+from .scheduler_cpu import default_scheduler_cpu
 
-#: Engine CPU time per step (scheduling, input preparation, sampling, detokenising outputs).
-#: Assumed defaults (no public measurements in the profiles): base + per request + per token. The
-#: per-request figure can be set per deployment (`cpu_per_request_s`); docs/fidelity.md fits one.
-CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = 2.5e-4, 4e-6, 2e-8
+#: Engine CPU time per step: base + per scheduled request + per scheduled token, our own measurement
+#: of vLLM's scheduler (schedule() + update_from_output()) on one CPU (scheduler_cpu.py, its source in
+#: CPU_SOURCE; benchmarks/measure_scheduler_cpu.py). A serving host's CPU differs: the per-request
+#: figure can be set per deployment (`cpu_per_request_s`) or fitted by `servesim calibrate --from-run`.
+_MEASURED_CPU = default_scheduler_cpu()
+CPU_BASE_S, CPU_PER_REQUEST_S, CPU_PER_TOKEN_S = (_MEASURED_CPU.base_s, _MEASURED_CPU.per_request_s,
+                                                  _MEASURED_CPU.per_token_s)
+CPU_SOURCE = _MEASURED_CPU.source
 
 #: Operator families in a breakdown, in pricing order.
 BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",

@@ -61,6 +61,19 @@ class Results:
         meta = dict(self.meta, slo=slo, percentiles=list(percentiles))
         return Results(self.requests, self.steps, self.token_times, summary, meta)
 
+    def with_client_latency(self, client) -> "Results":
+        """The same run as an HTTP client times it (`sim.api.client.ClientConfig`); the steps, and so the
+        engine's behaviour, are unchanged. Off (all zero) gives the run back as it is."""
+        from sim.api.client import shift_requests, shift_token_times
+        if client.is_off:
+            return self
+        requests = add_latency_columns(shift_requests(self.requests, client))
+        token_times = shift_token_times(self.token_times, client)
+        slo, percentiles = self.meta.get("slo") or {}, self.meta.get("percentiles", METRIC_PERCENTILES)
+        summary = summarize(requests, self.steps, token_times, self.meta["num_gpu_blocks"], slo, percentiles)
+        meta = dict(self.meta, client={"ttft_s": client.ttft_s, "per_token_s": client.per_token_s})
+        return Results(requests, self.steps, token_times, summary, meta)
+
     def tokens(self) -> pd.DataFrame:
         """Long table of token emissions: request index, position, time."""
         rows = [(i, np.arange(len(t)), np.frombuffer(t, dtype=float))

@@ -4,8 +4,9 @@
     results = simulate(SimulationConfig())          # Llama-3.1-8B, one H100, ShareGPT-like Poisson
     print(results.summary["p99_ttft_ms"])
 
-A config is four frozen sections (engine, deployment, workload, slo), a seed and an optional
-`speculative_config` (vLLM's name; see sim.core.speculative); it reads from a
+A config is four frozen sections (engine, deployment, workload, slo), a seed, an optional
+`speculative_config` (vLLM's name; see sim.core.speculative) and an optional `client` (latency an HTTP
+client adds to the results, sim.api.client); it reads from a
 TOML file with the same section and key names (`SimulationConfig.from_toml`).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
+from sim.api.client import ClientConfig
 from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
@@ -137,6 +139,7 @@ class SimulationConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     seed: int = 0
     speculative_config: SpeculativeConfig | None = None  # vLLM's name; None: no speculative decoding
+    client: ClientConfig = field(default_factory=ClientConfig)  # HTTP client's added latency (results only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
@@ -148,7 +151,7 @@ class SimulationConfig:
     def from_dict(cls, data: dict) -> "SimulationConfig":
         """Build from nested dicts keyed like the dataclasses; unknown keys are named errors."""
         sections = {"engine": EngineConfig, "deployment": DeploymentConfig,
-                    "workload": WorkloadConfig, "slo": SLOConfig}
+                    "workload": WorkloadConfig, "slo": SLOConfig, "client": ClientConfig}
         unknown = set(data) - set(sections) - {"seed", "speculative_config"}
         if unknown:
             raise ConfigError(sorted(unknown)[0], data[sorted(unknown)[0]],
@@ -351,7 +354,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}
-    results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta)
+    results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta).with_client_latency(config.client)
     warn_rejections(results.requests, config.engine.max_model_len)
     return results
 

@@ -64,6 +64,7 @@ FIELDS = {
     "trace": ("workload", "path"), "trace_format": ("workload", "format"),
     "target_rate": ("workload", "target_rate"),
     "slo_ttft": ("slo", "ttft_s"), "slo_tpot": ("slo", "tpot_s"), "slo_e2e": ("slo", "e2e_s"),
+    "client_ttft": ("client", "ttft_s"), "client_per_token": ("client", "per_token_s"),
 }
 GOODPUT_NAMES = {"ttft": "slo_ttft", "tpot": "slo_tpot", "e2el": "slo_e2e"}
 
@@ -152,6 +153,12 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                        help=f"{flag.upper()} target, seconds or with a unit: 0.5, 500ms")
     g.add_argument("--goodput", nargs="+", type=goodput_pair, metavar="KEY:MS",
                    help="vllm bench serve's form of the same targets, in ms: ttft:500 tpot:50 e2el:20000")
+    g = p.add_argument_group("HTTP client latency (results only; default off)")
+    g.add_argument("--client-ttft", type=duration, metavar="T",
+                   help="time an HTTP client adds to every request's first token (parsing, tokenisation, "
+                   "streaming), e.g. 5ms; to compare with benchmarks measured over HTTP")
+    g.add_argument("--client-per-token", type=duration, metavar="T",
+                   help="time an HTTP client adds per later token (detokenising, streaming), e.g. 0.1ms")
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:

@@ -13,5 +13,6 @@ class HostFit:
     cpu_per_request_s: float | None = None
 
 
-#: Nothing fitted end to end: measured kernels and collectives, the assumed CPU term.
+#: Nothing fitted end to end: measured kernels and collectives, the CPU term measured on vLLM's
+#: scheduler (kernels_cost_model/scheduler_cpu.py).
 UNFITTED = HostFit()
