@@ -1,0 +1,81 @@
+"""Which elementwise launches find their data in L2: the two byte rates of a memory-bound operator.
+
+An elementwise operator in a forward pass reads what the operator before it just wrote (SiLU-and-mul
+reads the gate/up GEMM's output, a norm reads the residual add's). While that data fits in L2 the
+operator streams it at L2 rates; beyond, at DRAM rates. LLMServingSim's vLLM 0.19 profiles show the
+cliff: on the RTX PRO 6000 (128 MiB L2) `act_fn` of Llama-3.1-8B moves 4.1-4.7 TB/s up to 880 tokens
+(76 MB) and 2.7 TB/s at 928 tokens (80 MB), 1.6-1.9 TB/s beyond 160 MB; on the RTX 4090 (72 MB L2) its
+rate falls from 1.6-1.7 TB/s below 48 MB to 1.1-1.3 TB/s above 64 MB. Both cliffs sit at about 0.6 of
+the L2 (the rest holds weights and the other tensors of the layer): `L2_RESIDENT_FRACTION`, read off
+those two GPUs. A calibration fits each elementwise operator per tier (`elementwise.<op>@l2`,
+`elementwise.<op>@dram`, shape_keys.py); GPUs with no documented L2 size have one tier.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .aiconfigurator_tables import L2_BYTES, SYSTEMS
+from .roofline import Coeffs
+
+#: Share of the L2 an elementwise launch's bytes (read + written) may take and still run at L2 rates.
+L2_RESIDENT_FRACTION = 0.6
+#: L2 bytes per catalog GPU with the source of each figure (AIConfigurator systems' from L2_BYTES).
+GPU_L2_BYTES: dict[str, tuple[int, str]] = {
+    **{SYSTEMS[system]: size for system, size in L2_BYTES.items()},
+    "rtx-4090": (72 * 2**20, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 72 MB L2"),
+}
+
+
+def l2_bytes(gpu: str) -> float | None:
+    """The L2 size of a catalog GPU (a calibration name `gpu@tag` counts as its GPU), or None."""
+    found = GPU_L2_BYTES.get(gpu.split("@", 1)[0])
+    return None if found is None else float(found[0])
+
+
+def elementwise_tier(gpu: str, nbytes: float) -> str | None:
+    """"l2" or "dram" for an elementwise launch moving `nbytes`; None where the L2 size is unknown."""
+    size = l2_bytes(gpu)
+    if size is None:
+        return None
+    return "l2" if nbytes <= L2_RESIDENT_FRACTION * size else "dram"
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseOp:
+    """One elementwise operator of a step: its operator-level coefficients (`base`, what callers that
+    only need a byte rate read) and, where fitted, one set per L2 tier. cost() picks the tier by the
+    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less."""
+
+    base: Coeffs
+    l2: Coeffs | None = None
+    dram: Coeffs | None = None
+    l2_limit: float = 0.0
+
+    @property
+    def s_per_byte(self) -> float:
+        return self.base.s_per_byte
+
+    @property
+    def overhead_s(self) -> float:
+        return self.base.overhead_s
+
+    def cost(self, nbytes: float, rows: float) -> float:
+        """Seconds for one launch moving `nbytes` over `rows` token rows."""
+        if self.l2 is None or self.dram is None:
+            return _linear(self.base, nbytes, rows)
+        near = _linear(self.l2, nbytes, rows)
+        return near if nbytes <= self.l2_limit else max(near, _linear(self.dram, nbytes, rows))
+
+
+def _linear(c: Coeffs, nbytes: float, rows: float) -> float:
+    return nbytes * c.s_per_byte + c.overhead_s + rows * c.s_per_seq
+
+
+def elementwise_op(coeffs: dict, gpu: str, op: str) -> ElementwiseOp:
+    """The elementwise operator `op` of a calibration's coefficients on catalog GPU `gpu`."""
+    base = coeffs.get(f"elementwise.{op}") or coeffs["elementwise"]
+    size = l2_bytes(gpu)
+    l2, dram = coeffs.get(f"elementwise.{op}@l2"), coeffs.get(f"elementwise.{op}@dram")
+    if size is None or l2 is None or dram is None:
+        return ElementwiseOp(base)
+    return ElementwiseOp(base, l2, dram, L2_RESIDENT_FRACTION * size)
