@@ -19,9 +19,9 @@ from kernels_cost_model.errors import ConfigError
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derived_coeffs, shipped_defaults
-from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_rows, operator_seqs
+from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_rows, operator_seqs
 from .roofline_fit import fit_family
-from .shape_keys import coeffs_for_row, shape_key
+from .shape_keys import coeffs_for_row, kernel_cost, shape_key
 
 #: Efficiencies used where nothing was measured: typical fractions of datasheet peaks.
 DEFAULT_EFFICIENCY = {  # family: (compute efficiency, memory efficiency, overhead seconds)
@@ -108,7 +108,7 @@ SHAPE_MIN_SAMPLES = 8
 
 def costs(rows: list[dict]) -> tuple[np.ndarray, ...]:
     """(FLOPs, bytes, measured seconds, tile rows, sequences) arrays for profile rows."""
-    fb = np.array([operator_cost(r) for r in rows], dtype=float).reshape(-1, 2)
+    fb = np.array([kernel_cost(r) for r in rows], dtype=float).reshape(-1, 2)
     return (fb[:, 0], fb[:, 1], np.array([r["measured_s"] for r in rows], dtype=float),
             np.array([operator_rows(r) for r in rows], dtype=float),
             np.array([operator_seqs(r) for r in rows], dtype=float))
@@ -133,7 +133,7 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
     for i, r in enumerate(rows):
         curve = curve_for(cal, r) if cal.curves else None
         out[i] = (curve.time(r["size_bytes"]) if curve is not None
-                  else coeffs_for(cal, r).time(*operator_cost(r), operator_rows(r), operator_seqs(r)))
+                  else coeffs_for(cal, r).time(*kernel_cost(r), operator_rows(r), operator_seqs(r)))
     return out
 
 

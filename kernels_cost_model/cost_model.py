@@ -149,10 +149,12 @@ class RooflineCostModel:
             act_width = self.inter_gpu * self.top_k
         attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         h = self.hidden
-        norm = self.norm.cost(d * (2.0 * t * h + h), t)
-        norms = (2.0 * norm + 2.0 * self.add.cost(d * 3.0 * t * h, t) + self.act.cost(d * 3.0 * t * act_width, t)
-                 + self.rope.cost(d * 2.0 * t * (self.q_gpu + self.kv_gpu), t))
-        once = self.embed.cost(d * 2.0 * t * h, t) + norm
+        rope_width = self.q_gpu + self.kv_gpu
+        norm = self.norm.cost(d * (2.0 * t * h + h), t, d * h)
+        norms = (2.0 * norm + 2.0 * self.add.cost(d * 3.0 * t * h, t, d * h)
+                 + self.act.cost(d * 3.0 * t * act_width, t, d * act_width)
+                 + self.rope.cost(d * 2.0 * t * rope_width, t, d * rope_width))
+        once = self.embed.cost(d * 2.0 * t * h, t, d * h) + norm
         lm = self.lm_head.time(sampled, d) if sampled else 0.0
         ar = 0.0
         tp = self.tensor_parallel_size

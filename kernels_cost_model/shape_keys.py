@@ -21,7 +21,7 @@ import math
 from bisect import bisect_right
 from functools import lru_cache
 
-from .l2_cache import elementwise_tier
+from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
 from .roofline import OPERATOR_FAMILY, Coeffs, operator_cost
 
 #: Families priced per head layout.
@@ -49,6 +49,19 @@ def elementwise_key(row: dict) -> str | None:
     """`elementwise.<op>@<tier>` of an elementwise row on a GPU with a known L2 size, else None."""
     tier = elementwise_tier(str(row.get("device", "")), operator_cost(row)[1])
     return None if tier is None else f"elementwise.{row['operator']}@{tier}"
+
+
+def kernel_cost(row: dict) -> tuple[float, float]:
+    """(FLOPs, bytes) of a profile row as its coefficients price it: an elementwise row's latency side
+    is its waves of token rows and, in the DRAM tier, only the bytes past the L2 limit count
+    (l2_cache.py); every other row is roofline.operator_cost."""
+    flops, nbytes = operator_cost(row)
+    if OPERATOR_FAMILY[row["operator"]] != "elementwise":
+        return flops, nbytes
+    device = str(row.get("device", ""))
+    if elementwise_tier(device, nbytes) == "dram":
+        nbytes = dram_bytes(device, nbytes)
+    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"]), nbytes
 
 
 def shape_key(row: dict) -> str | None:

@@ -28,6 +28,7 @@ def synthetic_rows() -> list[dict]:
         for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
             raw.append(dict(operator="matmul", m=m, n=n, k=k))
         raw.append(dict(operator="add", m=m, n=4096))
+        raw.append(dict(operator="add", m=m, n=14336))  # two widths: bytes and token rows not collinear
     for chunk in (16, 64, 256, 1024, 4096):
         for ctx in (0, 512, 4096, 16384):
             raw.append(dict(operator="prefill_attention", batch=1, chunk=chunk, context=ctx, num_heads=32,
@@ -39,7 +40,8 @@ def synthetic_rows() -> list[dict]:
                                 num_kv_heads=kv_heads, head_dim=128))
     for size in (2**12, 2**16, 2**20, 2**24, 2**27):
         raw.append(dict(operator="all_reduce", size_bytes=size, tp=4))
-    rows = [validate_row({**r, "dtype": "bfloat16", "measured_s": 1.0, "device": "h100-sxm", "source": "synthetic"})
+    # a GPU with no L2 or SM figures (l2_cache.py): elementwise rows are priced by bytes alone
+    rows = [validate_row({**r, "dtype": "bfloat16", "measured_s": 1.0, "device": "l4", "source": "synthetic"})
             for r in raw]
     truth = Calibration("truth", dict(TRUE))
     for r, t in zip(rows, predict(rows, truth)):
