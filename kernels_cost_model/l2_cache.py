@@ -36,10 +36,10 @@ GPU_L2_BYTES: dict[str, tuple[int, str]] = {
     "rtx-4090": (72 * 2**20, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 72 MB L2"),
 }
 
-#: Streaming multiprocessors per catalog GPU with elementwise measurements (datasheet figures).
+#: Streaming multiprocessors of the GPUs whose elementwise measurements are vLLM's own one-block-per-
+#: token kernels (LLMServingSim's vLLM 0.19 profiles); datasheet figures. A100 and H100 are left out on
+#: purpose: their elementwise rows are Vidur's eager PyTorch layers, other kernels.
 SM_COUNT: dict[str, tuple[int, str]] = {
-    "a100-sxm-80gb": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (A100)"),
-    "h100-sxm": (132, "NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (H100 SXM5)"),
     "rtx-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 128 SMs"),
     "rtx-pro-6000": (188, "NVIDIA RTX PRO 6000 Blackwell datasheet: 24,064 CUDA cores = 188 SMs x 128"),
 }
@@ -78,8 +78,9 @@ def elementwise_tier(gpu: str, nbytes: float) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ElementwiseOp:
-    """One elementwise operator of a step: its operator-level coefficients (`base`, what callers that
-    only need a byte rate read) and, where fitted, one set per L2 tier. cost() picks the tier by the
+    """One elementwise operator of a step: its operator-level coefficients (`base`: bytes and launch
+    overhead only, the streaming rate callers outside a layer read: the sampler, the MoE permutes)
+    and, where fitted, one set per L2 tier. cost() picks the tier by the
     launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less."""
 
     base: Coeffs
