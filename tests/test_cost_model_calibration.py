@@ -40,8 +40,7 @@ def synthetic_rows() -> list[dict]:
                                 num_kv_heads=kv_heads, head_dim=128))
     for size in (2**12, 2**16, 2**20, 2**24, 2**27):
         raw.append(dict(operator="all_reduce", size_bytes=size, tp=4))
-    # a GPU with no L2 or SM figures (l2_cache.py): elementwise rows are priced by bytes alone
-    rows = [validate_row({**r, "dtype": "bfloat16", "measured_s": 1.0, "device": "l4", "source": "synthetic"})
+    rows = [validate_row({**r, "dtype": "bfloat16", "measured_s": 1.0, "device": "h100-sxm", "source": "synthetic"})
             for r in raw]
     truth = Calibration("truth", dict(TRUE))
     for r, t in zip(rows, predict(rows, truth)):
