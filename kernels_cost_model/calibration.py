@@ -21,7 +21,7 @@ from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derived_coeffs, shipped_defaults
 from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_rows, operator_seqs
 from .roofline_fit import fit_family
-from .shape_keys import coeffs_for_row, shape_key
+from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key
 
 #: Efficiencies used where nothing was measured: typical fractions of datasheet peaks.
 DEFAULT_EFFICIENCY = {  # family: (compute efficiency, memory efficiency, overhead seconds)
@@ -106,12 +106,18 @@ def uncalibrated(gpu, derived: bool = True) -> Calibration:
 SHAPE_MIN_SAMPLES = 8
 
 
-def costs(rows: list[dict]) -> tuple[np.ndarray, ...]:
-    """(FLOPs, bytes, measured seconds, tile rows, sequences) arrays for profile rows."""
-    fb = np.array([operator_cost(r) for r in rows], dtype=float).reshape(-1, 2)
+def costs(rows: list[dict], plain: bool = False) -> tuple[np.ndarray, ...]:
+    """(FLOPs, bytes, measured seconds, tile rows, sequences) arrays for profile rows. `plain`: bytes
+    and launches only (an elementwise family's or operator's streaming rate, no tiers or row waves)."""
+    fb = np.array([operator_cost(r) if plain else kernel_cost(r) for r in rows], dtype=float).reshape(-1, 2)
+    seqs = np.zeros(len(rows)) if plain else np.array([operator_seqs(r) for r in rows], dtype=float)
     return (fb[:, 0], fb[:, 1], np.array([r["measured_s"] for r in rows], dtype=float),
-            np.array([operator_rows(r) for r in rows], dtype=float),
-            np.array([operator_seqs(r) for r in rows], dtype=float))
+            np.array([operator_rows(r) for r in rows], dtype=float), seqs)
+
+
+def _plain(family: str) -> bool:
+    """Elementwise family and operator fits stay bytes-only: the tiered keys carry the mechanism."""
+    return family == "elementwise"
 
 
 def coeffs_for(cal: "Calibration", row: dict) -> Coeffs:
@@ -132,8 +138,12 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
     out = np.empty(len(rows))
     for i, r in enumerate(rows):
         curve = curve_for(cal, r) if cal.curves else None
-        out[i] = (curve.time(r["size_bytes"]) if curve is not None
-                  else coeffs_for(cal, r).time(*operator_cost(r), operator_rows(r), operator_seqs(r)))
+        if curve is not None:
+            out[i] = curve.time(r["size_bytes"])
+            continue
+        plain = r["family"] == "elementwise" and elementwise_key(r) not in cal.coeffs  # no tier fitted
+        flops, nbytes = operator_cost(r) if plain else kernel_cost(r)
+        out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r))
     return out
 
 
@@ -169,11 +179,11 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
     by_family = _groups(rows, lambda r: r["family"])
     fitted = [f for f in (*FAMILIES, *OPTIONAL_FAMILIES) if len(by_family.get(f, ())) >= 2]
     for fam in fitted:
-        coeffs[fam] = fit_family(*costs(by_family[fam]))
+        coeffs[fam] = fit_family(*costs(by_family[fam], _plain(fam)))
         if fam in PER_OPERATOR_FAMILIES:
             for op, op_rows in sorted(_groups(by_family[fam], lambda r: r["operator"]).items()):
                 if op != fam and len(op_rows) >= PER_OPERATOR_MIN_SAMPLES:
-                    coeffs[f"{fam}.{op}"] = fit_family(*costs(op_rows))
+                    coeffs[f"{fam}.{op}"] = fit_family(*costs(op_rows, _plain(fam)))
     for key, shape_rows in sorted(_groups(rows, shape_key).items()):
         if len(shape_rows) >= SHAPE_MIN_SAMPLES:
             coeffs[key] = fit_family(*costs(shape_rows))

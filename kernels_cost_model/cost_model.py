@@ -23,6 +23,7 @@ from .calibration import Calibration, load_calibration, shipped_calibration, unc
 from .hardware import GPU, get_gpu
 from .expert_sharding import expert_sharded
 from .interconnect import host_gpu
+from .l2_cache import ElementwiseOp, elementwise_op
 from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import FusedMoE, MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
@@ -70,11 +71,11 @@ class RooflineCostModel:
     lm_head: MatmulOp
     prefill: Coeffs
     decode: Coeffs
-    norm: Coeffs
-    act: Coeffs
-    rope: Coeffs
-    add: Coeffs
-    embed: Coeffs
+    norm: ElementwiseOp
+    act: ElementwiseOp
+    rope: ElementwiseOp
+    add: ElementwiseOp
+    embed: ElementwiseOp
     all_reduce: Coeffs
     mixed_decode: tuple[float, float] = (0.0, 0.0)  # s/byte per query head, per KV head; see attention_backend
     all_reduce_curve: CollectiveCurve | None = None  # measured time by size for tp ranks (collectives.py)
@@ -153,12 +154,12 @@ class RooflineCostModel:
             act_width = self.inter_gpu * self.top_k
         attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
         h = self.hidden
-        norms = (2.0 * (d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
-                 + 2.0 * (d * 3.0 * t * h * self.add.s_per_byte + self.add.overhead_s)
-                 + d * 3.0 * t * act_width * self.act.s_per_byte + self.act.overhead_s
-                 + d * 2.0 * t * (self.q_gpu + self.kv_gpu) * self.rope.s_per_byte + self.rope.overhead_s)
-        once = (d * 2.0 * t * h * self.embed.s_per_byte + self.embed.overhead_s
-                + d * (2.0 * t * h + h) * self.norm.s_per_byte + self.norm.overhead_s)
+        rope_width = self.q_gpu + self.kv_gpu
+        norm = self.norm.cost(d * (2.0 * t * h + h), t, d * h)
+        norms = (2.0 * norm + 2.0 * self.add.cost(d * 3.0 * t * h, t, d * h)
+                 + self.act.cost(d * 3.0 * t * act_width, t, d * act_width)
+                 + self.rope.cost(d * 2.0 * t * rope_width, t, d * rope_width))
+        once = self.embed.cost(d * 2.0 * t * h, t, d * h) + norm
         lm = self.lm_head.time(sampled, d) if sampled else 0.0
         ar = 0.0
         tp = self.tensor_parallel_size
@@ -300,8 +301,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     host = host_gpu(hw, interconnect)
     own_host = host is hw  # collectives at this host's measured curves, else at its link's class
 
-    def co(family: str, op: str) -> Coeffs:
-        return cal.coeffs.get(f"{family}.{op}") or cal.coeffs[family]
+    def co(family: str, op: str) -> ElementwiseOp:
+        return elementwise_op(cal.coeffs, hw.name, op)
 
     def mm(op: str, k: float, n: float) -> MatmulOp:
         return matmul_operator(cal, op, k, n)

@@ -33,7 +33,7 @@ def _dense_shape(layer: str, spec: ModelSpec, tp: int, t: int) -> tuple[str, int
         "lm_head": ("lm_head", t, spec.vocab_size // tp, h),
         "act_fn": ("silu_mul", t, inter, 0),
         "layernorm": ("rms_norm", t, h, 0),
-        "final_layernorm": ("rms_norm", t, h, 0),
+        "final_layernorm": ("add_rms_norm", t, h, 0),  # vLLM's model.norm(hidden, residual): fused add
         "rotary_emb": ("rope", t, (heads + kv) * hd, 0),
         "embedding": ("embedding", t, h, 0),
     }

@@ -4,7 +4,7 @@ Columns (blank where an operator does not use one):
 
 | column | meaning |
 |---|---|
-| operator | qkv_proj, o_proj, mlp_up, mlp_down, lm_head, moe_router, matmul, rms_norm, silu_mul, rope, add, embedding, prefill_attention, decode_attention, all_reduce, moe |
+| operator | qkv_proj, o_proj, mlp_up, mlp_down, lm_head, moe_router, matmul, rms_norm, add_rms_norm, silu_mul, rope, add, embedding, prefill_attention, decode_attention, all_reduce, moe |
 | m, n, k | matmul [m x k] @ [k x n]; elementwise ops use m (tokens) and n (width) |
 | batch, chunk, context | attention: requests, new tokens per request, cached tokens per request |
 | num_heads, num_kv_heads, head_dim | attention heads on this GPU |

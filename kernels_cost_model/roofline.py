@@ -27,7 +27,7 @@ SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_
 OPERATOR_FAMILY = {
     "qkv_proj": "matmul", "o_proj": "matmul", "mlp_up": "matmul", "mlp_down": "matmul",
     "lm_head": "matmul", "moe_router": "matmul", "matmul": "matmul",
-    "rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
+    "rms_norm": "elementwise", "add_rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
     "embedding": "elementwise",
     "prefill_attention": "prefill_attention", "decode_attention": "decode_attention",
     "decode_attention_l2": "decode_attention_l2", "all_reduce": "all_reduce", "moe": "moe",
@@ -75,6 +75,8 @@ def elementwise(operator: str, m: float, n: float, dtype_bytes: int) -> tuple[fl
     elems = m * n
     if operator == "rms_norm":       # read x, write y, read the weight vector
         return 0.0, dtype_bytes * (2.0 * elems + n)
+    if operator == "add_rms_norm":   # vLLM's fused residual add + RMSNorm: read x and the residual,
+        return 0.0, dtype_bytes * (4.0 * elems + n)  # write y and the new residual, read the weight
     if operator == "silu_mul":       # read gate and up ([m x 2n]), write [m x n]
         return 0.0, dtype_bytes * 3.0 * elems
     if operator == "add":            # residual: read two, write one
@@ -143,8 +145,13 @@ def operator_rows(row: dict) -> float:
 
 
 def operator_seqs(row: dict) -> float:
-    """Sequences in an attention launch (each pays Coeffs.s_per_seq); 0 for other families."""
-    return row["batch"] if OPERATOR_FAMILY[row["operator"]] in SEQUENCE_FAMILIES else 0.0
+    """Work units that each pay Coeffs.s_per_seq: sequences of an attention launch; token rows of an
+    elementwise launch (vLLM's norm and activation kernels run one thread block per token, so a narrow
+    row costs more than its bytes); 0 for other families."""
+    family = OPERATOR_FAMILY[row["operator"]]
+    if family == "elementwise":
+        return row["m"]
+    return row["batch"] if family in SEQUENCE_FAMILIES else 0.0
 
 
 def operator_cost(row: dict) -> tuple[float, float]:

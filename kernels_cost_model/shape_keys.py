@@ -7,7 +7,9 @@ shapes therefore also hold coefficients per shape, keyed `family@shape`:
 
 - `matmul@<n>x<k>` (output features x input features),
 - `prefill_attention@<heads>/<kv_heads>/<head_dim>`, `decode_attention@...` (heads on one GPU),
-- `moe@<hidden>/<inter>/<experts>/<top_k>` (per GPU).
+- `moe@<hidden>/<inter>/<experts>/<top_k>` (per GPU),
+- `elementwise.<op>@l2`, `elementwise.<op>@dram`: an elementwise operator by where its data sits
+  (l2_cache.py), on GPUs with a documented L2 size.
 
 Lookup: the exact shape; else, for matmuls, bilinear interpolation in (log n, log k) between the four
 grid shapes around it; for attention, the nearest fitted layout with the same head size (distance in
@@ -19,7 +21,8 @@ import math
 from bisect import bisect_right
 from functools import lru_cache
 
-from .roofline import OPERATOR_FAMILY, Coeffs
+from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
+from .roofline import OPERATOR_FAMILY, Coeffs, operator_cost
 
 #: Families priced per head layout.
 ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
@@ -42,9 +45,30 @@ def moe_key(hidden: float, inter: float, experts: float, top_k: float) -> str:
     return f"moe@{_num(hidden)}/{_num(inter)}/{_num(experts)}/{_num(top_k)}"
 
 
+def elementwise_key(row: dict) -> str | None:
+    """`elementwise.<op>@<tier>` of an elementwise row on a GPU with a known L2 size, else None."""
+    tier = elementwise_tier(str(row.get("device", "")), operator_cost(row)[1])
+    return None if tier is None else f"elementwise.{row['operator']}@{tier}"
+
+
+def kernel_cost(row: dict) -> tuple[float, float]:
+    """(FLOPs, bytes) of a profile row as its coefficients price it: an elementwise row's latency side
+    is its waves of token rows and, in the DRAM tier, only the bytes past the L2 limit count
+    (l2_cache.py); every other row is roofline.operator_cost."""
+    flops, nbytes = operator_cost(row)
+    if OPERATOR_FAMILY[row["operator"]] != "elementwise":
+        return flops, nbytes
+    device = str(row.get("device", ""))
+    if elementwise_tier(device, nbytes) == "dram":
+        nbytes = dram_bytes(device, nbytes)
+    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"]), nbytes
+
+
 def shape_key(row: dict) -> str | None:
     """The shape key of a profile row, or None for families priced per operator only."""
     family = OPERATOR_FAMILY[row["operator"]]
+    if family == "elementwise":
+        return elementwise_key(row)
     if row["operator"] == "matmul":
         return matmul_key(row["n"], row["k"])
     if family in ATTENTION_FAMILIES:
@@ -137,4 +161,7 @@ def coeffs_for_row(coeffs: dict, row: dict) -> Coeffs:
         found = attention_coeffs(coeffs, family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
     elif family == "moe":
         found = moe_coeffs(coeffs, row["n"], row["k"], row["num_experts"], row["top_k"])
+    elif family == "elementwise":
+        key = elementwise_key(row)
+        found = coeffs.get(key) if key else None
     return found or coeffs.get(f"{family}.{op}") or coeffs[family]

@@ -45,11 +45,11 @@ passes move per logit (fp32) at the GPU's elementwise bandwidth.
 Defaults (uncertain figures, override per config):
 - NGRAM_FRACTION_OF_STEP = 0.005875: n-gram drafting time as a share of verification, Llama-3.1-8B
   on H100 (SpecDecode-Bench simulator, predictor.py `ngram_draft_percentage`, arXiv 2601.11580).
-- EAGLE3_DRAFT_OVERHEAD_S = 1.15e-3: per-step drafting time the EAGLE-3 head's roofline does not
+- EAGLE3_DRAFT_OVERHEAD_S = 1.10e-3: per-step drafting time the EAGLE-3 head's roofline does not
   see (input preparation, per-pass metadata updates, eager launches between CUDA graphs):
   SpecDecode-Bench's fit of the EAGLE-3 drafter on H100 for Llama-3.1-8B, vLLM v0.10.1
   (predictor.py: 2.135 ms fixed + 0.84 us per draft token + 2.4 ns per KV token; 2.14 ms at batch
-  1, k = 3) minus our roofline of that head's real shape (above) there, 0.99 ms.
+  1, k = 3) minus our roofline of that head's real shape (above) there, 1.04 ms.
 - DRAFT_OVERHEAD_S = 0.5e-3 for the other drafters: the same measurement minus the 1.60 ms our
   roofline gave when it priced the EAGLE-3 head as a target-shaped layer with the target's LM
   head (EAGLE-1's shape); the study measured no other drafter on its own.
@@ -66,7 +66,7 @@ from .models import ModelSpec, get_model
 
 NGRAM_FRACTION_OF_STEP = 0.005875
 DRAFT_OVERHEAD_S = 0.5e-3
-EAGLE3_DRAFT_OVERHEAD_S = 1.15e-3
+EAGLE3_DRAFT_OVERHEAD_S = 1.10e-3
 #: draft_vocab_size of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (its config.json, as copied by SGLang;
 #: also the default of the EAGLE-3 training configs in SpecForge and vllm-project/speculators).
 EAGLE3_DRAFT_VOCAB_SIZE = 32000

@@ -28,6 +28,7 @@ def synthetic_rows() -> list[dict]:
         for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
             raw.append(dict(operator="matmul", m=m, n=n, k=k))
         raw.append(dict(operator="add", m=m, n=4096))
+        raw.append(dict(operator="add", m=m, n=14336))  # two widths: bytes and token rows not collinear
     for chunk in (16, 64, 256, 1024, 4096):
         for ctx in (0, 512, 4096, 16384):
             raw.append(dict(operator="prefill_attention", batch=1, chunk=chunk, context=ctx, num_heads=32,

@@ -1,0 +1,123 @@
+"""Elementwise launches as the GPU runs them: which find their data in L2 (two byte rates), and the
+waves of token rows over the SMs.
+
+An elementwise operator in a forward pass reads what the operator before it just wrote (SiLU-and-mul
+reads the gate/up GEMM's output, a norm reads the residual add's). While that data fits in L2 the
+operator streams it at L2 rates; beyond, at DRAM rates. LLMServingSim's vLLM 0.19 profiles show the
+cliff: on the RTX PRO 6000 (128 MiB L2) `act_fn` of Llama-3.1-8B moves 4.1-4.7 TB/s up to 880 tokens
+(76 MB) and 2.7 TB/s at 928 tokens (80 MB), 1.6-1.9 TB/s beyond 160 MB; on the RTX 4090 (72 MB L2) its
+rate falls from 1.6-1.7 TB/s below 48 MB to 1.1-1.3 TB/s above 64 MB. Both cliffs sit at about 0.6 of
+the L2 (the rest holds weights and the other tensors of the layer): `L2_RESIDENT_FRACTION`, read off
+those two GPUs. A calibration fits each elementwise operator per tier (`elementwise.<op>@l2`,
+`elementwise.<op>@dram`, shape_keys.py); GPUs with no documented L2 size have one tier. Past the
+limit only the bytes beyond it are priced at the DRAM rate (`dram_bytes`): the first ones still hit L2,
+so the rate keeps falling with size (RTX PRO 6000: 3.0 TB/s at 96 MB, 1.6 TB/s past 256 MB).
+
+Waves: vLLM's norm and activation kernels run one thread block per token row, each block streaming its
+row. A launch of m rows runs ceil(m / SMs) waves of one row each per SM; while the rows are few, a
+wave's time is one row's latency, not the bandwidth share of its bytes. `wave_bytes` is that latency
+side, ceil(m / SMs) x row bytes, priced as the roofline's other side (s_per_flop x wave_bytes, the max
+with the byte side): this is what makes wide rows (Qwen3-32B's 25600-wide SiLU) slower per byte than
+narrow ones at the same token count.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .aiconfigurator_tables import L2_BYTES, SYSTEMS
+from .roofline import Coeffs
+
+#: Share of the L2 an elementwise launch's bytes (read + written) may take and still run at L2 rates.
+L2_RESIDENT_FRACTION = 0.6
+#: L2 bytes per catalog GPU with the source of each figure (AIConfigurator systems' from L2_BYTES).
+GPU_L2_BYTES: dict[str, tuple[int, str]] = {
+    **{SYSTEMS[system]: size for system, size in L2_BYTES.items()},
+    "rtx-4090": (72 * 2**20, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 72 MB L2"),
+}
+
+#: Streaming multiprocessors of the GPUs whose elementwise measurements are vLLM's own one-block-per-
+#: token kernels (LLMServingSim's vLLM 0.19 profiles); datasheet figures. A100 and H100 are left out on
+#: purpose: their elementwise rows are Vidur's eager PyTorch layers, other kernels.
+SM_COUNT: dict[str, tuple[int, str]] = {
+    "rtx-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 128 SMs"),
+    "rtx-pro-6000": (188, "NVIDIA RTX PRO 6000 Blackwell datasheet: 24,064 CUDA cores = 188 SMs x 128"),
+}
+
+
+def sm_count(gpu: str) -> float | None:
+    found = SM_COUNT.get(gpu.split("@", 1)[0])
+    return None if found is None else float(found[0])
+
+
+def wave_bytes(gpu: str, rows: float, row_bytes: float) -> float:
+    """Latency side of a one-block-per-row launch: ceil(rows / SMs) x row bytes (0 if SMs unknown)."""
+    sms = sm_count(gpu)
+    return 0.0 if sms is None else math.ceil(rows / sms) * row_bytes
+
+
+def dram_bytes(gpu: str, nbytes: float) -> float:
+    """Bytes of a DRAM-tier launch priced at its DRAM rate: those beyond the L2-resident limit."""
+    size = l2_bytes(gpu)
+    return nbytes if size is None else max(nbytes - L2_RESIDENT_FRACTION * size, 0.0)
+
+
+def l2_bytes(gpu: str) -> float | None:
+    """The L2 size of a catalog GPU (a calibration name `gpu@tag` counts as its GPU), or None."""
+    found = GPU_L2_BYTES.get(gpu.split("@", 1)[0])
+    return None if found is None else float(found[0])
+
+
+def elementwise_tier(gpu: str, nbytes: float) -> str | None:
+    """"l2" or "dram" for an elementwise launch moving `nbytes`; None where the L2 size is unknown."""
+    size = l2_bytes(gpu)
+    if size is None:
+        return None
+    return "l2" if nbytes <= L2_RESIDENT_FRACTION * size else "dram"
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseOp:
+    """One elementwise operator of a step: its operator-level coefficients (`base`: bytes and launch
+    overhead only, the streaming rate callers outside a layer read: the sampler, the MoE permutes)
+    and, where fitted, one set per L2 tier. cost() picks the tier by the
+    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less."""
+
+    base: Coeffs
+    l2: Coeffs | None = None
+    dram: Coeffs | None = None
+    l2_limit: float = 0.0
+    sms: float = 0.0
+
+    @property
+    def s_per_byte(self) -> float:
+        return self.base.s_per_byte
+
+    @property
+    def overhead_s(self) -> float:
+        return self.base.overhead_s
+
+    def cost(self, nbytes: float, rows: float, row_bytes: float) -> float:
+        """Seconds for one launch moving `nbytes` over `rows` token rows of `row_bytes` each."""
+        waves = math.ceil(rows / self.sms) * row_bytes if self.sms else 0.0
+        if self.l2 is None or self.dram is None:
+            return _launch(self.base, nbytes, rows, waves)
+        near = _launch(self.l2, nbytes, rows, waves)
+        if nbytes <= self.l2_limit:
+            return near
+        return max(near, _launch(self.dram, nbytes - self.l2_limit, rows, waves))
+
+
+def _launch(c: Coeffs, nbytes: float, rows: float, waves: float) -> float:
+    side = max(nbytes * c.s_per_byte, waves * c.s_per_flop)
+    return side + c.overhead_s + rows * c.s_per_seq
+
+
+def elementwise_op(coeffs: dict, gpu: str, op: str) -> ElementwiseOp:
+    """The elementwise operator `op` of a calibration's coefficients on catalog GPU `gpu`."""
+    base = coeffs.get(f"elementwise.{op}") or coeffs["elementwise"]
+    size, sms = l2_bytes(gpu), sm_count(gpu) or 0.0
+    l2, dram = coeffs.get(f"elementwise.{op}@l2"), coeffs.get(f"elementwise.{op}@dram")
+    if size is None or l2 is None or dram is None:
+        return ElementwiseOp(base, sms=sms)
+    return ElementwiseOp(base, l2, dram, L2_RESIDENT_FRACTION * size, sms)

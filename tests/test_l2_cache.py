@@ -1,0 +1,81 @@
+"""Elementwise launches priced per L2 tier and per wave of token rows (kernels_cost_model/l2_cache.py)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration
+from kernels_cost_model.l2_cache import (L2_RESIDENT_FRACTION, ElementwiseOp, elementwise_op, elementwise_tier,
+                                         l2_bytes, wave_bytes)
+from kernels_cost_model.roofline import Coeffs, elementwise
+from kernels_cost_model.shape_keys import kernel_cost
+
+PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
+needs_data = pytest.mark.skipif(not (PROFILES / "llmservingsim").is_dir(), reason="shared kernel profiles absent")
+
+
+def test_the_tier_follows_the_documented_l2_size():
+    limit = L2_RESIDENT_FRACTION * 128 * 2**20          # RTX PRO 6000: 128 MiB of L2
+    assert l2_bytes("rtx-pro-6000") == l2_bytes("rtx-pro-6000@vllm-0.19") == 128 * 2**20
+    assert elementwise_tier("rtx-pro-6000", limit) == "l2"
+    assert elementwise_tier("rtx-pro-6000", limit + 1) == "dram"
+    assert elementwise_tier("l4", 1.0) is None           # no documented L2 size: one tier
+
+
+def test_waves_count_token_rows_over_the_sms():
+    assert wave_bytes("rtx-pro-6000", 188, 1000.0) == 1000.0      # 188 SMs: one wave
+    assert wave_bytes("rtx-pro-6000", 189, 1000.0) == 2000.0
+    assert wave_bytes("h100-sxm", 1000, 1000.0) == 0.0             # Vidur's eager kernels: no wave side
+
+
+def test_a_dram_tier_row_is_priced_on_its_bytes_past_the_limit():
+    row = {"operator": "silu_mul", "family": "elementwise", "m": 2048.0, "n": 14336.0, "dtype_bytes": 2,
+           "device": "rtx-pro-6000"}
+    _, nbytes = elementwise("silu_mul", 2048.0, 14336.0, 2)
+    flops, priced = kernel_cost(row)
+    assert priced == pytest.approx(nbytes - L2_RESIDENT_FRACTION * 128 * 2**20)
+    assert flops == np.ceil(2048 / 188) * 14336 * 2
+
+
+@given(st.floats(1e3, 1e9), st.floats(1e3, 1e9), st.integers(1, 4096), st.integers(0, 4096))
+def test_more_bytes_or_rows_never_cost_less(b1, b2, r1, extra):
+    op = ElementwiseOp(Coeffs(0.0, 5e-13, 2e-6), l2=Coeffs(1e-10, 2e-13, 2e-6, 0.0, 1e-9),
+                       dram=Coeffs(0.0, 6e-13, 0.0), l2_limit=8e7, sms=188.0)
+    lo, hi = sorted((b1, b2))
+    assert op.cost(lo, r1, 2e4) <= op.cost(hi, r1 + extra, 2e4)
+
+
+def test_the_cost_model_takes_the_tiers_of_a_calibration_that_has_them():
+    cal = shipped_calibration("rtx-pro-6000")
+    op = elementwise_op(cal.coeffs, "rtx-pro-6000", "silu_mul")
+    assert op.l2 is cal.coeffs["elementwise.silu_mul@l2"] and op.dram is cal.coeffs["elementwise.silu_mul@dram"]
+    assert elementwise_op(cal.coeffs, "l4", "silu_mul").l2 is None
+
+
+@needs_data
+def test_the_silu_cliff_is_priced_on_both_sides():
+    """LLMServingSim's act_fn of Llama-3.1-8B on the RTX PRO 6000 at TP1, below (400 tokens) and past the
+    L2 limit (1024-2032 tokens): the operator's one byte rate misses the rows past it by over 40 %, the
+    two tiers price every one of them within 10 %."""
+    from kernels_cost_model.llmservingsim_profiles import read_shared_profiles
+    rows = [r for r in read_shared_profiles(PROFILES, "RTXPRO6000")
+            if r["operator"] == "silu_mul" and r["n"] == 14336 and r["m"] in (400.0, 1024.0, 1600.0, 2032.0)]
+    assert len(rows) == 4
+    measured = np.array([r["measured_s"] for r in rows])
+    cal = shipped_calibration("rtx-pro-6000")
+    assert np.abs(predict(rows, cal) / measured - 1).max() < 0.10
+    one_rate = cal.coeffs["elementwise.silu_mul"]
+    err = np.array([one_rate.time(*elementwise("silu_mul", r["m"], r["n"], 2)) for r in rows]) / measured - 1
+    assert (err[1:] < -0.40).all()
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["rtx-pro-6000", "rtx-4090", "h100-sxm", "a100-sxm-80gb"])
+def test_elementwise_held_out_error_is_within_the_goal(name):
+    from kernels_cost_model.calibration import relative_errors
+    from kernels_cost_model.gpu_calibration import device_rows
+    _, held = holdout_split([r for r in device_rows(PROFILES, name) if r["family"] == "elementwise"])
+    got = relative_errors(held, shipped_calibration(name))["elementwise"]["median_rel_err"]
+    recorded = shipped_calibration(name).provenance["holdout_error"]["elementwise"]["median_rel_err"]
+    assert got == pytest.approx(recorded) and got < 0.06
