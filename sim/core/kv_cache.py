@@ -62,6 +62,13 @@ class KVCacheManager:
         """Free blocks still holding a reusable prefix."""
         return sum(1 for b in self.free_queue if self.block_hash[b] is not None)
 
+    @property
+    def grows_in_place(self) -> bool:
+        """Whether a running request's growth within the blocks it holds may skip `allocate` (the
+        plain manager, no lookahead slots): callers then inline `allocate`'s hot path."""
+        return (self._plain_growth and not self.num_lookahead_tokens
+                and type(self).allocate is KVCacheManager.allocate)
+
     def blocks_of(self, req: Request) -> list[int]:
         return self.req_blocks.get(req, [])
 
