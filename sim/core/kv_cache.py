@@ -151,7 +151,7 @@ class KVCacheManager:
             for block in cached_blocks:
                 self._touch(block)
                 blocks.append(block)
-            new_blocks = [self._pop_free() for _ in range(fresh)]
+            new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
             total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
@@ -175,6 +175,26 @@ class KVCacheManager:
         self.ref_cnt[block] = 1
         return block
 
+    def _pop_free_many(self, count: int) -> list[int]:
+        """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
+        them (one loop: a prompt takes tens of blocks at once)."""
+        if type(self)._pop_free is not KVCacheManager._pop_free:
+            return [self._pop_free() for _ in range(count)]
+        popitem, block_hash, ref_cnt, cached = self.free_queue.popitem, self.block_hash, self.ref_cnt, self.cached
+        taken = []
+        for _ in range(count):
+            block = popitem(False)[0]
+            old_hash = block_hash[block]
+            if old_hash is not None:
+                holders = cached[old_hash]
+                del holders[block]
+                if not holders:
+                    del cached[old_hash]
+                block_hash[block] = None
+            ref_cnt[block] = 1
+            taken.append(block)
+        return taken
+
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         """Register the request's blocks full within its first `num_tokens` tokens (default: its
         computed tokens) in the prefix cache."""
@@ -186,11 +206,12 @@ class KVCacheManager:
             return
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
+        block_hash, setdefault = self.block_hash, self.cached.setdefault
         for i in range(done, num_full):
             block = blocks[i]
-            if self.block_hash[block] is None:
-                self.block_hash[block] = hashes[i]
-                self.cached.setdefault(hashes[i], {})[block] = None
+            if block_hash[block] is None:
+                block_hash[block] = h = hashes[i]
+                setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:
@@ -206,13 +227,16 @@ class KVCacheManager:
         if not blocks:
             return
         first = []
+        ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
+        uncached_first = self.free_uncached_first
         for block in reversed(blocks):
-            self.ref_cnt[block] -= 1
-            if self.ref_cnt[block] == 0:
-                if self.free_uncached_first and self.block_hash[block] is None:
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if uncached_first and block_hash[block] is None:
                     first.append(block)
                 else:
-                    self.free_queue[block] = None
+                    free_queue[block] = None
         for block in reversed(first):
-            self.free_queue[block] = None
-            self.free_queue.move_to_end(block, last=False)
+            free_queue[block] = None
+            free_queue.move_to_end(block, last=False)
