@@ -66,12 +66,15 @@ class VllmV1Policy(Policy):
             if placeholders and computed + 2 - placeholders >= prompt + max_tokens:
                 i += 1  # its in-flight step already samples its last token
                 continue
+            num_tokens = prompt + len(req.output_token_ids)
             if plain_chunk:
-                num_tokens = prompt + len(req.output_token_ids)
                 n = num_tokens + req.num_spec_tokens + placeholders - computed
                 if 0 < threshold < n:
                     n = threshold
-                n = min(n, budget, max_model_len - 1 - computed)
+                if n > budget:
+                    n = budget
+                if n > max_model_len - 1 - computed:
+                    n = max_model_len - 1 - computed
             else:
                 n = min(self.chunk(state, req, budget), max_model_len - 1 - computed)
             if n <= 0:
@@ -82,7 +85,7 @@ class VllmV1Policy(Policy):
                 total = computed + n
                 if blocks is not None and total <= len(blocks) * block_size:
                     if caching:
-                        target = min(total, prompt + len(req.output_token_ids))
+                        target = total if total < num_tokens else num_tokens
                         if target // block_size > hashed.get(req, 0):
                             kv.cache_full_blocks(req, target)
                     scheduled.append((req, n))

@@ -12,11 +12,18 @@ allocated: `num_gpu_blocks - 1` blocks are usable.
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 
-import numpy as np
-
 from sim.core.request import Request
+
+
+def _int32_bytes(tokens: list[int]) -> bytes:
+    """The tokens as native int32 bytes (what `np.asarray(tokens, np.int32).tobytes()` gives)."""
+    return array(_INT32, tokens).tobytes()
+
+
+_INT32 = next(code for code in "ilh" if array(code).itemsize == 4)
 
 
 class KVCacheManager:
@@ -99,10 +106,10 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else 0
         num_prompt = req.num_prompt_tokens
         first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
-        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes()
+        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
             tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
-            data += np.asarray(tail, dtype=np.int32).tobytes()
+            data += _int32_bytes(tail)
         step = 4 * bs  # int32 token ids: every block is compared as the same bytes
         for start in range(0, len(data), step):
             parent = hash((parent, data[start:start + step]))
