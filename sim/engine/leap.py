@@ -201,10 +201,8 @@ class _StretchPlan(StretchKV):
                 row = span_tokens.tolist()
             else:
                 row = [stream(p) for p in range(start, start + units)]
-                for i, token in enumerate(row):
-                    if token in stop_ids:
-                        units = i
-                        break
+                if not stop_ids.isdisjoint(row):
+                    units = next(i for i, token in enumerate(row) if token in stop_ids)
             tokens.append(row)
             if units < MIN_UNITS:
                 return units

@@ -118,8 +118,10 @@ class StretchKV:
         if kind_list:
             self._append_tokens(units)
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
+                req_hashes, bs = kv.req_hashes, kv.block_size
                 for req, target in zip(self.rows, (self.prompts + self.outputs - 1 + units).tolist()):
-                    kv._hashes(req, target // kv.block_size)
+                    if len(req_hashes.get(req, ())) < target // bs:
+                        kv._hashes(req, target // bs)
             targets = (self.prompts + self.outputs - 1).tolist()
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
