@@ -146,7 +146,7 @@ class Policy:
             if in_place:
                 blocks = req_blocks.get(req)
                 total = req.num_computed_tokens + 1
-                if blocks is not None and total <= len(blocks) * block_size:
+                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
                     if caching:
                         target = min(total, req.num_prompt_tokens + len(req.output_token_ids))
                         if target // block_size > kv.num_hashed_blocks.get(req, 0):

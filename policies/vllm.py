@@ -83,7 +83,7 @@ class VllmV1Policy(Policy):
             if in_place:
                 blocks = req_blocks.get(req)
                 total = computed + n
-                if blocks is not None and total <= len(blocks) * block_size:
+                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
                     if caching:
                         target = total if total < num_tokens else num_tokens
                         if target // block_size > hashed.get(req, 0):

@@ -156,7 +156,8 @@ def test_synthetic_spans_read_what_each_streams_positions_read(rows, count):
                for output_len, index, _ in rows]
     starts = np.array([start for _, _, start in rows], dtype=np.int64)
     tokens = synthetic_spans([s.synthetic for s in streams], starts, count)
-    assert tokens.tolist() == [[s(p) for p in range(start, start + count)] for s, start in zip(streams, starts.tolist())]
+    expected = [[s(p) for p in range(start, start + count)] for s, start in zip(streams, starts.tolist())]
+    assert tokens.tolist() == expected
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])

@@ -71,10 +71,20 @@ class KVCacheManager:
 
     @property
     def grows_in_place(self) -> bool:
-        """Whether a running request's growth within the blocks it holds may skip `allocate` (the
-        plain manager, no lookahead slots): callers then inline `allocate`'s hot path."""
+        """Whether a running request's growth within the blocks it holds (or by one block,
+        `take_next_block`) may skip `allocate` (the plain manager, no lookahead slots): callers then
+        inline `allocate`'s hot path."""
         return (self._plain_growth and not self.num_lookahead_tokens
                 and type(self).allocate is KVCacheManager.allocate)
+
+    def take_next_block(self, blocks: list[int], total: int) -> bool:
+        """`allocate`'s growth by one block, inlined by callers where `grows_in_place`: a running
+        request holding `blocks` needs one more block for `total` tokens and a free one exists (no
+        cached blocks, no lookahead). Takes it and returns True; else changes nothing."""
+        if total > (len(blocks) + 1) * self.block_size or not self.free_queue:
+            return False
+        blocks.extend(self._pop_free_many(1))
+        return True
 
     def blocks_of(self, req: Request) -> list[int]:
         return self.req_blocks.get(req, [])

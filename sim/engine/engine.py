@@ -194,13 +194,16 @@ class Engine:
     def _advance(self, step: Step) -> None:
         """Count the step's tokens as computed now (vLLM advances at schedule time); under async
         scheduling a sampling row leaves a placeholder until its token is known."""
-        for req, n in step.plan.scheduled:
+        if not self.config.is_async:
+            for req, n in step.plan.scheduled:
+                req.num_computed_tokens += n
+                req.num_in_flight_tokens += n
+            return
+        for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_computed_tokens += n
             req.num_in_flight_tokens += n
-        if self.config.is_async:
-            for (req, _), samples in zip(step.plan.scheduled, step.samples):
-                if samples:
-                    req.num_output_placeholders += 1
+            if samples:
+                req.num_output_placeholders += 1
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
         """Apply the step's results at its end: aborts that came meanwhile first, then sample the
