@@ -135,9 +135,11 @@ class Policy:
         preempted request is skipped). Returns the budget left.
         """
         kv, scheduled, running = state.kv, out.scheduled, RequestStatus.RUNNING
-        # KVCacheManager.allocate's hot path, inlined: growth within the blocks a request holds
+        # KVCacheManager.allocate's hot path, inlined: growth within the blocks a request holds or by
+        # one free block
         in_place = kv.grows_in_place
         req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
+        hashed = kv.num_hashed_blocks
         for req in list(state.running if reqs is None else reqs):
             if budget <= 0:
                 break
@@ -148,8 +150,10 @@ class Policy:
                 total = req.num_computed_tokens + 1
                 if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
                     if caching:
-                        target = min(total, req.num_prompt_tokens + len(req.output_token_ids))
-                        if target // block_size > kv.num_hashed_blocks.get(req, 0):
+                        target = req.num_prompt_tokens + len(req.output_token_ids)
+                        if total < target:
+                            target = total
+                        if target // block_size > hashed.get(req, 0):
                             kv.cache_full_blocks(req, target)
                     scheduled.append((req, 1))
                     budget -= 1

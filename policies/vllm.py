@@ -50,7 +50,7 @@ class VllmV1Policy(Policy):
         resumes = self_preemption_continues and state.config.scheduling == "priority"
         kv = state.kv
         # the hot path, inlined: Policy.chunk's sizing, and KVCacheManager.allocate's growth within
-        # the blocks a request holds (fits, nothing to allocate, nobody preempted)
+        # the blocks a request holds or by one free block (fits, nobody preempted)
         plain_chunk = (type(self).chunk is Policy.chunk
                        and type(self).prefill_threshold is VllmV1Policy.prefill_threshold)
         in_place = kv.grows_in_place
