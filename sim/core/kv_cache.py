@@ -224,10 +224,9 @@ class KVCacheManager:
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
         block_hash, setdefault = self.block_hash, self.cached.setdefault
-        for i in range(done, num_full):
-            block = blocks[i]
+        for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
             if block_hash[block] is None:
-                block_hash[block] = h = hashes[i]
+                block_hash[block] = h
                 setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
