@@ -240,8 +240,8 @@ class _StretchPlan(StretchKV):
         """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
         step in flight afterwards (async) or None."""
         units, rows = self.units, self.rows
-        snapshots = self._replay_kv()
         self._append_tokens(units)
+        snapshots = self._replay_kv()
         times = self.times
         finish_times = times[1:].tolist()
         token_times = self.engine.requests.token_times

@@ -106,8 +106,8 @@ class StretchKV:
         return units
 
     def _replay_kv(self):
-        """Make the stretch's block allocations and registrations in order; the KV counters after
-        each unit (used, cached, free) as arrays."""
+        """Make the stretch's block allocations and registrations in order (its tokens already
+        appended); the KV counters after each unit (used, cached, free) as arrays."""
         kv, units = self.kv, self.units
         used = np.empty(units + 1, np.int64)
         cached = np.empty(units + 1, np.int64)
@@ -115,8 +115,7 @@ class StretchKV:
         seen[0] = True
         used[0], cached[0] = kv.num_used_blocks, len(kv.cached)
         unit_list, row_list, kind_list = self.events
-        if kind_list:
-            self._append_tokens(units)
+        if kind_list:  # (the stretch's tokens are appended already: the hashes read them)
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
                 req_hashes, bs = kv.req_hashes, kv.block_size
                 for req, target in zip(self.rows, (self.prompts + self.outputs - 1 + units).tolist()):
@@ -135,7 +134,6 @@ class StretchKV:
                 used[u] = total - len(free_queue)
                 cached[u] = len(kv_cached)
                 seen[u] = True
-            self._truncate_tokens()
         index = np.maximum.accumulate(np.where(seen, np.arange(units + 1), 0))
         used, cached = used[index][1:], cached[index][1:]
         return used, cached, (kv.num_gpu_blocks - 1) - used
