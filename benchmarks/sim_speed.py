@@ -14,9 +14,11 @@ For each it runs both engine modes alternately `--repeat` times and reports the 
 (the machine may be shared), the ratio, requests and output tokens per CPU-second, and checks that the
 two modes' records are identical. `--baseline PATH` also times another checkout (e.g. the main branch
 before this work) on the same scenarios in a subprocess. `--scale` reports peak memory (max RSS of a
-fresh process) and time for 1k/10k/100k requests in fast mode (`--scale 1000000` adds 1M).
+fresh process) and time for 1k/10k/100k requests in fast mode (`--scale 1000000` adds 1M;
+`--no-token-times` repeats each point with `record_token_times` off).
 
     python benchmarks/sim_speed.py [--requests 2000] [--repeat 3] [--baseline ../main] [--scale 100000]
+                                   [--scale-from 1000] [--no-token-times]
 
 For context, issue 15 measured Vidur's loop at about 840/3.6 = 230 requests per wall-second on a 10k-request
 Azure-conversation run (servesim's step engine then: ~840 requests/s on that run).
@@ -45,8 +47,9 @@ SCENARIOS = {  # name: (arrival rate req/s, KV blocks, setup)
 }
 
 
-def run_once(scenario: str, num_requests: int, mode: str | None):
-    """(CPU seconds, records) of one simulation; mode None: the checkout's default engine."""
+def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bool = True):
+    """(CPU seconds, records) of one simulation; mode None: the checkout's default engine;
+    `token_times` False: no per-token times kept (`record_token_times`)."""
     from sim.core.config import EngineConfig
     from sim.core.cost import LinearCostModel
     from sim.engine.simulation import run_engine
@@ -54,6 +57,8 @@ def run_once(scenario: str, num_requests: int, mode: str | None):
 
     rate, blocks, setup = SCENARIOS[scenario]
     kwargs = {} if mode is None else {"mode": mode}
+    if not token_times:
+        kwargs["record_token_times"] = False
     config = EngineConfig(num_gpu_blocks=blocks, max_model_len=setup["max_model_len"], policy=setup["policy"],
                           max_num_batched_tokens=setup["max_num_batched_tokens"],
                           max_num_seqs=setup["max_num_seqs"], **kwargs)
@@ -105,11 +110,11 @@ def _here() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def scale_point(num_requests: int, mode: str) -> dict:
-    """Run in a fresh process: wall time, CPU time and max RSS of one overload run with tables."""
+def scale_point(num_requests: int, mode: str, token_times: bool = True) -> dict:
+    """Run in a fresh process: wall time, CPU time and max RSS of one busy run with tables."""
     code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r});"
             f"import sim_speed as b;"
-            f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r});"
+            f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r}, {token_times!r});"
             f"tables = b.tables(rec); wall = time.perf_counter() - t;"
             f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
             f"'tokens': int(sum(rec.requests.num_output_tokens))}}))")
@@ -133,6 +138,9 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--baseline", help="another checkout to time on the same scenarios")
     parser.add_argument("--scale", type=int, default=0, help="largest request count of the scaling table")
+    parser.add_argument("--scale-from", type=int, default=1000, help="smallest request count of the scaling table")
+    parser.add_argument("--no-token-times", action="store_true",
+                        help="scaling table: also run each point without per-token times")
     args = parser.parse_args()
     print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
     for scenario in args.scenarios.split(","):
@@ -144,11 +152,13 @@ def main() -> None:
         if args.baseline:
             line += f" | baseline {r['baseline']:6.2f}s  x{r['baseline'] / r['fast']:.2f}"
         print(line)
-    n = 1000
+    n = args.scale_from
     while args.scale and n <= args.scale:
-        p = scale_point(n, "fast")
-        print(f"scale {n:>9,d} requests (busy, tables built): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} cpu-s "
-              f"{n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB")
+        for token_times in (True, False) if args.no_token_times else (True,):
+            p = scale_point(n, "fast", token_times)
+            label = "" if token_times else ", no token times"
+            print(f"scale {n:>9,d} requests (busy, tables built{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
+                  f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB")
         n *= 10
 
 

@@ -134,11 +134,30 @@ class Policy:
         Stops when the budget is spent; when KV runs out, preempts victims by recompute (a
         preempted request is skipped). Returns the budget left.
         """
+        kv, scheduled, running = state.kv, out.scheduled, RequestStatus.RUNNING
+        # KVCacheManager.allocate's hot path, inlined: growth within the blocks a request holds or by
+        # one free block
+        in_place = kv.grows_in_place
+        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
+        hashed = kv.num_hashed_blocks
         for req in list(state.running if reqs is None else reqs):
             if budget <= 0:
                 break
-            if req.status != RequestStatus.RUNNING:
+            if req.status != running:
                 continue  # preempted earlier in this step
+            if in_place:
+                blocks = req_blocks.get(req)
+                total = req.num_computed_tokens + 1
+                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
+                    if caching:
+                        target = req.num_prompt_tokens + len(req.output_token_ids)
+                        if total < target:
+                            target = total
+                        if target // block_size > hashed.get(req, 0):
+                            kv.cache_full_blocks(req, target)
+                    scheduled.append((req, 1))
+                    budget -= 1
+                    continue
             fits, refund = self.allocate_or_preempt(state, req, 1, out)
             budget += refund
             if fits:

@@ -48,19 +48,50 @@ class VllmV1Policy(Policy):
         running, scheduled = state.running, out.scheduled
         max_model_len = state.config.max_model_len
         resumes = self_preemption_continues and state.config.scheduling == "priority"
+        kv = state.kv
+        # the hot path, inlined: Policy.chunk's sizing, and KVCacheManager.allocate's growth within
+        # the blocks a request holds or by one free block (fits, nobody preempted)
+        plain_chunk = (type(self).chunk is Policy.chunk
+                       and type(self).prefill_threshold is VllmV1Policy.prefill_threshold)
+        in_place = kv.grows_in_place
+        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
+        hashed = kv.num_hashed_blocks
+        threshold = self._threshold
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             placeholders = req.num_output_placeholders
-            max_tokens = req.sampling_params.max_tokens or max_model_len - req.num_prompt_tokens
-            if (placeholders and req.num_computed_tokens + 2 - placeholders
-                    >= req.num_prompt_tokens + max_tokens):
+            computed, prompt = req.num_computed_tokens, req.num_prompt_tokens
+            max_tokens = req.sampling_params.max_tokens or max_model_len - prompt
+            if placeholders and computed + 2 - placeholders >= prompt + max_tokens:
                 i += 1  # its in-flight step already samples its last token
                 continue
-            n = min(self.chunk(state, req, budget), max_model_len - 1 - req.num_computed_tokens)
+            num_tokens = prompt + len(req.output_token_ids)
+            if plain_chunk:
+                n = num_tokens + req.num_spec_tokens + placeholders - computed
+                if 0 < threshold < n:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                if n > max_model_len - 1 - computed:
+                    n = max_model_len - 1 - computed
+            else:
+                n = min(self.chunk(state, req, budget), max_model_len - 1 - computed)
             if n <= 0:
                 i += 1
                 continue
+            if in_place:
+                blocks = req_blocks.get(req)
+                total = computed + n
+                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
+                    if caching:
+                        target = total if total < num_tokens else num_tokens
+                        if target // block_size > hashed.get(req, 0):
+                            kv.cache_full_blocks(req, target)
+                    scheduled.append((req, n))
+                    budget -= n
+                    i += 1
+                    continue
             num_preempted = len(out.preempted)
             later = running[i + 1:] if resumes else None  # only a priority self-preemption reads it
             fits, refund = self.allocate_or_preempt(state, req, n, out)

@@ -19,7 +19,7 @@ from sim.engine.leap import make_leaper
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
 from workloads.spec import RequestSpec
-from workloads.token_streams import stream_for
+from workloads.token_streams import stream_for, synthetic_spans
 
 EOS = 2
 
@@ -147,6 +147,17 @@ def test_a_streams_span_reads_what_its_positions_read(scripted, output_len, inde
                        output_token_ids=None if scripted is None else tuple(scripted))
     stream = stream_for(spec, index, EOS)
     assert stream.span(start, start + count).tolist() == [stream(p) for p in range(start, start + count)]
+
+
+@given(st.lists(st.tuples(st.none() | st.integers(1, 60), st.integers(0, 10**6), st.integers(0, 80)),
+                min_size=1, max_size=6), st.integers(0, 40))
+def test_synthetic_spans_read_what_each_streams_positions_read(rows, count):
+    streams = [stream_for(RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len), index, EOS)
+               for output_len, index, _ in rows]
+    starts = np.array([start for _, _, start in rows], dtype=np.int64)
+    tokens = synthetic_spans([s.synthetic for s in streams], starts, count)
+    expected = [[s(p) for p in range(start, start + count)] for s, start in zip(streams, starts.tolist())]
+    assert tokens.tolist() == expected
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])

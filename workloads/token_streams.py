@@ -41,7 +41,9 @@ class TokenSource:
 def stream_for(spec, request_index: int, eos_token_id: int):
     """A request's token stream as one cheap callable: position -> token id (the engine's hot path).
 
-    Its `span(start, stop)` gives positions start..stop-1 at once, as an int64 array."""
+    Its `span(start, stop)` gives positions start..stop-1 at once, as an int64 array. A synthetic
+    stream also carries `synthetic` = (offset, EOS position, EOS id) for `synthetic_spans` (None when
+    there is no EOS id)."""
     scripted = spec.output_token_ids
     base = FILLER_BASE_TOKEN_ID
     offset = request_index * 7919
@@ -50,11 +52,25 @@ def stream_for(spec, request_index: int, eos_token_id: int):
         n = len(scripted)
         stream = lambda p: scripted[p] if p < n else base + (offset + p * 104729) % FILLER_SPAN  # noqa: E731
         stream.span = lambda start, stop: _scripted_span(scripted, offset, start, stop)
+        stream.synthetic = None
         return stream
     eos_position = -1 if spec.output_len is None else spec.output_len - 1
     stream = lambda p: eos_token_id if p == eos_position else base + (offset + p * 104729) % FILLER_SPAN  # noqa: E731
     stream.span = lambda start, stop: _synthetic_span(eos_token_id, eos_position, offset, start, stop)
+    stream.synthetic = None if eos_token_id is None else (offset, eos_position, eos_token_id)
     return stream
+
+
+def synthetic_spans(params: list, starts: np.ndarray, count: int) -> np.ndarray:
+    """Positions starts[r] .. starts[r]+count-1 of several synthetic streams at once (rows x count,
+    int64): row r is the stream whose `synthetic` is params[r]."""
+    offsets, eos_positions, eos_ids = (np.array(column, dtype=np.int64) for column in zip(*params))
+    positions = starts[:, None] + np.arange(count, dtype=np.int64)
+    tokens = FILLER_BASE_TOKEN_ID + (offsets[:, None] + positions * 104729) % FILLER_SPAN
+    at_eos = positions == eos_positions[:, None]
+    if at_eos.any():
+        tokens[at_eos] = np.broadcast_to(eos_ids[:, None], tokens.shape)[at_eos]
+    return tokens
 
 
 def _filler_span(offset: int, start: int, stop: int) -> np.ndarray:

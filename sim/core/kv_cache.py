@@ -12,11 +12,18 @@ allocated: `num_gpu_blocks - 1` blocks are usable.
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 
-import numpy as np
-
 from sim.core.request import Request
+
+
+def _int32_bytes(tokens: list[int]) -> bytes:
+    """The tokens as native int32 bytes (what `np.asarray(tokens, np.int32).tobytes()` gives)."""
+    return array(_INT32, tokens).tobytes()
+
+
+_INT32 = next(code for code in "ilh" if array(code).itemsize == 4)
 
 
 class KVCacheManager:
@@ -62,6 +69,23 @@ class KVCacheManager:
         """Free blocks still holding a reusable prefix."""
         return sum(1 for b in self.free_queue if self.block_hash[b] is not None)
 
+    @property
+    def grows_in_place(self) -> bool:
+        """Whether a running request's growth within the blocks it holds (or by one block,
+        `take_next_block`) may skip `allocate` (the plain manager, no lookahead slots): callers then
+        inline `allocate`'s hot path."""
+        return (self._plain_growth and not self.num_lookahead_tokens
+                and type(self).allocate is KVCacheManager.allocate)
+
+    def take_next_block(self, blocks: list[int], total: int) -> bool:
+        """`allocate`'s growth by one block, inlined by callers where `grows_in_place`: a running
+        request holding `blocks` needs one more block for `total` tokens and a free one exists (no
+        cached blocks, no lookahead). Takes it and returns True; else changes nothing."""
+        if total > (len(blocks) + 1) * self.block_size or not self.free_queue:
+            return False
+        blocks.extend(self._pop_free_many(1))
+        return True
+
     def blocks_of(self, req: Request) -> list[int]:
         return self.req_blocks.get(req, [])
 
@@ -92,10 +116,10 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else 0
         num_prompt = req.num_prompt_tokens
         first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
-        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes()
+        data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
             tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
-            data += np.asarray(tail, dtype=np.int32).tobytes()
+            data += _int32_bytes(tail)
         step = 4 * bs  # int32 token ids: every block is compared as the same bytes
         for start in range(0, len(data), step):
             parent = hash((parent, data[start:start + step]))
@@ -144,7 +168,7 @@ class KVCacheManager:
             for block in cached_blocks:
                 self._touch(block)
                 blocks.append(block)
-            new_blocks = [self._pop_free() for _ in range(fresh)]
+            new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
             total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
@@ -168,6 +192,26 @@ class KVCacheManager:
         self.ref_cnt[block] = 1
         return block
 
+    def _pop_free_many(self, count: int) -> list[int]:
+        """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
+        them (one loop: a prompt takes tens of blocks at once)."""
+        if type(self)._pop_free is not KVCacheManager._pop_free:
+            return [self._pop_free() for _ in range(count)]
+        popitem, block_hash, ref_cnt, cached = self.free_queue.popitem, self.block_hash, self.ref_cnt, self.cached
+        taken = []
+        for _ in range(count):
+            block = popitem(False)[0]
+            old_hash = block_hash[block]
+            if old_hash is not None:
+                holders = cached[old_hash]
+                del holders[block]
+                if not holders:
+                    del cached[old_hash]
+                block_hash[block] = None
+            ref_cnt[block] = 1
+            taken.append(block)
+        return taken
+
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         """Register the request's blocks full within its first `num_tokens` tokens (default: its
         computed tokens) in the prefix cache."""
@@ -179,11 +223,11 @@ class KVCacheManager:
             return
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        for i in range(done, num_full):
-            block = blocks[i]
-            if self.block_hash[block] is None:
-                self.block_hash[block] = hashes[i]
-                self.cached.setdefault(hashes[i], {})[block] = None
+        block_hash, setdefault = self.block_hash, self.cached.setdefault
+        for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
+            if block_hash[block] is None:
+                block_hash[block] = h
+                setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:
@@ -199,13 +243,16 @@ class KVCacheManager:
         if not blocks:
             return
         first = []
+        ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
+        uncached_first = self.free_uncached_first
         for block in reversed(blocks):
-            self.ref_cnt[block] -= 1
-            if self.ref_cnt[block] == 0:
-                if self.free_uncached_first and self.block_hash[block] is None:
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if uncached_first and block_hash[block] is None:
                     first.append(block)
                 else:
-                    self.free_queue[block] = None
+                    free_queue[block] = None
         for block in reversed(first):
-            self.free_queue[block] = None
-            self.free_queue.move_to_end(block, last=False)
+            free_queue[block] = None
+            free_queue.move_to_end(block, last=False)

@@ -161,8 +161,8 @@ class Engine:
         scheduled = plan.scheduled
         new = [n for _, n in scheduled]
         context = [r.num_computed_tokens for r, _ in scheduled]
-        samples = [r.num_computed_tokens + n >= r.num_tokens + r.num_output_placeholders
-                   for r, n in scheduled]
+        samples = [c + n >= r.num_prompt_tokens + len(r.output_token_ids) + r.num_output_placeholders
+                   for c, (r, n) in zip(context, scheduled)]
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
@@ -194,11 +194,15 @@ class Engine:
     def _advance(self, step: Step) -> None:
         """Count the step's tokens as computed now (vLLM advances at schedule time); under async
         scheduling a sampling row leaves a placeholder until its token is known."""
-        async_ = self.config.is_async
+        if not self.config.is_async:
+            for req, n in step.plan.scheduled:
+                req.num_computed_tokens += n
+                req.num_in_flight_tokens += n
+            return
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_computed_tokens += n
             req.num_in_flight_tokens += n
-            if samples and async_:
+            if samples:
                 req.num_output_placeholders += 1
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
@@ -254,7 +258,9 @@ class Engine:
             token = streams[index](position)
             output.append(token)
             if caching and not stale and req.status == running:
-                known = min(req.num_computed_tokens - req.num_in_flight_tokens, req.num_prompt_tokens + position + 1)
+                known = req.num_computed_tokens - req.num_in_flight_tokens
+                if known > req.num_prompt_tokens + position + 1:
+                    known = req.num_prompt_tokens + position + 1
                 if known // block_size > hashed.get(req, 0):
                     kv.cache_full_blocks(req, known)
             if position == 0:

@@ -28,6 +28,7 @@ from sim.core.request import RequestStatus
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV
 from sim.engine.engine import Engine, Step
+from workloads.token_streams import synthetic_spans
 
 #: Policies whose pure-decode step is "each running request, in order, one token" and whether they
 #: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
@@ -188,6 +189,9 @@ class _StretchPlan(StretchKV):
     def _token_limit(self, units: int) -> int:
         """Units before any row's next token could stop it; keeps the tokens of those units."""
         engine = self.engine
+        synthetic = [getattr(engine.streams[req.index], "synthetic", None) for req in self.rows]
+        if None not in synthetic:
+            return self._synthetic_token_limit(units, synthetic)
         tokens = []
         for req, start in zip(self.rows, self.outputs.tolist()):
             stream = engine.streams[req.index]
@@ -201,14 +205,26 @@ class _StretchPlan(StretchKV):
                 row = span_tokens.tolist()
             else:
                 row = [stream(p) for p in range(start, start + units)]
-                for i, token in enumerate(row):
-                    if token in stop_ids:
-                        units = i
-                        break
+                if not stop_ids.isdisjoint(row):
+                    units = next(i for i, token in enumerate(row) if token in stop_ids)
             tokens.append(row)
             if units < MIN_UNITS:
                 return units
         self.tokens = tokens
+        return units
+
+    def _synthetic_token_limit(self, units: int, synthetic: list) -> int:
+        """`_token_limit` for rows that all read synthetic streams: every row's tokens at once. The
+        stretch ends before the first token any row may stop on (a token in any row's stop set: a
+        few units too early at worst, which costs only speed)."""
+        quick_stop = self.engine.quick_stop
+        candidates = set().union(*(quick_stop[req.index][0] for req in self.rows))
+        tokens = synthetic_spans(synthetic, self.outputs, units)
+        if candidates:
+            hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
+            if len(hits):
+                units = int(hits[0])
+        self.tokens = tokens[:, :units].tolist()
         return units
 
     def _append_tokens(self, units: int) -> None:
@@ -224,8 +240,8 @@ class _StretchPlan(StretchKV):
         """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
         step in flight afterwards (async) or None."""
         units, rows = self.units, self.rows
-        snapshots = self._replay_kv()
         self._append_tokens(units)
+        snapshots = self._replay_kv()
         times = self.times
         finish_times = times[1:].tolist()
         token_times = self.engine.requests.token_times

@@ -106,8 +106,8 @@ class StretchKV:
         return units
 
     def _replay_kv(self):
-        """Make the stretch's block allocations and registrations in order; the KV counters after
-        each unit (used, cached, free) as arrays."""
+        """Make the stretch's block allocations and registrations in order (its tokens already
+        appended); the KV counters after each unit (used, cached, free) as arrays."""
         kv, units = self.kv, self.units
         used = np.empty(units + 1, np.int64)
         cached = np.empty(units + 1, np.int64)
@@ -115,27 +115,52 @@ class StretchKV:
         seen[0] = True
         used[0], cached[0] = kv.num_used_blocks, len(kv.cached)
         unit_list, row_list, kind_list = self.events
-        if kind_list:
-            self._append_tokens(units)
+        if kind_list:  # (the stretch's tokens are appended already: the hashes read them)
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
+                req_hashes, bs = kv.req_hashes, kv.block_size
                 for req, target in zip(self.rows, (self.prompts + self.outputs - 1 + units).tolist()):
-                    kv._hashes(req, target // kv.block_size)
+                    if len(req_hashes.get(req, ())) < target // bs:
+                        kv._hashes(req, target // bs)
             targets = (self.prompts + self.outputs - 1).tolist()
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
+            register = _registrar(kv)
             for u, r, kind in zip(unit_list, row_list, kind_list):
                 req = rows[r]
                 if kind == 0:
                     req_blocks[req].append(kv._pop_free())
                 else:
-                    kv.cache_full_blocks(req, targets[r] + u)
+                    register(req, targets[r] + u)
                 used[u] = total - len(free_queue)
                 cached[u] = len(kv_cached)
                 seen[u] = True
-            self._truncate_tokens()
         index = np.maximum.accumulate(np.where(seen, np.arange(units + 1), 0))
         used, cached = used[index][1:], cached[index][1:]
         return used, cached, (kv.num_gpu_blocks - 1) - used
+
+
+def _registrar(kv):
+    """`kv.cache_full_blocks(req, num_tokens)` for a plain manager with prefix caching on, as one
+    closure over its tables (a stretch registers a block per row every `block_size` steps)."""
+    block_size, hashed, req_hashes, req_blocks = kv.block_size, kv.num_hashed_blocks, kv.req_hashes, kv.req_blocks
+    block_hash, setdefault = kv.block_hash, kv.cached.setdefault
+
+    def register(req, num_tokens: int) -> None:
+        num_full = num_tokens // block_size
+        done = hashed.get(req, 0)
+        if num_full <= done:
+            return
+        hashes = req_hashes.get(req)
+        if hashes is None or len(hashes) < num_full:
+            hashes = kv._hashes(req, num_full)
+        blocks = req_blocks[req]
+        for i in range(done, num_full):
+            block = blocks[i]
+            if block_hash[block] is None:
+                block_hash[block] = h = hashes[i]
+                setdefault(h, {})[block] = None
+        hashed[req] = num_full
+    return register
 
 
 def periodic(first: np.ndarray, period: int, last: int):
