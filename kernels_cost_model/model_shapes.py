@@ -99,6 +99,12 @@ def num_experts_of(cfg: dict) -> int:
     return int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
 
 
+def num_mtp_layers_of(cfg: dict) -> int:
+    """Multi-token-prediction layers the checkpoint ships, which vLLM's "mtp" proposer drafts with:
+    DeepSeek-V3's `num_nextn_predict_layers`, Qwen3-Next / Qwen3.5's `mtp_num_hidden_layers`."""
+    return int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0)
+
+
 def head_dim_of(cfg: dict, hidden: int, heads: int) -> int:
     """Per-head query width: MLA's nope + rope parts, else head_dim, else hidden / heads."""
     if cfg.get("kv_lora_rank"):

@@ -13,7 +13,7 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 
 from ._catalog import alias_index, normalise, read_catalog, read_config_catalog
-from .model_shapes import LINEAR, extended_fields, head_dim_of, num_experts_of, split_params
+from .model_shapes import LINEAR, extended_fields, head_dim_of, num_experts_of, num_mtp_layers_of, split_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,7 @@ class ModelSpec:
     expert_weight_bytes: float = 0.0       # bytes per routed-expert weight (0 = weight_bytes)
     quant_method: str = ""
     weight_block_size: int = 0             # FP8 block-scale tile (DeepSeek: 128); 0 = per-tensor scales
+    num_mtp_layers: int = 0                # the checkpoint's own multi-token-prediction layers (vLLM's "mtp")
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -193,7 +194,7 @@ def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: st
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2),
-            source=source, **extra,
+            num_mtp_layers=num_mtp_layers_of(cfg), source=source, **extra,
         )
     except KeyError as exc:
         raise ConfigError("model", source, f"config.json lacks required key {exc}") from exc

@@ -26,7 +26,7 @@ from sim.api.version import __version__
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
                                 check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
                                 switch_kind, unresolved_engine_values, warn_rejections)
-from sim.api.spec_setup import build_spec_decoder, check_speculative, spec_num_gpu_blocks
+from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
 
@@ -146,6 +146,7 @@ class SimulationConfig:
         object.__setattr__(self, "engine", resolve_engine(self.engine, self.deployment))
         check_simulation(self)
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
+        check_mtp_layers(self.speculative_config, self.deployment)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":

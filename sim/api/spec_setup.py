@@ -31,6 +31,22 @@ def check_speculative(spec: SpeculativeConfig | None, engine):
     return replace(engine, async_scheduling=False)
 
 
+def check_mtp_layers(spec: SpeculativeConfig | None, deployment) -> None:
+    """vLLM's "mtp" drafts with the target checkpoint's own MTP layers: a model without them is an error.
+    An unknown model is left for simulate() to name."""
+    if spec is None or spec.method != "mtp":
+        return
+    from kernels_cost_model import get_model
+    from kernels_cost_model.errors import ConfigError
+    try:
+        model = get_model(deployment.model)
+    except ConfigError:
+        return
+    require(model.num_mtp_layers > 0, "speculative_config.method", "mtp",
+            f"{model.name} has no multi-token-prediction layers (its config.json sets neither "
+            "num_nextn_predict_layers nor mtp_num_hidden_layers); pick eagle, eagle3, draft_model or ngram")
+
+
 def build_spec_decoder(spec: SpeculativeConfig, deployment, seed: int) -> SpecDecoder:
     """The hook: seeded acceptance model and the proposer's cost for this deployment."""
     acceptance = make_acceptance(spec.method, spec.acceptance_dataset, spec.acceptance_rates, seed)
