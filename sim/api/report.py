@@ -55,10 +55,14 @@ def describe_setup(meta: dict) -> str:
 
 
 def _gpus(meta: dict, dep: dict) -> str:
-    """"2x" for TP 2; "4x (TP 2 x PP 2)" when pipeline stages multiply the GPUs of a replica."""
+    """"2x" for TP 2; "4x (TP 2 x PP 2)" when pipeline stages multiply the GPUs of a replica; "4x (TP 1 x
+    DP 4)" for data-parallel ranks."""
     tp = dep.get("tensor_parallel_size")
     pp = meta.get("pipeline_parallel_size") or (meta.get("pipeline") or {}).get("pipeline_parallel_size") or 1
-    return f"{tp}x" if pp == 1 or tp is None else f"{tp * pp}x (TP {tp} x PP {pp})"
+    dp = dep.get("data_parallel_size") or 1
+    if tp is None or pp == dp == 1:
+        return f"{tp}x"
+    return f"{tp * pp}x (TP {tp} x PP {pp})" if dp == 1 else f"{tp * dp}x (TP {tp} x DP {dp})"
 
 
 def kv_capacity_lines(meta: dict) -> list[str]:

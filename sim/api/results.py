@@ -165,3 +165,24 @@ def _jsonable(value):
     if isinstance(value, (np.floating,)):
         return float(value)
     return str(value)
+
+
+def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:
+    """Global Results of engines run side by side (cluster replicas, DP ranks): requests and steps of
+    all of them (column `replica`), requests by arrival.
+
+    KV occupancy in the global summary is the block-weighted mean of the replicas'.
+    """
+    requests = pd.concat([p.requests.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
+    order = np.argsort(requests["arrival_time"].to_numpy(), kind="stable")
+    requests = requests.iloc[order].reset_index(drop=True)
+    tokens = [t for p in parts for t in p.token_times]
+    tokens = [tokens[i] for i in order]
+    steps = pd.concat([p.steps.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
+    blocks = [p.meta["num_gpu_blocks"] for p in parts]
+    summary = summarize(requests, steps.iloc[0:0], tokens, sum(blocks), slo)
+    for key in ("kv_occupancy_mean", "kv_occupancy_peak", "kv_time_above_90pct"):
+        summary[key] = float(np.average([p.summary[key] for p in parts], weights=blocks))
+    meta = dict(meta, num_gpu_blocks=sum(blocks), block_size=parts[0].meta["block_size"],
+                end_time=max(p.meta["end_time"] for p in parts), slo=slo)
+    return Results(requests, steps, tokens, summary, meta)

@@ -27,7 +27,10 @@ from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds
                                 check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
                                 switch_kind, unresolved_engine_values, warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
+from sim.api.data_parallel import check_data_parallel, run_lockstep
+from sim.api.results import merge_results
 from sim.core.speculative import SpeculativeConfig
+from sim.engine.engine import Engine
 from sim.engine.simulation import run_engine
 
 
@@ -46,6 +49,9 @@ class DeploymentConfig:
         capture graphs after sizing the cache; newer ones estimate it first and log it).
     enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
         (vLLM's --enable-expert-parallel; no effect on a dense model).
+    data_parallel_size: DP ranks (vLLM's --data-parallel-size), each its own engine and KV cache; above 1
+        it needs a MoE model with enable_expert_parallel, TP 1 and the roofline cost model: the ranks step
+        in lockstep through the expert exchange (sim.api.data_parallel).
     interconnect: "auto" (the GPU catalog's link), "nvlink" or "pcie": how the host's GPUs talk, which
         prices the collectives (kernels_cost_model/interconnect.py; roofline only).
     calibration: "default" (the one shipped for the GPU), a named shipped variant such as
@@ -63,6 +69,7 @@ class DeploymentConfig:
     kv_cache_dtype: str = "auto"
     cudagraph_memory_gib: float = 0.0
     enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
     calibration: str = "default"
     interconnect: str = "auto"
 
@@ -147,6 +154,7 @@ class SimulationConfig:
         check_simulation(self)
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
         check_mtp_layers(self.speculative_config, self.deployment)
+        check_data_parallel(self.deployment, self.speculative_config)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":
@@ -341,12 +349,14 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     check_names(config.engine)
     check_step_budget(config.engine)
     check_model_limits(config)
-    cost_model = build_cost_model(config.deployment, config.engine)
-    blocks = resolve_num_gpu_blocks(config)
     traffic = workload
     if traffic is None:
         with within("workload"):
             traffic = config.workload.build(config.engine.eos_token_id, config.engine.max_model_len)
+    if config.deployment.data_parallel_size > 1:
+        return simulate_data_parallel(config, traffic, until=until, progress=progress)
+    cost_model = build_cost_model(config.deployment, config.engine)
+    blocks = resolve_num_gpu_blocks(config)
     spec = config.speculative_config
     hooks = [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []
     records = run_engine(traffic, config.engine, cost_model, blocks, seed=config.seed,
@@ -356,6 +366,31 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}
     results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta).with_client_latency(config.client)
+    warn_rejections(results.requests, config.engine.max_model_len)
+    return results
+
+
+def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, progress=None) -> Results:
+    """DP ranks of a MoE model in lockstep (sim.api.data_parallel): one engine and KV cache per rank, the
+    step priced by ExpertParallelCostModel; Results of all ranks merged (column `replica` = DP rank)."""
+    from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
+    d, e, dp = config.deployment, config.engine.resolved(), config.deployment.data_parallel_size
+    with within("deployment"):
+        cost = ExpertParallelCostModel(build_cost_model(d, config.engine), dp)
+        blocks = e.num_gpu_blocks or ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size,
+                                                        d.gpu_memory_utilization, e.max_num_batched_tokens)
+    check_kv_holds_one_request(config.engine, d, blocks, resolve_kv_layout(config))
+    groups = resolve_kv_groups(config)
+    engines = [Engine(e, cost.base, blocks, kv_groups=groups) for _ in range(dp)]
+    records = run_lockstep(engines, cost, traffic, seed=config.seed, until=until, progress=progress)
+    slo = config.slo.as_dict()
+    meta = {"config": _plain(config), "cost_model": type(cost).__name__,
+            "cost_model_description": describe_cost_model(cost.base), "servesim_version": __version__,
+            "data_parallel_size": dp, "num_gpus": d.tensor_parallel_size * dp}
+    parts = [Results.from_records(r, slo=slo, meta=dict(meta, replica=i)) for i, r in enumerate(records)]
+    results = merge_results(parts, slo, meta)
+    results.summary.update(num_gpus=meta["num_gpus"], data_parallel_size=dp)
+    results = results.with_client_latency(config.client)
     warn_rejections(results.requests, config.engine.max_model_len)
     return results
 

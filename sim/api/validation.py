@@ -48,6 +48,7 @@ def check_deployment(d) -> None:
     """Types and ranges of a DeploymentConfig."""
     check_types(d, "deployment.")
     at_least("deployment.tensor_parallel_size", d.tensor_parallel_size, 1)
+    at_least("deployment.data_parallel_size", d.data_parallel_size, 1)
     require(0 < d.gpu_memory_utilization <= 1, "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization, "must be in (0, 1]")
     one_of("deployment.cost_model", d.cost_model, ("roofline", "linear"))

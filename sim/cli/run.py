@@ -31,6 +31,7 @@ examples:
   servesim run --save-result --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99
   servesim run --rate 2 --speculative-config '{"method": "eagle3", "num_speculative_tokens": 3}'
   servesim run --model llama-3.1-70b -tp 4 -pp 2 --kv-offloading-size 200
+  servesim run --model qwen3-30b-a3b -dp 4 --enable-expert-parallel --request-rate 40
   servesim run --conversations conversation_trace.jsonl --num-prompts 600 --kv-offloading-size 100
 
 exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
@@ -39,7 +40,7 @@ exit codes: 0 success, 1 unexpected failure, 2 usage or configuration error
 # flag dest -> (section, field); a flag left unset leaves the config's value alone
 FIELDS = {
     "model": ("deployment", "model"), "gpu": ("deployment", "gpu"),
-    "tp": ("deployment", "tensor_parallel_size"),
+    "tp": ("deployment", "tensor_parallel_size"), "dp": ("deployment", "data_parallel_size"),
     "gpu_memory_utilization": ("deployment", "gpu_memory_utilization"),
     "cost_model": ("deployment", "cost_model"), "async_scheduling": ("engine", "async_scheduling"),
     "cpu_gpu_overlap": ("deployment", "cpu_gpu_overlap"),
@@ -101,6 +102,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x")
     g.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, metavar="N",
                    help="GPUs per replica (alias --tp)")
+    g.add_argument("--data-parallel-size", "-dp", dest="dp", type=int, metavar="N",
+                   help="DP ranks, each its own engine and KV cache (vLLM's flag; a MoE model with "
+                        "--enable-expert-parallel, TP 1)")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="fraction of GPU memory")
     g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

@@ -1,58 +1,20 @@
 """Data-parallel replay: DP engine replicas in one SimPy environment, stepping in lockstep.
 
-vLLM (0.19) runs one engine core per DP rank. With a MoE model the ranks' forward passes are
-collective (expert parallelism), so all ranks step together; a rank without work runs a dummy batch.
-New requests go to the least-loaded rank by vLLM's DP load-balancing score, 4 x waiting + running
-(`DPLBAsyncMPClient`), lowest rank on ties.
+The lockstep loop and vLLM's DP load balancing live in sim.api.data_parallel (shared with `simulate()`);
+this module replays a measured run's requests through them and tabulates the ranks as one.
 """
 from __future__ import annotations
 
 import pandas as pd
 import simpy
 
+from sim.api.data_parallel import LockstepDP
 from sim.api.simulator import SimulationConfig, build_cost_model
 from sim.engine.engine import Engine
 from sim.api.metrics import add_latency_columns
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
 
 from .tables import Replay, request_table, step_table
-
-
-def lb_score(engine: Engine) -> int:
-    return 4 * len(engine.state.waiting) + len(engine.state.running)
-
-
-class LockstepDP:
-    """DP ranks under one loop: plan every rank, price the step jointly, finish every rank."""
-
-    def __init__(self, env: simpy.Environment, engines: list[Engine], cost: ExpertParallelCostModel):
-        self.env, self.engines, self.cost = env, engines, cost
-        self.wakeup: simpy.Event | None = None
-        env.process(self.loop())
-
-    def submit(self, spec) -> None:
-        rank = min(range(len(self.engines)), key=lambda i: (lb_score(self.engines[i]), i))
-        self.engines[rank].add_request(spec, self.env.now)
-        if self.wakeup is not None and not self.wakeup.triggered:
-            self.wakeup.succeed()
-
-    def loop(self):
-        env = self.env
-        while True:
-            steps = [e.plan_step(env.now) if e.has_work else None for e in self.engines]
-            if all(s is None for s in steps):
-                self.wakeup = env.event()
-                yield self.wakeup
-                self.wakeup = None
-                continue
-            duration = self.cost.step_time([s.batch if s else None for s in steps])
-            for s in steps:
-                if s is not None:
-                    s.duration = duration
-            yield env.timeout(duration)
-            for engine, s in zip(self.engines, steps):
-                if s is not None:
-                    engine.finish_step(s, env.now)
 
 
 def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_parallel: bool) -> Replay:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import simpy
 
@@ -21,8 +20,7 @@ from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_gro
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
-from sim.api.metrics import summarize
-from sim.api.results import Results
+from sim.api.results import Results, merge_results  # noqa: F401 - merge_results re-exported
 from sim.planning.routers import make_router
 from sim.engine.simulation import EngineProcess, check_kv_capacity, start_workload
 
@@ -94,23 +92,3 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 def _engine(config: SimulationConfig) -> Engine:
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
     return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, kv_groups=resolve_kv_groups(config))
-
-
-def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:
-    """Global Results: requests and steps of all replicas (column `replica`), requests by arrival.
-
-    KV occupancy in the global summary is the block-weighted mean of the replicas'.
-    """
-    requests = pd.concat([p.requests.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
-    order = np.argsort(requests["arrival_time"].to_numpy(), kind="stable")
-    requests = requests.iloc[order].reset_index(drop=True)
-    tokens = [t for p in parts for t in p.token_times]
-    tokens = [tokens[i] for i in order]
-    steps = pd.concat([p.steps.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
-    blocks = [p.meta["num_gpu_blocks"] for p in parts]
-    summary = summarize(requests, steps.iloc[0:0], tokens, sum(blocks), slo)
-    for key in ("kv_occupancy_mean", "kv_occupancy_peak", "kv_time_above_90pct"):
-        summary[key] = float(np.average([p.summary[key] for p in parts], weights=blocks))
-    meta = dict(meta, num_gpu_blocks=sum(blocks), block_size=parts[0].meta["block_size"],
-                end_time=max(p.meta["end_time"] for p in parts), slo=slo)
-    return Results(requests, steps, tokens, summary, meta)

@@ -1,0 +1,107 @@
+"""Data parallelism with expert parallelism: vLLM's --data-parallel-size with --enable-expert-parallel.
+
+vLLM (0.19) runs one engine core per DP rank, each with its own scheduler and KV cache (TP 1 here). With
+a MoE model and expert parallelism every MoE layer exchanges tokens between the ranks, so all ranks step
+together; a rank without work runs a dummy batch, and the step lasts as long as the slowest rank
+(kernels_cost_model.expert_parallel prices it). New requests go to the least-loaded rank by vLLM's DP
+load-balancing score, 4 x waiting + running (`DPLBAsyncMPClient`), lowest rank on ties.
+
+Used by `simulate()` when `deployment.data_parallel_size > 1` and by the fidelity replay (sim.fidelity.dp).
+"""
+from __future__ import annotations
+
+import simpy
+
+from kernels_cost_model.errors import require
+from sim.core.invariants import InvariantError
+from sim.engine.engine import Engine
+from sim.engine.simulation import start_workload, watch_finishes
+
+
+def lb_score(engine: Engine) -> int:
+    """vLLM's DP load-balancing score of one rank: 4 x waiting + running."""
+    return 4 * len(engine.state.waiting) + len(engine.state.running)
+
+
+class LockstepDP:
+    """DP ranks under one loop: plan every rank, price the step jointly, finish every rank."""
+
+    def __init__(self, env: simpy.Environment, engines: list[Engine], cost):
+        self.env, self.engines, self.cost = env, engines, cost
+        self.wakeup: simpy.Event | None = None
+        self.done_events: dict = {}
+        for engine in engines:
+            engine.on_finish = self._on_finish
+        env.process(self.loop())
+
+    def submit(self, spec) -> simpy.Event:
+        """Hand a request to the least-loaded rank now; the event succeeds when it finishes."""
+        rank = min(range(len(self.engines)), key=lambda i: (lb_score(self.engines[i]), i))
+        done = self.env.event()
+        req = self.engines[rank].add_request(spec, self.env.now)
+        if req.is_finished:
+            done.succeed(req)
+            return done
+        self.done_events[req] = done
+        if self.wakeup is not None and not self.wakeup.triggered:
+            self.wakeup.succeed()
+        return done
+
+    def _on_finish(self, req) -> None:
+        done = self.done_events.pop(req, None)
+        if done is not None:
+            done.succeed(req)
+
+    def loop(self):
+        env = self.env
+        while True:
+            steps = [e.plan_step(env.now) if e.has_work else None for e in self.engines]
+            if all(s is None for s in steps):
+                self.wakeup = env.event()
+                yield self.wakeup
+                self.wakeup = None
+                continue
+            duration = self.cost.step_time([s.batch if s else None for s in steps])
+            for s in steps:
+                if s is not None:
+                    s.duration = duration
+            yield env.timeout(duration)
+            for engine, s in zip(self.engines, steps):
+                if s is not None:
+                    engine.finish_step(s, env.now)
+
+
+def check_data_parallel(deployment, speculative_config=None) -> None:
+    """What `data_parallel_size > 1` needs here; anything else is a named error."""
+    dp = deployment.data_parallel_size
+    if dp == 1:
+        return
+    field = "deployment.data_parallel_size"
+    require(deployment.enable_expert_parallel, field, dp,
+            "DP > 1 is simulated for MoE models with enable_expert_parallel (ranks in lockstep); "
+            "for independent replicas of a dense model use `servesim capacity` / simulate_cluster")
+    require(deployment.tensor_parallel_size == 1, field, dp,
+            f"DP > 1 is simulated with TP 1 per rank, not tensor_parallel_size="
+            f"{deployment.tensor_parallel_size}")
+    require(deployment.cost_model == "roofline", field, dp,
+            "DP > 1 needs cost_model 'roofline' (the expert exchange is priced per operator)")
+    require(speculative_config is None, field, dp, "DP > 1 with speculative decoding is not simulated")
+    from kernels_cost_model import get_model
+    model = get_model(deployment.model)
+    require(model.is_moe, field, dp, f"{model.name} is not a mixture-of-experts model; DP + EP needs one")
+
+
+def run_lockstep(engines: list[Engine], cost, workload, *, seed: int = 0, until: float | None = None,
+                 progress=None) -> list:
+    """Run `engines` as lockstep DP ranks serving `workload`; the RunRecords of every rank."""
+    env = simpy.Environment()
+    lockstep = LockstepDP(env, engines, cost)
+    if progress is not None:
+        for engine in engines:
+            watch_finishes(env, engine, progress)
+    start_workload(env, workload, lockstep.submit, seed)
+    env.run(until=until)
+    stuck = sum(len(e.by_id) for e in engines)
+    if until is None and stuck:
+        raise InvariantError(f"{stuck} requests never finished")
+    return [e.records(env.now) for e in engines]

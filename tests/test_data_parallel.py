@@ -1,0 +1,63 @@
+"""DP + EP runs (vLLM's --data-parallel-size with --enable-expert-parallel) through simulate() and the CLI."""
+from __future__ import annotations
+
+import pytest
+
+from kernels_cost_model.errors import ConfigError
+from sim import SimulationConfig, simulate
+from sim.cli.main import main
+
+MOE = {"model": "qwen3-30b-a3b", "enable_expert_parallel": True}
+
+
+def config(dp: int, rate: float = 50.0, n: int = 120, **deployment) -> SimulationConfig:
+    return SimulationConfig().replace(deployment={**MOE, "data_parallel_size": dp, **deployment},
+                                      workload={"num_requests": n, "rate": rate})
+
+
+def test_dp_run_is_deterministic_and_finishes_every_request_once():
+    a, b = simulate(config(4, rate=40.0)), simulate(config(4, rate=40.0))
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests)
+    ids = a.requests["request_id"]
+    assert len(ids) == 120 and ids.is_unique
+    assert set(a.requests["replica"]) == {0, 1, 2, 3}  # the load balancer used every rank
+
+
+def test_dp_throughput_exceeds_one_rank_at_high_load():
+    one, four = simulate(config(1, rate=200.0)), simulate(config(4, rate=200.0))
+    assert four.summary["output_throughput"] > 1.5 * one.summary["output_throughput"]
+
+
+def test_dp_counts_every_gpu():
+    results = simulate(config(2, n=20))
+    assert results.summary["num_gpus"] == 2 and results.meta["num_gpus"] == 2
+    assert results.summary["data_parallel_size"] == 2
+
+
+def test_dp_one_equals_the_plain_run():
+    plain = SimulationConfig().replace(deployment=MOE, workload={"num_requests": 30, "rate": 20.0})
+    one = config(1, rate=20.0, n=30)
+    assert simulate(one).summary == simulate(plain).summary
+
+
+@pytest.mark.parametrize("deployment, reason", [
+    ({"data_parallel_size": 0}, ">= 1"),
+    ({"data_parallel_size": 2, "enable_expert_parallel": False}, "enable_expert_parallel"),
+    ({"data_parallel_size": 2, "tensor_parallel_size": 2}, "TP 1"),
+    ({"data_parallel_size": 2, "model": "llama-3.1-8b"}, "mixture-of-experts"),
+    ({"data_parallel_size": 2, "cost_model": "linear"}, "roofline"),
+])
+def test_bad_data_parallel_values_name_the_field(deployment, reason):
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig().replace(deployment={**MOE, **deployment})
+    assert err.value.field == "deployment.data_parallel_size"
+    assert reason in str(err.value)
+
+
+def test_cli_dp_flag_runs_and_bad_value_exits_2(tmp_path, capsys):
+    args = ["run", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "--num-prompts", "20",
+            "--request-rate", "20"]
+    assert main(args + ["-dp", "2", "--out", str(tmp_path / "run")]) == 0
+    assert main(args + ["--data-parallel-size", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "deployment.data_parallel_size" in capsys.readouterr().err
