@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import ConfigError, require
 
 from .collectives import collective_curve
 from .hardware import get_gpu
@@ -87,16 +87,32 @@ class ExpertParallelCostModel:
 
 
 def expert_bytes(model) -> int:
-    """Bytes of the routed experts' weights (gate, up and down projections of every expert)."""
+    """Bytes of the routed experts' weights (gate, up and down projections of every expert in every MoE
+    layer) at their stored precision (FP8, MXFP4 or the model's dtype)."""
+    from .model_shapes import split_params
     from .models import get_model
     spec = get_model(model)
-    return 3 * spec.num_layers * spec.num_experts * spec.hidden_size * spec.moe_intermediate_size * spec.dtype_bytes
+    per_weight = spec.expert_weight_bytes or spec.weight_bytes or spec.dtype_bytes
+    return int(split_params(spec)[1] * per_weight)
 
 
 def ep_kv_cache_blocks(model, gpu, ep: int, block_size: int = 16, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 8192) -> int:
-    """KV blocks per rank when each GPU holds only 1/ep of the experts (TP 1 per rank)."""
-    from .kv_memory import kv_bytes_per_token, kv_cache_blocks
-    freed = expert_bytes(model) * (ep - 1) // ep
-    blocks = kv_cache_blocks(model, gpu, 1, block_size, gpu_memory_utilization, max_num_batched_tokens)
-    return blocks + int(freed // (block_size * kv_bytes_per_token(model, 1)))
+                       max_num_batched_tokens: int = 8192, kv_cache_dtype: str = "auto", *,
+                       max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> int:
+    """KV blocks per rank when each GPU holds only 1/ep of the experts (TP 1 per rank): the TP-1 budget
+    plus the (ep-1)/ep of the experts' bytes a rank does not hold."""
+    from .kv_memory import GIB, kv_bytes_per_token, kv_cache_memory_bytes, kv_layout, total_memory_bytes
+    from .models import get_model
+    spec = get_model(model)
+    free = kv_cache_memory_bytes(spec, gpu, 1, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                                 cudagraph_memory_bytes)
+    freed = expert_bytes(spec) * (ep - 1) // ep
+    if free + freed <= 0:
+        budget = total_memory_bytes(gpu) * gpu_memory_utilization
+        raise ConfigError("gpu", gpu, f"{spec.name} with 1/{ep} of its experts per GPU needs "
+                          f"{(budget - free - freed) / GIB:.1f} GiB but gpu_memory_utilization="
+                          f"{gpu_memory_utilization} leaves {budget / GIB:.1f} GiB: no room for a KV cache")
+    if spec.is_plain and kv_cache_dtype == "auto":
+        block = block_size * kv_bytes_per_token(spec, 1)
+        return int(max(free, 0) // block) + int((freed + min(free, 0)) // block)
+    return int((free + freed) // kv_layout(spec, 1, block_size, kv_cache_dtype).block_bytes)

@@ -61,3 +61,17 @@ def test_cli_dp_flag_runs_and_bad_value_exits_2(tmp_path, capsys):
     assert main(args + ["-dp", "2", "--out", str(tmp_path / "run")]) == 0
     assert main(args + ["--data-parallel-size", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "deployment.data_parallel_size" in capsys.readouterr().err
+
+
+def test_deepseek_v3_runs_as_dp8_ep8_on_h200():
+    """671B of FP8 weights do not fit one GPU; with 1/8 of the experts per rank they do."""
+    results = simulate(SimulationConfig().replace(
+        deployment={"model": "deepseek-v3", "gpu": "h200", "enable_expert_parallel": True, "data_parallel_size": 8},
+        workload={"num_requests": 40, "rate": 20.0}))
+    assert len(results.requests) == 40 and results.summary["num_gpus"] == 8
+
+
+def test_fp8_kv_cache_doubles_the_rank_kv_blocks():
+    from kernels_cost_model.expert_parallel import ep_kv_cache_blocks
+    auto = ep_kv_cache_blocks("qwen3-30b-a3b", "h100", 4)
+    assert ep_kv_cache_blocks("qwen3-30b-a3b", "h100", 4, kv_cache_dtype="fp8") == pytest.approx(2 * auto, rel=1e-3)

@@ -377,8 +377,9 @@ def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, pro
     d, e, dp = config.deployment, config.engine.resolved(), config.deployment.data_parallel_size
     with within("deployment"):
         cost = ExpertParallelCostModel(build_cost_model(d, config.engine), dp)
-        blocks = e.num_gpu_blocks or ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size,
-                                                        d.gpu_memory_utilization, e.max_num_batched_tokens)
+        blocks = e.num_gpu_blocks or ep_kv_cache_blocks(
+            d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization, e.max_num_batched_tokens,
+            d.kv_cache_dtype, max_num_seqs=e.max_num_seqs, cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
     check_kv_holds_one_request(config.engine, d, blocks, resolve_kv_layout(config))
     groups = resolve_kv_groups(config)
     engines = [Engine(e, cost.base, blocks, kv_groups=groups) for _ in range(dp)]
