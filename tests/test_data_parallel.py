@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kernels_cost_model.errors import ConfigError
 from sim import SimulationConfig, simulate
@@ -24,6 +25,16 @@ def test_dp_run_is_deterministic_and_finishes_every_request_once():
     assert set(a.requests["replica"]) == {0, 1, 2, 3}  # the load balancer used every rank
 
 
+@settings(max_examples=6, deadline=None)
+@given(st.integers(2, 5), st.sampled_from([5.0, 40.0, 400.0]), st.integers(0, 3))
+def test_every_request_finishes_once_on_one_rank(dp, rate, seed):
+    results = simulate(config(dp, rate=rate, n=30).replace(seed=seed))
+    requests = results.requests
+    assert len(requests) == 30 and requests["request_id"].is_unique
+    assert requests["replica"].between(0, dp - 1).all()
+    assert (requests["finish_reason"] == "length").all()
+
+
 def test_dp_throughput_exceeds_one_rank_at_high_load():
     one, four = simulate(config(1, rate=200.0)), simulate(config(4, rate=200.0))
     assert four.summary["output_throughput"] > 1.5 * one.summary["output_throughput"]
@@ -33,6 +44,7 @@ def test_dp_counts_every_gpu():
     results = simulate(config(2, n=20))
     assert results.summary["num_gpus"] == 2 and results.meta["num_gpus"] == 2
     assert results.summary["data_parallel_size"] == 2
+    assert results.meta["num_gpu_blocks"] == 2 * results.meta["kv_cache_tokens"] // results.meta["block_size"]
 
 
 def test_dp_one_equals_the_plain_run():
@@ -59,6 +71,7 @@ def test_cli_dp_flag_runs_and_bad_value_exits_2(tmp_path, capsys):
     args = ["run", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "--num-prompts", "20",
             "--request-rate", "20"]
     assert main(args + ["-dp", "2", "--out", str(tmp_path / "run")]) == 0
+    assert "(TP 1 x DP 2)" in (tmp_path / "run" / "summary.txt").read_text()
     assert main(args + ["--data-parallel-size", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "deployment.data_parallel_size" in capsys.readouterr().err
 

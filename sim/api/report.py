@@ -76,8 +76,9 @@ def kv_capacity_lines(meta: dict) -> list[str]:
         return []
     tokens = meta.get("kv_cache_tokens") or blocks * block_size
     concurrency = meta.get("max_concurrency") or tokens / max_len
-    return [f"GPU KV cache size: {tokens:,} tokens",
-            f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x"]
+    rank = " per DP rank" if (meta.get("data_parallel_size") or 1) > 1 else ""
+    return [f"GPU KV cache size: {tokens:,} tokens{rank}",
+            f"Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x{rank}"]
 
 
 def summary_percentiles(summary: dict) -> list[str]:

@@ -387,7 +387,8 @@ def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, pro
     slo = config.slo.as_dict()
     meta = {"config": _plain(config), "cost_model": type(cost).__name__,
             "cost_model_description": describe_cost_model(cost.base), "servesim_version": __version__,
-            "data_parallel_size": dp, "num_gpus": d.tensor_parallel_size * dp}
+            "data_parallel_size": dp, "num_gpus": d.tensor_parallel_size * dp,
+            **{k: v for k, v in kv_capacity_meta(config, blocks).items() if k != "num_gpu_blocks"}}  # per rank
     parts = [Results.from_records(r, slo=slo, meta=dict(meta, replica=i)) for i, r in enumerate(records)]
     results = merge_results(parts, slo, meta)
     results.summary.update(num_gpus=meta["num_gpus"], data_parallel_size=dp)
