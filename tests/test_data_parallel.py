@@ -88,3 +88,10 @@ def test_fp8_kv_cache_doubles_the_rank_kv_blocks():
     from kernels_cost_model.expert_parallel import ep_kv_cache_blocks
     auto = ep_kv_cache_blocks("qwen3-30b-a3b", "h100", 4)
     assert ep_kv_cache_blocks("qwen3-30b-a3b", "h100", 4, kv_cache_dtype="fp8") == pytest.approx(2 * auto, rel=1e-3)
+
+
+def test_dp_with_pipeline_stages_or_kv_offloading_names_the_field(tmp_path, capsys):
+    args = ["run", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "-dp", "2", "--num-prompts", "5"]
+    for extra in (["-pp", "2"], ["--kv-offloading-size", "10"]):
+        assert main(args + extra + ["--out", str(tmp_path / extra[0].strip("-"))]) == 2
+        assert "deployment.data_parallel_size" in capsys.readouterr().err

@@ -91,6 +91,13 @@ def check_data_parallel(deployment, speculative_config=None) -> None:
     require(model.is_moe, field, dp, f"{model.name} is not a mixture-of-experts model; DP + EP needs one")
 
 
+def single_rank_only(deployment, what: str) -> None:
+    """A named error where `what` (pipeline stages, KV offloading, cluster replicas) meets DP > 1."""
+    dp = deployment.data_parallel_size
+    require(dp == 1, "deployment.data_parallel_size", dp,
+            f"{what} is simulated with one DP rank; drop one of the two")
+
+
 def run_lockstep(engines: list[Engine], cost, workload, *, seed: int = 0, until: float | None = None,
                  progress=None) -> list:
     """Run `engines` as lockstep DP ranks serving `workload`; the RunRecords of every rank."""

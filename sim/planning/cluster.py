@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 import simpy
 
+from sim.api.data_parallel import single_rank_only
 from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_groups, resolve_num_gpu_blocks
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require
@@ -90,5 +91,6 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 
 
 def _engine(config: SimulationConfig) -> Engine:
+    single_rank_only(config.deployment, "a cluster of replicas")
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
     return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, kv_groups=resolve_kv_groups(config))

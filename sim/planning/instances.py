@@ -18,6 +18,7 @@ import simpy
 
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
+from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
                                resolve_num_gpu_blocks, within)
@@ -60,6 +61,7 @@ class InstanceShape:
 def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
                  num_gpu_blocks: int | None = None) -> tuple[Engine, ReloadPricing | None]:
     """The engine of one instance (config already through `shape.config`) and its reload hook, if any."""
+    single_rank_only(config.deployment, "a deployment of instances")
     check_names(config.engine)
     e = config.engine
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)

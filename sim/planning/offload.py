@@ -18,6 +18,7 @@ import simpy
 
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link, kv_transfer_bytes
+from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
@@ -79,6 +80,7 @@ class ReloadPricing(EngineHook):
 def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, workload=None,
                      until: float | None = None) -> Results:
     """One engine with a CPU KV tier serving config.workload (or `workload`)."""
+    single_rank_only(config.deployment, "KV offloading")
     check_names(config.engine)
     e = config.engine
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), e)

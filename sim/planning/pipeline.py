@@ -21,6 +21,7 @@ import simpy
 
 from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
+from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, within
 from sim.core.invariants import InvariantError
@@ -101,6 +102,7 @@ class PipelineProcess(EngineProcess):
 def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
                       until: float | None = None) -> Results:
     """One TP x PP engine serving config.workload (or `workload`)."""
+    single_rank_only(config.deployment, "pipeline parallelism")
     config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
     check_names(config.engine)
     d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
