@@ -95,3 +95,16 @@ def test_dp_with_pipeline_stages_or_kv_offloading_names_the_field(tmp_path, caps
     for extra in (["-pp", "2"], ["--kv-offloading-size", "10"]):
         assert main(args + extra + ["--out", str(tmp_path / extra[0].strip("-"))]) == 2
         assert "deployment.data_parallel_size" in capsys.readouterr().err
+
+
+def test_client_aborts_reach_the_rank_that_holds_the_request():
+    import dataclasses
+    from workloads import poisson_workload
+    from workloads.rng import make_rng
+    specs = list(poisson_workload(40.0, 40, "sharegpt").iter_requests(make_rng(0, "workload")))
+    specs = [dataclasses.replace(s, abort_time_s=s.arrival_time_s + 0.5) if i % 2 else s
+             for i, s in enumerate(specs)]
+    results = simulate(config(2), workload=specs)
+    reasons = results.requests["finish_reason"]
+    assert len(results.requests) == 40 and (reasons == "abort").sum() > 0
+    assert reasons.isin(["abort", "length"]).all()

@@ -43,9 +43,19 @@ class LockstepDP:
             done.succeed(req)
             return done
         self.done_events[req] = done
+        if spec.abort_time_s is not None:
+            self.env.process(self._abort_at(self.engines[rank], req.request_id, spec.abort_time_s))
+        self._wake()
+        return done
+
+    def _abort_at(self, engine: Engine, request_id: str, when: float):
+        yield self.env.timeout(max(0.0, when - self.env.now))
+        engine.abort(request_id, self.env.now)
+        self._wake()
+
+    def _wake(self) -> None:
         if self.wakeup is not None and not self.wakeup.triggered:
             self.wakeup.succeed()
-        return done
 
     def _on_finish(self, req) -> None:
         done = self.done_events.pop(req, None)
