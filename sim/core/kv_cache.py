@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from itertools import islice
 
 from sim.core.request import Request
 
@@ -83,7 +84,7 @@ class KVCacheManager:
         cached blocks, no lookahead). Takes it and returns True; else changes nothing."""
         if total > (len(blocks) + 1) * self.block_size or not self.free_queue:
             return False
-        blocks.extend(self._pop_free_many(1))
+        blocks.append(self._pop_free())
         return True
 
     def blocks_of(self, req: Request) -> list[int]:
@@ -197,19 +198,19 @@ class KVCacheManager:
         them (one loop: a prompt takes tens of blocks at once)."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
-        popitem, block_hash, ref_cnt, cached = self.free_queue.popitem, self.block_hash, self.ref_cnt, self.cached
-        taken = []
-        for _ in range(count):
-            block = popitem(False)[0]
+        free_queue, block_hash, ref_cnt, cached = self.free_queue, self.block_hash, self.ref_cnt, self.cached
+        taken = list(islice(free_queue, count))
+        for block in taken:
+            del free_queue[block]
             old_hash = block_hash[block]
-            if old_hash is not None:
+            if old_hash is not None:  # evict the cached prefix it held
                 holders = cached[old_hash]
-                del holders[block]
-                if not holders:
+                if len(holders) == 1:  # the usual case: it was the only holder
                     del cached[old_hash]
+                else:
+                    del holders[block]
                 block_hash[block] = None
             ref_cnt[block] = 1
-            taken.append(block)
         return taken
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -242,17 +243,16 @@ class KVCacheManager:
             self.req_hashes.pop(req, None)
         if not blocks:
             return
-        first = []
         ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
-        uncached_first = self.free_uncached_first
-        for block in reversed(blocks):
-            count = ref_cnt[block] - 1
-            ref_cnt[block] = count
-            if count == 0:
-                if uncached_first and block_hash[block] is None:
-                    first.append(block)
-                else:
-                    free_queue[block] = None
-        for block in reversed(first):
+        blocks = blocks[::-1]  # tail first
+        for block in blocks:  # a request holds each block once
+            ref_cnt[block] -= 1
+        released = [block for block in blocks if not ref_cnt[block]]
+        if not self.free_uncached_first:
+            free_queue.update(dict.fromkeys(released))
+            return
+        free_queue.update(dict.fromkeys([block for block in released if block_hash[block] is not None]))
+        move_to_end = free_queue.move_to_end
+        for block in reversed([block for block in released if block_hash[block] is None]):
             free_queue[block] = None
-            free_queue.move_to_end(block, last=False)
+            move_to_end(block, last=False)
