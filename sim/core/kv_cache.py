@@ -224,11 +224,14 @@ class KVCacheManager:
             return
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        block_hash, setdefault = self.block_hash, self.cached.setdefault
+        block_hash, cached = self.block_hash, self.cached
         for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
             if block_hash[block] is None:
                 block_hash[block] = h
-                setdefault(h, {})[block] = None
+                if h in cached:  # another block holds it already (the first holder stays first)
+                    cached[h][block] = None
+                else:
+                    cached[h] = {block: None}
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:
