@@ -246,16 +246,17 @@ class KVCacheManager:
             self.req_hashes.pop(req, None)
         if not blocks:
             return
+        first = []
         ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
-        blocks = blocks[::-1]  # tail first
-        for block in blocks:  # a request holds each block once
-            ref_cnt[block] -= 1
-        released = [block for block in blocks if not ref_cnt[block]]
-        if not self.free_uncached_first:
-            free_queue.update(dict.fromkeys(released))
-            return
-        free_queue.update(dict.fromkeys([block for block in released if block_hash[block] is not None]))
-        move_to_end = free_queue.move_to_end
-        for block in reversed([block for block in released if block_hash[block] is None]):
+        uncached_first = self.free_uncached_first
+        for block in reversed(blocks):
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if uncached_first and block_hash[block] is None:
+                    first.append(block)
+                else:
+                    free_queue[block] = None
+        for block in reversed(first):
             free_queue[block] = None
-            move_to_end(block, last=False)
+            free_queue.move_to_end(block, last=False)
