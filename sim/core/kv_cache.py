@@ -39,7 +39,10 @@ class KVCacheManager:
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
-        self.cached: dict[int, dict[int, None]] = {}  # block hash -> block ids holding it (first wins)
+        #: block hash -> the block holding it that a prefix hit takes (the first registered); further
+        #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
+        self.cached: dict = {}
+        self.more_holders: dict = {}
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
@@ -101,11 +104,12 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)
         hits = []
+        get = self.cached.get
         for block_hash in hashes[:max_blocks]:
-            blocks = self.cached.get(block_hash)
-            if not blocks:
+            block = get(block_hash)
+            if block is None:
                 break
-            hits.append(next(iter(blocks)))
+            hits.append(block)
         return hits, len(hits) * self.block_size
 
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
@@ -185,13 +189,30 @@ class KVCacheManager:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            holders = self.cached[old_hash]
-            del holders[block]
-            if not holders:
-                del self.cached[old_hash]
+            self._evict(old_hash, block)
             self.block_hash[block] = None
         self.ref_cnt[block] = 1
         return block
+
+    def _register(self, block_hash, block: int) -> None:
+        """Record that `block` holds `block_hash` (a prefix hit keeps taking the first holder)."""
+        if block_hash in self.cached:
+            self.more_holders.setdefault(block_hash, {})[block] = None
+        else:
+            self.cached[block_hash] = block
+
+    def _evict(self, block_hash, block: int) -> None:
+        """`block` no longer holds `block_hash`: the next holder, if any, takes its place."""
+        more = self.more_holders.get(block_hash)
+        if more is None:
+            del self.cached[block_hash]
+            return
+        if self.cached[block_hash] == block:
+            block = next(iter(more))
+            self.cached[block_hash] = block
+        del more[block]
+        if not more:
+            del self.more_holders[block_hash]
 
     def _pop_free_many(self, count: int) -> list[int]:
         """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
@@ -199,16 +220,16 @@ class KVCacheManager:
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
         free_queue, block_hash, ref_cnt, cached = self.free_queue, self.block_hash, self.ref_cnt, self.cached
+        more_holders = self.more_holders
         taken = list(islice(free_queue, count))
         for block in taken:
             del free_queue[block]
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
-                holders = cached[old_hash]
-                if len(holders) == 1:  # the usual case: it was the only holder
+                if more_holders and old_hash in more_holders:
+                    self._evict(old_hash, block)
+                else:  # the usual case: it was the only holder
                     del cached[old_hash]
-                else:
-                    del holders[block]
                 block_hash[block] = None
             ref_cnt[block] = 1
         return taken
@@ -229,9 +250,9 @@ class KVCacheManager:
             if block_hash[block] is None:
                 block_hash[block] = h
                 if h in cached:  # another block holds it already (the first holder stays first)
-                    cached[h][block] = None
+                    self._register(h, block)
                 else:
-                    cached[h] = {block: None}
+                    cached[h] = block
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:

@@ -159,9 +159,9 @@ def _registrar(kv):
             if block_hash[block] is None:
                 block_hash[block] = h = hashes[i]
                 if h in cached:
-                    cached[h][block] = None
+                    kv._register(h, block)
                 else:
-                    cached[h] = {block: None}
+                    cached[h] = block
         hashed[req] = num_full
     return register
 
