@@ -114,13 +114,20 @@ class KVCacheManager:
 
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
         """Chained hashes of the request's first `num_blocks` full blocks (memoised)."""
-        hashes = self.req_hashes.setdefault(req, [])
-        if len(hashes) >= num_blocks:
+        hashes = self.req_hashes.get(req)
+        if hashes is None:
+            hashes = self.req_hashes[req] = []
+        elif len(hashes) >= num_blocks:
             return hashes
         bs = self.block_size
         parent = hashes[-1] if hashes else 0
         num_prompt = req.num_prompt_tokens
         first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
+        if first >= num_prompt and end - first == bs:  # one block of output tokens (a decode row's)
+            tail = req.output_token_ids[first - num_prompt:end - num_prompt]
+            if len(tail) == bs:
+                hashes.append(hash((parent, array(_INT32, tail).tobytes())))
+                return hashes
         data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
             tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
