@@ -196,7 +196,10 @@ class KVCacheManager:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            self._evict(old_hash, block)
+            if self.more_holders and old_hash in self.more_holders:
+                self._evict(old_hash, block)
+            else:  # the usual case: it was the only holder
+                del self.cached[old_hash]
             self.block_hash[block] = None
         self.ref_cnt[block] = 1
         return block
