@@ -116,3 +116,49 @@ def test_free_is_idempotent(caching):
     kv.free(req)
     kv.free(req)
     assert kv.num_free_blocks == kv.num_usable_blocks == 3
+
+
+def _check_prefix_index(kv: KVCacheManager) -> None:
+    """Every block holding a hash is that hash's first holder or one of its further holders."""
+    holders: dict = {}
+    for block, h in enumerate(kv.block_hash):
+        if h is not None:
+            holders.setdefault(h, set()).add(block)
+    assert set(kv.cached) == set(holders)
+    for h, blocks in holders.items():
+        more = kv.more_holders.get(h, {})
+        assert kv.cached[h] not in more and {kv.cached[h], *more} == blocks
+
+
+def test_a_hash_held_twice_hits_its_first_holder_until_evicted():
+    kv = KVCacheManager(5, 4, enable_prefix_caching=True)  # 4 usable blocks
+    a, b = _req(range(100, 105), "a"), _req(range(100, 105), "b")
+    _compute(kv, a, 5)
+    _compute(kv, b, 5)                 # no lookup: b's first block holds the same hash as a's
+    first_a, first_b = kv.blocks_of(a)[0], kv.blocks_of(b)[0]
+    kv.free(a)
+    kv.free(b)                         # queue: b's tail, a's tail, a's first, b's first
+    probe = _req(range(100, 105), "p")
+    assert kv.lookup_prefix(probe)[0] == [first_a] and len(kv.cached) == 1
+    _compute(kv, _req(range(12), "x"), 12)  # takes three blocks, a's first among them
+    _check_prefix_index(kv)
+    assert kv.lookup_prefix(probe)[0] == [first_b] and kv.more_holders == {}
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.booleans()), min_size=1, max_size=30))
+def test_prefix_index_matches_block_hashes(ops):
+    """Identical prompts admitted without a lookup share hashes: the index stays exact."""
+    kv = KVCacheManager(20, 4, enable_prefix_caching=True)
+    live: dict[int, Request] = {}
+    for name, n, lookup in ops:
+        req = live.get(name)
+        if req is None or req.num_computed_tokens + n > req.num_tokens:
+            if req is not None:
+                kv.free(req)
+            live[name] = req = _req(np.arange(40) % 5, f"r{name}")
+        hits, num_hit = kv.lookup_prefix(req) if lookup and req.num_computed_tokens == 0 else ([], 0)
+        n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
+        if n > 0 and kv.allocate(req, n, hits) is not None:
+            req.num_computed_tokens += num_hit + n
+            kv.cache_full_blocks(req)
+        _check_prefix_index(kv)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from itertools import islice
 
 from sim.core.request import Request
 
@@ -38,7 +39,10 @@ class KVCacheManager:
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
-        self.cached: dict[int, dict[int, None]] = {}  # block hash -> block ids holding it (first wins)
+        #: block hash -> the block holding it that a prefix hit takes (the first registered); further
+        #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
+        self.cached: dict = {}
+        self.more_holders: dict = {}
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
@@ -83,7 +87,7 @@ class KVCacheManager:
         cached blocks, no lookahead). Takes it and returns True; else changes nothing."""
         if total > (len(blocks) + 1) * self.block_size or not self.free_queue:
             return False
-        blocks.extend(self._pop_free_many(1))
+        blocks.append(self._pop_free())
         return True
 
     def blocks_of(self, req: Request) -> list[int]:
@@ -100,22 +104,30 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)
         hits = []
+        get = self.cached.get
         for block_hash in hashes[:max_blocks]:
-            blocks = self.cached.get(block_hash)
-            if not blocks:
+            block = get(block_hash)
+            if block is None:
                 break
-            hits.append(next(iter(blocks)))
+            hits.append(block)
         return hits, len(hits) * self.block_size
 
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
         """Chained hashes of the request's first `num_blocks` full blocks (memoised)."""
-        hashes = self.req_hashes.setdefault(req, [])
-        if len(hashes) >= num_blocks:
+        hashes = self.req_hashes.get(req)
+        if hashes is None:
+            hashes = self.req_hashes[req] = []
+        elif len(hashes) >= num_blocks:
             return hashes
         bs = self.block_size
         parent = hashes[-1] if hashes else 0
         num_prompt = req.num_prompt_tokens
         first, end = len(hashes) * bs, num_blocks * bs  # only the blocks not hashed yet
+        if first >= num_prompt and end - first == bs:  # one block of output tokens (a decode row's)
+            tail = req.output_token_ids[first - num_prompt:end - num_prompt]
+            if len(tail) == bs:
+                hashes.append(hash((parent, array(_INT32, tail).tobytes())))
+                return hashes
         data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
             tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
@@ -184,32 +196,52 @@ class KVCacheManager:
         block, _ = self.free_queue.popitem(last=False)
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            holders = self.cached[old_hash]
-            del holders[block]
-            if not holders:
+            if self.more_holders and old_hash in self.more_holders:
+                self._evict(old_hash, block)
+            else:  # the usual case: it was the only holder
                 del self.cached[old_hash]
             self.block_hash[block] = None
         self.ref_cnt[block] = 1
         return block
+
+    def _register(self, block_hash, block: int) -> None:
+        """Record that `block` holds `block_hash` (a prefix hit keeps taking the first holder)."""
+        if block_hash in self.cached:
+            self.more_holders.setdefault(block_hash, {})[block] = None
+        else:
+            self.cached[block_hash] = block
+
+    def _evict(self, block_hash, block: int) -> None:
+        """`block` no longer holds `block_hash`: the next holder, if any, takes its place."""
+        more = self.more_holders.get(block_hash)
+        if more is None:
+            del self.cached[block_hash]
+            return
+        if self.cached[block_hash] == block:
+            block = next(iter(more))
+            self.cached[block_hash] = block
+        del more[block]
+        if not more:
+            del self.more_holders[block_hash]
 
     def _pop_free_many(self, count: int) -> list[int]:
         """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
         them (one loop: a prompt takes tens of blocks at once)."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
-        popitem, block_hash, ref_cnt, cached = self.free_queue.popitem, self.block_hash, self.ref_cnt, self.cached
-        taken = []
-        for _ in range(count):
-            block = popitem(False)[0]
+        free_queue, block_hash, ref_cnt, cached = self.free_queue, self.block_hash, self.ref_cnt, self.cached
+        more_holders = self.more_holders
+        taken = list(islice(free_queue, count))
+        for block in taken:
+            del free_queue[block]
             old_hash = block_hash[block]
-            if old_hash is not None:
-                holders = cached[old_hash]
-                del holders[block]
-                if not holders:
+            if old_hash is not None:  # evict the cached prefix it held
+                if more_holders and old_hash in more_holders:
+                    self._evict(old_hash, block)
+                else:  # the usual case: it was the only holder
                     del cached[old_hash]
                 block_hash[block] = None
             ref_cnt[block] = 1
-            taken.append(block)
         return taken
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -223,11 +255,14 @@ class KVCacheManager:
             return
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        block_hash, setdefault = self.block_hash, self.cached.setdefault
+        block_hash, cached = self.block_hash, self.cached
         for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
             if block_hash[block] is None:
                 block_hash[block] = h
-                setdefault(h, {})[block] = None
+                if h in cached:  # another block holds it already (the first holder stays first)
+                    self._register(h, block)
+                else:
+                    cached[h] = block
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:

@@ -65,7 +65,7 @@ class HybridKVCacheManager(KVCacheManager):
         tables = []
         for g, group in enumerate(self.groups):
             first = self.first_needed_block(group, hit * self.block_size)
-            tables.append([None] * first + [next(iter(self.cached[(g, h)])) for h in hashes[first:hit]])
+            tables.append([None] * first + [self.cached[(g, h)] for h in hashes[first:hit]])
         return tables, hit * self.block_size
 
     def _full_hit(self, g: int, hashes: list[int], limit: int) -> int:
@@ -156,7 +156,7 @@ class HybridKVCacheManager(KVCacheManager):
                 block = table[i]
                 if block is not None and self.block_hash[block] is None:
                     self.block_hash[block] = (g, hashes[i])
-                    self.cached.setdefault((g, hashes[i]), {})[block] = None  # first holder wins
+                    self._register((g, hashes[i]), block)  # first holder wins
         self.num_hashed_blocks[req] = num_full
 
     def free(self, req: Request, forget: bool = False) -> None:

@@ -143,7 +143,7 @@ def _registrar(kv):
     """`kv.cache_full_blocks(req, num_tokens)` for a plain manager with prefix caching on, as one
     closure over its tables (a stretch registers a block per row every `block_size` steps)."""
     block_size, hashed, req_hashes, req_blocks = kv.block_size, kv.num_hashed_blocks, kv.req_hashes, kv.req_blocks
-    block_hash, setdefault = kv.block_hash, kv.cached.setdefault
+    block_hash, cached = kv.block_hash, kv.cached
 
     def register(req, num_tokens: int) -> None:
         num_full = num_tokens // block_size
@@ -158,7 +158,10 @@ def _registrar(kv):
             block = blocks[i]
             if block_hash[block] is None:
                 block_hash[block] = h = hashes[i]
-                setdefault(h, {})[block] = None
+                if h in cached:
+                    kv._register(h, block)
+                else:
+                    cached[h] = block
         hashed[req] = num_full
     return register
 
