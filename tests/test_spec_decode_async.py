@@ -24,7 +24,8 @@ from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
 from tests.engine_harness import EOS, engine_configs
-from tests.test_spec_decode_properties import PROFILES, TOKEN_TEXT, acceptance_scripts, spec_requests
+from tests.test_spec_decode_properties import (PROFILES, TOKEN_TEXT, acceptance_scripts,
+                                              assert_outputs_equal_run_until_stop, spec_requests)
 from workloads.acceptance import ScriptedAcceptance
 from workloads.spec import RequestSpec
 from workloads.token_streams import stream_for
@@ -91,15 +92,7 @@ def test_async_outputs_equal_run_until_stop_whatever_the_acceptances(specs, conf
                                                                      profile, method):
     config = dataclasses.replace(config, stop_profile=profile, async_scheduling=True)
     engine, done = run(specs, config, acceptance, k, method)
-    rec = engine.requests
-    for i, spec in enumerate(specs):
-        stream = [stream_for(spec, i, EOS)(p) for p in range(120)]
-        want = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
-                              max_model_len=config.max_model_len, token_text=TOKEN_TEXT, profile=profile)
-        got = done[spec.request_id]
-        assert got.output_token_ids == want.output_token_ids
-        assert (rec.finish_reason[i], rec.stop_reason[i]) == (want.finish_reason, want.stop_reason)
-        assert len(rec.token_times[i]) == len(got.output_token_ids)  # no position emitted twice
+    assert_outputs_equal_run_until_stop(engine, done, specs, config, profile)
     assert engine.state.kv.num_used_blocks == 0  # everything freed at the end
 
 

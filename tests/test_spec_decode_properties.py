@@ -90,12 +90,9 @@ def run(specs, config, acceptance, k, method="eagle3"):
 configs = st.sampled_from([56, 64, 96]).flatmap(lambda m: engine_configs(max_model_len=m))
 
 
-@given(spec_requests(), configs, acceptance_scripts(), st.integers(1, 5), st.sampled_from(PROFILES),
-       st.sampled_from(["eagle3", "ngram"]))
-def test_outputs_equal_run_until_stop_whatever_the_acceptances(specs, config, acceptance, k, profile,
-                                                               method):
-    config = dataclasses.replace(config, stop_profile=profile, async_scheduling=False)
-    engine, logs, done = run(specs, config, acceptance, k, method)
+def assert_outputs_equal_run_until_stop(engine, done, specs, config, profile) -> None:
+    """Every request's tokens, finish and stop reason equal `run_until_stop` on its stream, and no
+    position is emitted twice."""
     rec = engine.requests
     for i, spec in enumerate(specs):
         stream = [stream_for(spec, i, EOS)(p) for p in range(120)]
@@ -104,7 +101,16 @@ def test_outputs_equal_run_until_stop_whatever_the_acceptances(specs, config, ac
         got = done[spec.request_id]
         assert got.output_token_ids == want.output_token_ids
         assert (rec.finish_reason[i], rec.stop_reason[i]) == (want.finish_reason, want.stop_reason)
-        assert len(rec.token_times[i]) == len(got.output_token_ids)  # no position emitted twice
+        assert len(rec.token_times[i]) == len(got.output_token_ids)
+
+
+@given(spec_requests(), configs, acceptance_scripts(), st.integers(1, 5), st.sampled_from(PROFILES),
+       st.sampled_from(["eagle3", "ngram"]))
+def test_outputs_equal_run_until_stop_whatever_the_acceptances(specs, config, acceptance, k, profile,
+                                                               method):
+    config = dataclasses.replace(config, stop_profile=profile, async_scheduling=False)
+    engine, logs, done = run(specs, config, acceptance, k, method)
+    assert_outputs_equal_run_until_stop(engine, done, specs, config, profile)
     for log in logs:
         for _rid, computed, n, num_tokens, emitted in log.rows:
             drafts = max(0, computed + n - num_tokens)
