@@ -22,8 +22,8 @@ FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "a
 OPTIONAL_FAMILIES = ("moe", "decode_attention_l2")
 #: Families whose launches pay a cost per sequence (Coeffs.s_per_seq).
 SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
-#: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key): causal prefill.
-KEY_FAMILIES = ("prefill_attention",)
+#: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key).
+KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
 
 #: Profile operator name -> family.
 OPERATOR_FAMILY = {
@@ -171,13 +171,15 @@ def single_token_prefill(row: dict) -> bool:
 
 
 def operator_keys(row: dict) -> float:
-    """Keys the longest row of a causal prefill launch reads (its context + chunk): the kernel splits
-    the work into (query tile, head, sequence) units that run in parallel, and the unit holding the last
-    query rows loops over every key, so a launch with too few units to fill the GPU cannot finish before
-    that one does. Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
-    if OPERATOR_FAMILY[row["operator"]] in KEY_FAMILIES:
-        return row["context"] + row["chunk"]
-    return 0.0
+    """Keys the longest row of an attention launch reads (prefill: context + chunk; decode: context + 1):
+    the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
+    holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
+    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. Its
+    cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    family = OPERATOR_FAMILY[row["operator"]]
+    if family not in KEY_FAMILIES:
+        return 0.0
+    return row["context"] + (row["chunk"] if family == "prefill_attention" else 1.0)
 
 
 def operator_cost(row: dict) -> tuple[float, float]:

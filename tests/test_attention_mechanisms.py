@@ -31,7 +31,8 @@ def _prefill_rows(truth: Calibration) -> list[dict]:
 
 def test_longest_row_keys_are_context_plus_chunk_for_prefill_only():
     assert operator_keys(_row(operator="prefill_attention", batch=8, chunk=512, context=1000)) == 1512
-    assert operator_keys(_row(operator="decode_attention", batch=8, context=1000)) == 0
+    assert operator_keys(_row(operator="decode_attention", batch=8, context=1000)) == 1001
+    assert operator_keys(_row(operator="matmul", m=8, n=64, k=64)) == 0
 
 
 def test_fit_recovers_the_cost_per_key_of_the_longest_row():
@@ -57,16 +58,21 @@ def test_a_one_token_prefill_is_priced_and_fitted_as_a_decode():
     assert fits[0] == fits[1]
 
 
-def test_serving_pays_the_longest_prefill_row_once_per_layer():
+def test_serving_pays_the_longest_row_once_per_launch():
     cal = shipped_calibration("h100-sxm")
 
-    def with_key_cost(s_per_key: float) -> Calibration:
-        coeffs = {k: replace(c, s_per_key=s_per_key) if k.startswith("prefill_attention") else c
-                  for k, c in cal.coeffs.items()}
+    def with_key_cost(prefill: float, decode: float) -> Calibration:
+        def cost(key: str) -> float:
+            return prefill if key.startswith("prefill_attention") else decode
+        coeffs = {k: replace(c, s_per_key=cost(k)) if "attention" in k else c for k, c in cal.coeffs.items()}
         return Calibration(cal.device, coeffs, cal.provenance, cal.curves)
 
-    batch = BatchShape(num_new_tokens=[300, 2000, 1, 1], num_context_tokens=[5000, 0, 700, 90], num_sampled=3)
-    cms = [make_cost_model("llama-3.1-8b", "h100", calibration=with_key_cost(s), cpu_overhead=False)
-           for s in (0.0, 1e-9)]
-    extra = cms[1].step_time(batch) - cms[0].step_time(batch)
-    assert extra == pytest.approx(32 * 1e-9 * (5000 + 300), rel=1e-6)   # 32 layers x the longest row's keys
+    def step(prefill: float, decode: float, batch: BatchShape) -> float:
+        cm = make_cost_model("llama-3.1-8b", "h100", calibration=with_key_cost(prefill, decode), cpu_overhead=False)
+        return cm.step_time(batch)
+
+    mixed = BatchShape(num_new_tokens=[300, 2000, 1, 1], num_context_tokens=[5000, 0, 700, 90], num_sampled=3)
+    # 32 layers x the longest prefill row's keys (5000 + 300); the decodes' path (701 keys) is shorter
+    assert step(1e-9, 1e-9, mixed) - step(0.0, 0.0, mixed) == pytest.approx(32 * 1e-9 * 5300, rel=1e-6)
+    decodes = BatchShape(num_new_tokens=[1, 1, 1], num_context_tokens=[700, 9000, 90], num_sampled=3)
+    assert step(0.0, 1e-9, decodes) - step(0.0, 0.0, decodes) == pytest.approx(32 * 1e-9 * 9001, rel=1e-6)
