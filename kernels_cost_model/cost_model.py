@@ -120,20 +120,24 @@ class RooflineCostModel:
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
-        longest = 0  # keys of the longest decode row
-        if n_dec:
-            longest = (max(ctx) if n_dec == n else max(c for k, c in zip(new, ctx) if k == 1)) + 1
         if self.decode_imbalance is not None and n_dec > 1:
-            dec_keys = self._imbalanced(dec_keys, longest, n_dec, n_pf > 0)
+            dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
+        # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
+        # own path (at prefill's key cost, never below decode's) is longer: the launch's path is the same.
+        # Rows with no new tokens read nothing: then scan the decodes themselves.
+        longest = 0
+        if n_dec:
+            longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
 
-    def _imbalanced(self, dec_keys: float, longest: float, n_dec: int, mixed: bool) -> float:
+    def _imbalanced(self, dec_keys: float, new: list, ctx: list, n_dec: int, mixed: bool) -> float:
         """Decode keys as the launch prices them: mean + alpha x (longest - mean) per row, alpha as
         measured for this many decodes alone or beside a chunk (attention_backend.py)."""
+        longest = max(c for k, c in zip(new, ctx) if k == 1) + 1
         alpha = imbalance_alpha(self.decode_imbalance[1 if mixed else 0], n_dec)
         return dec_keys + alpha * (n_dec * longest - dec_keys)
 

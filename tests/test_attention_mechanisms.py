@@ -76,3 +76,8 @@ def test_serving_pays_the_longest_row_once_per_launch():
     assert step(1e-9, 1e-9, mixed) - step(0.0, 0.0, mixed) == pytest.approx(32 * 1e-9 * 5300, rel=1e-6)
     decodes = BatchShape(num_new_tokens=[1, 1, 1], num_context_tokens=[700, 9000, 90], num_sampled=3)
     assert step(0.0, 1e-9, decodes) - step(0.0, 0.0, decodes) == pytest.approx(32 * 1e-9 * 9001, rel=1e-6)
+    idle = BatchShape(num_new_tokens=[1, 0, 1], num_context_tokens=[700, 9000, 90], num_sampled=2)
+    assert step(0.0, 1e-9, idle) - step(0.0, 0.0, idle) == pytest.approx(32 * 1e-9 * 701, rel=1e-6)
+    # a chunk holding the longest context: its own path (prefill's key cost is never below decode's) wins
+    chunk = BatchShape(num_new_tokens=[2, 1], num_context_tokens=[9000, 700], num_sampled=2)
+    assert step(0.0, 1e-9, chunk) - step(0.0, 0.0, chunk) == pytest.approx(32 * 1e-9 * 9002, rel=1e-6)
