@@ -112,9 +112,9 @@ class RooflineCostModel:
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
-            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx = _fold_prefill_rows(new, ctx, n_dec)
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys = _fold_prefill_rows(new, ctx, n_dec)
         else:
-            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = 0
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
         tokens = n_dec + pf_tok
         cpu = (CPU_BASE_S + self.cpu_per_request_s * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
         if tokens <= 0:
@@ -122,7 +122,14 @@ class RooflineCostModel:
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         if self.decode_imbalance is not None and n_dec > 1:
             dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
-        gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
+        # own path (at prefill's key cost, never below decode's) is longer: the launch's path is the same.
+        # Rows with no new tokens read nothing: then scan the decodes themselves.
+        longest = 0
+        if n_dec:
+            longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
+        gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
+                          pf_tile, (pf_keys, longest))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
@@ -142,7 +149,7 @@ class RooflineCostModel:
         return sizes[bisect_left(sizes, tokens)]
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
-               pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
+               pf_ctx: float, pf_pairs: float, pf_tile: float, longest: tuple) -> tuple[float, ...]:
         d, L = self.dtype_bytes, self.layers
         qkv = self.qkv.time(t, d)
         o = self.o.time(t, d)
@@ -152,7 +159,7 @@ class RooflineCostModel:
         else:
             mlp, routing = self._moe(t, d)
             act_width = self.inter_gpu * self.top_k
-        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile, longest)
         h = self.hidden
         rope_width = self.q_gpu + self.kv_gpu
         norm = self.norm.cost(d * (2.0 * t * h + h), t, d * h)
@@ -178,7 +185,7 @@ class RooflineCostModel:
                 lm, ar * self.collective_scale)
 
     def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
-                   pf_pairs: float, pf_tile: float) -> tuple[float, float]:
+                   pf_pairs: float, pf_tile: float, longest: tuple) -> tuple[float, float]:
         """One varlen attention launch over all rows (as vLLM v1 runs it), split for the breakdown.
 
         Prefill rows price their FLOPs and bytes at the prefill coefficients, decode rows at the decode
@@ -198,7 +205,9 @@ class RooflineCostModel:
             m_mixed = d * 2.0 * ((n_dec + dec_keys) * self.q_gpu * sq + dec_keys * self.kv_gpu * skv)
             m_dec = m_mixed if m_mixed > m_dec else m_dec
         compute, memory = c_pf + c_dec, m_pf + m_dec
-        overhead = (pf.overhead_s if n_pf else dc.overhead_s) + n_pf * pf.s_per_seq + n_dec * dc.s_per_seq
+        pf_path, dec_path = longest[0] * pf.s_per_key, longest[1] * dc.s_per_key  # the longest row's keys:
+        overhead = ((pf.overhead_s if n_pf else dc.overhead_s) + n_pf * pf.s_per_seq + n_dec * dc.s_per_seq
+                    + (pf_path if pf_path > dec_path else dec_path))        # the launch's critical path
         total = (compute if compute > memory else memory) + overhead
         alone_pf = (c_pf if c_pf > m_pf else m_pf) if n_pf else 0.0
         alone_dec = (c_dec if c_dec > m_dec else m_dec) if n_dec else 0.0
@@ -235,7 +244,7 @@ def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
     normally satisfy this already; a noisy user profile might not."""
     return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
                   max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows,
-                  max(pf.s_per_seq, dec.s_per_seq))
+                  max(pf.s_per_seq, dec.s_per_seq), max(pf.s_per_key, dec.s_per_key))
 
 
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
