@@ -283,9 +283,9 @@ class _StretchPlan(StretchKV):
         steps.batch_size.extend(batch)
         steps.num_sampled.extend(sampled)
         steps.num_preempted.extend([0] * units)
-        steps.kv_blocks_used.extend(used.tolist())
-        steps.kv_blocks_cached.extend(cached.tolist())
-        steps.kv_blocks_free.extend(free.tolist())
+        steps.kv_blocks_used.extend(used)
+        steps.kv_blocks_cached.extend(cached)
+        steps.kv_blocks_free.extend(free)
         steps.num_running.extend([b] * units)
         steps.num_waiting.extend([len(self.engine.state.waiting)] * units)
 
