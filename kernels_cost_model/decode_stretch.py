@@ -50,7 +50,7 @@ _FIXED: dict = {}  # (id(model), n) -> (model, _Fixed); the model kept so its id
 
 
 def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, first: int,
-                          count: int) -> np.ndarray | None:
+                          count: int) -> list[float] | None:
     """`model.step_time` of decode steps first .. first+count-1 of a stretch whose step 0 has `num_rows`
     rows of 1 new token over contexts summing to `context_sum` (longest `longest`); step u's contexts
     sum to context_sum + num_rows * u. None where the exact closed form does not apply."""
@@ -63,10 +63,9 @@ def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, 
         entry = _FIXED[(id(model), n)] = (model, _fixed(model, n))
     fixed = entry[1]
     if count < VECTOR_FROM:
-        return np.array([_step(fixed, n, context_sum + n * u + n, longest + u + 1)
-                         for u in range(first, first + count)], dtype=np.float64)
+        return [_step(fixed, n, context_sum + n * u + n, longest + u + 1) for u in range(first, first + count)]
     steps = np.arange(first, first + count, dtype=np.int64)
-    return _steps(fixed, n, (context_sum + n * steps) + n, longest + steps + 1)
+    return _steps(fixed, n, (context_sum + n * steps) + n, longest + steps + 1).tolist()
 
 
 def _fixed(model, n: int) -> _Fixed:

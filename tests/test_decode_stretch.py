@@ -41,7 +41,7 @@ def test_stretch_equals_step_by_step(setup, contexts, first, count):
     got = roofline_decode_times(model, n, sum(contexts), max(contexts), first, count)
     want = [model.step_time(BatchShape([1] * n, [c + u for c in contexts], n))
             for u in range(first, first + count)]
-    assert got.tolist() == want
+    assert got == want
 
 
 def test_other_cost_models_are_not_covered():
