@@ -47,21 +47,35 @@ class _Fixed:
 
 
 _FIXED: dict = {}  # (id(model), n) -> (model, _Fixed); the model kept so its id is not reused
+_FIXED_MAX = 4096  # entries kept (a calibration fit builds many models): cleared beyond
+
+
+def _fixed_for(model, n: int) -> _Fixed:
+    entry = _FIXED.get((id(model), n))
+    if entry is None or entry[0] is not model:
+        if len(_FIXED) >= _FIXED_MAX:
+            _FIXED.clear()
+        entry = _FIXED[(id(model), n)] = (model, _fixed(model, n))
+    return entry[1]
+
+
+def decode_step_time(model, num_rows: int, context_sum: int, longest: int) -> float:
+    """`RooflineCostModel.step_time` of one pure-decode step (every row 1 new token and sampling)
+    over contexts summing to `context_sum`, the longest `longest` (read only with a measured imbalance).
+    Only where SEQUENTIAL_SUM holds and num_rows >= 1."""
+    return _step(_fixed_for(model, num_rows), num_rows, context_sum + num_rows, longest + 1)
 
 
 def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, first: int,
                           count: int) -> list[float] | None:
     """`model.step_time` of decode steps first .. first+count-1 of a stretch whose step 0 has `num_rows`
     rows of 1 new token over contexts summing to `context_sum` (longest `longest`); step u's contexts
-    sum to context_sum + num_rows * u. None where the exact closed form does not apply."""
-    from .cost_model import RooflineCostModel
-    if type(model) is not RooflineCostModel or not SEQUENTIAL_SUM or num_rows < 1 or count < 1:
+    sum to context_sum + num_rows * u. None where the exact closed form does not apply. `model`: a
+    RooflineCostModel itself (not a subclass, which may price otherwise)."""
+    if not SEQUENTIAL_SUM or num_rows < 1 or count < 1:
         return None
     n = num_rows
-    entry = _FIXED.get((id(model), n))
-    if entry is None or entry[0] is not model:
-        entry = _FIXED[(id(model), n)] = (model, _fixed(model, n))
-    fixed = entry[1]
+    fixed = _fixed_for(model, n)
     if count < VECTOR_FROM:
         return [_step(fixed, n, context_sum + n * u + n, longest + u + 1) for u in range(first, first + count)]
     steps = np.arange(first, first + count, dtype=np.int64)
@@ -69,7 +83,6 @@ def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, 
 
 
 def _fixed(model, n: int) -> _Fixed:
-    from .cost_model import CPU_BASE_S, CPU_PER_TOKEN_S
     const = model._price(model._padded(n), n, n, n, 0, 0, 0, 0, 0)  # all but attention: fixed
     head = 0
     for term in const[:4]:
@@ -79,7 +92,7 @@ def _fixed(model, n: int) -> _Fixed:
     alpha = None
     if model.decode_imbalance is not None and n > 1:
         alpha = imbalance_alpha(model.decode_imbalance[0], n)
-    cpu = (CPU_BASE_S + model.cpu_per_request_s * n + CPU_PER_TOKEN_S * n) if model.cpu_overhead else 0.0
+    cpu = model._cpu_s(n, n)
     return _Fixed(head=head, tail=(const[6], const[7], const[8]), cpu=cpu, alpha=alpha,
                   c_pf=hx * (0 + pf.tile_rows * 0) * pf.s_per_flop,
                   m_pf=d * (2.0 * 0 * model.q_gpu + 2.0 * (0 + 0) * model.kv_gpu) * pf.s_per_byte,

@@ -39,16 +39,22 @@ def test_stretch_equals_step_by_step(setup, contexts, first, count):
     model = MODELS[setup]
     n = len(contexts)
     got = roofline_decode_times(model, n, sum(contexts), max(contexts), first, count)
-    want = [model.step_time(BatchShape([1] * n, [c + u for c in contexts], n))
+    want = [sum(model._terms(BatchShape([1] * n, [c + u for c in contexts], n)))  # the general path
             for u in range(first, first + count)]
     assert got == want
 
 
-def test_other_cost_models_are_not_covered():
-    """A cost model of another class (a shaped one, a linear one) gets None: priced step by step."""
-    shaped = _model(("deepseek-v3", "h200", 8, True))
-    assert type(shaped).__name__ != "RooflineCostModel"
-    assert roofline_decode_times(shaped, 4, 400, 100, 0, 3) is None
+@pytest.mark.skipif(not SEQUENTIAL_SUM, reason="this Python's sum compensates float rounding")
+@settings(max_examples=60, deadline=None)
+@given(setup=st.sampled_from(SETUPS),
+       rows=st.lists(st.tuples(st.sampled_from([1, 1, 1, 2, 17, 300]), st.integers(0, 40_000)),
+                     min_size=1, max_size=200),
+       unsampled=st.integers(0, 2))
+def test_step_time_equals_its_general_path(setup, rows, unsampled):
+    """step_time's pure-decode shortcut gives what the general pricing gives, for any batch."""
+    model = MODELS[setup]
+    batch = BatchShape([k for k, _ in rows], [c for _, c in rows], max(0, len(rows) - unsampled))
+    assert model.step_time(batch) == sum(model._terms(batch))
 
 
 def test_some_setup_has_a_measured_imbalance():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.cost_model import RooflineCostModel
 from kernels_cost_model.decode_stretch import roofline_decode_times
 from sim.core.cost import LinearCostModel
 
@@ -24,9 +25,10 @@ def decode_step_times(cost_model, context: np.ndarray, first: int, count: int) -
         contexts = (total + rows * np.arange(first, first + count, dtype=np.int64)).astype(np.float64)
         return ((m.fixed_s + m.per_new_token_s * rows) + m.per_context_token_s * contexts
                 + m.per_sampled_s * rows).tolist()
-    times = roofline_decode_times(cost_model, rows, int(context.sum()), int(context.max()), first, count)
-    if times is not None:
-        return times
+    if type(cost_model) is RooflineCostModel:
+        times = roofline_decode_times(cost_model, rows, int(context.sum()), int(context.max()), first, count)
+        if times is not None:
+            return times
     ones = [1] * rows
     return [float(cost_model.step_time(BatchShape(ones, (context + u).tolist(), rows)))
             for u in range(first, first + count)]
