@@ -90,8 +90,8 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
-        if in_flight is not None and (not _decodes_of(in_flight, running)
-                                      or now + in_flight.duration >= horizon):
+        if in_flight is not None and (now + in_flight.duration >= horizon
+                                      or not _decodes_of(in_flight, running)):
             return None  # (the step in flight itself would end at or after the next event)
         quick_stop = engine.quick_stop
         running_status = RequestStatus.RUNNING
