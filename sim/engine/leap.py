@@ -132,9 +132,10 @@ class _StretchPlan(StretchKV):
         self.kv = engine.state.kv
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.num_rows = len(rows)
-        self.outputs = np.array([len(r.output_token_ids) for r in rows], dtype=np.int64)
-        self.prompts = np.array([r.num_prompt_tokens for r in rows], dtype=np.int64)
-        self.computed = self.prompts + self.outputs - 1 + self.lag
+        # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
+        self.outputs = [len(r.output_token_ids) for r in rows]
+        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, self.outputs)]  # tokens known - 1
+        self.computed = [base + self.lag for base in self.bases]
         self.units = 0
         self.tokens: list[list[int]] = []
 
@@ -160,13 +161,13 @@ class _StretchPlan(StretchKV):
         """Units before a length rule, the async last-token skip or max_model_len stop a row."""
         engine = self.engine
         max_model_len = engine.config.max_model_len
-        limits = np.array([engine.quick_stop[r.index][1] for r in self.rows], dtype=np.int64)
-        units = int((limits - self.outputs - 1).min())
-        units = min(units, int((max_model_len - 1 - self.computed).min()), MAX_UNITS)
+        quick_stop = engine.quick_stop
+        units = min(quick_stop[r.index][1] - o - 1 for r, o in zip(self.rows, self.outputs))
+        units = min(units, max_model_len - 1 - max(self.computed), MAX_UNITS)
         if self.lag:
-            max_tokens = np.array([r.sampling_params.max_tokens or max_model_len - r.num_prompt_tokens
-                                   for r in self.rows], dtype=np.int64)
-            units = min(units, int((self.prompts + max_tokens - self.computed - 1).min()))
+            units = min(units, min(r.num_prompt_tokens + (r.sampling_params.max_tokens
+                                                          or max_model_len - r.num_prompt_tokens) - c - 1
+                                   for r, c in zip(self.rows, self.computed)))
         return units
 
     def _time_limit(self, units: int, horizon: float) -> int:
@@ -198,7 +199,7 @@ class _StretchPlan(StretchKV):
         if synthetic is not None and None not in synthetic:
             return self._synthetic_token_limit(units, synthetic)
         tokens = []
-        for req, start in zip(self.rows, self.outputs.tolist()):
+        for req, start in zip(self.rows, self.outputs):
             stream = engine.streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
             span = getattr(stream, "span", None) if units > SPAN_FROM else None
@@ -224,7 +225,7 @@ class _StretchPlan(StretchKV):
         few units too early at worst, which costs only speed)."""
         quick_stop = self.engine.quick_stop
         candidates = set().union(*(quick_stop[req.index][0] for req in self.rows))
-        tokens = synthetic_spans(synthetic, self.outputs, units)
+        tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
         if candidates:
             hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
             if len(hits):
@@ -237,7 +238,7 @@ class _StretchPlan(StretchKV):
             req.output_token_ids.extend(row[:units])
 
     def _truncate_tokens(self) -> None:
-        for req, start in zip(self.rows, self.outputs.tolist()):
+        for req, start in zip(self.rows, self.outputs):
             del req.output_token_ids[start:]
 
     # ----- applying it ----------------------------------------------------------------------
@@ -258,7 +259,7 @@ class _StretchPlan(StretchKV):
         self._record_steps(snapshots)
         if not self.lag:
             return None
-        context = (self.computed + units - 1).tolist()
+        context = [c + units - 1 for c in self.computed]
         scheduled = [(req, 1) for req in rows]
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
         start = self.now if units == 1 else times[units - 1]

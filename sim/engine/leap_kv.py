@@ -13,7 +13,7 @@ from itertools import islice
 
 
 class StretchKV:
-    """Mixed into the leap's stretch plan, which owns `kv`, `rows`, `engine`, `prompts`, `outputs`,
+    """Mixed into the leap's stretch plan, which owns `kv`, `rows`, `engine`, `bases`, `outputs`,
     `computed`, `num_rows`, `units`, `admission_first` (the policy tries the waiting head with the
     whole budget), `_append_tokens` and `_truncate_tokens`; `_kv_limit` sets `events`."""
 
@@ -23,7 +23,7 @@ class StretchKV:
         Plain Python: a stretch has a few dozen events, fewer than numpy's fixed costs repay."""
         kv, bs = self.kv, self.kv.block_size
         req_blocks = kv.req_blocks
-        computed = self.computed.tolist()
+        computed = self.computed
         events = []
         for r, req in enumerate(self.rows):
             u = len(req_blocks.get(req, ())) * bs + 1 - computed[r]   # unit of its first block crossing
@@ -48,7 +48,7 @@ class StretchKV:
         """Add (unit, row, 1) for every allocate that registers new full blocks: the target is
         prompt + output - 1 + u tokens at unit u."""
         bs, hashed = self.kv.block_size, self.kv.num_hashed_blocks
-        bases = (self.prompts + self.outputs - 1).tolist()   # target at unit u is base + u
+        bases = self.bases   # target at unit u is base + u
         for r, req in enumerate(self.rows):
             base = bases[r]
             if (base + 1) // bs > hashed.get(req, 0):
@@ -89,13 +89,13 @@ class StretchKV:
                 units = min(units, events[pops[i]][0] - 1)
                 break
         self._append_tokens(units)   # the hashes below read the tokens
-        targets = self.prompts + self.outputs - 1
+        targets = self.bases
         for u, r, kind in events:
             if u > units:
                 break
             if kind == 1:
                 req = self.rows[r]
-                num_full = int(targets[r] + u) // kv.block_size
+                num_full = (targets[r] + u) // kv.block_size
                 if any(h in chain for h in kv._hashes(req, num_full)[kv.num_hashed_blocks.get(req, 0):num_full]):
                     units = u - 1
                     break
@@ -111,10 +111,11 @@ class StretchKV:
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
                 req_hashes, bs = kv.req_hashes, kv.block_size
-                for req, target in zip(self.rows, (self.prompts + self.outputs - 1 + units).tolist()):
+                for req, base in zip(self.rows, self.bases):
+                    target = base + units
                     if len(req_hashes.get(req, ())) < target // bs:
                         kv._hashes(req, target // bs)
-            targets = (self.prompts + self.outputs - 1).tolist()
+            targets = self.bases
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
             register = _registrar(kv)
