@@ -19,6 +19,7 @@ from .attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s
 from .batch_fold import _fold_prefill_rows
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
+from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
 from .expert_sharding import expert_sharded
@@ -99,7 +100,13 @@ class RooflineCostModel:
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
-        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch."""
+        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch.
+        A pure-decode batch is priced from terms kept per batch size (decode_stretch.py, same result)."""
+        new = batch.num_new_tokens
+        n = len(new)
+        if n and batch.num_sampled == n and SEQUENTIAL_SUM and new.count(1) == n:
+            ctx = batch.num_context_tokens
+            return decode_step_time(self, n, sum(ctx), max(ctx) if self.decode_imbalance is not None else 0)
         return sum(self._terms(batch))
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
@@ -116,7 +123,7 @@ class RooflineCostModel:
         else:
             pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
         tokens = n_dec + pf_tok
-        cpu = (CPU_BASE_S + self.cpu_per_request_s * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
+        cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
@@ -133,6 +140,10 @@ class RooflineCostModel:
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _cpu_s(self, num_reqs: int, tokens: int) -> float:
+        """The engine's CPU time for a step of `num_reqs` requests and `tokens` tokens (before overlap)."""
+        return (CPU_BASE_S + self.cpu_per_request_s * num_reqs + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
 
     def _imbalanced(self, dec_keys: float, new: list, ctx: list, n_dec: int, mixed: bool) -> float:
         """Decode keys as the launch prices them: mean + alpha x (longest - mean) per row, alpha as
