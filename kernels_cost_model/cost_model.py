@@ -106,7 +106,7 @@ class RooflineCostModel:
         n = len(new)
         if n and batch.num_sampled == n and SEQUENTIAL_SUM and new.count(1) == n:
             ctx = batch.num_context_tokens
-            return decode_step_time(self, n, sum(ctx), max(ctx) if self.decode_imbalance is not None else 0)
+            return decode_step_time(self, n, sum(ctx), max(ctx))
         return sum(self._terms(batch))
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:

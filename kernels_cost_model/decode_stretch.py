@@ -42,6 +42,8 @@ class _Fixed:
     d: float
     s_per_byte: float
     overhead: float
+    pf_path: float    # 0 x the prefill key cost (no chunk); the launch's path is the longer of it and decode's
+    s_per_key: float  # decode's cost per key of the longest row (the launch's critical path)
     layers: float
     async_: bool
 
@@ -61,7 +63,7 @@ def _fixed_for(model, n: int) -> _Fixed:
 
 def decode_step_time(model, num_rows: int, context_sum: int, longest: int) -> float:
     """`RooflineCostModel.step_time` of one pure-decode step (every row 1 new token and sampling)
-    over contexts summing to `context_sum`, the longest `longest` (read only with a measured imbalance).
+    over contexts summing to `context_sum`, the longest `longest`.
     Only where SEQUENTIAL_SUM holds and num_rows >= 1."""
     return _step(_fixed_for(model, num_rows), num_rows, context_sum + num_rows, longest + 1)
 
@@ -83,7 +85,7 @@ def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, 
 
 
 def _fixed(model, n: int) -> _Fixed:
-    const = model._price(model._padded(n), n, n, n, 0, 0, 0, 0, 0)  # all but attention: fixed
+    const = model._price(model._padded(n), n, n, n, 0, 0, 0, 0, 0, (0, 0))  # all but attention: fixed
     head = 0
     for term in const[:4]:
         head = head + term
@@ -98,7 +100,8 @@ def _fixed(model, n: int) -> _Fixed:
                   m_pf=d * (2.0 * 0 * model.q_gpu + 2.0 * (0 + 0) * model.kv_gpu) * pf.s_per_byte,
                   hx_tile_flop=(hx, 1.0 + dc.tile_rows, dc.s_per_flop), q_term=2.0 * n * model.q_gpu,
                   kv_gpu=model.kv_gpu, d=d, s_per_byte=dc.s_per_byte,
-                  overhead=dc.overhead_s + 0 * pf.s_per_seq + n * dc.s_per_seq, layers=model.layers,
+                  overhead=dc.overhead_s + 0 * pf.s_per_seq + n * dc.s_per_seq, pf_path=0 * pf.s_per_key,
+                  s_per_key=dc.s_per_key, layers=model.layers,
                   async_=model.async_scheduling)
 
 
@@ -109,7 +112,8 @@ def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
-    total = (compute if compute > memory else memory) + f.overhead
+    path = longest * f.s_per_key
+    total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
     alone = c_dec if c_dec > m_dec else m_dec
     share = 0.0 / (0.0 + alone) if 0.0 + alone > 0.0 else 0.5
     gpu = f.head + f.layers * (total * share) + f.layers * (total * (1.0 - share))
@@ -128,7 +132,8 @@ def _steps(f: _Fixed, n: int, dec_keys: np.ndarray, longest: np.ndarray) -> np.n
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
-    total = np.where(compute > memory, compute, memory) + f.overhead
+    path = longest * f.s_per_key
+    total = np.where(compute > memory, compute, memory) + (f.overhead + np.where(f.pf_path > path, f.pf_path, path))
     alone = np.where(c_dec > m_dec, c_dec, m_dec)
     positive = 0.0 + alone > 0.0
     share = np.where(positive, 0.0 / np.where(positive, 0.0 + alone, 1.0), 0.5)
