@@ -25,8 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels_cost_model.calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split,  # noqa: E402
                                             predict, shipped_calibration)
-from kernels_cost_model.derived_defaults import derive_defaults, derived_coeffs  # noqa: E402
-from kernels_cost_model.gpu_calibration import SOURCES, device_of, device_rows  # noqa: E402
+from kernels_cost_model.gpu_calibration import SOURCES, device_of, device_rows, left_out_calibration  # noqa: E402
 from kernels_cost_model.hardware import get_gpu  # noqa: E402
 from kernels_cost_model.roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs  # noqa: E402
 
@@ -63,12 +62,8 @@ def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
     print(f"  {'GPU (architecture)':28s} " + " ".join(f"{f.replace('_attention', '_attn')[:16]:>17s}" for f in ALL))
     rows = {"family": [], "shape": []}
     for device, held in helds.items():
-        others = {d: c for d, c in cals.items() if d != device}
-        defaults = derive_defaults(others, gpus)
         for label, shapes in (("family", False), ("shape", True)):
-            coeffs = {f: Coeffs(0.0, 1e-12, 1e-5) for f in FAMILIES}  # replaced below: every family derives
-            coeffs.update(derived_coeffs(gpus[device], defaults, shapes=shapes))
-            err, fams = errors(held, Calibration(device, coeffs))
+            err, fams = errors(held, left_out_calibration(device, cals, shapes=shapes))
             medians = {f: float(np.median(err[fams == f])) for f in ALL if (fams == f).any()}
             rows[label].append(medians)
             cells = " ".join(f"{100 * medians[f]:16.1f}%" if f in medians else f"{'-':>17s}" for f in ALL)

@@ -28,7 +28,8 @@ from pathlib import Path
 from .aiconfigurator_tables import LICENCE as AIC_LICENCE
 from .aiconfigurator_tables import SYSTEMS, read_system
 from .derived_defaults import derive_defaults, derived_coeffs, group_of, shipped_defaults
-from .calibration import HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors, uncalibrated
+from .calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors,
+                          shipped_calibration, uncalibrated)
 from .hardware import get_gpu
 from .llmservingsim_profiles import LICENCE as LSS_LICENCE
 from .llmservingsim_profiles import read_shared_profiles
@@ -140,3 +141,22 @@ def with_derived_families(cal: Calibration, gpu, defaults: dict) -> Calibration:
            f"{', '.join((defaults['groups'].get(group_of(gpu, f), {}).get(f) or defaults['all'][f])['from'])})"
         for f in missing}}
     return Calibration(cal.device, coeffs, provenance, cal.curves)
+
+
+def left_out_calibration(device: str, calibrations: dict[str, Calibration] | None = None,
+                         shapes: bool = True) -> Calibration:
+    """`device` as a GPU with no calibration: every family at the defaults derived (derive_defaults) from
+    the *other* calibrated GPUs, at `device`'s datasheet peaks. `calibrations`: device -> Calibration to
+    derive from (default: the shipped ones of every GPU in SOURCES); named variants (`<gpu>@<tag>`) and
+    `device` itself never vote. `shapes`: also the per-shape keys of the same group (else families only)."""
+    if calibrations is None:
+        calibrations = {d: shipped_calibration(d) for d in SOURCES if device_of(d) == d}
+    others = {d: c for d, c in calibrations.items() if device_of(d) == d and d != device_of(device)}
+    defaults = derive_defaults(others, {d: get_gpu(d) for d in others})
+    gpu = get_gpu(device)
+    coeffs = {f: Coeffs(0.0, 1e-12, 1e-5) for f in FAMILIES}  # placeholders: every family derives below
+    coeffs.update(derived_coeffs(gpu, defaults, shapes=shapes))
+    missing = [f for f in FAMILIES if f not in defaults["all"]]
+    assert not missing, f"no calibrated GPU measured {missing}"
+    return Calibration(gpu.name, coeffs, {"kind": "leave one GPU out",
+                                          "derived_from": sorted(others), "per_shape": shapes})
