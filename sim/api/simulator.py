@@ -339,8 +339,10 @@ def check_names(engine: EngineConfig) -> None:
 
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,
-             until: float | None = None, progress=None) -> Results:
+             until: float | None = None, progress=None, cost_model=None) -> Results:
     """Run one simulation. `workload` overrides config.workload (any workload object or spec list).
+    `cost_model`: a step-time model built by the caller, used instead of the deployment's (single
+    replica only; the deployment still sizes the KV cache).
 
     `progress`: optional object with `update(now)`, called once per finished request
     (`sim.api.progress.Progress` prints simulated time and requests done to stderr).
@@ -354,8 +356,10 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
         with within("workload"):
             traffic = config.workload.build(config.engine.eos_token_id, config.engine.max_model_len)
     if config.deployment.data_parallel_size > 1:
+        require(cost_model is None, "cost_model", type(cost_model).__name__,
+                "is for single-replica runs (deployment.data_parallel_size = 1)")
         return simulate_data_parallel(config, traffic, until=until, progress=progress)
-    cost_model = build_cost_model(config.deployment, config.engine)
+    cost_model = cost_model or build_cost_model(config.deployment, config.engine)
     blocks = resolve_num_gpu_blocks(config)
     spec = config.speculative_config
     hooks = [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []

@@ -17,12 +17,14 @@ from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_ca
 from .tables import Replay, request_table, step_table
 
 
-def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_parallel: bool) -> Replay:
-    """Simulate `dp` lockstep ranks (TP 1 each) serving `specs`."""
+def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_parallel: bool,
+                         cost_model=None) -> Replay:
+    """Simulate `dp` lockstep ranks (TP 1 each) serving `specs`; `cost_model`: one rank's step-time
+    model (default: the deployment's)."""
     if not expert_parallel:
         raise NotImplementedError("DP without expert parallelism: simulate each rank on its own")
     d, e = config.deployment, config.engine
-    cost = ExpertParallelCostModel(build_cost_model(d, e), dp)
+    cost = ExpertParallelCostModel(cost_model or build_cost_model(d, e), dp)
     blocks = ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization,
                                 e.max_num_batched_tokens)
     env = simpy.Environment()

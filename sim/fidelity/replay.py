@@ -10,8 +10,10 @@ import dataclasses
 
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.config import EngineConfig
-from kernels_cost_model import get_model
+from kernels_cost_model import get_model, make_cost_model
 from kernels_cost_model.cost_model import shipped_variants
+from kernels_cost_model.gpu_calibration import left_out_calibration
+from kernels_cost_model.hardware import get_gpu
 
 from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
@@ -57,6 +59,28 @@ def simulation_config(run: RealRun, host: HostFit = UNFITTED) -> SimulationConfi
     return SimulationConfig(engine=engine_config(run), deployment=deployment_config(run, host), seed=0)
 
 
+def uncalibrated_gpu(name: str):
+    """The catalog GPU `name` with its datasheet figures (peaks, memory, link; SM count and L2 size, which
+    the catalog keys by GPU) under the name `<gpu>@uncalibrated`, which none of the per-GPU measurement
+    tables matches: no collective sweep or measured all-reduce, no mixed-batch attention rates, no
+    decode-imbalance alphas. What a GPU with datasheet figures only gets."""
+    return dataclasses.replace(get_gpu(name), name=f"{get_gpu(name).name}@uncalibrated")
+
+
+def leave_gpu_out_cost_model(run: RealRun, host: HostFit = UNFITTED):
+    """The replay's step-time model with the runs' GPU treated as uncalibrated (leave one GPU out,
+    docs/fidelity.md): every kernel family at the defaults derived from the *other* calibrated GPUs
+    (`left_out_calibration`, per shape), at this GPU's datasheet peaks (`uncalibrated_gpu`); collectives
+    as latency + bytes at the derived PCIe all-reduce efficiency of the catalog's link. CPU time and
+    CUDA-graph sizes as in `simulation_config`."""
+    d, e = deployment_config(run, host), engine_config(run)
+    gpu = uncalibrated_gpu(d.gpu)
+    cal = dataclasses.replace(left_out_calibration(d.gpu), device=gpu.name)
+    return make_cost_model(d.model, gpu, d.tensor_parallel_size, calibration=cal,
+                           async_scheduling=bool(d.cpu_gpu_overlap), collective_scale=d.collective_scale,
+                           cpu_per_request_s=d.cpu_per_request_s, max_num_seqs=e.max_num_seqs)
+
+
 def replay_workload(run: RealRun, arrivals: str = "queued") -> list:
     """The run's requests; arrivals at the engine's measured `queued_ts` (default, the clock the
     latencies are measured from) or at the workload file's `arrival_time_ns`."""
@@ -71,12 +95,14 @@ def replay_workload(run: RealRun, arrivals: str = "queued") -> list:
     return sorted(moved, key=lambda s: s.arrival_time_s)
 
 
-def replay(run: RealRun, arrivals: str = "queued", config: SimulationConfig | None = None) -> Replay:
-    """Simulate the run; DP > 1 goes through the lockstep DP loop."""
+def replay(run: RealRun, arrivals: str = "queued", config: SimulationConfig | None = None,
+           cost_model=None) -> Replay:
+    """Simulate the run; DP > 1 goes through the lockstep DP loop. `cost_model`: one rank's step-time
+    model instead of the deployment's (e.g. `leave_gpu_out_cost_model`)."""
     config = config or simulation_config(run)
     specs = replay_workload(run, arrivals)
     if run.data_parallel_size > 1:
         return replay_data_parallel(config, specs, run.data_parallel_size,
-                                    bool(run.engine_kwargs.get("enable_expert_parallel")))
-    res = simulate(config, workload=specs)
+                                    bool(run.engine_kwargs.get("enable_expert_parallel")), cost_model)
+    res = simulate(config, workload=specs, cost_model=cost_model)
     return Replay(request_table(res.requests), step_table(res.steps), res.meta["num_gpu_blocks"])

@@ -35,8 +35,11 @@ def queue_curves(run: RealRun, sim: Replay) -> pd.DataFrame:
                          "running_sim": s["num_running"].to_numpy(), "waiting_sim": s["num_waiting"].to_numpy()})
 
 
-def compare_run(run: RealRun, arrivals: str = "queued", host: HostFit = UNFITTED) -> RunComparison:
-    sim = replay(run, arrivals, simulation_config(run, host))
+def compare_run(run: RealRun, arrivals: str = "queued", host: HostFit = UNFITTED,
+                cost_model=None) -> RunComparison:
+    """Replay `run` under its `simulation_config` with `host` (and `cost_model` instead of the
+    deployment's, if given) and compare."""
+    sim = replay(run, arrivals, simulation_config(run, host), cost_model)
     queues = _extend(queue_curves(run, sim), sim)
     both = compare.per_request(sim.requests, run.measured)
     curve = compare.curve_error(queues["running_sim"].to_numpy(), queues["running_real"].to_numpy())
