@@ -153,3 +153,17 @@ def test_reserve_full_isl_admits_only_when_the_whole_prompt_fits():
     assert strict.requests.first_scheduled_time[i] > loose.requests.first_scheduled_time[i]
     assert strict.requests.num_preemptions[i] == 0
     assert sum(loose.requests.num_preemptions) > 0   # admitting on the first chunk thrashes
+
+
+def test_simulate_uses_a_given_cost_model_and_refuses_it_for_data_parallel():
+    from sim.api.simulator import DeploymentConfig
+    specs = [RequestSpec(0.1 * i, np.arange(64, dtype=np.int32) + 100, output_len=8, request_id=f"r{i}")
+             for i in range(4)]
+    base = simulate(SimulationConfig(seed=0), workload=specs)
+    slow = LinearCostModel(fixed_s=0.5)   # half a second a step: far slower than any GPU
+    given = simulate(SimulationConfig(seed=0), workload=specs, cost_model=slow)
+    assert given.requests["e2e_s"].min() > 8 * 0.5 > base.requests["e2e_s"].max()
+    dp = SimulationConfig(deployment=DeploymentConfig(model="qwen3-30b-a3b", gpu="h100", data_parallel_size=2,
+                                                      enable_expert_parallel=True))
+    with pytest.raises(ConfigError, match="cost_model"):
+        simulate(dp, workload=specs, cost_model=slow)
