@@ -153,10 +153,11 @@ def left_out_calibration(device: str, calibrations: dict[str, Calibration] | Non
         calibrations = {d: shipped_calibration(d) for d in SOURCES if device_of(d) == d}
     others = {d: c for d, c in calibrations.items() if device_of(d) == d and d != device_of(device)}
     defaults = derive_defaults(others, {d: get_gpu(d) for d in others})
+    missing = [f for f in FAMILIES if f not in defaults["all"]]
+    if missing:
+        raise ValueError(f"no calibrated GPU other than {device} measured {missing}")
     gpu = get_gpu(device)
     coeffs = {f: Coeffs(0.0, 1e-12, 1e-5) for f in FAMILIES}  # placeholders: every family derives below
     coeffs.update(derived_coeffs(gpu, defaults, shapes=shapes))
-    missing = [f for f in FAMILIES if f not in defaults["all"]]
-    assert not missing, f"no calibrated GPU measured {missing}"
     return Calibration(gpu.name, coeffs, {"kind": "leave one GPU out",
                                           "derived_from": sorted(others), "per_shape": shapes})
