@@ -162,3 +162,21 @@ def test_prefix_index_matches_block_hashes(ops):
             req.num_computed_tokens += num_hit + n
             kv.cache_full_blocks(req)
         _check_prefix_index(kv)
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=9), st.lists(st.integers(0, 6), max_size=30),
+       st.integers(1, 4))
+def test_blocks_filled_by_decode_rows_hash_as_prompt_blocks(prompt, outputs, block_size):
+    """A block filled one output token at a time (the one-block path) gets the hash a prompt with the
+    same tokens gives it: a later request with the whole sequence as its prompt hits every full block."""
+    kv = KVCacheManager(40, block_size, enable_prefix_caching=True)
+    req = _req(prompt, "a")
+    _compute(kv, req, len(prompt))
+    for token in outputs:
+        req.output_token_ids.append(token)
+        _compute(kv, req, 1)
+        _check_prefix_index(kv)
+    whole = _req(prompt + outputs + [0], "b")
+    assert kv.lookup_prefix(whole)[0] == kv.blocks_of(req)[:(len(prompt) + len(outputs)) // block_size]
+    own = kv.req_hashes.get(req, [])
+    assert own == kv.req_hashes[whole][:len(own)]

@@ -12,6 +12,7 @@ allocated: `num_gpu_blocks - 1` blocks are usable.
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import OrderedDict
 from itertools import islice
@@ -52,6 +53,8 @@ class KVCacheManager:
         self.max_model_len: int | None = None
         #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
+        #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
+        self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
 
     # ----- queries -------------------------------------------------------------------------
     @property
@@ -126,7 +129,7 @@ class KVCacheManager:
         if first >= num_prompt and end - first == bs:  # one block of output tokens (a decode row's)
             tail = req.output_token_ids[first - num_prompt:end - num_prompt]
             if len(tail) == bs:
-                hashes.append(hash((parent, array(_INT32, tail).tobytes())))
+                hashes.append(hash((parent, self._pack_block(*tail))))
                 return hashes
         data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
@@ -249,9 +252,12 @@ class KVCacheManager:
         computed tokens) in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
+        bs = self.block_size
+        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
         done = self.num_hashed_blocks.get(req, 0)
         if num_full <= done:
+            return
+        if num_full == done + 1 and self._cache_one_block(req, done):
             return
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
@@ -264,6 +270,34 @@ class KVCacheManager:
                 else:
                     cached[h] = block
         self.num_hashed_blocks[req] = num_full
+
+    def _cache_one_block(self, req: Request, index: int) -> bool:
+        """`cache_full_blocks` for the one block `index` (a decode row's block that just filled), with
+        its hash from the memo or, for a block of output tokens only, hashed here. False (nothing
+        done) when neither applies."""
+        hashes = self.req_hashes.get(req)
+        if hashes is None:
+            return False
+        if len(hashes) > index:
+            h = hashes[index]
+        else:
+            first = index * self.block_size - req.num_prompt_tokens
+            if len(hashes) < index or first < 0:
+                return False
+            tail = req.output_token_ids[first:first + self.block_size]
+            if len(tail) < self.block_size:
+                return False
+            h = hash((hashes[-1] if hashes else 0, self._pack_block(*tail)))
+            hashes.append(h)
+        block = self.req_blocks[req][index]
+        if self.block_hash[block] is None:
+            self.block_hash[block] = h
+            if h in self.cached:
+                self._register(h, block)
+            else:
+                self.cached[h] = block
+        self.num_hashed_blocks[req] = index + 1
+        return True
 
     def free(self, req: Request, forget: bool = False) -> None:
         """Release the request's blocks, tail blocks first in the eviction order (uncached ones to the
