@@ -255,10 +255,35 @@ class KVCacheManager:
         bs = self.block_size
         num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
         done = self.num_hashed_blocks.get(req, 0)
-        if num_full <= done:
+        if num_full != done + 1:
+            if num_full > done:
+                self._cache_blocks(req, done, num_full)
             return
-        if num_full == done + 1 and self._cache_one_block(req, done):
-            return
+        # one block filled (a decode row's, the hot path): its hash from the memo or, for a block of
+        # output tokens only, hashed here as `_hashes` would
+        hashes = self.req_hashes.get(req)
+        if hashes is None:
+            return self._cache_blocks(req, done, num_full)
+        if len(hashes) > done:
+            h = hashes[done]
+        else:
+            first = done * bs - req.num_prompt_tokens
+            tail = req.output_token_ids[first:first + bs] if first >= 0 and len(hashes) == done else ()
+            if len(tail) < bs:
+                return self._cache_blocks(req, done, num_full)
+            h = hash((hashes[-1] if hashes else 0, self._pack_block(*tail)))
+            hashes.append(h)
+        block = self.req_blocks[req][done]
+        if self.block_hash[block] is None:
+            self.block_hash[block] = h
+            if h in self.cached:  # another block holds it already (the first holder stays first)
+                self._register(h, block)
+            else:
+                self.cached[h] = block
+        self.num_hashed_blocks[req] = num_full
+
+    def _cache_blocks(self, req: Request, done: int, num_full: int) -> None:
+        """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
         block_hash, cached = self.block_hash, self.cached
@@ -270,34 +295,6 @@ class KVCacheManager:
                 else:
                     cached[h] = block
         self.num_hashed_blocks[req] = num_full
-
-    def _cache_one_block(self, req: Request, index: int) -> bool:
-        """`cache_full_blocks` for the one block `index` (a decode row's block that just filled), with
-        its hash from the memo or, for a block of output tokens only, hashed here. False (nothing
-        done) when neither applies."""
-        hashes = self.req_hashes.get(req)
-        if hashes is None:
-            return False
-        if len(hashes) > index:
-            h = hashes[index]
-        else:
-            first = index * self.block_size - req.num_prompt_tokens
-            if len(hashes) < index or first < 0:
-                return False
-            tail = req.output_token_ids[first:first + self.block_size]
-            if len(tail) < self.block_size:
-                return False
-            h = hash((hashes[-1] if hashes else 0, self._pack_block(*tail)))
-            hashes.append(h)
-        block = self.req_blocks[req][index]
-        if self.block_hash[block] is None:
-            self.block_hash[block] = h
-            if h in self.cached:
-                self._register(h, block)
-            else:
-                self.cached[h] = block
-        self.num_hashed_blocks[req] = index + 1
-        return True
 
     def free(self, req: Request, forget: bool = False) -> None:
         """Release the request's blocks, tail blocks first in the eviction order (uncached ones to the
