@@ -39,7 +39,7 @@ class KVCacheManager:
         self.free_uncached_first = free_uncached_first
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        self.free_queue = self._new_free_queue(num_gpu_blocks)
         #: block hash -> the block holding it that a prefix hit takes (the first registered); further
         #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
         self.cached: dict = {}
@@ -55,6 +55,10 @@ class KVCacheManager:
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
         #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
         self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
+
+    def _new_free_queue(self, num_gpu_blocks: int):
+        """Every block but the null block, front first (`sim.core.kv_stack` holds it another way)."""
+        return OrderedDict((b, None) for b in range(1, num_gpu_blocks))
 
     # ----- queries -------------------------------------------------------------------------
     @property
