@@ -5,7 +5,8 @@ load (7,500 blocks of 16 tokens, ~1,000-token prompts, a third sharing a 512-tok
 tokens, 64 requests running). Decode rows grow as `Policy.decode_running` grows them (in place, or one
 more block with `take_next_block`, then `cache_full_blocks`). Prints the CPU time of each part and per
 block, and a checksum of the block tables and free-queue order (equal before and after a change of the
-manager's internals means the same blocks were chosen in the same order).
+manager's internals means the same blocks were chosen in the same order). Without prefix caching it
+runs the plain manager and `sim.core.kv_stack`'s in the same run.
 
     python benchmarks/kv_speed.py [--requests 3000] [--repeat 3]
 """
@@ -18,6 +19,7 @@ import zlib
 import numpy as np
 
 from sim.core.kv_cache import KVCacheManager
+from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
 
@@ -38,9 +40,15 @@ def make_requests(num: int, seed: int = 0) -> list[tuple[Request, list[int]]]:
     return out
 
 
-def run(pairs, timers: dict) -> int:
+MANAGERS = {  # name: a fresh manager
+    "prefix caching": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True),
+    "no prefix caching, OrderedDict queue": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, False),
+    "no prefix caching, stack (kv_stack)": lambda: StackedKVCacheManager(NUM_BLOCKS, BLOCK_SIZE),
+}
+
+
+def run(pairs, timers: dict, kv: KVCacheManager) -> int:
     """One pass over `pairs`; returns a checksum of every block choice and the final free queue."""
-    kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
     outputs = {req: tokens for req, tokens in pairs}
     waiting, running, check = list(reversed(pairs)), [], 0
     clock = time.process_time
@@ -65,20 +73,21 @@ def run(pairs, timers: dict) -> int:
                 if not kv.take_next_block(blocks, total):
                     raise RuntimeError("benchmark sized to never run out of blocks")
                 grow -= g0 - clock()
-            elif total // BLOCK_SIZE > kv.num_hashed_blocks.get(req, 0):  # a block filled
+            elif kv.enable_prefix_caching and total // BLOCK_SIZE > kv.num_hashed_blocks.get(req, 0):
                 g0 = clock()
                 kv.cache_full_blocks(req, total)
                 grow -= g0 - clock()
             req.num_computed_tokens = total
             req.output_token_ids.append(outputs[req][len(req.output_token_ids)])
-        t2 = clock()
         done = [r for r in running if len(r.output_token_ids) == len(outputs[r])]
         for req in done:
             check = zlib.crc32(np.asarray(kv.req_blocks[req], np.int64).tobytes(), check)
+        t2 = clock()
+        for req in done:
             kv.free(req, forget=True)
+        t3 = clock()
         if done:
             running = [r for r in running if r not in set(done)]
-        t3 = clock()
         timers["admit"] += t1 - t0
         timers["decode"] += grow
         timers["free"] += t3 - t2
@@ -90,22 +99,27 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    best: dict = {}
+    best: dict = {name: {} for name in MANAGERS}
+    checks = {}
     for _ in range(args.repeat):
-        pairs = make_requests(args.requests)
-        timers = {"admit": 0.0, "decode": 0.0, "free": 0.0}
-        check = run(pairs, timers)
-        for k, v in timers.items():
-            best[k] = min(best.get(k, v), v)
+        for name, make in MANAGERS.items():
+            pairs = make_requests(args.requests)
+            timers = {"admit": 0.0, "decode": 0.0, "free": 0.0}
+            checks[name] = run(pairs, timers, make())
+            for k, v in timers.items():
+                best[name][k] = min(best[name].get(k, v), v)
     prompt_blocks = sum(r.num_prompt_tokens for r, _ in pairs) // BLOCK_SIZE
     total_blocks = sum(len(o) + r.num_prompt_tokens for r, o in pairs) // BLOCK_SIZE
     print(f"{args.requests} requests, {prompt_blocks} prompt blocks, {total_blocks} blocks in all;"
-          f" checksum {check:08x}")
-    print(f"admit  {best['admit']:.3f} s  {1e6 * best['admit'] / prompt_blocks:.2f} us/prompt block")
-    print(f"decode {best['decode']:.3f} s  {1e6 * best['decode'] / (total_blocks - prompt_blocks):.2f}"
-          " us/output block (taking it, registering it)")
-    print(f"free   {best['free']:.3f} s  {1e6 * best['free'] / total_blocks:.2f} us/block")
-    print(f"total  {sum(best.values()):.3f} s")
+          f" best CPU time of {args.repeat}")
+    for name, b in best.items():
+        print(f"{name}: admit {b['admit']:.3f} s ({1e6 * b['admit'] / prompt_blocks:.2f} us/prompt block),"
+              f" growth {b['decode']:.3f} s ({1e6 * b['decode'] / (total_blocks - prompt_blocks):.2f}"
+              f" us/output block), free {b['free']:.3f} s ({1e6 * b['free'] / total_blocks:.2f} us/block),"
+              f" total {sum(b.values()):.3f} s; checksum {checks[name]:08x}")
+    plain, stack = (sum(best[n].values()) for n in list(MANAGERS)[1:])
+    print(f"stack vs OrderedDict queue (no prefix caching): x{plain / stack:.2f},"
+          f" same blocks: {checks[list(MANAGERS)[1]] == checks[list(MANAGERS)[2]]}")
 
 
 if __name__ == "__main__":
