@@ -19,7 +19,10 @@ import zlib
 import numpy as np
 
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_stack import StackedKVCacheManager
+try:
+    from sim.core.kv_stack import StackedKVCacheManager
+except ImportError:  # a checkout from before it (PYTHONPATH=<checkout> to time another tree)
+    StackedKVCacheManager = None
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
 
@@ -43,8 +46,9 @@ def make_requests(num: int, seed: int = 0) -> list[tuple[Request, list[int]]]:
 MANAGERS = {  # name: a fresh manager
     "prefix caching": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True),
     "no prefix caching, OrderedDict queue": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, False),
-    "no prefix caching, stack (kv_stack)": lambda: StackedKVCacheManager(NUM_BLOCKS, BLOCK_SIZE),
 }
+if StackedKVCacheManager is not None:
+    MANAGERS["no prefix caching, stack (kv_stack)"] = lambda: StackedKVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
 
 
 def run(pairs, timers: dict, kv: KVCacheManager) -> int:
@@ -117,10 +121,33 @@ def main() -> None:
               f" growth {b['decode']:.3f} s ({1e6 * b['decode'] / (total_blocks - prompt_blocks):.2f}"
               f" us/output block), free {b['free']:.3f} s ({1e6 * b['free'] / total_blocks:.2f} us/block),"
               f" total {sum(b.values()):.3f} s; checksum {checks[name]:08x}")
-    plain, stack = (sum(best[n].values()) for n in list(MANAGERS)[1:])
-    print(f"stack vs OrderedDict queue (no prefix caching): x{plain / stack:.2f},"
-          f" same blocks: {checks[list(MANAGERS)[1]] == checks[list(MANAGERS)[2]]}")
+    if StackedKVCacheManager is not None:
+        plain, stack = (sum(best[n].values()) for n in list(MANAGERS)[1:])
+        print(f"stack vs OrderedDict queue (no prefix caching): x{plain / stack:.2f},"
+              f" same blocks: {checks[list(MANAGERS)[1]] == checks[list(MANAGERS)[2]]}")
+    print(f"one decode row's block registered (cache_full_blocks, prefix caching):"
+          f" {min(one_block_registration() for _ in range(args.repeat)):.3f} us")
 
+
+def one_block_registration(rows: int = 300, blocks: int = 60) -> float:
+    """Microseconds per `cache_full_blocks` call that registers the one block of output tokens a
+    decode row just filled (blocks held already, tokens known)."""
+    rng = np.random.default_rng(1)
+    kv = KVCacheManager(rows * (blocks + 40) + 1, BLOCK_SIZE, enable_prefix_caching=True)
+    prompt_len = 500  # not a multiple of the block size: block 31 mixes prompt and output tokens
+    reqs = []
+    for i in range(rows):
+        req = Request(f"r{i}", rng.integers(3, 32_000, prompt_len, dtype=np.int32), SamplingParams(), 2)
+        kv.allocate(req, prompt_len + BLOCK_SIZE * blocks)
+        req.num_computed_tokens = prompt_len
+        kv.cache_full_blocks(req)
+        req.output_token_ids.extend(rng.integers(3, 32_000, BLOCK_SIZE * blocks).tolist())
+        reqs.append(req)
+    start = time.process_time()
+    for k in range(2, blocks):  # from the first block of output tokens only
+        for req in reqs:
+            kv.cache_full_blocks(req, prompt_len + BLOCK_SIZE * k)
+    return 1e6 * (time.process_time() - start) / ((blocks - 2) * rows)
 
 if __name__ == "__main__":
     main()
