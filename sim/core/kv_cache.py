@@ -271,7 +271,7 @@ class KVCacheManager:
         if len(hashes) > done:
             h = hashes[done]
         else:
-            first = done * bs - req.num_prompt_tokens
+            first = done * bs - req.num_prompt_tokens  # >= 0: the block holds output tokens only
             tail = req.output_token_ids[first:first + bs] if first >= 0 and len(hashes) == done else ()
             if len(tail) < bs:
                 return self._cache_blocks(req, done, num_full)
