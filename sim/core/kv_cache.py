@@ -154,7 +154,8 @@ class KVCacheManager:
         if self.num_lookahead_tokens:
             total = max(total, min(total + self.num_lookahead_tokens, self.max_model_len or total))
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
-        revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0) if cached_blocks else 0
+        ref_cnt = self.ref_cnt
+        revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
         return fresh, revived
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
