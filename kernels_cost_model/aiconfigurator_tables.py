@@ -55,6 +55,14 @@ L2_BYTES = {
     "l40s": (96 * 2**20, "NVIDIA L40S product brief: 96 MB L2 (AD102)"),
     "rtx_pro_6000_server": (128 * 2**20, "casys-kaist/LLMServingSim profiler/perf/RTXPRO6000/hardware.yaml "
                                          "spec.l2_cache_mib = 128.0 (read from the device)"),
+    "b200_sxm": (int(126.5 * 2**20), "cudaDeviceProp on an NVIDIA B200: 'L2 Cache Size: 126.50 MB' (pytorch/ao PR "
+                                     "#4002, read from the device); chipsandcheese.com 'Nvidia's B200' measures "
+                                     "126 MB; NVIDIA's Blackwell Tuning Guide, 'Increased L2 Capacity'"),
+    "gb200": (int(126.5 * 2**20), "the B200 GPU (GB200 = Grace + two B200 GPUs): as b200_sxm"),
+    "b300_sxm": (int(126.5 * 2**20), "no NVIDIA figure found; taken as B200's. AIConfigurator's unsplit decode fit "
+                                     "shows the same cliff as on B200 (held-out residual +20 % at 64 MiB of K + V, "
+                                     "-8 % at 128 MiB; docs/cost_model.md)"),
+    "gb300": (int(126.5 * 2**20), "the B300 GPU: as b300_sxm"),
 }
 #: Columns read where a table has them (a100's attention tables predate sliding windows).
 OPTIONAL_COLUMNS = ("window_size",)

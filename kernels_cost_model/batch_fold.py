@@ -5,7 +5,7 @@ found by scans too while they stay few, else by one plain pass.
 """
 from __future__ import annotations
 
-from operator import mul
+from operator import add, mul
 
 
 #: Use the scan path while prefill rows and their distinct sizes stay this few.
@@ -34,15 +34,16 @@ def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
 
 def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
     """(tokens, context, query-key pairs, tile weight, rows) of the prefill rows (> 1 new token),
-    and the context of rows with 0 new tokens (they read nothing)."""
+    the context of rows with 0 new tokens (they read nothing), and the keys of the longest prefill row
+    (context + chunk: the causal launch's critical path, roofline.operator_keys)."""
     n = len(new)
     n_zero = new.count(0)
     if n_dec == 0 and n_zero == 0:  # all rows are prefill chunks: C-level reductions
         tok, cp, cc, pctx = sum(new), sum(map(mul, new, ctx)), sum(map(mul, new, new)), sum(ctx)
-        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0
+        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0, max(map(add, new, ctx))
     chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
     rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
-    pf_tok = pf_ctx = idle_ctx = n_pf = 0
+    pf_tok = pf_ctx = idle_ctx = n_pf = longest = 0
     pf_pairs = pf_tile = 0.0
     if rows is not None:  # a few prefill rows, found by C-level scans
         pairs = ((new[i], ctx[i]) for i in rows)
@@ -57,6 +58,8 @@ def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
             pf_pairs += c * p + 0.5 * c * (c + 1)
             pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the weight of the per-row tile penalty
             n_pf += 1
+            if c + p > longest:
+                longest = c + p
         elif c == 0 and rows is None:
             idle_ctx += p
-    return pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx
+    return pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, longest

@@ -19,7 +19,8 @@ from kernels_cost_model.errors import ConfigError
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derived_coeffs, shipped_defaults
-from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_rows, operator_seqs
+from .roofline import (FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_keys, operator_rows,
+                       operator_seqs, single_token_prefill)
 from .roofline_fit import fit_family
 from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key
 
@@ -68,6 +69,8 @@ def _coeffs_json(c: Coeffs) -> dict:
            "tile_rows": c.tile_rows}
     if c.s_per_seq:
         out["s_per_seq"] = c.s_per_seq
+    if c.s_per_key:
+        out["s_per_key"] = c.s_per_key
     return out
 
 
@@ -107,12 +110,14 @@ SHAPE_MIN_SAMPLES = 8
 
 
 def costs(rows: list[dict], plain: bool = False) -> tuple[np.ndarray, ...]:
-    """(FLOPs, bytes, measured seconds, tile rows, sequences) arrays for profile rows. `plain`: bytes
-    and launches only (an elementwise family's or operator's streaming rate, no tiers or row waves)."""
+    """(FLOPs, bytes, measured seconds, tile rows, sequences, longest-row keys) arrays for profile rows.
+    `plain`: bytes and launches only (an elementwise family's or operator's streaming rate, no tiers or
+    row waves)."""
     fb = np.array([operator_cost(r) if plain else kernel_cost(r) for r in rows], dtype=float).reshape(-1, 2)
     seqs = np.zeros(len(rows)) if plain else np.array([operator_seqs(r) for r in rows], dtype=float)
+    keys = np.array([operator_keys(r) for r in rows], dtype=float)
     return (fb[:, 0], fb[:, 1], np.array([r["measured_s"] for r in rows], dtype=float),
-            np.array([operator_rows(r) for r in rows], dtype=float), seqs)
+            np.array([operator_rows(r) for r in rows], dtype=float), seqs, keys)
 
 
 def _plain(family: str) -> bool:
@@ -143,7 +148,8 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
             continue
         plain = r["family"] == "elementwise" and elementwise_key(r) not in cal.coeffs  # no tier fitted
         flops, nbytes = operator_cost(r) if plain else kernel_cost(r)
-        out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r))
+        out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r),
+                                         operator_keys(r))
     return out
 
 
@@ -176,6 +182,9 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
     if not rows:
         raise ConfigError("profile", device, "no measurement rows to fit")
     coeffs = dict(fallback.coeffs) if fallback else {}
+    rows = [r for r in rows if not single_token_prefill(r)]  # decodes as vLLM runs them (roofline.py)
+    if not rows:
+        raise ConfigError("profile", device, "no measurement rows to fit")
     by_family = _groups(rows, lambda r: r["family"])
     fitted = [f for f in (*FAMILIES, *OPTIONAL_FAMILIES) if len(by_family.get(f, ())) >= 2]
     for fam in fitted:

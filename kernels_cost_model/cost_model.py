@@ -19,6 +19,7 @@ from .attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s
 from .batch_fold import _fold_prefill_rows
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
+from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
 from .expert_sharding import expert_sharded
@@ -99,7 +100,13 @@ class RooflineCostModel:
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
-        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch."""
+        """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch.
+        A pure-decode batch is priced from terms kept per batch size (decode_stretch.py, same result)."""
+        new = batch.num_new_tokens
+        n = len(new)
+        if n and batch.num_sampled == n and SEQUENTIAL_SUM and new.count(1) == n:
+            ctx = batch.num_context_tokens
+            return decode_step_time(self, n, sum(ctx), max(ctx))
         return sum(self._terms(batch))
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
@@ -112,20 +119,31 @@ class RooflineCostModel:
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
-            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx = _fold_prefill_rows(new, ctx, n_dec)
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys = _fold_prefill_rows(new, ctx, n_dec)
         else:
-            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = 0
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
         tokens = n_dec + pf_tok
-        cpu = (CPU_BASE_S + self.cpu_per_request_s * n + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
+        cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
         dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         if self.decode_imbalance is not None and n_dec > 1:
             dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
-        gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
+        # own path (at prefill's key cost, never below decode's) is longer: the launch's path is the same.
+        # Rows with no new tokens read nothing: then scan the decodes themselves.
+        longest = 0
+        if n_dec:
+            longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
+        gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
+                          pf_tile, (pf_keys, longest))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _cpu_s(self, num_reqs: int, tokens: int) -> float:
+        """The engine's CPU time for a step of `num_reqs` requests and `tokens` tokens (before overlap)."""
+        return (CPU_BASE_S + self.cpu_per_request_s * num_reqs + CPU_PER_TOKEN_S * tokens) if self.cpu_overhead else 0.0
 
     def _imbalanced(self, dec_keys: float, new: list, ctx: list, n_dec: int, mixed: bool) -> float:
         """Decode keys as the launch prices them: mean + alpha x (longest - mean) per row, alpha as
@@ -142,7 +160,7 @@ class RooflineCostModel:
         return sizes[bisect_left(sizes, tokens)]
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
-               pf_ctx: float, pf_pairs: float, pf_tile: float) -> tuple[float, ...]:
+               pf_ctx: float, pf_pairs: float, pf_tile: float, longest: tuple) -> tuple[float, ...]:
         d, L = self.dtype_bytes, self.layers
         qkv = self.qkv.time(t, d)
         o = self.o.time(t, d)
@@ -152,7 +170,7 @@ class RooflineCostModel:
         else:
             mlp, routing = self._moe(t, d)
             act_width = self.inter_gpu * self.top_k
-        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile)
+        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile, longest)
         h = self.hidden
         rope_width = self.q_gpu + self.kv_gpu
         norm = self.norm.cost(d * (2.0 * t * h + h), t, d * h)
@@ -178,7 +196,7 @@ class RooflineCostModel:
                 lm, ar * self.collective_scale)
 
     def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
-                   pf_pairs: float, pf_tile: float) -> tuple[float, float]:
+                   pf_pairs: float, pf_tile: float, longest: tuple) -> tuple[float, float]:
         """One varlen attention launch over all rows (as vLLM v1 runs it), split for the breakdown.
 
         Prefill rows price their FLOPs and bytes at the prefill coefficients, decode rows at the decode
@@ -198,7 +216,9 @@ class RooflineCostModel:
             m_mixed = d * 2.0 * ((n_dec + dec_keys) * self.q_gpu * sq + dec_keys * self.kv_gpu * skv)
             m_dec = m_mixed if m_mixed > m_dec else m_dec
         compute, memory = c_pf + c_dec, m_pf + m_dec
-        overhead = (pf.overhead_s if n_pf else dc.overhead_s) + n_pf * pf.s_per_seq + n_dec * dc.s_per_seq
+        pf_path, dec_path = longest[0] * pf.s_per_key, longest[1] * dc.s_per_key  # the longest row's keys:
+        overhead = ((pf.overhead_s if n_pf else dc.overhead_s) + n_pf * pf.s_per_seq + n_dec * dc.s_per_seq
+                    + (pf_path if pf_path > dec_path else dec_path))        # the launch's critical path
         total = (compute if compute > memory else memory) + overhead
         alone_pf = (c_pf if c_pf > m_pf else m_pf) if n_pf else 0.0
         alone_dec = (c_dec if c_dec > m_dec else m_dec) if n_dec else 0.0
@@ -235,7 +255,7 @@ def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
     normally satisfy this already; a noisy user profile might not."""
     return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
                   max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows,
-                  max(pf.s_per_seq, dec.s_per_seq))
+                  max(pf.s_per_seq, dec.s_per_seq), max(pf.s_per_key, dec.s_per_key))
 
 
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:

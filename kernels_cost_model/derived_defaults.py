@@ -54,14 +54,15 @@ def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
     base = family.split("@")[0].split(".")[0]
     return {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
             "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
-            "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq}
+            "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq,
+            "s_per_key": c.s_per_key}
 
 
 def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
     base = family.split("@")[0].split(".")[0]
     return Coeffs(1.0 / (e["compute"] * gpu.bf16_flops_per_s) if e["compute"] else 0.0,
                   1.0 / (e["memory"] * _bandwidth(gpu, base)) if e["memory"] else 0.0,
-                  e["overhead_s"], e["tile_rows"], e["s_per_seq"])
+                  e["overhead_s"], e["tile_rows"], e["s_per_seq"], e.get("s_per_key", 0.0))
 
 
 def derive_defaults(calibrations: dict, gpus: dict) -> dict:

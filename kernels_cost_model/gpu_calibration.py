@@ -32,7 +32,7 @@ from .calibration import HOLDOUT_RULE, Calibration, fit_profile, holdout_split, 
 from .hardware import get_gpu
 from .llmservingsim_profiles import LICENCE as LSS_LICENCE
 from .llmservingsim_profiles import read_shared_profiles
-from .roofline import FAMILIES, Coeffs
+from .roofline import COEFF_FIELDS, FAMILIES, Coeffs
 
 VIDUR_LICENCE = "measurements: microsoft/vidur data/profiling @7d475133, MIT licence (c) Microsoft Corporation"
 #: Families AIConfigurator measures through vLLM's own layers: Vidur's older rows of them are not used.
@@ -124,8 +124,7 @@ def rounded(cal: Calibration, digits: int = 6) -> Calibration:
     the held-out error is computed after rounding, so the file reproduces it exactly)."""
     def r(x: float) -> float:
         return float(f"{x:.{digits}g}")
-    coeffs = {k: Coeffs(*(r(getattr(c, f)) for f in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows",
-                                                       "s_per_seq"))) for k, c in cal.coeffs.items()}
+    coeffs = {k: Coeffs(*(r(getattr(c, f)) for f in COEFF_FIELDS)) for k, c in cal.coeffs.items()}
     curves = {k: [[size, r(sec)] for size, sec in v] for k, v in cal.curves.items()}
     return Calibration(cal.device, coeffs, cal.provenance, curves)
 

@@ -22,6 +22,8 @@ FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "a
 OPTIONAL_FAMILIES = ("moe", "decode_attention_l2")
 #: Families whose launches pay a cost per sequence (Coeffs.s_per_seq).
 SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+#: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key).
+KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
 
 #: Profile operator name -> family.
 OPERATOR_FAMILY = {
@@ -37,21 +39,27 @@ OPERATOR_FAMILY = {
 @dataclass(frozen=True, slots=True)
 class Coeffs:
     """One family's roofline coefficients: seconds per FLOP, per byte, per launch; tile rows; seconds
-    per sequence of an attention launch (its work units: query loads, split-KV reductions)."""
+    per sequence of an attention launch (its work units: query loads, split-KV reductions); seconds per
+    key of a causal launch's longest row (its critical path, operator_keys)."""
 
     s_per_flop: float
     s_per_byte: float
     overhead_s: float
     tile_rows: float = 0.0
     s_per_seq: float = 0.0
+    s_per_key: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq"):
+        for name in COEFF_FIELDS:
             value = getattr(self, name)
             require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
 
-    def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0) -> float:
-        return roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq
+    def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0) -> float:
+        return roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq + keys * self.s_per_key
+
+
+#: Coeffs' fields, in order.
+COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key")
 
 
 def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:
@@ -152,6 +160,26 @@ def operator_seqs(row: dict) -> float:
     if family == "elementwise":
         return row["m"]
     return row["batch"] if family in SEQUENCE_FAMILIES else 0.0
+
+
+def single_token_prefill(row: dict) -> bool:
+    """A prefill row of 1 new token per request: vLLM runs it as a decode (its FlashInfer backend sends
+    query length 1 to the decode kernel; FlashAttention's varlen path with max_seqlen_q == 1 packs the
+    query heads of a KV head as rows, as for decodes), and so does the cost model (batch_fold.py): such
+    rows are priced with the decode coefficients and do not enter the prefill fit."""
+    return row["operator"] == "prefill_attention" and row["chunk"] == 1
+
+
+def operator_keys(row: dict) -> float:
+    """Keys the longest row of an attention launch reads (prefill: context + chunk; decode: context + 1):
+    the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
+    holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
+    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. Its
+    cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    family = OPERATOR_FAMILY[row["operator"]]
+    if family not in KEY_FAMILIES:
+        return 0.0
+    return row["context"] + (row["chunk"] if family == "prefill_attention" else 1.0)
 
 
 def operator_cost(row: dict) -> tuple[float, float]:

@@ -22,11 +22,11 @@ from bisect import bisect_right
 from functools import lru_cache
 
 from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
-from .roofline import OPERATOR_FAMILY, Coeffs, operator_cost
+from .roofline import COEFF_FIELDS, OPERATOR_FAMILY, Coeffs, operator_cost, single_token_prefill
 
 #: Families priced per head layout.
 ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
-_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq")
+_FIELDS = COEFF_FIELDS
 
 
 def _num(x: float) -> str:
@@ -154,6 +154,8 @@ def moe_coeffs(coeffs: dict, hidden: float, inter: float, experts: float, top_k:
 def coeffs_for_row(coeffs: dict, row: dict) -> Coeffs:
     """The coefficients that price a profile row: shape, then operator, then family."""
     family, op = OPERATOR_FAMILY[row["operator"]], row["operator"]
+    if single_token_prefill(row):  # a decode as vLLM runs it: 1 key per request, from L2 where split
+        family = "decode_attention_l2" if "decode_attention_l2" in coeffs else "decode_attention"
     found = None
     if family == "matmul":
         found = matmul_coeffs(coeffs, row["n"], row["k"])

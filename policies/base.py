@@ -168,6 +168,8 @@ class Policy:
     @staticmethod
     def require_whole_prompt_budget(config: EngineConfig) -> None:
         """Whole-prompt policies: the longest prompt (or recompute) must fit one step's budget."""
+        if config.max_num_batched_tokens >= config.max_model_len:
+            return  # (checked every step: no error message built when it holds)
         require(config.max_num_batched_tokens >= config.max_model_len, "max_num_batched_tokens",
                 config.max_num_batched_tokens,
                 f"must be >= max_model_len={config.max_model_len} with policy={config.policy!r}:"

@@ -61,7 +61,7 @@ def test_fit_family_is_robust_to_noise():
     rows = [r for r in synthetic_rows() if r["family"] == "matmul"]
     gen = np.random.default_rng(7)
     from kernels_cost_model.calibration import costs
-    flops, nbytes, t, m, _seqs = costs(rows)
+    flops, nbytes, t, m, _seqs, _keys = costs(rows)
     fitted = fit_family(flops, nbytes, t * gen.lognormal(0, 0.03, len(t)), m)
     assert fitted.s_per_flop == pytest.approx(TRUE["matmul"].s_per_flop, rel=0.05)
     assert fitted.s_per_byte == pytest.approx(TRUE["matmul"].s_per_byte, rel=0.05)

@@ -78,3 +78,4 @@ def test_prefill_fold_paths_agree_with_a_plain_loop(pairs):
     assert got[0] == tok and got[1] == pctx and got[4] == sum(c > 1 for c in new)
     assert abs(got[2] - pairs_sum) <= 1e-9 * max(pairs_sum, 1) and abs(got[3] - tile) <= 1e-9 * max(tile, 1)
     assert got[5] == sum(p for c, p in pairs if c == 0)
+    assert got[6] == max((c + p for c, p in pairs if c > 1), default=0)   # the longest prefill row's keys

@@ -37,10 +37,19 @@ def test_rows_that_fit_in_l2_are_the_l2_family(tmp_path):
     assert ops == ["decode_attention", "decode_attention_l2"]
 
 
-def test_a_gpu_without_a_documented_l2_is_not_split(tmp_path):
-    assert "b200_sxm" not in L2_BYTES
+def test_a_gpu_without_an_l2_size_is_not_split(tmp_path, monkeypatch):
     _write_generation(tmp_path, "b200_sxm", [1], [1])
+    assert [r["operator"] for r in read_table(tmp_path, "b200_sxm", "generation_attention")] == ["decode_attention_l2"]
+    monkeypatch.delitem(L2_BYTES, "b200_sxm")
     assert [r["operator"] for r in read_table(tmp_path, "b200_sxm", "generation_attention")] == ["decode_attention"]
+
+
+def test_b200_class_split_at_their_l2_size(tmp_path):
+    # 126.5 MiB (B200's device-reported L2): 64 MiB of K + V fits, 128 MiB does not
+    for system in ("b200_sxm", "b300_sxm", "gb200", "gb300"):
+        _write_generation(tmp_path, system, [4, 8], [4095, 4095])   # 8 KV heads x 128: 64 and 128 MiB
+        ops = [r["operator"] for r in read_table(tmp_path, system, "generation_attention")]
+        assert ops == ["decode_attention_l2", "decode_attention"], system
 
 
 def test_serving_prices_decode_from_the_dram_fit():

@@ -336,7 +336,10 @@ class Engine:
         """Take stopped requests off the queues (a preempted one can stop on a token of a step
         planned before its preemption)."""
         done = set(finished)
-        self.state.running = [r for r in self.state.running if r not in done]
+        running = self.state.running
+        self.state.running = [r for r in running if r not in done]
+        if len(running) - len(self.state.running) == len(done):
+            return  # all were running: no scan of a waiting queue that grows under overload
         for req in finished:
             if req in self.state.waiting:
                 self.state.waiting.remove(req)

@@ -16,6 +16,8 @@ leaps: the reference).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import accumulate
 
 import numpy as np
 
@@ -37,6 +39,7 @@ ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
+SYNTHETIC_FROM = 512  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
@@ -89,8 +92,8 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
-        if in_flight is not None and (not _decodes_of(in_flight, running)
-                                      or now + in_flight.duration >= horizon):
+        if in_flight is not None and (now + in_flight.duration >= horizon
+                                      or not _decodes_of(in_flight, running)):
             return None  # (the step in flight itself would end at or after the next event)
         quick_stop = engine.quick_stop
         running_status = RequestStatus.RUNNING
@@ -131,9 +134,10 @@ class _StretchPlan(StretchKV):
         self.kv = engine.state.kv
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.num_rows = len(rows)
-        self.outputs = np.array([len(r.output_token_ids) for r in rows], dtype=np.int64)
-        self.prompts = np.array([r.num_prompt_tokens for r in rows], dtype=np.int64)
-        self.computed = self.prompts + self.outputs - 1 + self.lag
+        # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
+        self.outputs = [len(r.output_token_ids) for r in rows]
+        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, self.outputs)]  # tokens known - 1
+        self.computed = [base + self.lag for base in self.bases]
         self.units = 0
         self.tokens: list[list[int]] = []
 
@@ -159,43 +163,45 @@ class _StretchPlan(StretchKV):
         """Units before a length rule, the async last-token skip or max_model_len stop a row."""
         engine = self.engine
         max_model_len = engine.config.max_model_len
-        limits = np.array([engine.quick_stop[r.index][1] for r in self.rows], dtype=np.int64)
-        units = int((limits - self.outputs - 1).min())
-        units = min(units, int((max_model_len - 1 - self.computed).min()), MAX_UNITS)
+        quick_stop = engine.quick_stop
+        units = min(quick_stop[r.index][1] - o - 1 for r, o in zip(self.rows, self.outputs))
+        units = min(units, max_model_len - 1 - max(self.computed), MAX_UNITS)
         if self.lag:
-            max_tokens = np.array([r.sampling_params.max_tokens or max_model_len - r.num_prompt_tokens
-                                   for r in self.rows], dtype=np.int64)
-            units = min(units, int((self.prompts + max_tokens - self.computed - 1).min()))
+            units = min(units, min(r.num_prompt_tokens + (r.sampling_params.max_tokens
+                                                          or max_model_len - r.num_prompt_tokens) - c - 1
+                                   for r, c in zip(self.rows, self.computed)))
         return units
 
     def _time_limit(self, units: int, horizon: float) -> int:
         """Units whose finish comes strictly before `horizon`. Fills `self.planned` (durations of
         the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
         `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
-        cost_model, computed = self.engine.cost_model, self.computed
+        cost_model, computed, lag = self.engine.cost_model, self.computed, self.lag
         planned = decode_step_times(cost_model, computed, 0, 1)
-        first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
+        first = planned[0] if not lag else min(planned[0], self.in_flight.duration)
         # durations grow with the context: the first one bounds how many fit before the horizon
         chunk = units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
         while True:
             count = min(chunk, units - len(planned))
-            planned = np.concatenate((planned, decode_step_times(cost_model, computed, len(planned), count)))
-            finishing = planned if not self.lag else np.concatenate(([self.in_flight.duration], planned[:-1]))
-            times = np.cumsum(np.concatenate(([self.now], finishing)))  # sequential, as SimPy adds
+            planned += decode_step_times(cost_model, computed, len(planned), count)
+            finishing = planned if not lag else [self.in_flight.duration] + planned[:-1]
+            times = list(accumulate(finishing, initial=self.now))  # sequential, as SimPy adds
             if len(planned) >= units or times[-1] >= horizon:
                 break
             chunk = max(16, 2 * chunk)
         self.planned, self.finishing, self.times = planned, finishing, times
-        return min(units, int(np.searchsorted(times, horizon, side="left")) - 1)
+        return min(units, bisect_left(times, horizon) - 1)
 
     def _token_limit(self, units: int) -> int:
         """Units before any row's next token could stop it; keeps the tokens of those units."""
         engine = self.engine
-        synthetic = [getattr(engine.streams[req.index], "synthetic", None) for req in self.rows]
-        if None not in synthetic:
+        synthetic = None
+        if units * self.num_rows >= SYNTHETIC_FROM:
+            synthetic = [getattr(engine.streams[req.index], "synthetic", None) for req in self.rows]
+        if synthetic is not None and None not in synthetic:
             return self._synthetic_token_limit(units, synthetic)
         tokens = []
-        for req, start in zip(self.rows, self.outputs.tolist()):
+        for req, start in zip(self.rows, self.outputs):
             stream = engine.streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
             span = getattr(stream, "span", None) if units > SPAN_FROM else None
@@ -221,7 +227,7 @@ class _StretchPlan(StretchKV):
         few units too early at worst, which costs only speed)."""
         quick_stop = self.engine.quick_stop
         candidates = set().union(*(quick_stop[req.index][0] for req in self.rows))
-        tokens = synthetic_spans(synthetic, self.outputs, units)
+        tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
         if candidates:
             hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
             if len(hits):
@@ -234,7 +240,7 @@ class _StretchPlan(StretchKV):
             req.output_token_ids.extend(row[:units])
 
     def _truncate_tokens(self) -> None:
-        for req, start in zip(self.rows, self.outputs.tolist()):
+        for req, start in zip(self.rows, self.outputs):
             del req.output_token_ids[start:]
 
     # ----- applying it ----------------------------------------------------------------------
@@ -245,7 +251,7 @@ class _StretchPlan(StretchKV):
         self._append_tokens(units)
         snapshots = self._replay_kv()
         times = self.times
-        finish_times = times[1:].tolist()
+        finish_times = times[1:]
         token_times = self.engine.requests.token_times
         for req in rows:
             req.num_computed_tokens += units
@@ -255,18 +261,18 @@ class _StretchPlan(StretchKV):
         self._record_steps(snapshots)
         if not self.lag:
             return None
-        context = (self.computed + units - 1).tolist()
+        context = [c + units - 1 for c in self.computed]
         scheduled = [(req, 1) for req in rows]
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
-        start = self.now if units == 1 else float(times[units - 1])
-        return Step(SchedulerOutput(scheduled), batch, float(self.planned[units - 1]), start, 0,
+        start = self.now if units == 1 else times[units - 1]
+        return Step(SchedulerOutput(scheduled), batch, self.planned[units - 1], start, 0,
                     [True] * self.num_rows)
 
     def _record_steps(self, snapshots) -> None:
         """Append the records of the U steps that finished (steps k+1 .. k+U)."""
         units, lag, times = self.units, self.lag, self.times
         steps = self.engine.steps
-        starts = [self.now] + times[1:units].tolist()   # `now` kept as it is (SimPy starts at int 0)
+        starts = [self.now] + times[1:units]   # `now` kept as it is (SimPy starts at int 0)
         if lag:
             starts = [self.in_flight.start] + starts[:-1]
         finishing = self.finishing[:units]
@@ -279,26 +285,26 @@ class _StretchPlan(StretchKV):
             batch[0] = len(first.plan.scheduled)
             sampled[0] = first.batch.num_sampled
         steps.start_time.extend(starts)
-        steps.duration.extend(finishing.tolist())
+        steps.duration.extend(finishing)
         steps.num_prefill_tokens.extend(prefill)
         steps.num_decode_tokens.extend([b] * units)
         steps.batch_size.extend(batch)
         steps.num_sampled.extend(sampled)
         steps.num_preempted.extend([0] * units)
-        steps.kv_blocks_used.extend(used.tolist())
-        steps.kv_blocks_cached.extend(cached.tolist())
-        steps.kv_blocks_free.extend(free.tolist())
+        steps.kv_blocks_used.extend(used)
+        steps.kv_blocks_cached.extend(cached)
+        steps.kv_blocks_free.extend(free)
         steps.num_running.extend([b] * units)
         steps.num_waiting.extend([len(self.engine.state.waiting)] * units)
 
 
-def _exact_delays(now: float, times: np.ndarray, finishing: np.ndarray, units: int) -> list[float]:
+def _exact_delays(now: float, times: list, finishing: list, units: int) -> list[float]:
     """Delays whose SimPy timeouts end exactly at times[units]: one if a single delay lands there
     bit for bit, else one per step (each added as the step-by-step loop adds it)."""
-    end = float(times[units])
+    end = times[units]
     delay = end - now
     for _ in range(4):
         if now + delay == end:
             return [delay]
         delay = math.nextafter(delay, math.inf if now + delay < end else -math.inf)
-    return finishing[:units].tolist()
+    return finishing[:units]

@@ -1,0 +1,62 @@
+"""The roofline model's closed-form decode stretch equals its step-by-step prices, bit for bit."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernels_cost_model.batch import BatchShape
+from kernels_cost_model.cost_model import make_cost_model
+from kernels_cost_model.decode_stretch import SEQUENTIAL_SUM, roofline_decode_times
+
+SETUPS = [  # (model, gpu, tensor_parallel_size, async_scheduling): dense, MoE, TP, measured imbalance
+    ("llama-2-7b", "a100-sxm-80gb", 1, True),
+    ("llama-2-7b", "a100-sxm-80gb", 1, False),
+    ("llama-3.1-70b", "h100-sxm", 4, True),
+    ("mixtral-8x7b", "h100-sxm", 2, False),
+    ("qwen3-30b-a3b", "h200", 1, True),
+    ("qwen2.5-7b", "rtx-pro-6000", 1, True),
+    ("qwen2.5-0.5b", "l4", 1, True),
+]
+
+
+def _model(setup):
+    name, gpu, tp, async_ = setup
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make_cost_model(name, gpu, tp, async_scheduling=async_)
+
+
+MODELS = {setup: _model(setup) for setup in SETUPS}
+
+
+@pytest.mark.skipif(not SEQUENTIAL_SUM, reason="this Python's sum compensates float rounding")
+@settings(max_examples=60, deadline=None)
+@given(setup=st.sampled_from(SETUPS), contexts=st.lists(st.integers(0, 40_000), min_size=1, max_size=300),
+       first=st.integers(0, 50), count=st.integers(1, 80))
+def test_stretch_equals_step_by_step(setup, contexts, first, count):
+    model = MODELS[setup]
+    n = len(contexts)
+    got = roofline_decode_times(model, n, sum(contexts), max(contexts), first, count)
+    want = [sum(model._terms(BatchShape([1] * n, [c + u for c in contexts], n)))  # the general path
+            for u in range(first, first + count)]
+    assert got == want
+
+
+@pytest.mark.skipif(not SEQUENTIAL_SUM, reason="this Python's sum compensates float rounding")
+@settings(max_examples=60, deadline=None)
+@given(setup=st.sampled_from(SETUPS),
+       rows=st.lists(st.tuples(st.sampled_from([1, 1, 1, 2, 17, 300]), st.integers(0, 40_000)),
+                     min_size=1, max_size=200),
+       unsampled=st.integers(0, 2))
+def test_step_time_equals_its_general_path(setup, rows, unsampled):
+    """step_time's pure-decode shortcut gives what the general pricing gives, for any batch."""
+    model = MODELS[setup]
+    batch = BatchShape([k for k, _ in rows], [c for _, c in rows], max(0, len(rows) - unsampled))
+    assert model.step_time(batch) == sum(model._terms(batch))
+
+
+def test_some_setup_has_a_measured_imbalance():
+    """The imbalance branch is exercised (a GPU with measured decode imbalance is among the setups)."""
+    assert any(model.decode_imbalance is not None for model in MODELS.values())
