@@ -44,6 +44,7 @@ SCENARIOS = {  # name: (arrival rate req/s, KV blocks, setup)
     "overload": (20.0, 6_000, LINEAR),
     "issue-light": (4.0, 7_500, ISSUE),
     "issue-2x": (20.0, 7_500, ISSUE),
+    "busy-no-prefix-cache": (5.0, 30_000, dict(LINEAR, prefix_caching=False)),
 }
 
 
@@ -59,6 +60,8 @@ def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bo
     kwargs = {} if mode is None else {"mode": mode}
     if not token_times:
         kwargs["record_token_times"] = False
+    if not setup.get("prefix_caching", True):
+        kwargs["enable_prefix_caching"] = False
     config = EngineConfig(num_gpu_blocks=blocks, max_model_len=setup["max_model_len"], policy=setup["policy"],
                           max_num_batched_tokens=setup["max_num_batched_tokens"],
                           max_num_seqs=setup["max_num_seqs"], **kwargs)

@@ -39,15 +39,18 @@ def check_invariants(engine) -> None:
 
 
 def _check_kv(kv) -> None:
-    """Work proportional to the blocks in use, so it can run after every step."""
+    """Work proportional to the blocks in use (and to the free ones for `sim.core.kv_stack`'s free queue,
+    a list), so it can run after every step."""
     owners = Counter(b for blocks in kv.req_blocks.values() for b in blocks)
+    free = kv.free_queue if isinstance(kv.free_queue, dict) else set(kv.free_queue)  # (a stack: a list)
     _ensure(len(owners) + len(kv.free_queue) == kv.num_usable_blocks,
             f"{len(owners)} owned + {len(kv.free_queue)} free blocks != {kv.num_usable_blocks} usable")
-    _ensure(0 not in owners and 0 not in kv.free_queue, "the null block (0) was handed out")
+    _ensure(0 not in owners and 0 not in free, "the null block (0) was handed out")
+    _ensure(len(free) == len(kv.free_queue), "a block is in the free queue twice")
     for block, count in owners.items():
         _ensure(kv.ref_cnt[block] == count,
                 f"block {block}: ref_cnt {kv.ref_cnt[block]} but {count} owners")
-        _ensure(block not in kv.free_queue, f"block {block} is owned and free at once")
+        _ensure(block not in free, f"block {block} is owned and free at once")
     for req, blocks in kv.req_blocks.items():
         _ensure(len(blocks) == len(set(blocks)), f"{req.request_id} holds a block twice")
 

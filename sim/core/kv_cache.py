@@ -12,6 +12,7 @@ allocated: `num_gpu_blocks - 1` blocks are usable.
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import OrderedDict
 from itertools import islice
@@ -38,7 +39,7 @@ class KVCacheManager:
         self.free_uncached_first = free_uncached_first
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        self.free_queue = self._new_free_queue(num_gpu_blocks)
         #: block hash -> the block holding it that a prefix hit takes (the first registered); further
         #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
         self.cached: dict = {}
@@ -52,6 +53,12 @@ class KVCacheManager:
         self.max_model_len: int | None = None
         #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
+        #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
+        self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
+
+    def _new_free_queue(self, num_gpu_blocks: int):
+        """Every block but the null block, front first (`sim.core.kv_stack` holds it another way)."""
+        return OrderedDict((b, None) for b in range(1, num_gpu_blocks))
 
     # ----- queries -------------------------------------------------------------------------
     @property
@@ -126,7 +133,7 @@ class KVCacheManager:
         if first >= num_prompt and end - first == bs:  # one block of output tokens (a decode row's)
             tail = req.output_token_ids[first - num_prompt:end - num_prompt]
             if len(tail) == bs:
-                hashes.append(hash((parent, array(_INT32, tail).tobytes())))
+                hashes.append(hash((parent, self._pack_block(*tail))))
                 return hashes
         data = req.prompt_token_ids[first:min(end, num_prompt)].tobytes() if first < num_prompt else b""
         if end > num_prompt:
@@ -147,7 +154,8 @@ class KVCacheManager:
         if self.num_lookahead_tokens:
             total = max(total, min(total + self.num_lookahead_tokens, self.max_model_len or total))
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
-        revived = sum(1 for b in cached_blocks if self.ref_cnt[b] == 0) if cached_blocks else 0
+        ref_cnt = self.ref_cnt
+        revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
         return fresh, revived
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
@@ -249,10 +257,38 @@ class KVCacheManager:
         computed tokens) in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
+        bs = self.block_size
+        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
         done = self.num_hashed_blocks.get(req, 0)
-        if num_full <= done:
+        if num_full != done + 1:
+            if num_full > done:
+                self._cache_blocks(req, done, num_full)
             return
+        # one block filled (a decode row's, the hot path): its hash from the memo or, for a block of
+        # output tokens only, hashed here as `_hashes` would
+        hashes = self.req_hashes.get(req)
+        if hashes is None:
+            return self._cache_blocks(req, done, num_full)
+        if len(hashes) > done:
+            h = hashes[done]
+        else:
+            first = done * bs - req.num_prompt_tokens  # >= 0: the block holds output tokens only
+            tail = req.output_token_ids[first:first + bs] if first >= 0 and len(hashes) == done else ()
+            if len(tail) < bs:
+                return self._cache_blocks(req, done, num_full)
+            h = hash((hashes[-1] if hashes else 0, self._pack_block(*tail)))
+            hashes.append(h)
+        block = self.req_blocks[req][done]
+        if self.block_hash[block] is None:
+            self.block_hash[block] = h
+            if h in self.cached:  # another block holds it already (the first holder stays first)
+                self._register(h, block)
+            else:
+                self.cached[h] = block
+        self.num_hashed_blocks[req] = num_full
+
+    def _cache_blocks(self, req: Request, done: int, num_full: int) -> None:
+        """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
         block_hash, cached = self.block_hash, self.cached

@@ -26,6 +26,7 @@ from policies.base import SchedulerOutput
 from policies.vllm import VllmV1Policy
 from policies.vllm_v0 import VllmV0Policy
 from sim.core.kv_cache import KVCacheManager
+from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import RequestStatus
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV
@@ -40,12 +41,13 @@ MIN_UNITS = 2      # a shorter stretch is left to single steps
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 SYNTHETIC_FROM = 512  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
 def make_leaper(engine: Engine) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
     policies other than vLLM V1's and V0's, invariant checks after every step)."""
-    if (engine.hooks or type(engine.state.kv) is not KVCacheManager or engine.config.check_invariants
+    if (engine.hooks or type(engine.state.kv) not in PLAIN_KV or engine.config.check_invariants
             or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
         return None
     return Leaper(engine)
