@@ -63,7 +63,7 @@ def kernel_cost(row: dict) -> tuple[float, float]:
     device = str(row.get("device", ""))
     if elementwise_tier(device, nbytes) == "dram":
         nbytes = dram_bytes(device, nbytes)
-    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"]), nbytes
+    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"], row["operator"]), nbytes
 
 
 def shape_key(row: dict) -> str | None:

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration
 from kernels_cost_model.l2_cache import (L2_RESIDENT_FRACTION, ElementwiseOp, elementwise_op, elementwise_tier,
-                                         l2_bytes, wave_bytes)
+                                         l2_bytes, rows_per_sm, wave_bytes)
 from kernels_cost_model.roofline import Coeffs, elementwise
 from kernels_cost_model.shape_keys import kernel_cost
 
@@ -27,6 +27,16 @@ def test_waves_count_token_rows_over_the_sms():
     assert wave_bytes("rtx-pro-6000", 188, 1000.0) == 1000.0      # 188 SMs: one wave
     assert wave_bytes("rtx-pro-6000", 189, 1000.0) == 2000.0
     assert wave_bytes("h100-sxm", 1000, 1000.0) == 0.0             # Vidur's eager kernels: no wave side
+
+
+def test_rmsnorm_blocks_shrink_from_256_tokens_so_six_rows_share_an_sm():
+    row = 4096 * 2.0                                                # Llama-3.1-8B hidden, bf16
+    assert rows_per_sm("rms_norm", 255, 4096) == 3                  # 512-thread blocks: 3 per 1536 threads
+    assert rows_per_sm("add_rms_norm", 256, 4096) == 6              # 256-thread blocks from 256 tokens
+    assert rows_per_sm("silu_mul", 4096, 14336) == 1
+    assert wave_bytes("rtx-pro-6000", 6 * 188, row, "rms_norm") == row          # 1128 rows: one wave
+    assert wave_bytes("rtx-pro-6000", 6 * 188 + 1, row, "rms_norm") == 2 * row
+    assert wave_bytes("rtx-pro-6000", 6 * 188, row, "silu_mul") == 6 * row
 
 
 def test_a_dram_tier_row_is_priced_on_its_bytes_past_the_limit():
