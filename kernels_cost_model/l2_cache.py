@@ -49,10 +49,11 @@ SM_COUNT: dict[str, tuple[int, str]] = {
 #: Threads an SM holds at once: 1536 on compute capability 8.9 (RTX 4090) and 12.0 (RTX PRO 6000)
 #: (CUDA C++ Programming Guide, "Compute Capabilities" table: maximum resident threads per SM).
 THREADS_PER_SM = 1536
-#: vLLM's RMSNorm kernels (`rms_norm`, `fused_add_rms_norm`, csrc/layernorm_kernels.cu) launch one block
-#: per token row of min(hidden / 8, cap) threads (8 bf16 values per 16-byte vector), the cap 1024 below
-#: 256 tokens and 256 from 256 tokens on ("smaller blocks to increase SM concurrency"): from 256 tokens an
-#: SM runs 1536 / 256 = 6 rows at once; other elementwise kernels run one row per SM.
+#: vLLM's RMSNorm kernels (csrc/layernorm_kernels.cu) launch one block per token row, capped at 1024
+#: threads below 256 tokens and at 256 from 256 tokens on ("smaller blocks to increase SM concurrency"):
+#: `rms_norm` of min(hidden / 8, cap) threads (8 bf16 values per 16-byte vector), `fused_add_rms_norm`
+#: of min(hidden, cap). From 256 tokens an SM runs 1536 / 256 = 6 rows at once; other elementwise
+#: kernels run one row per SM.
 NORM_OPERATORS = ("rms_norm", "add_rms_norm")
 NORM_SMALL_BLOCKS_FROM_ROWS, NORM_BLOCK_CAP, NORM_BLOCK_CAP_MANY_ROWS = 256, 1024, 256
 VECTOR_ELEMENTS = 8
@@ -65,7 +66,7 @@ def rows_per_sm(op: str, rows: float, width: float) -> int:
     if op not in NORM_OPERATORS:
         return 1
     cap = NORM_BLOCK_CAP_MANY_ROWS if rows >= NORM_SMALL_BLOCKS_FROM_ROWS else NORM_BLOCK_CAP
-    block = min(cap, max(width // VECTOR_ELEMENTS, 32))
+    block = min(cap, max(width // VECTOR_ELEMENTS, 32) if op == "rms_norm" else width)
     return max(THREADS_PER_SM // int(block), 1)
 
 

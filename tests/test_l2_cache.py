@@ -32,6 +32,7 @@ def test_waves_count_token_rows_over_the_sms():
 def test_rmsnorm_blocks_shrink_from_256_tokens_so_six_rows_share_an_sm():
     row = 4096 * 2.0                                                # Llama-3.1-8B hidden, bf16
     assert rows_per_sm("rms_norm", 255, 4096) == 3                  # 512-thread blocks: 3 per 1536 threads
+    assert rows_per_sm("add_rms_norm", 255, 4096) == 1              # fused add: min(hidden, 1024) threads
     assert rows_per_sm("add_rms_norm", 256, 4096) == 6              # 256-thread blocks from 256 tokens
     assert rows_per_sm("silu_mul", 4096, 14336) == 1
     assert wave_bytes("rtx-pro-6000", 6 * 188, row, "rms_norm") == row          # 1128 rows: one wave
