@@ -79,6 +79,9 @@ def fit_family(flops, nbytes, seconds, rows=None, seqs=None, max_iter: int = 50,
 
 #: Folds of the cross-validation that decides whether a GEMM shape's fit keeps its tile-rows term.
 TILE_CV_FOLDS = 5
+#: ... and drops it only where that lowers the cross-validated error by at least this share: a bias towards
+#: the form whose shape coefficients transfer to other GPUs (the derived defaults).
+TILE_CV_MARGIN = 0.1
 
 
 def fit_tiled_or_not(flops, nbytes, seconds, rows) -> Coeffs:
@@ -87,7 +90,8 @@ def fit_tiled_or_not(flops, nbytes, seconds, rows) -> Coeffs:
     The term (compute x (1 + tile_rows / m)) prices tiles that few rows fill poorly; on a coarse grid of
     token counts it can bend the fit to a few kernels' quirks. Both forms are scored by K-fold cross-
     validation over the distinct row counts of the samples given (every K-th one left out in turn; median
-    |relative error|), and the better is refitted on all of them. Only the samples given are used.
+    |relative error|); the term is dropped only where that is TILE_CV_MARGIN better, and the chosen form
+    is refitted on all of them. Only the samples given are used.
     """
     f, b, t, m = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds, rows))
     distinct = np.unique(m)
@@ -102,7 +106,7 @@ def fit_tiled_or_not(flops, nbytes, seconds, rows) -> Coeffs:
             c = fit_family(f[~out], b[~out], t[~out], m[~out] if tiled else None)
             errors.append(np.abs(predict_arrays(c, f[out], b[out], np.maximum(m[out], 1.0)) / t[out] - 1.0))
         scores[tiled] = float(np.median(np.concatenate(errors)))
-    return fit_family(f, b, t, m if scores[True] <= scores[False] else None)
+    return fit_family(f, b, t, m if scores[False] >= (1 - TILE_CV_MARGIN) * scores[True] else None)
 
 
 def _best_assignment(p: _Problem, g: np.ndarray, max_iter: int) -> Coeffs:
