@@ -112,7 +112,9 @@ class ElementwiseOp:
     """One elementwise operator of a step: its operator-level coefficients (`base`: bytes and launch
     overhead only, the streaming rate callers outside a layer read: the sampler, the MoE permutes)
     and, where fitted, one set per L2 tier. cost() picks the tier by the
-    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less."""
+    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less. An
+    operator measured only within the limit (RMSNorm, RoPE and the embedding in LLMServingSim's profiles)
+    keeps its L2 tier there and, past it, the operator-level streaming rate."""
 
     base: Coeffs
     l2: Coeffs | None = None
@@ -132,11 +134,13 @@ class ElementwiseOp:
     def cost(self, nbytes: float, rows: float, row_bytes: float) -> float:
         """Seconds for one launch moving `nbytes` over `rows` token rows of `row_bytes` each."""
         side = waves(self.sms, self.op, rows, row_bytes) * row_bytes
-        if self.l2 is None or self.dram is None:
+        if self.l2 is None:
             return _launch(self.base, nbytes, rows, side)
         near = _launch(self.l2, nbytes, rows, side)
         if nbytes <= self.l2_limit:
             return near
+        if self.dram is None:  # nothing measured past the limit: the operator's streaming rate there
+            return max(near, _launch(self.base, nbytes, rows, 0.0))
         return max(near, _launch(self.dram, nbytes - self.l2_limit, rows, side))
 
 
@@ -150,6 +154,6 @@ def elementwise_op(coeffs: dict, gpu: str, op: str) -> ElementwiseOp:
     base = coeffs.get(f"elementwise.{op}") or coeffs["elementwise"]
     size, sms = l2_bytes(gpu), sm_count(gpu) or 0.0
     l2, dram = coeffs.get(f"elementwise.{op}@l2"), coeffs.get(f"elementwise.{op}@dram")
-    if size is None or l2 is None or dram is None:
+    if size is None or l2 is None:
         return ElementwiseOp(base, sms=sms, op=op)
     return ElementwiseOp(base, l2, dram, L2_RESIDENT_FRACTION * size, sms, op)

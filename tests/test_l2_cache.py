@@ -57,11 +57,22 @@ def test_more_bytes_or_rows_never_cost_less(b1, b2, r1, extra):
     assert op.cost(lo, r1, 2e4) <= op.cost(hi, r1 + extra, 2e4)
 
 
+@given(st.floats(1e3, 1e9), st.floats(1e3, 1e9), st.integers(1, 4096))
+def test_an_operator_measured_only_in_l2_keeps_that_tier_and_stays_monotone(b1, b2, rows):
+    base, l2 = Coeffs(0.0, 5e-13, 2e-6), Coeffs(1e-10, 2e-13, 1e-6, 0.0, 1e-9)
+    op = ElementwiseOp(base, l2=l2, l2_limit=8e7, sms=188.0, op="rms_norm")
+    lo, hi = sorted((b1, b2))
+    assert op.cost(lo, rows, 2e4) <= op.cost(hi, rows, 2e4)
+    assert op.cost(1e6, 1, 8192.0) == pytest.approx(max(1e6 * 2e-13, 8192 * 1e-10) + 1e-6 + 1e-9)
+
+
 def test_the_cost_model_takes_the_tiers_of_a_calibration_that_has_them():
     cal = shipped_calibration("rtx-pro-6000")
     op = elementwise_op(cal.coeffs, "rtx-pro-6000", "silu_mul")
     assert op.l2 is cal.coeffs["elementwise.silu_mul@l2"] and op.dram is cal.coeffs["elementwise.silu_mul@dram"]
     assert elementwise_op(cal.coeffs, "l4", "silu_mul").l2 is None
+    norm = elementwise_op(cal.coeffs, "rtx-pro-6000", "rms_norm")  # measured within L2 only
+    assert norm.l2 is cal.coeffs["elementwise.rms_norm@l2"] and norm.dram is None
 
 
 @needs_data
