@@ -5,7 +5,8 @@
 Every GPU with measured kernels (kernels_cost_model/gpu_calibration.py lists the sources): AIConfigurator's
 vLLM tables, LLMServingSim's vLLM 0.19 profiles and Vidur's profiles, all read in place (never copied).
 Fits on the deterministic fit split only, so the held-out errors (printed, and kept in each file) are on
-kernels the fit never saw. Takes a few minutes (per-shape matmul fits).
+kernels the fit never saw. Takes several minutes (per-shape matmul fits, each with a 5-fold
+cross-validation of its tile term).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derived_coeffs, shipped_defaults
 from .roofline import (FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_keys, operator_rows,
                        operator_seqs, single_token_prefill)
-from .roofline_fit import fit_family
+from .roofline_fit import fit_family, fit_tiled_or_not
 from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key
 
 #: Efficiencies used where nothing was measured: typical fractions of datasheet peaks.
@@ -195,7 +195,7 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
                     coeffs[f"{fam}.{op}"] = fit_family(*costs(op_rows, _plain(fam)))
     for key, shape_rows in sorted(_groups(rows, shape_key).items()):
         if len(shape_rows) >= SHAPE_MIN_SAMPLES:
-            coeffs[key] = fit_family(*costs(shape_rows))
+            coeffs[key] = _fit_shape(key, shape_rows)
     curves = {f"all_reduce@{tp}": sorted((r["size_bytes"], r["measured_s"]) for r in group)
               for tp, group in _groups(by_family.get("all_reduce", []), lambda r: int(r["tp"])).items()
               if len({r["size_bytes"] for r in group}) >= 2}
@@ -213,6 +213,15 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
     cal = Calibration(device, coeffs, provenance, {k: [list(p) for p in v] for k, v in curves.items()})
     provenance["fit_error"] = relative_errors(rows, cal)
     return cal
+
+
+def _fit_shape(key: str, rows: list[dict]) -> Coeffs:
+    """A shape key's coefficients: a GEMM shape keeps its tile-rows term only where cross-validation on
+    its own rows supports it (roofline_fit.fit_tiled_or_not)."""
+    flops, nbytes, seconds, tile_rows, seqs, keys = costs(rows)
+    if key.startswith("matmul@"):
+        return fit_tiled_or_not(flops, nbytes, seconds, tile_rows)
+    return fit_family(flops, nbytes, seconds, tile_rows, seqs, keys)
 
 
 # ---- files -----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ interconnect for all-reduce) plus its absolute launch overhead, tile rows and pe
 default for a family is the median over the calibrated GPUs of the same architecture generation
 (`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe; for attention: the
 same attention kernels, FlashAttention 2 or the architecture's own), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
-GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at.
+GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at; matmul shapes come from GEMM
+grids only (a model layer's own shape from per-layer profiles is no grid point, shape_keys.py).
 
 `data/derived_defaults.json` holds the result (benchmarks/fit_shipped_calibration.py writes it), with
 the GPUs each figure comes from.
@@ -19,6 +20,7 @@ from importlib import resources
 from statistics import median
 
 from .roofline import FAMILIES, OPTIONAL_FAMILIES, Coeffs
+from .shape_keys import on_matmul_grid
 
 FILE = "derived_defaults.json"
 
@@ -78,6 +80,8 @@ def derive_defaults(calibrations: dict, gpus: dict) -> dict:
         for key, c in cal.coeffs.items():
             if key.split("@")[0].split(".")[0] not in fitted or "." in key:
                 continue
+            if key.startswith("matmul@") and not on_matmul_grid(cal.coeffs, key):
+                continue  # a model layer's own shape (per-layer profiles): no GEMM grid to derive from
             e = to_efficiency(c, gpus[device], key)
             samples.setdefault((group_of(gpus[device], key), key), []).append((device, e))
             samples.setdefault(("all", key), []).append((device, e))

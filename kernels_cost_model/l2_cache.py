@@ -14,9 +14,10 @@ limit only the bytes beyond it are priced at the DRAM rate (`dram_bytes`): the f
 so the rate keeps falling with size (RTX PRO 6000: 3.0 TB/s at 96 MB, 1.6 TB/s past 256 MB).
 
 Waves: vLLM's norm and activation kernels run one thread block per token row, each block streaming its
-row. A launch of m rows runs ceil(m / SMs) waves of one row each per SM; while the rows are few, a
-wave's time is one row's latency, not the bandwidth share of its bytes. `wave_bytes` is that latency
-side, ceil(m / SMs) x row bytes, priced as the roofline's other side (s_per_flop x wave_bytes, the max
+row. A launch of m rows runs ceil(m / (SMs x rows per SM)) waves (`rows_per_sm`: one row per SM, or as
+many RMSNorm blocks as fit, whose size vLLM sets from the width and the token count); while the rows are
+few, a wave's time is one row's latency, not the bandwidth share of its bytes. `wave_bytes` is that
+latency side, waves x row bytes, priced as the roofline's other side (s_per_flop x wave_bytes, the max
 with the byte side): this is what makes wide rows (Qwen3-32B's 25600-wide SiLU) slower per byte than
 narrow ones at the same token count.
 """
@@ -45,15 +46,45 @@ SM_COUNT: dict[str, tuple[int, str]] = {
 }
 
 
+#: Threads an SM holds at once: 1536 on compute capability 8.9 (RTX 4090) and 12.0 (RTX PRO 6000)
+#: (CUDA C++ Programming Guide, "Compute Capabilities" table: maximum resident threads per SM).
+THREADS_PER_SM = 1536
+#: vLLM's RMSNorm kernels (csrc/layernorm_kernels.cu) launch one block per token row, capped at 1024
+#: threads below 256 tokens and at 256 from 256 tokens on ("smaller blocks to increase SM concurrency"):
+#: `rms_norm` of min(hidden / 8, cap) threads (8 bf16 values per 16-byte vector), `fused_add_rms_norm`
+#: of min(hidden, cap). From 256 tokens an SM runs 1536 / 256 = 6 rows at once; other elementwise
+#: kernels run one row per SM.
+NORM_OPERATORS = ("rms_norm", "add_rms_norm")
+NORM_SMALL_BLOCKS_FROM_ROWS, NORM_BLOCK_CAP, NORM_BLOCK_CAP_MANY_ROWS = 256, 1024, 256
+VECTOR_ELEMENTS = 8
+#: Bytes of one activation value: bf16 in every catalog model (FP8 checkpoints keep bf16 activations).
+ACTIVATION_BYTES = 2
+
+
+def rows_per_sm(op: str, rows: float, width: float) -> int:
+    """Token rows an SM runs at once in a one-block-per-row launch of `op` over `rows` rows of `width`."""
+    if op not in NORM_OPERATORS:
+        return 1
+    cap = NORM_BLOCK_CAP_MANY_ROWS if rows >= NORM_SMALL_BLOCKS_FROM_ROWS else NORM_BLOCK_CAP
+    block = min(cap, max(width // VECTOR_ELEMENTS, 32) if op == "rms_norm" else width)
+    return max(THREADS_PER_SM // int(block), 1)
+
+
+def waves(sms: float, op: str, rows: float, row_bytes: float) -> float:
+    """Waves of a one-block-per-row launch on `sms` SMs: ceil(rows / (SMs x rows per SM)); 0 if SMs unknown."""
+    if not sms:
+        return 0.0
+    return math.ceil(rows / (sms * rows_per_sm(op, rows, row_bytes / ACTIVATION_BYTES)))
+
+
 def sm_count(gpu: str) -> float | None:
     found = SM_COUNT.get(gpu.split("@", 1)[0])
     return None if found is None else float(found[0])
 
 
-def wave_bytes(gpu: str, rows: float, row_bytes: float) -> float:
-    """Latency side of a one-block-per-row launch: ceil(rows / SMs) x row bytes (0 if SMs unknown)."""
-    sms = sm_count(gpu)
-    return 0.0 if sms is None else math.ceil(rows / sms) * row_bytes
+def wave_bytes(gpu: str, rows: float, row_bytes: float, op: str = "") -> float:
+    """Latency side of a one-block-per-row launch of `op`: waves x row bytes (0 if SMs unknown)."""
+    return waves(sm_count(gpu) or 0.0, op, rows, row_bytes) * row_bytes
 
 
 def dram_bytes(gpu: str, nbytes: float) -> float:
@@ -81,13 +112,16 @@ class ElementwiseOp:
     """One elementwise operator of a step: its operator-level coefficients (`base`: bytes and launch
     overhead only, the streaming rate callers outside a layer read: the sampler, the MoE permutes)
     and, where fitted, one set per L2 tier. cost() picks the tier by the
-    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less."""
+    launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less. An
+    operator measured only within the limit (RMSNorm, RoPE and the embedding in LLMServingSim's profiles)
+    keeps its L2 tier there and, past it, the operator-level streaming rate."""
 
     base: Coeffs
     l2: Coeffs | None = None
     dram: Coeffs | None = None
     l2_limit: float = 0.0
     sms: float = 0.0
+    op: str = ""
 
     @property
     def s_per_byte(self) -> float:
@@ -99,17 +133,19 @@ class ElementwiseOp:
 
     def cost(self, nbytes: float, rows: float, row_bytes: float) -> float:
         """Seconds for one launch moving `nbytes` over `rows` token rows of `row_bytes` each."""
-        waves = math.ceil(rows / self.sms) * row_bytes if self.sms else 0.0
-        if self.l2 is None or self.dram is None:
-            return _launch(self.base, nbytes, rows, waves)
-        near = _launch(self.l2, nbytes, rows, waves)
+        side = waves(self.sms, self.op, rows, row_bytes) * row_bytes
+        if self.l2 is None:
+            return _launch(self.base, nbytes, rows, side)
+        near = _launch(self.l2, nbytes, rows, side)
         if nbytes <= self.l2_limit:
             return near
-        return max(near, _launch(self.dram, nbytes - self.l2_limit, rows, waves))
+        if self.dram is None:  # nothing measured past the limit: the operator's streaming rate there
+            return max(near, _launch(self.base, nbytes, rows, 0.0))
+        return max(near, _launch(self.dram, nbytes - self.l2_limit, rows, side))
 
 
-def _launch(c: Coeffs, nbytes: float, rows: float, waves: float) -> float:
-    side = max(nbytes * c.s_per_byte, waves * c.s_per_flop)
+def _launch(c: Coeffs, nbytes: float, rows: float, wave_side: float) -> float:
+    side = max(nbytes * c.s_per_byte, wave_side * c.s_per_flop)
     return side + c.overhead_s + rows * c.s_per_seq
 
 
@@ -118,6 +154,6 @@ def elementwise_op(coeffs: dict, gpu: str, op: str) -> ElementwiseOp:
     base = coeffs.get(f"elementwise.{op}") or coeffs["elementwise"]
     size, sms = l2_bytes(gpu), sm_count(gpu) or 0.0
     l2, dram = coeffs.get(f"elementwise.{op}@l2"), coeffs.get(f"elementwise.{op}@dram")
-    if size is None or l2 is None or dram is None:
-        return ElementwiseOp(base, sms=sms)
-    return ElementwiseOp(base, l2, dram, L2_RESIDENT_FRACTION * size, sms)
+    if size is None or l2 is None:
+        return ElementwiseOp(base, sms=sms, op=op)
+    return ElementwiseOp(base, l2, dram, L2_RESIDENT_FRACTION * size, sms, op)

@@ -85,6 +85,38 @@ def fit_family(flops, nbytes, seconds, rows=None, seqs=None, keys=None, max_iter
     return c
 
 
+#: Folds of the cross-validation that decides whether a GEMM shape's fit keeps its tile-rows term.
+TILE_CV_FOLDS = 5
+#: ... and drops it only where that lowers the cross-validated error by at least this share: a bias towards
+#: the form whose shape coefficients transfer to other GPUs (the derived defaults).
+TILE_CV_MARGIN = 0.1
+
+
+def fit_tiled_or_not(flops, nbytes, seconds, rows) -> Coeffs:
+    """One GEMM shape's coefficients, with the tile-rows term only where its own samples support it.
+
+    The term (compute x (1 + tile_rows / m)) prices tiles that few rows fill poorly; on a coarse grid of
+    token counts it can bend the fit to a few kernels' quirks. Both forms are scored by K-fold cross-
+    validation over the distinct row counts of the samples given (every K-th one left out in turn; median
+    |relative error|); the term is dropped only where that is TILE_CV_MARGIN better, and the chosen form
+    is refitted on all of them. Only the samples given are used.
+    """
+    f, b, t, m = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds, rows))
+    distinct = np.unique(m)
+    if len(distinct) < 2 * TILE_CV_FOLDS:
+        return fit_family(f, b, t, m)
+    rank = np.searchsorted(distinct, m)
+    scores = {}
+    for tiled in (True, False):
+        errors = []
+        for fold in range(TILE_CV_FOLDS):
+            out = rank % TILE_CV_FOLDS == fold
+            c = fit_family(f[~out], b[~out], t[~out], m[~out] if tiled else None)
+            errors.append(np.abs(predict_arrays(c, f[out], b[out], np.maximum(m[out], 1.0)) / t[out] - 1.0))
+        scores[tiled] = float(np.median(np.concatenate(errors)))
+    return fit_family(f, b, t, m if scores[False] >= (1 - TILE_CV_MARGIN) * scores[True] else None)
+
+
 def _best_assignment(p: _Problem, g: np.ndarray, max_iter: int) -> Coeffs:
     """The compute/memory boundary is (nearly) a threshold on F/B: refine from several, keep the best."""
     intensity = p.f / np.maximum(p.b, 1e-300)

@@ -12,13 +12,15 @@ shapes therefore also hold coefficients per shape, keyed `family@shape`:
   (l2_cache.py), on GPUs with a documented L2 size.
 
 Lookup: the exact shape; else, for matmuls, bilinear interpolation in (log n, log k) between the four
-grid shapes around it; for attention, the nearest fitted layout with the same head size (distance in
+grid shapes around it (a GEMM table's grid; a model layer's own shape, measured in per-layer profiles, is
+only used exactly); for attention, the nearest fitted layout with the same head size (distance in
 log query-heads-per-KV-head, then log heads); else the caller falls back to the family's coefficients.
 """
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import Counter
 from functools import lru_cache
 
 from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
@@ -61,7 +63,7 @@ def kernel_cost(row: dict) -> tuple[float, float]:
     device = str(row.get("device", ""))
     if elementwise_tier(device, nbytes) == "dram":
         nbytes = dram_bytes(device, nbytes)
-    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"]), nbytes
+    return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"], row["operator"]), nbytes
 
 
 def shape_key(row: dict) -> str | None:
@@ -69,7 +71,7 @@ def shape_key(row: dict) -> str | None:
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "elementwise":
         return elementwise_key(row)
-    if row["operator"] == "matmul":
+    if family == "matmul":  # a GEMM table's shape, or a model layer's own (per-layer profiles)
         return matmul_key(row["n"], row["k"])
     if family in ATTENTION_FAMILIES:
         return attention_key(family, row["num_heads"], row["num_kv_heads"], row["head_dim"])
@@ -99,15 +101,44 @@ def matmul_coeffs(coeffs: dict, n: float, k: float) -> Coeffs | None:
     if exact is not None:
         return exact
     grid = _shapes(coeffs, "matmul")
-    if not grid:
+    ns, ks = _grid_lines(grid)
+    if not ns:
         return None
-    ns, ks = sorted({s[0] for s in grid}), sorted({s[1] for s in grid})
     (n0, n1, wn), (k0, k1, wk) = _bracket(ns, n), _bracket(ks, k)
     corners = [((1 - wn) * (1 - wk), (n0, k0)), (wn * (1 - wk), (n1, k0)), ((1 - wn) * wk, (n0, k1)),
                (wn * wk, (n1, k1))]
     if any(w > 0 and s not in grid for w, s in corners):
         return None
     return _blend([(w, grid[s]) for w, s in corners if w > 0])
+
+
+#: Share of the (n, k) pairs of the grid lines that must be measured for the shapes to form a grid.
+GRID_FILL = 0.9
+
+
+def _grid_lines(grid: dict) -> tuple[list[float], list[float]]:
+    """The n and k values of the calibration's interpolation grid ([], [] if its shapes form none).
+
+    A GEMM table's shapes form a (nearly) full rectangle; a model layer's own shape from per-layer
+    profiles (14336 x 4096) is priced exactly but is no grid line: values that occur in no more than half
+    as many shapes as the most common one are left out, and what is left must span two values of each
+    and be at least GRID_FILL full.
+    """
+    if not grid:
+        return [], []
+    count_n, count_k = Counter(s[0] for s in grid), Counter(s[1] for s in grid)
+    ns = sorted(v for v, c in count_n.items() if 2 * c > max(count_n.values()))
+    ks = sorted(v for v, c in count_k.items() if 2 * c > max(count_k.values()))
+    filled = sum((n, k) in grid for n in ns for k in ks)
+    is_grid = len(ns) >= 2 and len(ks) >= 2 and filled >= GRID_FILL * len(ns) * len(ks)
+    return (ns, ks) if is_grid else ([], [])
+
+
+def on_matmul_grid(coeffs: dict, key: str) -> bool:
+    """Whether a `matmul@n x k` key is a point of its calibration's interpolation grid."""
+    n, k = _parse(key)
+    ns, ks = _grid_lines(_shapes(coeffs, "matmul"))
+    return n in ns and k in ks
 
 
 def _bracket(values: list[float], x: float) -> tuple[float, float, float]:

@@ -67,6 +67,26 @@ def test_fit_family_is_robust_to_noise():
     assert fitted.s_per_byte == pytest.approx(TRUE["matmul"].s_per_byte, rel=0.05)
 
 
+def _gemm_grid(tile_rows: float, noise_seed: int | None = None):
+    m = np.array([1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192.0])
+    flops, nbytes = 2 * m * 4096 * 4096, 2 * (2 * m * 4096 + 4096 * 4096)
+    t = np.maximum(flops / 250e12 * (1 + tile_rows / m), nbytes / 1.8e12) + 5e-6
+    if noise_seed is not None:
+        t = t * (1 + 0.08 * np.random.default_rng(noise_seed).standard_normal(len(m)))
+    return flops, nbytes, t, m
+
+
+def test_gemm_shape_keeps_its_tile_term_only_where_cross_validation_supports_it():
+    from kernels_cost_model.roofline_fit import fit_tiled_or_not
+    tiled = fit_tiled_or_not(*_gemm_grid(64.0))
+    assert tiled.tile_rows == pytest.approx(64.0, rel=1e-6)   # a real tile effect is kept exactly
+    flops, nbytes, t, m = _gemm_grid(0.0, noise_seed=11)      # none, and 8 % scatter over 19 token counts
+    assert fit_family(flops, nbytes, t, m).tile_rows > 50     # the plain fit bends the term to the scatter
+    assert fit_tiled_or_not(flops, nbytes, t, m).tile_rows == 0.0
+    few = _gemm_grid(64.0)
+    assert fit_tiled_or_not(*(x[:8] for x in few)) == fit_family(*(x[:8] for x in few))  # too few to fold
+
+
 def test_profile_round_trip_and_calibration_file(tmp_path):
     rows = synthetic_rows()
     path = write_profile(rows, tmp_path / "p.csv")

@@ -14,8 +14,8 @@ from kernels_cost_model.roofline import FAMILIES
 def _cal(device: str, compute_eff: float, memory_eff: float) -> Calibration:
     gpu = get_gpu(device)
     c = Coeffs(1 / (gpu.bf16_flops_per_s * compute_eff), 1 / (gpu.hbm_bytes_per_s * memory_eff), 5e-6)
-    return Calibration(device, {f: c for f in FAMILIES} | {"matmul@4096x4096": c},
-                       {"fitted_families": ["matmul"]})
+    grid = {f"matmul@{n}x{k}": c for n in (4096, 8192) for k in (4096, 8192)}  # a GEMM grid's shapes
+    return Calibration(device, {f: c for f in FAMILIES} | grid, {"fitted_families": ["matmul"]})
 
 
 def test_defaults_are_medians_of_the_same_architecture_as_fractions_of_peak():
@@ -31,6 +31,14 @@ def test_defaults_are_medians_of_the_same_architecture_as_fractions_of_peak():
     assert got["compute"] == pytest.approx(0.7) and got["memory"] == pytest.approx(0.8)
     ada = to_efficiency(derived_coeffs(get_gpu("l4"), defaults)["matmul@4096x4096"], get_gpu("l4"), "matmul")
     assert ada["compute"] == pytest.approx(0.6)             # no Ada GPU calibrated: all GPUs' median
+
+
+def test_a_model_layer_shape_off_any_grid_does_not_feed_the_defaults():
+    cal = _cal("h100-sxm", 0.8, 0.9)
+    own = Calibration("h200", {**_cal("h200", 0.6, 0.7).coeffs, "matmul@14336x4096": cal.coeffs["matmul"]},
+                      {"fitted_families": ["matmul"]})
+    defaults = derive_defaults({"h100-sxm": cal, "h200": own}, {d: get_gpu(d) for d in ("h100-sxm", "h200")})
+    assert "matmul@4096x4096" in defaults["all"] and "matmul@14336x4096" not in defaults["all"]
 
 
 def test_uncalibrated_gpus_use_the_shipped_derived_defaults():

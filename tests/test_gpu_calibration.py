@@ -83,6 +83,19 @@ def test_matmul_lookup_exact_then_interpolated_in_log_space():
     assert matmul_coeffs({"matmul": lo}, 100, 100) is None
 
 
+def test_a_model_layer_shape_is_priced_exactly_and_never_breaks_the_grid():
+    lo, hi, own = Coeffs(1e-15, 4e-13, 4e-6), Coeffs(2e-15, 8e-13, 8e-6), Coeffs(7e-15, 7e-13, 7e-6)
+    grid = {"matmul": Coeffs(9e-15, 9e-13, 9e-6), "matmul@1024x1024": lo, "matmul@4096x1024": hi,
+            "matmul@1024x4096": lo, "matmul@4096x4096": hi}
+    coeffs = {**grid, "matmul@3000x1024": own}              # a per-layer profile's own shape, off the grid
+    assert matmul_coeffs(coeffs, 3000, 1024) is own
+    assert matmul_coeffs(coeffs, 2048, 2048) == matmul_coeffs(grid, 2048, 2048)
+    lone = {"matmul": lo, "matmul@3000x1024": own, "matmul@1024x4096": hi}  # no grid: exact shapes only
+    assert matmul_coeffs(lone, 2048, 2048) is None and matmul_coeffs(lone, 1024, 4096) is hi
+    one_model = {"matmul": lo, "matmul@6144x4096": own, "matmul@4096x4096": hi, "matmul@4096x14336": own}
+    assert matmul_coeffs(one_model, 128256, 4096) is None    # one model's layers are no grid to clamp to
+
+
 def test_attention_lookup_prefers_the_same_query_group_and_head_size():
     gqa4, mha, d64 = Coeffs(0, 3e-13, 1e-5), Coeffs(0, 4e-13, 1e-5), Coeffs(0, 5e-13, 1e-5)
     coeffs = {"decode_attention@32/8/128": gqa4, "decode_attention@32/32/128": mha,

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration
 from kernels_cost_model.l2_cache import (L2_RESIDENT_FRACTION, ElementwiseOp, elementwise_op, elementwise_tier,
-                                         l2_bytes, wave_bytes)
+                                         l2_bytes, rows_per_sm, wave_bytes)
 from kernels_cost_model.roofline import Coeffs, elementwise
 from kernels_cost_model.shape_keys import kernel_cost
 
@@ -29,6 +29,17 @@ def test_waves_count_token_rows_over_the_sms():
     assert wave_bytes("h100-sxm", 1000, 1000.0) == 0.0             # Vidur's eager kernels: no wave side
 
 
+def test_rmsnorm_blocks_shrink_from_256_tokens_so_six_rows_share_an_sm():
+    row = 4096 * 2.0                                                # Llama-3.1-8B hidden, bf16
+    assert rows_per_sm("rms_norm", 255, 4096) == 3                  # 512-thread blocks: 3 per 1536 threads
+    assert rows_per_sm("add_rms_norm", 255, 4096) == 1              # fused add: min(hidden, 1024) threads
+    assert rows_per_sm("add_rms_norm", 256, 4096) == 6              # 256-thread blocks from 256 tokens
+    assert rows_per_sm("silu_mul", 4096, 14336) == 1
+    assert wave_bytes("rtx-pro-6000", 6 * 188, row, "rms_norm") == row          # 1128 rows: one wave
+    assert wave_bytes("rtx-pro-6000", 6 * 188 + 1, row, "rms_norm") == 2 * row
+    assert wave_bytes("rtx-pro-6000", 6 * 188, row, "silu_mul") == 6 * row
+
+
 def test_a_dram_tier_row_is_priced_on_its_bytes_past_the_limit():
     row = {"operator": "silu_mul", "family": "elementwise", "m": 2048.0, "n": 14336.0, "dtype_bytes": 2,
            "device": "rtx-pro-6000"}
@@ -46,11 +57,22 @@ def test_more_bytes_or_rows_never_cost_less(b1, b2, r1, extra):
     assert op.cost(lo, r1, 2e4) <= op.cost(hi, r1 + extra, 2e4)
 
 
+@given(st.floats(1e3, 1e9), st.floats(1e3, 1e9), st.integers(1, 4096))
+def test_an_operator_measured_only_in_l2_keeps_that_tier_and_stays_monotone(b1, b2, rows):
+    base, l2 = Coeffs(0.0, 5e-13, 2e-6), Coeffs(1e-10, 2e-13, 1e-6, 0.0, 1e-9)
+    op = ElementwiseOp(base, l2=l2, l2_limit=8e7, sms=188.0, op="rms_norm")
+    lo, hi = sorted((b1, b2))
+    assert op.cost(lo, rows, 2e4) <= op.cost(hi, rows, 2e4)
+    assert op.cost(1e6, 1, 8192.0) == pytest.approx(max(1e6 * 2e-13, 8192 * 1e-10) + 1e-6 + 1e-9)
+
+
 def test_the_cost_model_takes_the_tiers_of_a_calibration_that_has_them():
     cal = shipped_calibration("rtx-pro-6000")
     op = elementwise_op(cal.coeffs, "rtx-pro-6000", "silu_mul")
     assert op.l2 is cal.coeffs["elementwise.silu_mul@l2"] and op.dram is cal.coeffs["elementwise.silu_mul@dram"]
     assert elementwise_op(cal.coeffs, "l4", "silu_mul").l2 is None
+    norm = elementwise_op(cal.coeffs, "rtx-pro-6000", "rms_norm")  # measured within L2 only
+    assert norm.l2 is cal.coeffs["elementwise.rms_norm@l2"] and norm.dram is None
 
 
 @needs_data
