@@ -42,8 +42,9 @@ class Results:
         steps["kv_occupancy"] = steps["kv_blocks_used"] / records.num_gpu_blocks if len(steps) else []
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
-        summary = summarize(requests, steps, records.requests.token_times, records.num_gpu_blocks, slo, percentiles)
-        return cls(requests, steps, records.requests.token_times, summary, meta)
+        token_times = records.requests.times()
+        summary = summarize(requests, steps, token_times, records.num_gpu_blocks, slo, percentiles)
+        return cls(requests, steps, token_times, summary, meta)
 
     def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,
                  e2e_s: float | None = None) -> "Results":

@@ -4,6 +4,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+from sim.core.token_runs import TokenRuns, TokenTimes
+
 NAN = float("nan")
 
 
@@ -27,8 +29,10 @@ class RequestRecords:
     stop_reason: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
     token_times: list = field(default_factory=list)
+    #: Finished requests' token times as runs (`record_token_times = "runs"`), else None.
+    token_runs: TokenRuns | None = None
 
-    def add(self, spec, request_id: str, arrival: float, record_token_times: bool) -> int:
+    def add(self, spec, request_id: str, arrival: float, record_token_times: bool | str) -> int:
         """Start the columns of a new request; returns its index."""
         self.request_id.append(request_id)
         self.tenant.append(spec.tenant)
@@ -44,14 +48,26 @@ class RequestRecords:
         self.stop_reason.append(None)
         self.rejected.append(False)
         self.token_times.append(array("d") if record_token_times else None)
+        if self.token_runs is not None:
+            self.token_runs.add_request()
         return len(self.request_id) - 1
+
+    def compact_token_times(self, index: int) -> None:
+        """A finished request's token times become runs (when kept as runs)."""
+        times = self.token_times[index]
+        if self.token_runs is not None and times is not None and self.token_runs.compact(index, times):
+            self.token_times[index] = None
+
+    def times(self):
+        """Every request's token times (`array('d')` or None each), wherever they are kept."""
+        return self.token_times if self.token_runs is None else TokenTimes(self.token_times, self.token_runs)
 
     def __len__(self) -> int:
         return len(self.request_id)
 
     def columns(self) -> dict[str, list]:
-        """Every column but token_times, by name."""
-        return {k: v for k, v in vars(self).items() if k != "token_times"}
+        """Every column but the token times, by name."""
+        return {k: v for k, v in vars(self).items() if k not in ("token_times", "token_runs")}
 
 
 def _floats() -> array:

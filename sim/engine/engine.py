@@ -20,6 +20,7 @@ from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
+from sim.core.token_runs import TokenRuns
 from workloads.token_streams import stream_for
 
 
@@ -56,6 +57,8 @@ class Engine:
                                  get_scheduler_profile(config.scheduler_profile).free_uncached_first)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
+        if config.record_token_times == "runs":
+            self.requests.token_runs = TokenRuns()
         self.steps = StepRecords()
         self.by_id: dict[str, Request] = {}
         self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
@@ -209,6 +212,8 @@ class Engine:
         """Apply the step's results at its end: aborts that came meanwhile first, then sample the
         rows that caught up, stop, free."""
         self.steps_in_flight -= 1
+        if self.requests.token_runs is not None:
+            self.requests.token_runs.note(now)
         for req in self.pending_aborts:
             self._abort_now(req, now)
         self.pending_aborts.clear()
@@ -363,6 +368,7 @@ class Engine:
         self.state.kv.free(req, forget=True)
         del self.by_id[req.request_id]
         self.streams[req.index] = self.quick_stop[req.index] = None  # keep records only, not the prompt
+        self.requests.compact_token_times(req.index)
         if not req.client_finished:
             self._record_finish(req, now)
 
