@@ -385,21 +385,12 @@ class Engine:
             self.on_finish(req)
 
     def _record_step(self, step: Step, now: float) -> None:
-        s, kv, state = self.steps, self.state.kv, self.state
+        kv, state = self.state.kv, self.state
         decode = step.num_decode
-        total = sum(step.batch.num_new_tokens)
-        s.start_time.append(step.start)
-        s.duration.append(step.duration)
-        s.num_prefill_tokens.append(total - decode)
-        s.num_decode_tokens.append(decode)
-        s.batch_size.append(len(step.plan.scheduled))
-        s.num_sampled.append(step.batch.num_sampled)
-        s.num_preempted.append(len(step.plan.preempted))
-        s.kv_blocks_used.append(kv.num_used_blocks)
-        s.kv_blocks_cached.append(len(kv.cached))
-        s.kv_blocks_free.append(kv.num_free_blocks)
-        s.num_running.append(len(state.running))
-        s.num_waiting.append(len(state.waiting))
+        self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
+                               len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
+                               kv.num_used_blocks, len(kv.cached), kv.num_free_blocks, len(state.running),
+                               len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:
         return RunRecords(self.requests, self.steps, self.state.kv.num_gpu_blocks,
