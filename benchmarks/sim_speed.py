@@ -127,12 +127,19 @@ def scale_point(num_requests: int, mode: str, token_times: bool | str = True) ->
 
 def tables(records):
     """The run's request and step tables as numpy columns (what a user's analysis reads): typed
-    columns are viewed where they lie (no copy, their own widths), lists are converted."""
+    columns are viewed where they lie (no copy, their own widths), lists of labels become object
+    arrays of the same strings."""
     import numpy as np
     from array import array
 
     def column(values):
-        return np.frombuffer(values, dtype=values.typecode) if isinstance(values, array) else np.asarray(values)
+        if isinstance(values, array):
+            return np.frombuffer(values, dtype=values.typecode)
+        if values and all(isinstance(v, (bool, int)) for v in values[:1]):
+            return np.asarray(values)
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
     steps = {k: column(v) for k, v in records.steps.columns().items()}
     reqs = {k: column(v) for k, v in records.requests.columns().items()}
     return reqs, steps

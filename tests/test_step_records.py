@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from sim.core.records import StepRecords
 
-INTS = st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(-40_000, 40_000) | st.integers(0, 300)
+INTS = (st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(-(1 << 32), 1 << 32) | st.integers(-40_000, 40_000)
+        | st.integers(-200, 300))
 
 
 def _row(draw_ints, t):
@@ -30,10 +31,10 @@ def test_rows_read_back_as_added_whatever_their_size(batches):
     assert [tuple(column[i] for column in columns) for i in range(len(expected))] == expected
 
 
-def test_small_counts_take_two_bytes_and_a_large_one_widens_its_column_only():
+def test_small_counts_take_one_byte_and_a_large_one_widens_its_column_only():
     records = StepRecords()
     records.append_row((0.0, 1.0) + (5,) * 10)
-    assert records.kv_blocks_used.itemsize == 2
+    assert records.kv_blocks_used.itemsize == 1
     records.append_row((1.0, 1.0) + (5,) * 5 + (70_000,) + (5,) * 4)
-    assert records.kv_blocks_used.itemsize == 4 and records.kv_blocks_cached.itemsize == 2
+    assert records.kv_blocks_used.itemsize == 4 and records.kv_blocks_cached.itemsize == 1
     assert list(records.kv_blocks_used) == [5, 70_000] and list(records.num_preempted) == [5, 5]

@@ -14,7 +14,7 @@ def _floats() -> array:
 
 
 def _ints() -> array:
-    return array("h")
+    return array("b")
 
 
 def _counts() -> array:
@@ -84,15 +84,15 @@ class RequestRecords:
 
 
 #: Integer column types, narrowest first: a column widens to the next when a value does not fit.
-_WIDER = {"h": "i", "i": "q"}
+_WIDER = {"b": "h", "h": "i", "i": "q"}
 
 
 @dataclass
 class StepRecords:
     """Per-step columns, kept as typed arrays: a run's steps can number millions.
 
-    Times are 8-byte floats; counts start as 2-byte integers and a column widens (to 4, then 8 bytes)
-    the first time a value does not fit, so a long run's records take ~36 bytes a step, not ~100.
+    Times are 8-byte floats; counts start as 1-byte integers and a column widens (to 2, 4, then 8
+    bytes) the first time a value does not fit, so a long run's records take ~35 bytes a step, not ~100.
     Rows are added through `append_row` / `extend_rows`, which do the widening.
     """
 
