@@ -4,6 +4,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sim.core.token_runs import TokenRuns, TokenTimes
 
 NAN = float("nan")
@@ -160,6 +162,15 @@ _STEP_COLUMNS = [f for f in StepRecords.__dataclass_fields__ if f != "extra"]
 def _fits(typecode: str, values) -> bool:
     limit = 1 << (8 * array(typecode).itemsize - 1)
     return all(-limit <= v < limit for v in values)
+
+
+def as_numpy(column):
+    """A typed column as numpy, integers widened to int64 (the width tables have always had; a copy);
+    any other column (and an empty one) as it is."""
+    if not isinstance(column, array) or not len(column):
+        return column
+    values = np.frombuffer(column, dtype=column.typecode)
+    return values.astype(np.int64) if values.dtype.kind == "i" else values.copy()
 
 
 @dataclass
