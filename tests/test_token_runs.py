@@ -47,22 +47,42 @@ def test_a_sharegpt_run_keeps_a_few_runs_per_request(mode, async_scheduling):
     assert all(t is None for t in runs.requests.token_times)  # nothing left as arrays
     counts = [store.runs[offset] for offset in store.offsets]
     assert max(counts) <= 2 + 2 * max(runs.requests.num_preemptions)
+    assert len(store.extras) <= len(counts)
     tokens = sum(runs.requests.num_output_tokens)
     assert store.nbytes() < 8 * tokens / 4
     results = Results.from_records(runs)
     assert results.summary == Results.from_records(plain).summary
 
 
-def test_a_time_not_on_the_timeline_keeps_its_array():
-    store = TokenRuns()
+class _Steps:
+    def __init__(self, starts):
+        self.start_time = array("d", starts)
+
+
+def test_times_no_step_started_at_are_kept_as_they_are():
+    store = TokenRuns(_Steps([0.0, 1.0, 2.0, 2.0, 3.0, 5.0]))
+    live = [array("d", [1.0, 1.5, 2.0, 3.0, 4.0, 4.0]), array("d"), None]
+    for _ in live:
+        store.add_request()
+    for index in range(3):
+        store.finish(index, live)
+    store.compact(live)
+    assert live == [None, None, None]
+    assert list(store.times(0)) == [1.0, 1.5, 2.0, 3.0, 4.0, 4.0]
+    assert list(store.times(1)) == [] and store.times(2) is None
+    assert list(store.extras) == [1.5, 4.0, 4.0]
+
+
+def test_a_request_waits_for_the_step_that_starts_at_its_last_token():
+    steps = _Steps([0.0, 1.0])
+    store, live = TokenRuns(steps), [array("d", [1.0, 2.0])]
     store.add_request()
-    store.add_request()
-    store.note(1.0)
-    store.note(2.0)
-    assert not store.compact(0, array("d", [1.0, 1.5]))
-    assert store.times(0) is None
-    assert store.compact(1, array("d", [1.0, 2.0, 2.0]))
-    assert list(store.times(1)) == [1.0, 2.0, 2.0]
+    store.finish(0, live)
+    store.compact(live, final=False)
+    assert live[0] is not None and store.times(0) is None  # 2.0 may still start a step
+    steps.start_time.append(2.0)
+    store.compact(live, final=False)
+    assert live[0] is None and list(store.times(0)) == [1.0, 2.0] and not store.extras
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -68,14 +68,16 @@ class RequestRecords:
         return len(self.request_id) - 1
 
     def compact_token_times(self, index: int) -> None:
-        """A finished request's token times become runs (when kept as runs)."""
-        times = self.token_times[index]
-        if self.token_runs is not None and times is not None and self.token_runs.compact(index, times):
-            self.token_times[index] = None
+        """Request `index` finished: its token times become runs (when kept as runs)."""
+        if self.token_runs is not None:
+            self.token_runs.finish(index, self.token_times)
 
     def times(self):
         """Every request's token times (`array('d')` or None each), wherever they are kept."""
-        return self.token_times if self.token_runs is None else TokenTimes(self.token_times, self.token_runs)
+        if self.token_runs is None:
+            return self.token_times
+        self.token_runs.compact(self.token_times)
+        return TokenTimes(self.token_times, self.token_runs)
 
     def __len__(self) -> int:
         return len(self.request_id)

@@ -57,9 +57,9 @@ class Engine:
                                  get_scheduler_profile(config.scheduler_profile).free_uncached_first)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
-        if config.record_token_times == "runs":
-            self.requests.token_runs = TokenRuns()
         self.steps = StepRecords()
+        if config.record_token_times == "runs":
+            self.requests.token_runs = TokenRuns(self.steps)
         self.by_id: dict[str, Request] = {}
         self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
         self.streams: list = []        # per request index: position -> token id
@@ -212,8 +212,6 @@ class Engine:
         """Apply the step's results at its end: aborts that came meanwhile first, then sample the
         rows that caught up, stop, free."""
         self.steps_in_flight -= 1
-        if self.requests.token_runs is not None:
-            self.requests.token_runs.note(now)
         for req in self.pending_aborts:
             self._abort_now(req, now)
         self.pending_aborts.clear()

@@ -245,8 +245,6 @@ class _StretchPlan(StretchKV):
         times = self.times
         finish_times = times[1:].tolist()
         token_times = self.engine.requests.token_times
-        if self.engine.requests.token_runs is not None:
-            self.engine.requests.token_runs.note_many(finish_times)
         for req in rows:
             req.num_computed_tokens += units
             column = token_times[req.index]
