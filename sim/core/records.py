@@ -96,7 +96,7 @@ class StepRecords:
     """Per-step columns, kept as typed arrays: a run's steps can number millions.
 
     Times are 8-byte floats; counts start as 1-byte integers and a column widens (to 2, 4, then 8
-    bytes) the first time a value does not fit, so a long run's records take ~35 bytes a step, not ~100.
+    bytes) the first time a value does not fit, so a long run's records take ~30 bytes a step, not ~100.
     Rows are added through `append_row` / `extend_rows`, which do the widening.
     """
 
