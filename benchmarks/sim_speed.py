@@ -158,8 +158,10 @@ def main() -> None:
     parser.add_argument("--no-token-times", action="store_true",
                         help="scaling table: also run each point without per-token times (adds off)")
     args = parser.parse_args()
-    print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
-    for scenario in filter(None, args.scenarios.split(",")):
+    scenarios = [name for name in args.scenarios.split(",") if name]
+    if scenarios:
+        print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
+    for scenario in scenarios:
         r = compare(scenario, args.requests, args.repeat, args.baseline)
         line = (f"{scenario:9s} {r['steps']:7d} steps {r['preemptions']:5d} preemptions | step {r['step']:6.2f}s "
                 f"fast {r['fast']:6.2f}s  x{r['step'] / r['fast']:.2f} | fast: "
