@@ -15,10 +15,12 @@ For each it runs both engine modes alternately `--repeat` times and reports the 
 two modes' records are identical. `--baseline PATH` also times another checkout (e.g. the main branch
 before this work) on the same scenarios in a subprocess. `--scale` reports peak memory (max RSS of a
 fresh process) and time for 1k/10k/100k requests in fast mode (`--scale 1000000` adds 1M;
-`--no-token-times` repeats each point with `record_token_times` off).
+`--token-times on,runs,off` runs each point with each `record_token_times` setting: every token time
+in an array, as runs, or none; `--no-token-times` is `--token-times on,off`). `--scenarios ""` skips
+the comparison.
 
     python benchmarks/sim_speed.py [--requests 2000] [--repeat 3] [--baseline ../main] [--scale 100000]
-                                   [--scale-from 1000] [--no-token-times]
+                                   [--scale-from 1000] [--token-times on,runs,off] [--no-token-times]
 
 For context, issue 15 measured Vidur's loop at about 840/3.6 = 230 requests per wall-second on a 10k-request
 Azure-conversation run (servesim's step engine then: ~840 requests/s on that run).
@@ -48,9 +50,9 @@ SCENARIOS = {  # name: (arrival rate req/s, KV blocks, setup)
 }
 
 
-def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bool = True):
+def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bool | str = True):
     """(CPU seconds, records) of one simulation; mode None: the checkout's default engine;
-    `token_times` False: no per-token times kept (`record_token_times`)."""
+    `token_times`: the `record_token_times` setting (True, False or "runs")."""
     from sim.core.config import EngineConfig
     from sim.core.cost import LinearCostModel
     from sim.engine.simulation import run_engine
@@ -58,8 +60,8 @@ def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bo
 
     rate, blocks, setup = SCENARIOS[scenario]
     kwargs = {} if mode is None else {"mode": mode}
-    if not token_times:
-        kwargs["record_token_times"] = False
+    if token_times is not True:
+        kwargs["record_token_times"] = token_times
     if not setup.get("prefix_caching", True):
         kwargs["enable_prefix_caching"] = False
     config = EngineConfig(num_gpu_blocks=blocks, max_model_len=setup["max_model_len"], policy=setup["policy"],
@@ -81,7 +83,7 @@ def fingerprint(records) -> tuple:
     """Everything the two modes must agree on, as reprs."""
     steps = {k: repr(list(v)) for k, v in records.steps.columns().items()}
     reqs = {k: repr(list(v)) for k, v in records.requests.columns().items()}
-    times = repr([None if t is None else list(t) for t in records.requests.token_times])
+    times = repr([None if t is None else list(t) for t in records.requests.times()])
     return steps, reqs, times, repr(records.end_time)
 
 
@@ -113,24 +115,36 @@ def _here() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def scale_point(num_requests: int, mode: str, token_times: bool = True) -> dict:
+def scale_point(num_requests: int, mode: str, token_times: bool | str = True) -> dict:
     """Run in a fresh process: wall time, CPU time and max RSS of one busy run with tables."""
     code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r});"
             f"import sim_speed as b;"
             f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r}, {token_times!r});"
             f"tables = b.tables(rec); wall = time.perf_counter() - t;"
             f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
-            f"'tokens': int(sum(rec.requests.num_output_tokens))}}))")
+            f"'tokens': int(sum(rec.requests.num_output_tokens)), 'steps': len(rec.steps)}}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(_here()))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def tables(records):
-    """The run's request and step tables as numpy columns (what a user's analysis reads)."""
+    """The run's request and step tables as numpy columns (what a user's analysis reads): typed
+    columns are viewed where they lie (no copy, their own widths), lists of labels become object
+    arrays of the same strings."""
     import numpy as np
-    steps = {k: np.asarray(v) for k, v in records.steps.columns().items()}
-    reqs = {k: np.asarray(v) for k, v in records.requests.columns().items()}
+    from array import array
+
+    def column(values):
+        if isinstance(values, array):
+            return np.frombuffer(values, dtype=values.typecode)
+        if values and all(isinstance(v, (bool, int)) for v in values[:1]):
+            return np.asarray(values)
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+    steps = {k: column(v) for k, v in records.steps.columns().items()}
+    reqs = {k: column(v) for k, v in records.requests.columns().items()}
     return reqs, steps
 
 
@@ -142,11 +156,15 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout to time on the same scenarios")
     parser.add_argument("--scale", type=int, default=0, help="largest request count of the scaling table")
     parser.add_argument("--scale-from", type=int, default=1000, help="smallest request count of the scaling table")
+    parser.add_argument("--token-times", default="on",
+                        help="scaling table: record_token_times settings to run each point with (on,runs,off)")
     parser.add_argument("--no-token-times", action="store_true",
-                        help="scaling table: also run each point without per-token times")
+                        help="scaling table: also run each point without per-token times (adds off)")
     args = parser.parse_args()
-    print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
-    for scenario in args.scenarios.split(","):
+    scenarios = [name for name in args.scenarios.split(",") if name]
+    if scenarios:
+        print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")
+    for scenario in scenarios:
         r = compare(scenario, args.requests, args.repeat, args.baseline)
         line = (f"{scenario:9s} {r['steps']:7d} steps {r['preemptions']:5d} preemptions | step {r['step']:6.2f}s "
                 f"fast {r['fast']:6.2f}s  x{r['step'] / r['fast']:.2f} | fast: "
@@ -155,13 +173,18 @@ def main() -> None:
         if args.baseline:
             line += f" | baseline {r['baseline']:6.2f}s  x{r['baseline'] / r['fast']:.2f}"
         print(line)
+    settings = {"on": True, "runs": "runs", "off": False}
+    chosen = [settings[name] for name in args.token_times.split(",")]
+    if args.no_token_times and False not in chosen:
+        chosen.append(False)
     n = args.scale_from
     while args.scale and n <= args.scale:
-        for token_times in (True, False) if args.no_token_times else (True,):
+        for token_times in chosen:
             p = scale_point(n, "fast", token_times)
-            label = "" if token_times else ", no token times"
+            label = {True: "", "runs": ", token times as runs", False: ", no token times"}[token_times]
             print(f"scale {n:>9,d} requests (busy, tables built{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
-                  f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB")
+                  f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB, "
+                  f"{p['steps']:,d} steps, {p['tokens']:,d} output tokens", flush=True)
         n *= 10
 
 

@@ -15,7 +15,7 @@ from kernels_cost_model.errors import ConfigError
 from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, summarize
 from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
-from sim.core.records import RunRecords
+from sim.core.records import RunRecords, as_numpy
 
 
 @dataclass
@@ -37,13 +37,15 @@ class Results:
     @classmethod
     def from_records(cls, records: RunRecords, slo: dict | None = None, meta: dict | None = None,
                      percentiles=METRIC_PERCENTILES) -> "Results":
-        requests = add_latency_columns(pd.DataFrame(records.requests.columns()))
-        steps = pd.DataFrame(records.steps.columns())
+        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()})
+        requests = add_latency_columns(requests)
+        steps = pd.DataFrame({k: as_numpy(v) for k, v in records.steps.columns().items()})
         steps["kv_occupancy"] = steps["kv_blocks_used"] / records.num_gpu_blocks if len(steps) else []
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
-        summary = summarize(requests, steps, records.requests.token_times, records.num_gpu_blocks, slo, percentiles)
-        return cls(requests, steps, records.requests.token_times, summary, meta)
+        token_times = records.requests.times()
+        summary = summarize(requests, steps, token_times, records.num_gpu_blocks, slo, percentiles)
+        return cls(requests, steps, token_times, summary, meta)
 
     def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,
                  e2e_s: float | None = None) -> "Results":

@@ -49,7 +49,9 @@ class EngineConfig:
         Speculative decoding, disaggregated instances and the last-token what-if find them in the
         engine whatever the setting (their hooks act on the step a request stops in).
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
-    record_token_times: keep every token's emission time (needed for ITL).
+    record_token_times: keep every token's emission time (needed for ITL): true, false, or "runs" (the
+        same times, kept as runs of step end times once a request finishes: a few integers per request,
+        for very long runs; sim.core.token_runs).
     mode: "fast" leaps over quiet stretches of pure-decode steps in one pass (sim.engine.leap);
         "step" takes every step one by one (the reference). Both give bit-identical records.
     """
@@ -71,7 +73,7 @@ class EngineConfig:
     stop_string_detection: str | None = None
     eos_token_id: int = 2
     check_invariants: bool = False
-    record_token_times: bool = True
+    record_token_times: bool | str = True
     mode: str = "fast"
 
     @property
@@ -109,6 +111,9 @@ class EngineConfig:
         if self.stop_string_detection is not None:
             one_of("stop_string_detection", self.stop_string_detection, STOP_STRING_DETECTION)
         one_of("mode", self.mode, ENGINE_MODES)
+        require(self.record_token_times is True or self.record_token_times is False
+                or self.record_token_times == "runs", "record_token_times", self.record_token_times,
+                'must be true, false or "runs"')
         in_range("eos_token_id", self.eos_token_id, 0, MAX_TOKEN_ID)
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,

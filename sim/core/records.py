@@ -4,31 +4,50 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from sim.core.token_runs import TokenRuns, TokenTimes
+
 NAN = float("nan")
+
+
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("b")
+
+
+def _counts() -> array:
+    return array("q")
 
 
 @dataclass
 class RequestRecords:
-    """Per-request columns, indexed by the request's arrival index."""
+    """Per-request columns, indexed by the request's arrival index (times and token counts as typed
+    arrays, 8 bytes a value; labels and reasons as lists)."""
 
     request_id: list = field(default_factory=list)
     tenant: list = field(default_factory=list)
     session_id: list = field(default_factory=list)
     priority: list = field(default_factory=list)
-    num_prompt_tokens: list = field(default_factory=list)
-    arrival_time: list = field(default_factory=list)
-    first_scheduled_time: list = field(default_factory=list)
-    first_token_time: list = field(default_factory=list)
-    finish_time: list = field(default_factory=list)
-    num_output_tokens: list = field(default_factory=list)
-    num_preemptions: list = field(default_factory=list)
-    num_cached_tokens: list = field(default_factory=list)
+    num_prompt_tokens: array = field(default_factory=_counts)
+    arrival_time: array = field(default_factory=_floats)
+    first_scheduled_time: array = field(default_factory=_floats)
+    first_token_time: array = field(default_factory=_floats)
+    finish_time: array = field(default_factory=_floats)
+    num_output_tokens: array = field(default_factory=_counts)
+    num_preemptions: array = field(default_factory=_counts)
+    num_cached_tokens: array = field(default_factory=_counts)
     finish_reason: list = field(default_factory=list)
     stop_reason: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
     token_times: list = field(default_factory=list)
+    #: Finished requests' token times as runs (`record_token_times = "runs"`), else None.
+    token_runs: TokenRuns | None = None
 
-    def add(self, spec, request_id: str, arrival: float, record_token_times: bool) -> int:
+    def add(self, spec, request_id: str, arrival: float, record_token_times: bool | str) -> int:
         """Start the columns of a new request; returns its index."""
         self.request_id.append(request_id)
         self.tenant.append(spec.tenant)
@@ -44,27 +63,42 @@ class RequestRecords:
         self.stop_reason.append(None)
         self.rejected.append(False)
         self.token_times.append(array("d") if record_token_times else None)
+        if self.token_runs is not None:
+            self.token_runs.add_request()
         return len(self.request_id) - 1
+
+    def compact_token_times(self, index: int) -> None:
+        """Request `index` finished: its token times become runs (when kept as runs)."""
+        if self.token_runs is not None:
+            self.token_runs.finish(index, self.token_times)
+
+    def times(self):
+        """Every request's token times (`array('d')` or None each), wherever they are kept."""
+        if self.token_runs is None:
+            return self.token_times
+        self.token_runs.compact(self.token_times)
+        return TokenTimes(self.token_times, self.token_runs)
 
     def __len__(self) -> int:
         return len(self.request_id)
 
     def columns(self) -> dict[str, list]:
-        """Every column but token_times, by name."""
-        return {k: v for k, v in vars(self).items() if k != "token_times"}
+        """Every column but the token times, by name."""
+        return {k: v for k, v in vars(self).items() if k not in ("token_times", "token_runs")}
 
 
-def _floats() -> array:
-    return array("d")
-
-
-def _ints() -> array:
-    return array("q")
+#: Integer column types, narrowest first: a column widens to the next when a value does not fit.
+_WIDER = {"b": "h", "h": "i", "i": "q"}
 
 
 @dataclass
 class StepRecords:
-    """Per-step columns, kept as typed arrays (8 bytes a value: a run's steps can number millions)."""
+    """Per-step columns, kept as typed arrays: a run's steps can number millions.
+
+    Times are 8-byte floats; counts start as 1-byte integers and a column widens (to 2, 4, then 8
+    bytes) the first time a value does not fit, so a long run's records take ~30 bytes a step, not ~100.
+    Rows are added through `append_row` / `extend_rows`, which do the widening.
+    """
 
     start_time: array = field(default_factory=_floats)
     duration: array = field(default_factory=_floats)
@@ -88,6 +122,57 @@ class StepRecords:
         columns = {k: v for k, v in vars(self).items() if k != "extra"}
         columns.update(self.extra)
         return columns
+
+    def append_row(self, row: tuple) -> None:
+        """Add one step: a value per column, in the order of the fields."""
+        size = len(self.start_time)
+        try:
+            for column, value in zip(self._arrays(), row):
+                column.append(value)
+        except OverflowError:
+            self._widen_and_extend(size, [(value,) for value in row])
+
+    def extend_rows(self, columns) -> None:
+        """Add steps: a sequence of values per column, in the order of the fields (equal lengths)."""
+        size = len(self.start_time)
+        try:
+            for column, values in zip(self._arrays(), columns):
+                column.extend(values)
+        except OverflowError:
+            self._widen_and_extend(size, columns)
+
+    def _widen_and_extend(self, size: int, columns) -> None:
+        """Drop what a failed addition left past `size`, widen the columns whose values do not fit,
+        add the values."""
+        for name, values in zip(_STEP_COLUMNS, columns):
+            column = getattr(self, name)
+            del column[size:]
+            while column.typecode in _WIDER and not _fits(column.typecode, values):
+                column = array(_WIDER[column.typecode], column)
+            setattr(self, name, column)
+            column.extend(values)
+
+    def _arrays(self) -> list:
+        return [self.start_time, self.duration, self.num_prefill_tokens, self.num_decode_tokens,
+                self.batch_size, self.num_sampled, self.num_preempted, self.kv_blocks_used,
+                self.kv_blocks_cached, self.kv_blocks_free, self.num_running, self.num_waiting]
+
+
+_STEP_COLUMNS = [f for f in StepRecords.__dataclass_fields__ if f != "extra"]
+
+
+def _fits(typecode: str, values) -> bool:
+    limit = 1 << (8 * array(typecode).itemsize - 1)
+    return all(-limit <= v < limit for v in values)
+
+
+def as_numpy(column):
+    """A typed column as numpy, integers widened to int64 (the width tables have always had; a copy);
+    any other column (and an empty one) as it is."""
+    if not isinstance(column, array) or not len(column):
+        return column
+    values = np.frombuffer(column, dtype=column.typecode)
+    return values.astype(np.int64) if values.dtype.kind == "i" else values.copy()
 
 
 @dataclass

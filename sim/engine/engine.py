@@ -20,6 +20,7 @@ from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
+from sim.core.token_runs import TokenRuns
 from workloads.token_streams import stream_for
 
 
@@ -57,6 +58,8 @@ class Engine:
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()
+        if config.record_token_times == "runs":
+            self.requests.token_runs = TokenRuns(self.steps)
         self.by_id: dict[str, Request] = {}
         self.quick_stop: list = []     # per request index: (stop token ids, length limit) or None
         self.streams: list = []        # per request index: position -> token id
@@ -366,6 +369,7 @@ class Engine:
         self.state.kv.free(req, forget=True)
         del self.by_id[req.request_id]
         self.streams[req.index] = self.quick_stop[req.index] = None  # keep records only, not the prompt
+        self.requests.compact_token_times(req.index)
         if not req.client_finished:
             self._record_finish(req, now)
 
@@ -382,21 +386,12 @@ class Engine:
             self.on_finish(req)
 
     def _record_step(self, step: Step, now: float) -> None:
-        s, kv, state = self.steps, self.state.kv, self.state
+        kv, state = self.state.kv, self.state
         decode = step.num_decode
-        total = sum(step.batch.num_new_tokens)
-        s.start_time.append(step.start)
-        s.duration.append(step.duration)
-        s.num_prefill_tokens.append(total - decode)
-        s.num_decode_tokens.append(decode)
-        s.batch_size.append(len(step.plan.scheduled))
-        s.num_sampled.append(step.batch.num_sampled)
-        s.num_preempted.append(len(step.plan.preempted))
-        s.kv_blocks_used.append(kv.num_used_blocks)
-        s.kv_blocks_cached.append(len(kv.cached))
-        s.kv_blocks_free.append(kv.num_free_blocks)
-        s.num_running.append(len(state.running))
-        s.num_waiting.append(len(state.waiting))
+        self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
+                               len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
+                               kv.num_used_blocks, len(kv.cached), kv.num_free_blocks, len(state.running),
+                               len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:
         return RunRecords(self.requests, self.steps, self.state.kv.num_gpu_blocks,

@@ -284,18 +284,8 @@ class _StretchPlan(StretchKV):
             prefill[0] = sum(first.batch.num_new_tokens) - b
             batch[0] = len(first.plan.scheduled)
             sampled[0] = first.batch.num_sampled
-        steps.start_time.extend(starts)
-        steps.duration.extend(finishing)
-        steps.num_prefill_tokens.extend(prefill)
-        steps.num_decode_tokens.extend([b] * units)
-        steps.batch_size.extend(batch)
-        steps.num_sampled.extend(sampled)
-        steps.num_preempted.extend([0] * units)
-        steps.kv_blocks_used.extend(used)
-        steps.kv_blocks_cached.extend(cached)
-        steps.kv_blocks_free.extend(free)
-        steps.num_running.extend([b] * units)
-        steps.num_waiting.extend([len(self.engine.state.waiting)] * units)
+        steps.extend_rows((starts, finishing, prefill, [b] * units, batch, sampled, [0] * units,
+                           used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units))
 
 
 def _exact_delays(now: float, times: list, finishing: list, units: int) -> list[float]:

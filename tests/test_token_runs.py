@@ -1,0 +1,91 @@
+"""Token times kept as runs (`record_token_times = "runs"`) read back as the same floats, bit for bit,
+in both engine modes; the store holds a few integers per finished request."""
+from __future__ import annotations
+
+from array import array
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+
+from kernels_cost_model.errors import ConfigError
+from sim.api.results import Results
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.core.token_runs import TokenRuns
+from sim.engine.simulation import run_engine
+from tests.test_fast_mode import configs, long_runs
+from workloads import poisson_workload
+
+
+def _times(records) -> list:
+    return [None if t is None else list(t) for t in records.requests.times()]
+
+
+@settings(max_examples=40)
+@given(long_runs(), configs())
+def test_runs_read_back_the_arrays_times_in_both_modes(specs, config):
+    for mode in ("step", "fast"):
+        plain = run_engine(specs, replace(config, mode=mode), LinearCostModel())
+        runs = run_engine(specs, replace(config, mode=mode, record_token_times="runs"), LinearCostModel())
+        assert repr(_times(runs)) == repr(_times(plain))
+        assert repr({k: list(v) for k, v in runs.requests.columns().items()}) == \
+            repr({k: list(v) for k, v in plain.requests.columns().items()})
+
+
+@pytest.mark.parametrize("mode", ["step", "fast"])
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_sharegpt_run_keeps_a_few_runs_per_request(mode, async_scheduling):
+    """Preemptions included (small KV): every finished request is compacted, to a few runs each."""
+    config = EngineConfig(num_gpu_blocks=1_500, max_model_len=16384, max_num_batched_tokens=8192,
+                          async_scheduling=async_scheduling, mode=mode)
+    workload = poisson_workload(rate=30.0, num_requests=60, lengths="sharegpt")
+    plain = run_engine(workload, config, LinearCostModel())
+    runs = run_engine(workload, replace(config, record_token_times="runs"), LinearCostModel())
+    assert repr(_times(runs)) == repr(_times(plain))
+    store = runs.requests.token_runs
+    assert all(t is None for t in runs.requests.token_times)  # nothing left as arrays
+    counts = [store.runs[offset] for offset in store.offsets]
+    assert max(counts) <= 2 + 2 * max(runs.requests.num_preemptions)
+    assert len(store.extras) <= len(counts)
+    tokens = sum(runs.requests.num_output_tokens)
+    assert store.nbytes() < 8 * tokens / 4
+    results = Results.from_records(runs)
+    assert results.summary == Results.from_records(plain).summary
+
+
+class _Steps:
+    def __init__(self, starts):
+        self.start_time = array("d", starts)
+
+
+def test_times_no_step_started_at_are_kept_as_they_are():
+    store = TokenRuns(_Steps([0.0, 1.0, 2.0, 2.0, 3.0, 5.0]))
+    live = [array("d", [1.0, 1.5, 2.0, 3.0, 4.0, 4.0]), array("d"), None]
+    for _ in live:
+        store.add_request()
+    for index in range(3):
+        store.finish(index, live)
+    store.compact(live)
+    assert live == [None, None, None]
+    assert list(store.times(0)) == [1.0, 1.5, 2.0, 3.0, 4.0, 4.0]
+    assert list(store.times(1)) == [] and store.times(2) is None
+    assert list(store.extras) == [1.5, 4.0, 4.0]
+
+
+def test_a_request_waits_for_the_step_that_starts_at_its_last_token():
+    steps = _Steps([0.0, 1.0])
+    store, live = TokenRuns(steps), [array("d", [1.0, 2.0])]
+    store.add_request()
+    store.finish(0, live)
+    store.compact(live, final=False)
+    assert live[0] is not None and store.times(0) is None  # 2.0 may still start a step
+    steps.start_time.append(2.0)
+    store.compact(live, final=False)
+    assert live[0] is None and list(store.times(0)) == [1.0, 2.0] and not store.extras
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_record_token_times_must_be_true_false_or_runs(value):
+    with pytest.raises(ConfigError, match="record_token_times"):
+        EngineConfig(record_token_times=value)
