@@ -301,16 +301,21 @@ class KVCacheManager:
                     cached[h] = block
         self.num_hashed_blocks[req] = num_full
 
+    def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
+        """Forget that `req` holds blocks (and, with `forget`, its memoised hashes); its blocks."""
+        blocks = self.req_blocks.pop(req, None)
+        self.num_hashed_blocks.pop(req, None)
+        if forget:
+            self.req_hashes.pop(req, None)
+        return blocks
+
     def free(self, req: Request, forget: bool = False) -> None:
         """Release the request's blocks, tail blocks first in the eviction order (uncached ones to the
         front of the free queue under `free_uncached_first`).
 
         `forget` also drops its memoised hashes (when the request is gone for good).
         """
-        blocks = self.req_blocks.pop(req, None)
-        self.num_hashed_blocks.pop(req, None)
-        if forget:
-            self.req_hashes.pop(req, None)
+        blocks = self._drop_owner(req, forget)
         if not blocks:
             return
         first = []

@@ -71,10 +71,7 @@ class StackedKVCacheManager(KVCacheManager):
         return taken
 
     def free(self, req: Request, forget: bool = False) -> None:
-        blocks = self.req_blocks.pop(req, None)
-        self.num_hashed_blocks.pop(req, None)
-        if forget:
-            self.req_hashes.pop(req, None)
+        blocks = self._drop_owner(req, forget)
         if not blocks:
             return
         ref_cnt, freed = self.ref_cnt, []
