@@ -8,6 +8,8 @@ default for a family is the median over the calibrated GPUs of the same architec
 same attention kernels, FlashAttention 2 or the architecture's own), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
 GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at; matmul shapes come from GEMM
 grids only (a model layer's own shape from per-layer profiles is no grid point, shape_keys.py).
+A GEMM shape key whose field-by-field medians would price it outside the range of its GPUs' own fits
+takes the whole fit of the GPU in the middle instead (`_within_sources`).
 
 `data/derived_defaults.json` holds the result (benchmarks/fit_shipped_calibration.py writes it), with
 the GPUs each figure comes from.
@@ -88,10 +90,45 @@ def derive_defaults(calibrations: dict, gpus: dict) -> dict:
     out: dict = {"groups": {}, "all": {}}
     for (group, key), items in sorted(samples.items()):
         merged = {f: float(f"{median(e[f] for _, e in items):.4g}") for f in items[0][1]}
+        if key.startswith("matmul@"):
+            merged = _within_sources(key, items, merged, [gpus[d] for d, _ in items])
         if "@" not in key:  # shape keys come from the same GPUs as their family
             merged["from"] = [d for d, _ in items]
         (out["all"] if group == "all" else out["groups"].setdefault(group, {}))[key] = merged
     return out
+
+
+#: Rows a GEMM shape key is checked at (decode batches and a prefill chunk's worth).
+CHECK_ROWS = (1, 64, 1024)
+
+
+def _gemm_time(key: str, e: dict, flops: float, bandwidth: float, rows: float) -> float:
+    """Seconds of the BF16 `matmul@n x k` GEMM over `rows` rows at efficiencies `e` of the given peaks
+    (as operators.MatmulOp prices it: tile-rounded compute or bytes, whichever is larger, + overhead)."""
+    n, k = (float(v) for v in key.split("@")[1].split("x"))
+    compute = 2.0 * (rows + e["tile_rows"]) * n * k / (e["compute"] * flops) if e["compute"] else 0.0
+    memory = 2.0 * (rows * (n + k) + n * k) / (e["memory"] * bandwidth) if e["memory"] else 0.0
+    return max(compute, memory) + e["overhead_s"]
+
+
+def _within_sources(key: str, items: list, merged: dict, gpus: list) -> dict:
+    """The per-field medians of a GEMM shape key where they price it within the range of the source
+    GPUs' own fits (at the sources' median peaks, at CHECK_ROWS), else the whole fit of the source GPU
+    in the middle by priced time (the lower middle one for an even count; name breaks ties).
+
+    A shape fit trades its terms against each other (a bandwidth term on one GPU, tile rows or a fitted-away
+    term, efficiency 0, on another), so medians taken field by field can combine into a set no GPU was
+    fitted to, priced slower or faster than all of them (docs/fidelity.md, leave one GPU out)."""
+    flops = median(g.bf16_flops_per_s for g in gpus)
+    bandwidth = median(g.hbm_bytes_per_s for g in gpus)
+    own = [[_gemm_time(key, e, flops, bandwidth, r) for r in CHECK_ROWS] for _, e in items]
+    mixed = [_gemm_time(key, merged, flops, bandwidth, r) for r in CHECK_ROWS]
+    if all(min(t[i] for t in own) * (1 - 1e-3) <= m <= max(t[i] for t in own) * (1 + 1e-3)
+           for i, m in enumerate(mixed)):
+        return merged
+    ranked = sorted(range(len(items)), key=lambda i: (sum(own[i]), items[i][0]))
+    pick = items[ranked[(len(items) - 1) // 2]][1]
+    return {f: float(f"{v:.4g}") for f, v in pick.items()}
 
 
 def derived_coeffs(gpu, defaults: dict, families=(*FAMILIES, *OPTIONAL_FAMILIES),

@@ -96,3 +96,28 @@ def test_attention_defaults_are_grouped_by_the_kernels_vllm_runs():
     assert group_of(get_gpu("rtx-pro-6000"), "matmul") == "blackwell"
     fa2 = shipped_defaults()["groups"]["fa2"]
     assert set(fa2["prefill_attention"]["from"]) == {"a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000"}
+
+
+def test_a_gemm_shape_key_never_prices_outside_the_fits_it_comes_from():
+    # The Blackwell fits of matmul@5120x5120 before the GEMM refit: each trades its bandwidth term
+    # against tile rows; field-by-field medians (bandwidth 0.28: two fitted-away terms read as 0) price
+    # a decode row slower than every one of them.
+    from kernels_cost_model.derived_defaults import CHECK_ROWS, _gemm_time, from_efficiency
+    key = "matmul@5120x5120"
+    fits = {"b200": (0.8271, 0.0, 5.99e-6, 212.5), "b300": (0.7733, 0.5509, 0.0, 87.68),
+            "gb200": (0.8198, 0.0, 5.9e-6, 230.5), "gb300": (0.8429, 2.3967, 9.43e-6, 0.0)}
+    cals = {}
+    for d, (ce, me, ov, tile) in fits.items():
+        e = {"compute": ce, "memory": me, "overhead_s": ov, "tile_rows": tile, "s_per_seq": 0.0, "s_per_key": 0.0}
+        c = from_efficiency(e, get_gpu(d), key)
+        grid = {f"matmul@{n}x{k}": c for n in (4096, 5120) for k in (4096, 5120)}  # key is a grid point
+        cals[d] = Calibration(d, {f: c for f in FAMILIES} | grid, {"fitted_families": ["matmul"]})
+    got = derive_defaults(cals, {d: get_gpu(d) for d in cals})["groups"]["blackwell"][key]
+    own = {d: (e[1], e[3]) for d, e in fits.items()}
+    assert (got["memory"], got["tile_rows"]) in [(pytest.approx(m, rel=1e-3), pytest.approx(t, rel=1e-3))
+                                                for m, t in own.values()]          # one GPU's whole fit
+    ref = get_gpu("b200")
+    for r in CHECK_ROWS:
+        times = [_gemm_time(key, {"compute": c, "memory": m, "overhead_s": o, "tile_rows": t}, ref.bf16_flops_per_s,
+                            ref.hbm_bytes_per_s, r) for c, m, o, t in fits.values()]
+        assert min(times) * 0.999 <= _gemm_time(key, got, ref.bf16_flops_per_s, ref.hbm_bytes_per_s, r) <= max(times) * 1.001
