@@ -103,12 +103,13 @@ def itl_values(token_times, completed: np.ndarray) -> np.ndarray:
     return pooled[pooled > 0]
 
 
-def kv_occupancy(steps: pd.DataFrame, num_gpu_blocks: int) -> dict[str, float]:
-    """Time-weighted mean and peak KV-block occupancy, and the fraction of busy time above 90%."""
+def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
+    """Time-weighted mean and peak KV-block occupancy, and the fraction of busy time above 90%.
+    `steps`: the per-step DataFrame or a `StepTable` (columns read in place)."""
     if steps.empty:
         return {"kv_occupancy_mean": 0.0, "kv_occupancy_peak": 0.0, "kv_time_above_90pct": 0.0}
-    occ = steps["kv_blocks_used"].to_numpy() / num_gpu_blocks
-    dur = steps["duration"].to_numpy()
+    occ = np.asarray(steps["kv_blocks_used"], dtype=float) / num_gpu_blocks
+    dur = np.asarray(steps["duration"])
     total = dur.sum()
     return {
         "kv_occupancy_mean": float((occ * dur).sum() / total) if total else float(occ.mean()),
