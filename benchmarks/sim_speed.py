@@ -121,7 +121,8 @@ def scale_point(num_requests: int, mode: str, token_times: bool | str = True, vi
     benchmark's numpy tables, or (`via_simulate`) what `simulate()` builds, `Results.from_records` and
     its summary ('rss_engine': max RSS when the engine had finished, before any table)."""
     build = "tables = b.results(rec)" if via_simulate else "tables = b.tables(rec)"
-    code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r});"
+    imports = "import sim.api.results;" if via_simulate else ""  # pandas' own memory counts as the engine's
+    code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r}); {imports}"
             f"import sim_speed as b; rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r}, {token_times!r});"
             f"rss_engine = rss(); c = time.process_time(); {build}; table_cpu = time.process_time() - c;"

@@ -144,10 +144,10 @@ def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
     }
 
 
-def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 4096) -> dict[str, float]:
+def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[str, float]:
     """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
     and the requests in flight (arrived, not finished) during that second. Tokens are counted per
-    second a few thousand requests at a time (the counts add up to those of all tokens at once)."""
+    second a few hundred requests at a time (the counts add up to those of all tokens at once)."""
     indices = [i for i in done.index if i < len(token_times) and token_times[i] is not None]
     start = float(done["arrival_time"].min()) if len(done) else 0.0
     counts = np.zeros(0, dtype=np.int64)
