@@ -134,7 +134,8 @@ def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
     `steps`: the per-step DataFrame or a `StepTable` (columns read in place)."""
     if steps.empty:
         return {"kv_occupancy_mean": 0.0, "kv_occupancy_peak": 0.0, "kv_time_above_90pct": 0.0}
-    occ = np.asarray(steps["kv_blocks_used"], dtype=float) / num_gpu_blocks
+    occ = np.array(steps["kv_blocks_used"], dtype=float)  # a copy of its own, divided in place
+    occ /= num_gpu_blocks
     dur = np.asarray(steps["duration"])
     total = dur.sum()
     return {
