@@ -16,7 +16,8 @@ two modes' records are identical. `--baseline PATH` also times another checkout 
 before this work) on the same scenarios in a subprocess. `--scale` reports peak memory (max RSS of a
 fresh process) and time for 1k/10k/100k requests in fast mode (`--scale 1000000` adds 1M;
 `--token-times on,runs,off` runs each point with each `record_token_times` setting: every token time
-in an array, as runs, or none; `--no-token-times` is `--token-times on,off`). `--scenarios ""` skips
+in an array, as runs, or none; `--no-token-times` is `--token-times on,off`; `--via-simulate` builds what
+`simulate()` builds, `Results` and its summary, instead of the numpy tables). `--scenarios ""` skips
 the comparison.
 
     python benchmarks/sim_speed.py [--requests 2000] [--repeat 3] [--baseline ../main] [--scale 100000]
@@ -115,17 +116,30 @@ def _here() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def scale_point(num_requests: int, mode: str, token_times: bool | str = True) -> dict:
-    """Run in a fresh process: wall time, CPU time and max RSS of one busy run with tables."""
-    code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r});"
-            f"import sim_speed as b;"
+def scale_point(num_requests: int, mode: str, token_times: bool | str = True, via_simulate: bool = False) -> dict:
+    """Run in a fresh process: wall time, CPU time and max RSS of one busy run with tables: the
+    benchmark's numpy tables, or (`via_simulate`) what `simulate()` builds, `Results.from_records` and
+    its summary ('rss_engine': max RSS when the engine had finished, before any table)."""
+    build = "tables = b.results(rec)" if via_simulate else "tables = b.tables(rec)"
+    imports = "import sim.api.results;" if via_simulate else ""  # pandas' own memory counts as the engine's
+    code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r}); {imports}"
+            f"import sim_speed as b; rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r}, {token_times!r});"
-            f"tables = b.tables(rec); wall = time.perf_counter() - t;"
-            f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+            f"rss_engine = rss(); c = time.process_time(); {build}; table_cpu = time.process_time() - c;"
+            f"wall = time.perf_counter() - t;"
+            f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': rss(), 'rss_engine': rss_engine,"
+            f"'table_cpu': table_cpu,"
             f"'tokens': int(sum(rec.requests.num_output_tokens)), 'steps': len(rec.steps)}}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(_here()))
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def results(records):
+    """What `simulate()` makes of the records: `Results` and its summary (the client latency off)."""
+    from sim.api.results import Results
+    res = Results.from_records(records)
+    return res, dict(res.summary)
 
 
 def tables(records):
@@ -160,6 +174,8 @@ def main() -> None:
                         help="scaling table: record_token_times settings to run each point with (on,runs,off)")
     parser.add_argument("--no-token-times", action="store_true",
                         help="scaling table: also run each point without per-token times (adds off)")
+    parser.add_argument("--via-simulate", action="store_true",
+                        help="scaling table: build simulate()'s Results and summary instead of numpy tables")
     args = parser.parse_args()
     scenarios = [name for name in args.scenarios.split(",") if name]
     if scenarios:
@@ -180,10 +196,12 @@ def main() -> None:
     n = args.scale_from
     while args.scale and n <= args.scale:
         for token_times in chosen:
-            p = scale_point(n, "fast", token_times)
+            p = scale_point(n, "fast", token_times, args.via_simulate)
             label = {True: "", "runs": ", token times as runs", False: ", no token times"}[token_times]
-            print(f"scale {n:>9,d} requests (busy, tables built{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
-                  f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB, "
+            built = "Results + summary" if args.via_simulate else "tables built"
+            print(f"scale {n:>9,d} requests (busy, {built}{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
+                  f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB "
+                  f"(engine done: {p['rss_engine'] / 1024:.0f} MiB; tables {p['table_cpu']:.1f} cpu-s), "
                   f"{p['steps']:,d} steps, {p['tokens']:,d} output tokens", flush=True)
         n *= 10
 

@@ -53,17 +53,27 @@ def latency_key(metric: str, statistic: str | float) -> str:
     return f"{statistic}_{metric}_ms"
 
 
-def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
-    """mean, median, std (population, as numpy and vLLM) and percentiles of seconds `values`, in ms."""
+def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES, owned: bool = False) -> dict[str, float]:
+    """mean, median, std (population, as numpy and vLLM) and percentiles of seconds `values`, in ms.
+
+    `owned`: `values` is a float array no one else reads, scaled and reordered in place (a run's pooled
+    ITL gaps can number hundreds of millions); the figures are the same either way."""
     arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)] * 1e3
+    nan = np.isnan(arr)
+    if nan.any():
+        arr, owned = arr[~nan], True
+    del nan
+    arr = np.multiply(arr, 1e3, out=arr if owned else None)
     empty = not arr.size
     out = {latency_key(metric, "mean"): float("nan") if empty else float(arr.mean()),
-           latency_key(metric, "median"): float("nan") if empty else float(np.median(arr)),
-           latency_key(metric, "std"): float("nan") if empty else float(arr.std())}
+           latency_key(metric, "std"): float("nan") if empty else float(arr.std()),
+           # median and percentiles pick order statistics: partitioning arr in place changes none
+           latency_key(metric, "median"): float("nan") if empty else float(np.median(arr, overwrite_input=True))}
     for p in percentiles:
-        out[f"p{percentile_word(p)}_{metric}_ms"] = float("nan") if empty else float(np.percentile(arr, p))
-    return out
+        out[f"p{percentile_word(p)}_{metric}_ms"] = float("nan") if empty else float(
+            np.percentile(arr, p, overwrite_input=True))
+    return {key: out[key] for key in (latency_key(metric, "mean"), latency_key(metric, "median"),
+                                      latency_key(metric, "std"), *list(out)[3:])}
 
 
 def add_latency_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -91,24 +101,42 @@ def meets_slo(df: pd.DataFrame, ttft_s: float | None = None, tpot_s: float | Non
 
 
 def itl_values(token_times, completed: np.ndarray) -> np.ndarray:
-    """Pooled inter-token gaps of completed requests (empty if token times were not kept).
+    """Pooled inter-token gaps of completed requests (empty if token times were not kept), in one array
+    filled in place (two passes over the requests: their lengths, then their gaps).
 
     Tokens emitted by one step (speculative decoding) reach the client as one chunk, so, as in
     vLLM's serving benchmark, a gap is counted between chunks: zero gaps are dropped."""
-    gaps = [np.diff(np.asarray(t, dtype=float)) for t, ok in zip(token_times, completed)
-            if ok and t is not None and len(t) > 1]
-    if not gaps:
-        return np.empty(0)
-    pooled = np.concatenate(gaps)
-    return pooled[pooled > 0]
+    chosen = [i for i, ok in enumerate(completed) if ok and i < len(token_times)]
+    sizes = [max(len(t) - 1, 0) if t is not None else 0 for t in map(token_times.__getitem__, chosen)]
+    pooled = np.empty(sum(sizes))
+    at = 0
+    for i, size in zip(chosen, sizes):
+        if size:
+            times = np.asarray(token_times[i], dtype=float)
+            np.subtract(times[1:], times[:-1], out=pooled[at:at + size])
+            at += size
+    return _positive(pooled)
 
 
-def kv_occupancy(steps: pd.DataFrame, num_gpu_blocks: int) -> dict[str, float]:
-    """Time-weighted mean and peak KV-block occupancy, and the fraction of busy time above 90%."""
+def _positive(values: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
+    """`values[values > 0]`, compacted in place chunk by chunk (order kept)."""
+    kept = 0
+    for start in range(0, len(values), chunk):
+        part = values[start:start + chunk]
+        part = part[part > 0]
+        values[kept:kept + len(part)] = part
+        kept += len(part)
+    return values[:kept]
+
+
+def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
+    """Time-weighted mean and peak KV-block occupancy, and the fraction of busy time above 90%.
+    `steps`: the per-step DataFrame or a `StepTable` (columns read in place)."""
     if steps.empty:
         return {"kv_occupancy_mean": 0.0, "kv_occupancy_peak": 0.0, "kv_time_above_90pct": 0.0}
-    occ = steps["kv_blocks_used"].to_numpy() / num_gpu_blocks
-    dur = steps["duration"].to_numpy()
+    occ = np.array(steps["kv_blocks_used"], dtype=float)  # a copy of its own, divided in place
+    occ /= num_gpu_blocks
+    dur = np.asarray(steps["duration"])
     total = dur.sum()
     return {
         "kv_occupancy_mean": float((occ * dur).sum() / total) if total else float(occ.mean()),
@@ -117,16 +145,21 @@ def kv_occupancy(steps: pd.DataFrame, num_gpu_blocks: int) -> dict[str, float]:
     }
 
 
-def peak_output_rate(done: pd.DataFrame, token_times) -> dict[str, float]:
+def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[str, float]:
     """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
-    and the requests in flight (arrived, not finished) during that second."""
-    times = [np.asarray(token_times[i], dtype=float) for i in done.index
-             if i < len(token_times) and token_times[i] is not None]
-    times = np.concatenate(times) if times else np.empty(0)
-    if not times.size:
+    and the requests in flight (arrived, not finished) during that second. Tokens are counted per
+    second a few hundred requests at a time (the counts add up to those of all tokens at once)."""
+    indices = [i for i in done.index if i < len(token_times) and token_times[i] is not None]
+    start = float(done["arrival_time"].min()) if len(done) else 0.0
+    counts = np.zeros(0, dtype=np.int64)
+    for first in range(0, len(indices), chunk):
+        times = [np.asarray(token_times[i], dtype=float) for i in indices[first:first + chunk]]
+        part = np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
+        if len(part) > len(counts):
+            counts = np.concatenate((counts, np.zeros(len(part) - len(counts), dtype=np.int64)))
+        counts[:len(part)] += part
+    if not counts.sum():
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
-    start = float(done["arrival_time"].min())
-    counts = np.bincount(np.floor(times - start).astype(int).clip(min=0))
     second = int(counts.argmax())
     lo, hi = start + second, start + second + 1
     in_flight = (done["arrival_time"] < hi) & (done["finish_time"] >= lo)
@@ -157,7 +190,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_
     for metric, column in LATENCY_METRICS.items():
         values = (itl_values(token_times, requests["completed"].to_numpy()) if column == "itl"
                   else done[column])
-        out.update(latency_stats(values, metric, percentiles))
+        out.update(latency_stats(values, metric, percentiles, owned=column == "itl"))
     out.update(_goodput(requests, slo or {}, per_s))
     prompt = float(requests["num_prompt_tokens"].sum())
     out["prefix_cache_hit_rate"] = float(requests["num_cached_tokens"].sum()) / prompt if prompt else 0.0

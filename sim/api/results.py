@@ -13,6 +13,7 @@ import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
 from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, summarize
+from sim.api.step_table import StepTable
 from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
 from sim.core.records import RunRecords, as_numpy
@@ -23,13 +24,14 @@ class Results:
     """What a simulation produced.
 
     requests: one row per request (times in simulated seconds, derived ttft_s/tpot_s/e2e_s/...).
-    steps: one row per engine step (start, duration, tokens, batch, KV blocks, queue lengths).
+    steps: one row per engine step (start, duration, tokens, batch, KV blocks, queue lengths); from a
+        run, built on first read (the summary reads the step records in place).
     token_times: per request, every token's emission time (None where not recorded).
     summary: the metrics of `sim.api.metrics.summarize`; `meta` holds config and provenance.
     """
 
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame  # a property below: a DataFrame, or a StepTable built into one when read
     token_times: list
     summary: dict
     meta: dict = field(default_factory=dict)
@@ -39,8 +41,7 @@ class Results:
                      percentiles=METRIC_PERCENTILES) -> "Results":
         requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()})
         requests = add_latency_columns(requests)
-        steps = pd.DataFrame({k: as_numpy(v) for k, v in records.steps.columns().items()})
-        steps["kv_occupancy"] = steps["kv_blocks_used"] / records.num_gpu_blocks if len(steps) else []
+        steps = StepTable(records.steps, records.num_gpu_blocks)
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
         token_times = records.requests.times()
@@ -58,10 +59,10 @@ class Results:
         return self._resummarized(self.meta.get("slo") or {}, tuple(percentiles))
 
     def _resummarized(self, slo: dict, percentiles) -> "Results":
-        summary = summarize(self.requests, self.steps, self.token_times, self.meta["num_gpu_blocks"], slo,
+        summary = summarize(self.requests, self._steps, self.token_times, self.meta["num_gpu_blocks"], slo,
                             percentiles)
         meta = dict(self.meta, slo=slo, percentiles=list(percentiles))
-        return Results(self.requests, self.steps, self.token_times, summary, meta)
+        return Results(self.requests, self._steps, self.token_times, summary, meta)
 
     def with_client_latency(self, client) -> "Results":
         """The same run as an HTTP client times it (`sim.api.client.ClientConfig`); the steps, and so the
@@ -72,9 +73,9 @@ class Results:
         requests = add_latency_columns(shift_requests(self.requests, client))
         token_times = shift_token_times(self.token_times, client)
         slo, percentiles = self.meta.get("slo") or {}, self.meta.get("percentiles", METRIC_PERCENTILES)
-        summary = summarize(requests, self.steps, token_times, self.meta["num_gpu_blocks"], slo, percentiles)
+        summary = summarize(requests, self._steps, token_times, self.meta["num_gpu_blocks"], slo, percentiles)
         meta = dict(self.meta, client={"ttft_s": client.ttft_s, "per_token_s": client.per_token_s})
-        return Results(requests, self.steps, token_times, summary, meta)
+        return Results(requests, self._steps, token_times, summary, meta)
 
     def tokens(self) -> pd.DataFrame:
         """Long table of token emissions: request index, position, time."""
@@ -138,6 +139,20 @@ class Results:
         if "completed" not in summary:  # saved before vLLM's names: summarise the tables again
             summary = summarize(requests, steps, token_times, meta["num_gpu_blocks"], meta.get("slo"))
         return cls(requests, steps, token_times, summary, meta)
+
+
+def _get_steps(self) -> pd.DataFrame:
+    if isinstance(self._steps, StepTable):
+        self._steps = self._steps.frame()
+    return self._steps
+
+
+def _set_steps(self, steps) -> None:
+    self._steps = steps
+
+
+# After the class body, so the dataclass sees `steps` as a plain field; its __init__ goes through the setter.
+Results.steps = property(_get_steps, _set_steps, doc="One row per engine step (built on first read).")
 
 
 def parquet_available() -> bool:
