@@ -15,7 +15,8 @@ from pathlib import Path
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError, require
 
-from .attention_backend import decode_imbalance, imbalance_alpha, mixed_decode_s_per_byte
+from .attention_backend import imbalance_alpha
+from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
@@ -97,6 +98,9 @@ class RooflineCostModel:
     #: Measured imbalance of decodes with different contexts in one launch: (alone, beside a chunk)
     #: (decodes, alpha) points (attention_backend.decode_imbalance); None = priced at the mean context.
     decode_imbalance: tuple | None = None
+    #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
+    #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
+    mechanism_sources: tuple = ()
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -319,6 +323,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
             f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
     cal = _resolve_calibration(hw, calibration)
     host = host_gpu(hw, interconnect)
+    (mixed_decode, mixed_from), (imbalance, imbalance_from) = mixed_decode_for(hw), decode_imbalance_for(hw)
     own_host = host is hw  # collectives at this host's measured curves, else at its link's class
 
     def co(family: str, op: str) -> ElementwiseOp:
@@ -348,14 +353,15 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),
         embed=co("elementwise", "embedding"),
         all_reduce=cal.coeffs["all_reduce"] if own_host else link_all_reduce(host),
-        mixed_decode=mixed_decode_s_per_byte(hw.name),
+        mixed_decode=mixed_decode,
         all_reduce_curve=all_reduce_curve(cal, hw.name, tp, "all_reduce") if own_host else None,
         all_gather_curve=all_reduce_curve(cal, hw.name, tp, "all_gather") if own_host else None,
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
-        decode_imbalance=decode_imbalance(hw.name),
+        decode_imbalance=imbalance,
+        mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,
             "must be true or false")
