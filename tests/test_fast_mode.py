@@ -174,3 +174,24 @@ def test_fast_mode_identical_with_closed_loop_clients_and_until(async_scheduling
     until = step.end_time / 3
     assert_identical(run_engine(workload, replace(cut, mode="step"), LinearCostModel(), until=until),
                      run_engine(workload, replace(cut, mode="fast"), LinearCostModel(), until=until))
+
+
+def test_quiet_horizon_passes_only_events_nothing_waits_on():
+    """A succeeded event with no callbacks (an open-loop request's `done`) does nothing when SimPy
+    processes it: a leap may pass it; a timeout a process waits on, or a failed event, it may not."""
+    from sim.engine.leap import quiet_horizon
+    env = simpy.Environment()
+    assert quiet_horizon(env) == float("inf")
+    env.event().succeed()                      # at 0, nothing waits on it
+    assert env.peek() == 0 and quiet_horizon(env) == float("inf")
+
+    def waiter():
+        yield env.timeout(2.5)
+    env.process(waiter())                      # its Initialize event at 0 has a callback
+    assert quiet_horizon(env) == 0
+    env.step()
+    env.step()                                 # the process now waits on its timeout at 2.5
+    assert quiet_horizon(env) == 2.5
+    failed = env.event()
+    failed.fail(RuntimeError("boom"))          # would stop the run when processed
+    assert quiet_horizon(env) == 0

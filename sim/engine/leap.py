@@ -44,6 +44,22 @@ MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
+def quiet_horizon(env) -> float:
+    """The time of the next event in `env`'s queue that can change anything: one with callbacks (a
+    process waits on it) or one that failed (it would stop the run). An event that succeeded and
+    that nothing waits on (a finished request's `done` event in an open-loop run) does nothing when
+    SimPy processes it, and nothing can start waiting on it before an event that does something
+    runs, so a leap may pass it (SimPy still processes it, in order, during the leap's timeouts)."""
+    queue = env._queue
+    if not queue:
+        return math.inf
+    first = queue[0]
+    event = first[3]
+    if event.callbacks or not event._ok:
+        return first[0]
+    return min((t for t, _, _, e in queue if e.callbacks or not e._ok), default=math.inf)
+
+
 def make_leaper(engine: Engine) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
     policies other than vLLM V1's and V0's, invariant checks after every step)."""

@@ -12,7 +12,7 @@ import simpy
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
 from sim.engine.engine import Engine
-from sim.engine.leap import make_leaper
+from sim.engine.leap import make_leaper, quiet_horizon
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
 
@@ -68,7 +68,7 @@ class EngineProcess:
         step = None
         while True:
             if self.leaper is not None and (step is None) != ahead:
-                leapt = self.leaper.leap(step, env.now, env.peek())
+                leapt = self.leaper.leap(step, env.now, quiet_horizon(env))
                 if leapt is not None:
                     step, delays = leapt
                     for delay in delays:
