@@ -29,7 +29,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import RequestStatus
 from sim.engine.decode_times import decode_step_times
-from sim.engine.leap_kv import StretchKV
+from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import synthetic_spans
 
@@ -39,7 +39,7 @@ ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
-SYNTHETIC_FROM = 512  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
+SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
@@ -78,6 +78,7 @@ class Leaper:
         self.steps_leapt = 0                            # steps done by leaps so far
         self.misses = 0                                 # leap attempts failed in a row
         self.cooldown = 0                               # loop turns to let pass before the next try
+        self.admission_first = ADMISSION_FIRST[type(engine.policy)]
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
@@ -87,20 +88,26 @@ class Leaper:
             self.cooldown -= 1
             return None
         rows = self._steady_rows(in_flight, now, horizon)
-        plan = None if rows is None else _StretchPlan(self, rows, in_flight, now)
-        if plan is None or not plan.fix_units(horizon):
-            # back off after misses (under overload stretches are rare): whether the engine looks
-            # for a leap never changes its results, only how fast it gets them
+        if rows is None:
+            return None  # (refused by the cheap checks: no back-off)
+        plan = _StretchPlan(self, rows, in_flight, now)
+        if not plan.fix_units(horizon):
+            # back off after misses found only by pricing a stretch (under overload stretches are
+            # rare): whether the engine looks for a leap never changes its results, only how fast
             self.misses += 1
             self.cooldown = min(self.misses, MAX_COOLDOWN)
             return None
         self.misses = 0
+        # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
+        # the very next step: the next turn is a single step, unless the stretch was cut at MAX_UNITS
+        self.cooldown = 0 if plan.units == MAX_UNITS else 1
         delays = _exact_delays(now, plan.times, plan.finishing, plan.units)
         self.steps_leapt += plan.units
         return plan.apply(), delays
 
     # ----- is the engine at a steady point? ------------------------------------------------
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
+        """The running requests if the engine is at a steady point (cheapest refusals first), else None."""
         engine, lag = self.engine, self.lag
         state = engine.state
         running = state.running
@@ -111,6 +118,8 @@ class Leaper:
         if in_flight is not None and (now + in_flight.duration >= horizon
                                       or not _decodes_of(in_flight, running)):
             return None  # (the step in flight itself would end at or after the next event)
+        if state.waiting and head_may_enter(state, len(running), self.admission_first):
+            return None
         quick_stop = engine.quick_stop
         running_status = RequestStatus.RUNNING
         for req in running:
@@ -159,10 +168,12 @@ class _StretchPlan(StretchKV):
 
     # ----- how many units are quiet -------------------------------------------------------
     def fix_units(self, horizon: float) -> bool:
+        """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
+        the cheap ones first, the step prices of U last."""
         units = self._static_limit()
         if units < MIN_UNITS:
             return False
-        units = self._time_limit(units, horizon)
+        units = self._horizon_bound(units, horizon)
         if units < MIN_UNITS:
             return False
         units = self._token_limit(units)
@@ -171,8 +182,13 @@ class _StretchPlan(StretchKV):
         units = self._kv_limit(units)
         if units < MIN_UNITS:
             return False
+        units = self._time_limit(units, horizon)
+        if units < MIN_UNITS:
+            return False
         self.units = units
         self.times = self.times[:units + 1]
+        if self.events and self.events[-1][0] > units:
+            self.events = [event for event in self.events if event[0] <= units]
         return True
 
     def _static_limit(self) -> int:
@@ -188,18 +204,25 @@ class _StretchPlan(StretchKV):
                                    for r, c in zip(self.rows, self.computed)))
         return units
 
+    def _horizon_bound(self, units: int, horizon: float) -> int:
+        """At most `units`, about as many as fit before `horizon` at the first step's price (steps
+        only grow dearer as contexts grow): bounds the tokens and blocks looked at; `_time_limit`
+        then fixes the exact count."""
+        planned = decode_step_times(self.engine.cost_model, self.computed, 0, 1)
+        self.planned = planned
+        first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
+        return units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
+
     def _time_limit(self, units: int, horizon: float) -> int:
         """Units whose finish comes strictly before `horizon`. Fills `self.planned` (durations of
         the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
         `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
-        cost_model, computed, lag = self.engine.cost_model, self.computed, self.lag
-        planned = decode_step_times(cost_model, computed, 0, 1)
-        first = planned[0] if not lag else min(planned[0], self.in_flight.duration)
-        # durations grow with the context: the first one bounds how many fit before the horizon
-        chunk = units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
+        cost_model, computed, lag, planned = self.engine.cost_model, self.computed, self.lag, self.planned
+        chunk = units
         while True:
             count = min(chunk, units - len(planned))
-            planned += decode_step_times(cost_model, computed, len(planned), count)
+            if count > 0:
+                planned += decode_step_times(cost_model, computed, len(planned), count)
             finishing = planned if not lag else [self.in_flight.duration] + planned[:-1]
             times = list(accumulate(finishing, initial=self.now))  # sequential, as SimPy adds
             if len(planned) >= units or times[-1] >= horizon:

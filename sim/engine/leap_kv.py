@@ -12,6 +12,31 @@ from itertools import islice
 
 
 
+def waiting_head(state, num_rows: int, admission_first: bool):
+    """The waiting request the policy will try after a pure-decode pass of `num_rows` rows (a seat
+    and token budget are left), or None."""
+    config = state.config
+    budget = config.max_num_batched_tokens
+    if not admission_first:
+        budget -= num_rows
+    if not state.waiting or len(state.running) >= config.max_num_seqs or budget <= 0:
+        return None
+    return state.waiting[0]
+
+
+def head_may_enter(state, num_rows: int, admission_first: bool) -> bool:
+    """Whether the waiting head could be admitted at the next step as the KV cache is now: always
+    without `scheduler_reserve_full_isl`, else when blocks for its whole sequence fit."""
+    head = waiting_head(state, num_rows, admission_first)
+    if head is None:
+        return False
+    if not state.config.scheduler_reserve_full_isl:
+        return True
+    kv = state.kv
+    cached_blocks, num_cached = kv.lookup_prefix(head)
+    return kv.can_fit(head, head.num_tokens - num_cached, cached_blocks)
+
+
 class StretchKV:
     """Mixed into the leap's stretch plan, which owns `kv`, `rows`, `engine`, `bases`, `outputs`,
     `computed`, `num_rows`, `units`, `admission_first` (the policy tries the waiting head with the
@@ -61,22 +86,13 @@ class StretchKV:
     def _admission_limit(self, events: list, pops: list, units: int) -> int:
         """Units during which the waiting head stays out. The policy tries it after the running
         pass when a seat and budget are left; with `scheduler_reserve_full_isl` it needs blocks for
-        its whole sequence. Those only grow scarcer unless a block of its prefix chain is registered
-        or evicted (the cache hits it would get change): the stretch ends before that."""
-        state = self.engine.state
-        config = state.config
-        budget = config.max_num_batched_tokens
-        if not self.admission_first:
-            budget -= self.num_rows
-        if not state.waiting or len(state.running) >= config.max_num_seqs or budget <= 0:
+        its whole sequence (`head_may_enter` has refused the stretch where it fits now). Those only
+        grow scarcer unless a block of its prefix chain is registered or evicted (the cache hits it
+        would get change): the stretch ends before that."""
+        head = waiting_head(self.engine.state, self.num_rows, self.admission_first)
+        if head is None:
             return units
-        head = state.waiting[0]
-        if not config.scheduler_reserve_full_isl:
-            return 0
         kv = self.kv
-        cached_blocks, num_cached = kv.lookup_prefix(head)
-        if kv.can_fit(head, head.num_tokens - num_cached, cached_blocks):
-            return 0
         if not kv.enable_prefix_caching:
             return units
         max_blocks = (head.num_tokens - 1) // kv.block_size
