@@ -195,3 +195,38 @@ def test_quiet_horizon_passes_only_events_nothing_waits_on():
     failed = env.event()
     failed.fail(RuntimeError("boom"))          # would stop the run when processed
     assert quiet_horizon(env) == 0
+
+
+@st.composite
+def crowded(draw):
+    """A KV cache of one to two requests' worth, prefix caching on and whole-sequence reservation:
+    the waiting head (often a preempted request whose cached blocks sit in the free queue) stays
+    out while running rows take those blocks, so stretches pass evictions of its prefix chain."""
+    config = draw(configs(max_model_len=128))
+    blocks = -(-128 // config.block_size) + 1
+    return replace(config, enable_prefix_caching=True, scheduler_reserve_full_isl=True,
+                   num_gpu_blocks=draw(st.integers(blocks, 2 * blocks)))
+
+
+@given(long_runs(max_requests=12), crowded())
+def test_fast_mode_identical_when_the_waiting_head_cannot_fit(specs, config):
+    assert_identical(*run_both(specs, config))
+
+
+def test_a_stretch_passes_evictions_of_the_waiting_heads_prefix():
+    """Four requests sharing a 64-token prefix on a cache too small for all (they preempt each
+    other): a preempted one waits (its whole sequence does not fit) while the others decode into
+    the free blocks that still hold its prefix. Those steps are leapt (~250 of 348 when every such
+    eviction ended a stretch), and the records are the reference's."""
+    prefix = np.arange(64, dtype=np.int32) + 500
+    specs = [RequestSpec(0.01 * i, np.concatenate([prefix, np.asarray([7 + i] * 8, np.int32)]), output_len=150,
+                         sampling_params=SamplingParams(max_tokens=None), request_id=f"r{i}") for i in range(4)]
+    config = EngineConfig(block_size=4, num_gpu_blocks=70, max_model_len=256, max_num_seqs=4,
+                          max_num_batched_tokens=256, enable_prefix_caching=True, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    env = simpy.Environment()
+    engine = Engine(replace(config, mode="fast"), LinearCostModel(), 70)
+    process = EngineProcess(env, engine)
+    start_workload(env, specs, process.submit, seed=0)
+    env.run()
+    assert process.leaper.steps_leapt > 300

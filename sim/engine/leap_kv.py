@@ -8,9 +8,6 @@ order matter for later prefix-cache hits), and the KV counters recorded after ea
 """
 from __future__ import annotations
 
-from itertools import islice
-
-
 
 def waiting_head(state, num_rows: int, admission_first: bool):
     """The waiting request the policy will try after a pure-decode pass of `num_rows` rows (a seat
@@ -65,7 +62,7 @@ class StretchKV:
         free = kv.num_free_blocks
         if len(pops) > free:
             units = min(units, events[pops[free]][0] - 1)
-        units = min(units, self._admission_limit(events, pops[:free], units))
+        units = min(units, self._admission_limit(events, units))
         self.events = [event for event in events if event[0] <= units]
         return units
 
@@ -83,12 +80,15 @@ class StretchKV:
                 events.append((u, r, 1))
                 u += bs
 
-    def _admission_limit(self, events: list, pops: list, units: int) -> int:
-        """Units during which the waiting head stays out. The policy tries it after the running
-        pass when a seat and budget are left; with `scheduler_reserve_full_isl` it needs blocks for
-        its whole sequence (`head_may_enter` has refused the stretch where it fits now). Those only
-        grow scarcer unless a block of its prefix chain is registered or evicted (the cache hits it
-        would get change): the stretch ends before that."""
+    def _admission_limit(self, events: list, units: int) -> int:
+        """Units during which the waiting head stays out. The policy tries it when a seat and budget
+        are left; with `scheduler_reserve_full_isl` it needs blocks for its whole sequence
+        (`head_may_enter` has refused the stretch where they do not fit now): need = its blocks less
+        its prefix hits that running requests hold, against the free blocks. A block taken from the
+        free queue lowers the free count by one and lowers the need by at most one (an evicted
+        hit whose hash another, held block also has: the hit moves there; else the chain only
+        shortens), so the head stays out, until a running row registers a block of the head's
+        prefix chain (new hits): the stretch ends before that."""
         head = waiting_head(self.engine.state, self.num_rows, self.admission_first)
         if head is None:
             return units
@@ -99,11 +99,6 @@ class StretchKV:
         chain = set(kv.req_hashes.get(head, ())[:max_blocks])
         if not chain:
             return units
-        block_hash = kv.block_hash
-        for i, block in enumerate(islice(kv.free_queue, len(pops))):
-            if block_hash[block] in chain:
-                units = min(units, events[pops[i]][0] - 1)
-                break
         self._append_tokens(units)   # the hashes below read the tokens
         targets = self.bases
         for u, r, kind in events:
