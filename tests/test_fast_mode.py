@@ -230,3 +230,16 @@ def test_a_stretch_passes_evictions_of_the_waiting_heads_prefix():
     start_workload(env, specs, process.submit, seed=0)
     env.run()
     assert process.leaper.steps_leapt > 300
+
+
+@given(st.integers(1, 300), st.integers(0, 10**6), st.integers(0, 400), st.sampled_from([2, None, 5000]))
+def test_synthetic_streams_emit_filler_ids_but_eos(output_len, index, position, eos):
+    """What the leap's stop test for synthetic rows rests on: every token is in FILLER_RANGE except
+    the EOS id at the EOS position (so a stop set without filler ids can only fire there)."""
+    from sim.engine.leap import FILLER_RANGE
+    stream = stream_for(RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len), index, eos)
+    token = stream(position)
+    if eos is not None and position == output_len - 1:
+        assert token == eos and stream.synthetic[1:] == (output_len - 1, eos)
+    else:
+        assert token in FILLER_RANGE

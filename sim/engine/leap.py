@@ -31,7 +31,7 @@ from sim.core.request import RequestStatus
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.engine.engine import Engine, Step
-from workloads.token_streams import synthetic_spans
+from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
 #: Policies whose pure-decode step is "each running request, in order, one token" and whether they
 #: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
@@ -41,6 +41,7 @@ MIN_UNITS = 2      # a shorter stretch is left to single steps
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
@@ -87,10 +88,10 @@ class Leaper:
         if self.cooldown:
             self.cooldown -= 1
             return None
-        rows = self._steady_rows(in_flight, now, horizon)
-        if rows is None:
+        steady = self._steady_rows(in_flight, now, horizon)
+        if steady is None:
             return None  # (refused by the cheap checks: no back-off)
-        plan = _StretchPlan(self, rows, in_flight, now)
+        plan = _StretchPlan(self, *steady, in_flight, now)
         if not plan.fix_units(horizon):
             # back off after misses found only by pricing a stretch (under overload stretches are
             # rare): whether the engine looks for a leap never changes its results, only how fast
@@ -120,17 +121,41 @@ class Leaper:
             return None  # (the step in flight itself would end at or after the next event)
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
-        quick_stop = engine.quick_stop
-        running_status = RequestStatus.RUNNING
-        for req in running:
-            quick = quick_stop[req.index]
-            if (req.status != running_status or req.num_spec_tokens or req.num_stale_tokens
-                    or req.num_in_flight_tokens != lag or req.num_output_placeholders != lag
-                    or not req.output_token_ids or quick is None
-                    or quick[1] - len(req.output_token_ids) - 1 < MIN_UNITS  # a length rule is near
-                    or req.num_computed_tokens != req.num_prompt_tokens + len(req.output_token_ids) - 1 + lag):
-                return None
-        return running
+        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len)
+
+
+def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int):
+    """(rows, their output counts, units before a length rule, the async last-token skip or
+    max_model_len stops one) if every running request is a plain decode whose next tokens can only
+    stop it by a known token or such a rule, none within MIN_UNITS of one; else None. One pass."""
+    running_status = RequestStatus.RUNNING
+    outputs = []
+    least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
+    for req in running:
+        quick = quick_stop[req.index]
+        output = req.output_token_ids
+        o = len(output)
+        if (req.status != running_status or req.num_spec_tokens or req.num_stale_tokens
+                or req.num_in_flight_tokens != lag or req.num_output_placeholders != lag
+                or not o or quick is None
+                or req.num_computed_tokens != req.num_prompt_tokens + o - 1 + lag):
+            return None
+        # the count of outputs at which the row must stop: its length rule; max_model_len (its
+        # computed tokens reach max_model_len - 1); under async, the last token's skipped step
+        stop = quick[1]
+        prompt = req.num_prompt_tokens
+        if max_model_len - prompt - lag + 1 < stop:
+            stop = max_model_len - prompt - lag + 1
+        if lag:
+            cap = req.sampling_params.max_tokens or max_model_len - prompt
+            if cap < stop:
+                stop = cap
+        if stop - o < least:
+            if stop - o - 1 < MIN_UNITS:
+                return None  # a length rule is near
+            least = stop - o
+        outputs.append(o)
+    return running, outputs, least - 1
 
 
 def _decodes_of(step: Step, running: list) -> bool:
@@ -153,27 +178,27 @@ class _StretchPlan(StretchKV):
     """The numbers of one candidate stretch: units u = 1..U, each "plan step k+lag+u, then finish
     step k+u" (a sync engine plans the step it then finishes)."""
 
-    def __init__(self, leaper: Leaper, rows: list, in_flight: Step | None, now: float):
+    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, in_flight: Step | None,
+                 now: float):
         engine = leaper.engine
         self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
         self.kv = engine.state.kv
-        self.admission_first = ADMISSION_FIRST[type(engine.policy)]
+        self.admission_first = leaper.admission_first
         self.num_rows = len(rows)
+        self.static = min(static, MAX_UNITS)  # units before a length rule stops a row
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
-        self.outputs = [len(r.output_token_ids) for r in rows]
-        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, self.outputs)]  # tokens known - 1
-        self.computed = [base + self.lag for base in self.bases]
+        self.outputs = outputs
+        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, outputs)]  # tokens known - 1
+        lag = self.lag
+        self.computed = [base + lag for base in self.bases] if lag else self.bases
         self.units = 0
-        self.tokens: list[list[int]] = []
+        self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
     # ----- how many units are quiet -------------------------------------------------------
     def fix_units(self, horizon: float) -> bool:
         """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
         the cheap ones first, the step prices of U last."""
-        units = self._static_limit()
-        if units < MIN_UNITS:
-            return False
-        units = self._horizon_bound(units, horizon)
+        units = self._horizon_bound(self.static, horizon)
         if units < MIN_UNITS:
             return False
         units = self._token_limit(units)
@@ -190,19 +215,6 @@ class _StretchPlan(StretchKV):
         if self.events and self.events[-1][0] > units:
             self.events = [event for event in self.events if event[0] <= units]
         return True
-
-    def _static_limit(self) -> int:
-        """Units before a length rule, the async last-token skip or max_model_len stop a row."""
-        engine = self.engine
-        max_model_len = engine.config.max_model_len
-        quick_stop = engine.quick_stop
-        units = min(quick_stop[r.index][1] - o - 1 for r, o in zip(self.rows, self.outputs))
-        units = min(units, max_model_len - 1 - max(self.computed), MAX_UNITS)
-        if self.lag:
-            units = min(units, min(r.num_prompt_tokens + (r.sampling_params.max_tokens
-                                                          or max_model_len - r.num_prompt_tokens) - c - 1
-                                   for r, c in zip(self.rows, self.computed)))
-        return units
 
     def _horizon_bound(self, units: int, horizon: float) -> int:
         """At most `units`, about as many as fit before `horizon` at the first step's price (steps
@@ -232,16 +244,16 @@ class _StretchPlan(StretchKV):
         return min(units, bisect_left(times, horizon) - 1)
 
     def _token_limit(self, units: int) -> int:
-        """Units before any row's next token could stop it; keeps the tokens of those units."""
+        """Units before any row's next token could stop it; keeps the tokens of those units (or,
+        for synthetic streams, reads them only when the stretch is taken: `_append_tokens`)."""
         engine = self.engine
-        synthetic = None
-        if units * self.num_rows >= SYNTHETIC_FROM:
-            synthetic = [getattr(engine.streams[req.index], "synthetic", None) for req in self.rows]
-        if synthetic is not None and None not in synthetic:
+        streams = engine.streams
+        synthetic = [getattr(streams[req.index], "synthetic", None) for req in self.rows]
+        if None not in synthetic:
             return self._synthetic_token_limit(units, synthetic)
         tokens = []
         for req, start in zip(self.rows, self.outputs):
-            stream = engine.streams[req.index]
+            stream = streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
             span = getattr(stream, "span", None) if units > SPAN_FROM else None
             if span is not None:
@@ -261,11 +273,21 @@ class _StretchPlan(StretchKV):
         return units
 
     def _synthetic_token_limit(self, units: int, synthetic: list) -> int:
-        """`_token_limit` for rows that all read synthetic streams: every row's tokens at once. The
+        """`_token_limit` for rows that all read synthetic streams. Their tokens are filler ids
+        (`FILLER_RANGE`) but for the EOS id at the EOS position: where no row's stop set holds a
+        filler id, a row can stop only at its EOS position, and only if its stop set holds the EOS
+        id (known without reading a token). Else every row's tokens are read at once and the
         stretch ends before the first token any row may stop on (a token in any row's stop set: a
         few units too early at worst, which costs only speed)."""
         quick_stop = self.engine.quick_stop
-        candidates = set().union(*(quick_stop[req.index][0] for req in self.rows))
+        stop_sets = [quick_stop[req.index][0] for req in self.rows]
+        candidates = set().union(*stop_sets)
+        if not any(token in FILLER_RANGE for token in candidates):
+            for (_, eos_position, eos_id), start, stop_ids in zip(synthetic, self.outputs, stop_sets):
+                if start <= eos_position < start + units and eos_id in stop_ids:
+                    units = eos_position - start
+            self.synthetic = synthetic
+            return units
         tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
         if candidates:
             hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
@@ -274,7 +296,19 @@ class _StretchPlan(StretchKV):
         self.tokens = tokens[:, :units].tolist()
         return units
 
+    def _read_synthetic(self, units: int) -> None:
+        """The tokens of `units` units of rows on synthetic streams: one numpy pass for many, the
+        streams position by position for few."""
+        if units * self.num_rows >= SYNTHETIC_FROM:
+            self.tokens = synthetic_spans(self.synthetic, np.array(self.outputs, dtype=np.int64), units).tolist()
+            return
+        streams = self.engine.streams
+        self.tokens = [[stream(p) for p in range(start, start + units)]
+                       for stream, start in zip([streams[req.index] for req in self.rows], self.outputs)]
+
     def _append_tokens(self, units: int) -> None:
+        if self.tokens is None:
+            self._read_synthetic(units)
         for req, row in zip(self.rows, self.tokens):
             req.output_token_ids.extend(row[:units])
 
