@@ -243,3 +243,28 @@ def test_synthetic_streams_emit_filler_ids_but_eos(output_len, index, position, 
         assert token == eos and stream.synthetic[1:] == (output_len - 1, eos)
     else:
         assert token in FILLER_RANGE
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.booleans()), max_size=60))
+def test_quiet_horizon_is_the_first_event_anything_waits_on(events):
+    """Over random queues of timeouts, some waited on: the horizon is the earliest waited-on one,
+    or earlier (never later) when many that nothing waits on come first."""
+    from simpy.events import Initialize
+
+    from sim.engine.leap import quiet_horizon
+    env = simpy.Environment()
+
+    def waiter(timeout):
+        yield timeout
+    for delay, waited in events:
+        timeout = env.timeout(delay)
+        if waited:
+            env.process(waiter(timeout))
+    while any(isinstance(entry[3], Initialize) for entry in env._queue):
+        env.step()  # start the waiters (urgent: before any timeout); each then waits on its timeout
+    waited_on = [t for t, _, _, e in env._queue if e.callbacks]
+    expected = min(waited_on, default=float("inf"))
+    horizon = quiet_horizon(env)
+    assert horizon <= expected
+    if len(env._queue) <= 32:
+        assert horizon == expected
