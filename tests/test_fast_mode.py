@@ -268,3 +268,23 @@ def test_quiet_horizon_is_the_first_event_anything_waits_on(events):
     assert horizon <= expected
     if len(env._queue) <= 32:
         assert horizon == expected
+
+
+def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
+    """vLLM V0 runs a step of prefills alone: with it in flight (async), the running decodes have
+    nothing in flight and sample from the next step on, the new requests sample their first token at
+    its end. A stretch starts there (rows that skip its first unit), with the reference's records."""
+    import sim.engine.leap as leap
+    starts = []
+    apply = leap._StretchPlan.apply
+
+    def counting_apply(plan):
+        starts.append(plan.skips is not None)
+        return apply(plan)
+    monkeypatch.setattr(leap._StretchPlan, "apply", counting_apply)
+    specs = [RequestSpec(0.2 * i, np.arange(20, dtype=np.int32) + 100 + i, output_len=200,
+                         sampling_params=SamplingParams(max_tokens=None), request_id=f"r{i}") for i in range(12)]
+    config = EngineConfig(num_gpu_blocks=400, max_model_len=1024, policy="vllm-v0", async_scheduling=True,
+                          enable_prefix_caching=True, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    assert sum(starts) >= 8

@@ -132,32 +132,60 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
-        if in_flight is not None and (now + in_flight.duration >= horizon
-                                      or not _decodes_of(in_flight, running)):
-            return None  # (the step in flight itself would end at or after the next event)
+        flying = None
+        if in_flight is not None:
+            if now + in_flight.duration >= horizon:
+                return None  # the step in flight itself ends at or after the next event
+            flying = _flying_rows(in_flight, running)
+            if flying is None:
+                return None
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
-        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len)
+        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying)
 
 
-def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int):
+def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None):
     """(rows, their output counts, units before a length rule, the async last-token skip or
-    max_model_len stops one) if every running request is a plain decode whose next tokens can only
-    stop it by a known token or such a rule, none within MIN_UNITS of one; else None. One pass."""
+    max_model_len stops one, which rows skip the first unit) if every running request decodes from
+    the next step on and its next tokens can only stop it by a known token or such a rule, none
+    within MIN_UNITS of one; else None. One pass.
+
+    Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
+    step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
+    yet); a row not in it (vLLM V0 runs a step of prefills alone) has nothing in flight and samples
+    from unit 2 on ("skips" unit 1)."""
     running_status = RequestStatus.RUNNING
     outputs = []
+    skips = None if not lag or len(flying) == len(running) else []
     least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
+    decodes = 0            # rows of the step in flight that are decodes (its record counts them)
     for req in running:
         quick = quick_stop[req.index]
         output = req.output_token_ids
         o = len(output)
-        if (req.status != running_status or req.num_spec_tokens or req.num_stale_tokens
-                or req.num_in_flight_tokens != lag or req.num_output_placeholders != lag
-                or not o or quick is None
-                or req.num_computed_tokens != req.num_prompt_tokens + o - 1 + lag):
+        if lag:
+            n = flying.get(req)
+            if n is None:  # not in the step in flight: a decode with nothing in flight
+                if (req.num_in_flight_tokens or req.num_output_placeholders or not o or skips is None
+                        or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+                    return None
+                skips.append(1)
+            else:          # samples at the end of the step in flight
+                if (req.num_in_flight_tokens != n or req.num_output_placeholders != 1
+                        or req.num_computed_tokens != req.num_prompt_tokens + o):
+                    return None
+                if skips is not None:
+                    skips.append(0)
+                if n == 1 and o:
+                    decodes += 1
+        elif (req.num_in_flight_tokens or req.num_output_placeholders or not o
+              or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+            return None
+        if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
             return None
         # the count of outputs at which the row must stop: its length rule; max_model_len (its
         # computed tokens reach max_model_len - 1); under async, the last token's skipped step
+        # (bounds for a row that samples at unit 1: one that skips it stops a unit later at most)
         stop = quick[1]
         prompt = req.num_prompt_tokens
         if max_model_len - prompt - lag + 1 < stop:
@@ -171,31 +199,38 @@ def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int)
                 return None  # a length rule is near
             least = stop - o
         outputs.append(o)
-    return running, outputs, least - 1
+    return running, outputs, least - 1, skips, decodes
 
 
-def _decodes_of(step: Step, running: list) -> bool:
-    """`step` decodes every running request, in order, and besides them has only rows of requests
-    that finished since it was planned (async scheduling's wasted last step: they are skipped)."""
+def _flying_rows(step: Step, running: list) -> dict | None:
+    """The rows of `step` (in flight), request -> tokens, if each samples at its end and is running,
+    in the order of `running` (besides rows of requests finished since it was planned: async
+    scheduling's wasted last step, skipped); else None."""
     if step.plan.preempted:
-        return False
+        return None
     finished = RequestStatus.PREEMPTED
+    rows = {}
     i, count = 0, len(running)
     for (req, n), samples in zip(step.plan.scheduled, step.samples):
         if req.status > finished:
             continue
-        if i == count or req is not running[i] or n != 1 or not samples:
-            return False
+        if not samples:
+            return None
+        while i < count and running[i] is not req:
+            i += 1
+        if i == count:
+            return None
+        rows[req] = n
         i += 1
-    return i == count
+    return rows
 
 
 class _StretchPlan(StretchKV):
     """The numbers of one candidate stretch: units u = 1..U, each "plan step k+lag+u, then finish
     step k+u" (a sync engine plans the step it then finishes)."""
 
-    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, in_flight: Step | None,
-                 now: float):
+    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, skips: list | None,
+                 first_decodes: int, in_flight: Step | None, now: float):
         engine = leaper.engine
         self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
         self.kv = engine.state.kv
@@ -207,6 +242,10 @@ class _StretchPlan(StretchKV):
         self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, outputs)]  # tokens known - 1
         lag = self.lag
         self.computed = [base + lag for base in self.bases] if lag else self.bases
+        self.first_decodes = first_decodes  # decode rows of the step in flight
+        self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
+        if skips is not None:
+            self.computed = [c - skip for c, skip in zip(self.computed, skips)]
         self.units = 0
         self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
@@ -323,10 +362,15 @@ class _StretchPlan(StretchKV):
                        for stream, start in zip([streams[req.index] for req in self.rows], self.outputs)]
 
     def _append_tokens(self, units: int) -> None:
+        """Append the tokens rows sample in units 1..`units` (one fewer for a row that skips unit 1)."""
         if self.tokens is None:
             self._read_synthetic(units)
-        for req, row in zip(self.rows, self.tokens):
-            req.output_token_ids.extend(row[:units])
+        if self.skips is None:
+            for req, row in zip(self.rows, self.tokens):
+                req.output_token_ids.extend(row[:units])
+            return
+        for req, row, skip in zip(self.rows, self.tokens, self.skips):
+            req.output_token_ids.extend(row[:units - skip])
 
     def _truncate_tokens(self) -> None:
         for req, start in zip(self.rows, self.outputs):
@@ -342,14 +386,26 @@ class _StretchPlan(StretchKV):
         times = self.times
         finish_times = times[1:]
         token_times = self.engine.requests.token_times
-        for req in rows:
-            req.num_computed_tokens += units
-            column = token_times[req.index]
-            if column is not None:
-                column.extend(finish_times)
+        if self.skips is None:
+            for req in rows:
+                req.num_computed_tokens += units
+                column = token_times[req.index]
+                if column is not None:
+                    column.extend(finish_times)
+        else:
+            for req, skip in zip(rows, self.skips):
+                req.num_computed_tokens += units
+                column = token_times[req.index]
+                if column is not None:
+                    column.extend(finish_times[skip:])
         self._record_steps(snapshots)
         if not self.lag:
             return None
+        first_token = self.engine.requests.first_token_time
+        for req, o in zip(rows, self.outputs):
+            req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
+            if not o:
+                first_token[req.index] = times[1]  # sampled its first token at the end of unit 1
         context = [c + units - 1 for c in self.computed]
         scheduled = [(req, 1) for req in rows]
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
@@ -368,12 +424,14 @@ class _StretchPlan(StretchKV):
         b = self.num_rows
         used, cached, free = snapshots
         prefill, batch, sampled = [0] * units, [b] * units, [b] * units
-        if lag:  # the step in flight may still carry rows of requests finished since
+        decode = [b] * units
+        if lag:  # the step in flight: prefill rows, rows of requests finished since, and decodes
             first = self.in_flight
-            prefill[0] = sum(first.batch.num_new_tokens) - b
+            decode[0] = self.first_decodes
+            prefill[0] = sum(first.batch.num_new_tokens) - decode[0]
             batch[0] = len(first.plan.scheduled)
             sampled[0] = first.batch.num_sampled
-        steps.extend_rows((starts, finishing, prefill, [b] * units, batch, sampled, [0] * units,
+        steps.extend_rows((starts, finishing, prefill, decode, batch, sampled, [0] * units,
                            used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units))
 
 

@@ -67,18 +67,26 @@ class StretchKV:
         return units
 
     def _registrations(self, units: int, events: list) -> None:
-        """Add (unit, row, 1) for every allocate that registers new full blocks: the target is
-        prompt + output - 1 + u tokens at unit u."""
+        """Add (unit, row, 1) for every allocate that registers new full blocks: the target
+        (`_target`) is prompt + output - 1 + u tokens at unit u, one less from unit 2 on for a row
+        that skips unit 1 (its outputs lag a unit behind its computed tokens)."""
         bs, hashed = self.kv.block_size, self.kv.num_hashed_blocks
         bases = self.bases   # target at unit u is base + u
+        skips = self.skips or [0] * self.num_rows
         for r, req in enumerate(self.rows):
             base = bases[r]
             if (base + 1) // bs > hashed.get(req, 0):
                 events.append((1, r, 1))
-            u = (-(base + 2)) % bs + 2   # later ones: units where base + u is a multiple of bs
+            u = (-(base + 2)) % bs + 2 + skips[r]   # later ones: base + u (- skip) a multiple of bs
             while u <= units:
                 events.append((u, r, 1))
                 u += bs
+
+    def _target(self, r: int, u: int) -> int:
+        """The token count row r's allocate at unit u registers full blocks up to."""
+        if u > 1 and self.skips is not None:
+            return self.bases[r] + u - self.skips[r]
+        return self.bases[r] + u
 
     def _admission_limit(self, events: list, units: int) -> int:
         """Units during which the waiting head stays out. The policy tries it when a seat and budget
@@ -100,13 +108,12 @@ class StretchKV:
         if not chain:
             return units
         self._append_tokens(units)   # the hashes below read the tokens
-        targets = self.bases
         for u, r, kind in events:
             if u > units:
                 break
             if kind == 1:
                 req = self.rows[r]
-                num_full = (targets[r] + u) // kv.block_size
+                num_full = self._target(r, u) // kv.block_size
                 if any(h in chain for h in kv._hashes(req, num_full)[kv.num_hashed_blocks.get(req, 0):num_full]):
                     units = u - 1
                     break
@@ -122,11 +129,11 @@ class StretchKV:
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
                 req_hashes, bs = kv.req_hashes, kv.block_size
-                for req, base in zip(self.rows, self.bases):
-                    target = base + units
+                for r, req in enumerate(self.rows):
+                    target = self._target(r, units)
                     if len(req_hashes.get(req, ())) < target // bs:
                         kv._hashes(req, target // bs)
-            targets = self.bases
+            target = self._target
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
             register = _registrar(kv)
@@ -139,7 +146,7 @@ class StretchKV:
                 if kind == 0:
                     req_blocks[req].append(kv._pop_free())
                 else:
-                    register(req, targets[r] + u)
+                    register(req, target(r, u))
                 used_now, cached_now = total - len(free_queue), len(kv_cached)
         gap = units - len(used)
         used.extend([used_now] * gap)
