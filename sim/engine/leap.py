@@ -95,7 +95,9 @@ class Leaper:
         self.steps_leapt = 0                            # steps done by leaps so far
         self.misses = 0                                 # leap attempts failed in a row
         self.cooldown = 0                               # loop turns to let pass before the next try
+        self.planned_next = None                        # see take_planned
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
+        self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
@@ -115,12 +117,20 @@ class Leaper:
             self.cooldown = min(self.misses, MAX_COOLDOWN)
             return None
         self.misses = 0
-        # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
-        # the very next step: the next turn is a single step, unless the stretch was cut at MAX_UNITS
-        self.cooldown = 0 if plan.units == MAX_UNITS else 1
         delays = _exact_delays(now, plan.times, plan.finishing, plan.units)
         self.steps_leapt += plan.units
-        return plan.apply(), delays
+        step = plan.apply()
+        # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
+        # the very next step: the next turn is a single step, unless the stretch was cut at
+        # MAX_UNITS or planned that step itself (the turn after it may leap again)
+        self.cooldown = 0 if plan.units == MAX_UNITS or plan.half else 1
+        self.planned_next = plan.next_step
+        return step, delays
+
+    def take_planned(self) -> Step | None:
+        """(async) The step a leap planned after the one it left in flight, once; else None."""
+        step, self.planned_next = self.planned_next, None
+        return step
 
     # ----- is the engine at a steady point? ------------------------------------------------
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
@@ -141,10 +151,12 @@ class Leaper:
                 return None
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
-        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying)
+        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
+                             self.skips_last_token)
 
 
-def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None):
+def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
+                  skip_last: bool):
     """(rows, their output counts, units before a length rule, the async last-token skip or
     max_model_len stops one, which rows skip the first unit) if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
@@ -158,6 +170,8 @@ def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int,
     outputs = []
     skips = None if not lag or len(flying) == len(running) else []
     least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
+    plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
+    skip_last = lag and skip_last
     decodes = 0            # rows of the step in flight that are decodes (its record counts them)
     for req in running:
         quick = quick_stop[req.index]
@@ -183,23 +197,25 @@ def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int,
             return None
         if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
             return None
-        # the count of outputs at which the row must stop: its length rule; max_model_len (its
-        # computed tokens reach max_model_len - 1); under async, the last token's skipped step
-        # (bounds for a row that samples at unit 1: one that skips it stops a unit later at most)
-        stop = quick[1]
+        # the count of outputs at which the row must stop: its length rule; or be left out of a
+        # plan: max_model_len (its computed tokens reach max_model_len - 1), or under async with
+        # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
+        # that skips it stops a unit later at most)
         prompt = req.num_prompt_tokens
-        if max_model_len - prompt - lag + 1 < stop:
-            stop = max_model_len - prompt - lag + 1
-        if lag:
+        plan_stop = max_model_len - prompt - lag + 1
+        if skip_last:
             cap = req.sampling_params.max_tokens or max_model_len - prompt
-            if cap < stop:
-                stop = cap
+            if cap < plan_stop:
+                plan_stop = cap
+        if plan_stop - o < plan_least:
+            plan_least = plan_stop - o
+        stop = quick[1] if quick[1] < plan_stop else plan_stop
         if stop - o < least:
             if stop - o - 1 < MIN_UNITS:
                 return None  # a length rule is near
             least = stop - o
         outputs.append(o)
-    return running, outputs, least - 1, skips, decodes
+    return running, outputs, least - 1, plan_least - 1, skips, decodes
 
 
 def _flying_rows(step: Step, running: list) -> dict | None:
@@ -229,7 +245,8 @@ class _StretchPlan(StretchKV):
     """The numbers of one candidate stretch: units u = 1..U, each "plan step k+lag+u, then finish
     step k+u" (a sync engine plans the step it then finishes)."""
 
-    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, skips: list | None,
+    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, plan_static: int,
+                 skips: list | None,
                  first_decodes: int, in_flight: Step | None, now: float):
         engine = leaper.engine
         self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
@@ -237,6 +254,7 @@ class _StretchPlan(StretchKV):
         self.admission_first = leaper.admission_first
         self.num_rows = len(rows)
         self.static = min(static, MAX_UNITS)  # units before a length rule stops a row
+        self.plan_static = plan_static        # units before a rule leaves a row out of a plan
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
         self.outputs = outputs
         self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, outputs)]  # tokens known - 1
@@ -247,6 +265,8 @@ class _StretchPlan(StretchKV):
         if skips is not None:
             self.computed = [c - skip for c, skip in zip(self.computed, skips)]
         self.units = 0
+        self.half = 0            # 1: the step after the stretch is planned by it too
+        self.next_step = None    # (async) that step, for the loop to run after the one in flight
         self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
     # ----- how many units are quiet -------------------------------------------------------
@@ -259,7 +279,9 @@ class _StretchPlan(StretchKV):
         units = self._token_limit(units)
         if units < MIN_UNITS:
             return False
-        units = self._kv_limit(units)
+        # blocks for one unit more: the plan of the step after the stretch (`half`)
+        kv_units = self._kv_limit(units + 1)
+        units = min(units, kv_units)
         if units < MIN_UNITS:
             return False
         units = self._time_limit(units, horizon)
@@ -267,8 +289,16 @@ class _StretchPlan(StretchKV):
             return False
         self.units = units
         self.times = self.times[:units + 1]
-        if self.events and self.events[-1][0] > units:
-            self.events = [event for event in self.events if event[0] <= units]
+        # plan the step after the stretch too ("half a unit") where its plan is as quiet as the
+        # stretch's: its blocks fit, the head stays out, no length rule bars a row from it (a stop
+        # on the tokens that step samples is the engine's business when it finishes it)
+        self.half = int(units < MAX_UNITS and kv_units > units and self.plan_static > units)
+        if self.half and len(self.planned) <= units:
+            self.planned += decode_step_times(self.engine.cost_model, self.computed, len(self.planned),
+                                              units + 1 - len(self.planned))
+        last = units + self.half
+        if self.events and self.events[-1][0] > last:
+            self.events = [event for event in self.events if event[0] <= last]
         return True
 
     def _horizon_bound(self, units: int, horizon: float) -> int:
@@ -400,18 +430,36 @@ class _StretchPlan(StretchKV):
                     column.extend(finish_times[skip:])
         self._record_steps(snapshots)
         if not self.lag:
-            return None
+            return self._plan_next() if self.half else None
         first_token = self.engine.requests.first_token_time
         for req, o in zip(rows, self.outputs):
             req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
             if not o:
                 first_token[req.index] = times[1]  # sampled its first token at the end of unit 1
-        context = [c + units - 1 for c in self.computed]
-        scheduled = [(req, 1) for req in rows]
+        in_flight = self._decode_step(units)
+        if self.half:
+            self.next_step = self._plan_next()
+        return in_flight
+
+    def _decode_step(self, unit: int) -> Step:
+        """The step planned at `unit` (1-based): every row 1 token, sampling."""
+        context = [c + unit - 1 for c in self.computed]
+        scheduled = [(req, 1) for req in self.rows]
         batch = BatchShape([1] * self.num_rows, context, self.num_rows)
-        start = self.now if units == 1 else times[units - 1]
-        return Step(SchedulerOutput(scheduled), batch, self.planned[units - 1], start, 0,
+        start = self.now if unit == 1 else self.times[unit - 1]
+        return Step(SchedulerOutput(scheduled), batch, self.planned[unit - 1], start, 0,
                     [True] * self.num_rows)
+
+    def _plan_next(self) -> Step:
+        """Plan the step after the stretch (at its end, as `Engine.plan_step` would: its KV moves
+        are replayed already) and count its tokens as computed and in flight (`Engine._advance`)."""
+        lag = self.lag
+        for req in self.rows:
+            req.num_computed_tokens += 1
+            req.num_in_flight_tokens += 1
+            req.num_output_placeholders += lag
+        self.engine.steps_in_flight += 1
+        return self._decode_step(self.units + 1)
 
     def _record_steps(self, snapshots) -> None:
         """Append the records of the U steps that finished (steps k+1 .. k+U)."""

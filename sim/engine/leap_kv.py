@@ -130,7 +130,7 @@ class StretchKV:
             if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
                 req_hashes, bs = kv.req_hashes, kv.block_size
                 for r, req in enumerate(self.rows):
-                    target = self._target(r, units)
+                    target = self._target(r, units + self.half)
                     if len(req_hashes.get(req, ())) < target // bs:
                         kv._hashes(req, target // bs)
             target = self._target

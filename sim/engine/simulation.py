@@ -81,7 +81,11 @@ class EngineProcess:
                 yield self.wakeup
                 self.wakeup = None
                 continue
-            following = engine.plan_step(env.now) if ahead and engine.has_work else None
+            following = None
+            if ahead:  # (a leap may have planned it already, at the same time)
+                following = self.leaper.take_planned() if self.leaper is not None else None
+                if following is None and engine.has_work:
+                    following = engine.plan_step(env.now)
             if step.duration > 0:
                 yield env.timeout(step.duration)
             engine.finish_step(step, env.now)
