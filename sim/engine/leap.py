@@ -42,6 +42,7 @@ MIN_UNITS = 2      # a shorter stretch is left to single steps
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+ROW_MISSES_FREE = 4  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
 FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
 QUIET_SCAN = 32    # events that do nothing looked past for the horizon, at most
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
@@ -96,6 +97,7 @@ class Leaper:
         self.misses = 0                                 # leap attempts failed in a row
         self.cooldown = 0                               # loop turns to let pass before the next try
         self.planned_next = None                        # see take_planned
+        self.row_misses = 0                             # refusals by the rows' pass in a row
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
@@ -109,6 +111,13 @@ class Leaper:
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
             return None  # (refused by the cheap checks: no back-off)
+        if steady is False:
+            # refused by the pass over the rows (a row near its end, a row mid-prefill): when that
+            # keeps happening (big batches under overload, where some row always is), back off
+            self.row_misses += 1
+            self.cooldown = min(self.row_misses // ROW_MISSES_FREE, MAX_COOLDOWN)
+            return None
+        self.row_misses = 0
         plan = _StretchPlan(self, *steady, in_flight, now)
         if not plan.fix_units(horizon):
             # back off after misses found only by pricing a stretch (under overload stretches are
@@ -134,7 +143,9 @@ class Leaper:
 
     # ----- is the engine at a steady point? ------------------------------------------------
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
-        """The running requests if the engine is at a steady point (cheapest refusals first), else None."""
+        """The running requests and their numbers (`_rows_at_rest`) if the engine is at a steady
+        point; None where a cheap check refuses (cheapest first), False where the pass over the
+        rows does."""
         engine, lag = self.engine, self.lag
         state = engine.state
         running = state.running
@@ -151,8 +162,9 @@ class Leaper:
                 return None
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
-        return _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
+        rows = _rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
                              self.skips_last_token)
+        return False if rows is None else rows
 
 
 def _rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
