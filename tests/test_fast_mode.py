@@ -179,7 +179,7 @@ def test_fast_mode_identical_with_closed_loop_clients_and_until(async_scheduling
 def test_quiet_horizon_passes_only_events_nothing_waits_on():
     """A succeeded event with no callbacks (an open-loop request's `done`) does nothing when SimPy
     processes it: a leap may pass it; a timeout a process waits on, or a failed event, it may not."""
-    from sim.engine.leap import quiet_horizon
+    from sim.engine.leap_steady import quiet_horizon
     env = simpy.Environment()
     assert quiet_horizon(env) == float("inf")
     env.event().succeed()                      # at 0, nothing waits on it
@@ -254,7 +254,7 @@ def test_quiet_horizon_is_the_first_event_anything_waits_on(events):
     or earlier (never later) when many that nothing waits on come first."""
     from simpy.events import Initialize
 
-    from sim.engine.leap import quiet_horizon
+    from sim.engine.leap_steady import quiet_horizon
     env = simpy.Environment()
 
     def waiter(timeout):

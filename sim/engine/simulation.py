@@ -12,7 +12,8 @@ import simpy
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
 from sim.engine.engine import Engine
-from sim.engine.leap import make_leaper, quiet_horizon
+from sim.engine.leap import make_leaper
+from sim.engine.leap_steady import quiet_horizon
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
 

@@ -1,0 +1,132 @@
+"""Where a leap may start: the engine's state at rest, and the horizon no event comes before.
+
+`rows_at_rest` and `flying_rows` read the running requests and the step in flight (under async
+scheduling) in one pass each; `quiet_horizon` reads SimPy's queue. Used by `sim.engine.leap`.
+"""
+from __future__ import annotations
+
+import math
+from heapq import heappop, heappush
+
+from sim.core.request import RequestStatus
+from sim.engine.engine import Step
+
+MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
+MIN_UNITS = 2      # a shorter stretch is left to single steps
+QUIET_SCAN = 32    # events that do nothing looked past for the horizon, at most
+
+
+def quiet_horizon(env) -> float:
+    """The time of the next event in `env`'s queue that can change anything: one with callbacks (a
+    process waits on it) or one that failed (it would stop the run). An event that succeeded and
+    that nothing waits on (a finished request's `done` event in an open-loop run) does nothing when
+    SimPy processes it, and nothing can start waiting on it before an event that does something
+    runs, so a leap may pass it (SimPy still processes it, in order, during the leap's timeouts).
+    The heap is walked in time order from its root, over at most QUIET_SCAN events that do nothing
+    (an earlier horizon than the true one only shortens leaps)."""
+    queue = env._queue
+    if not queue:
+        return math.inf
+    first = queue[0]
+    event = first[3]
+    if event.callbacks or not event._ok:
+        return first[0]
+    frontier = [(first, 0)]
+    size = len(queue)
+    for _ in range(QUIET_SCAN):
+        if not frontier:
+            return math.inf
+        entry, i = heappop(frontier)
+        event = entry[3]
+        if event.callbacks or not event._ok:
+            return entry[0]
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < size:
+                heappush(frontier, (queue[child], child))
+    return frontier[0][0][0] if frontier else math.inf
+
+
+def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
+                  skip_last: bool):
+    """(rows, their output counts, units before a length rule, the async last-token skip or
+    max_model_len stops one, which rows skip the first unit) if every running request decodes from
+    the next step on and its next tokens can only stop it by a known token or such a rule, none
+    within MIN_UNITS of one; else None. One pass.
+
+    Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
+    step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
+    yet); a row not in it (vLLM V0 runs a step of prefills alone) has nothing in flight and samples
+    from unit 2 on ("skips" unit 1)."""
+    running_status = RequestStatus.RUNNING
+    outputs = []
+    skips = None if not lag or len(flying) == len(running) else []
+    least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
+    plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
+    skip_last = lag and skip_last
+    decodes = 0            # rows of the step in flight that are decodes (its record counts them)
+    for req in running:
+        quick = quick_stop[req.index]
+        output = req.output_token_ids
+        o = len(output)
+        if lag:
+            n = flying.get(req)
+            if n is None:  # not in the step in flight: a decode with nothing in flight
+                if (req.num_in_flight_tokens or req.num_output_placeholders or not o or skips is None
+                        or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+                    return None
+                skips.append(1)
+            else:          # samples at the end of the step in flight
+                if (req.num_in_flight_tokens != n or req.num_output_placeholders != 1
+                        or req.num_computed_tokens != req.num_prompt_tokens + o):
+                    return None
+                if skips is not None:
+                    skips.append(0)
+                if n == 1 and o:
+                    decodes += 1
+        elif (req.num_in_flight_tokens or req.num_output_placeholders or not o
+              or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+            return None
+        if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
+            return None
+        # the count of outputs at which the row must stop: its length rule; or be left out of a
+        # plan: max_model_len (its computed tokens reach max_model_len - 1), or under async with
+        # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
+        # that skips it stops a unit later at most)
+        prompt = req.num_prompt_tokens
+        plan_stop = max_model_len - prompt - lag + 1
+        if skip_last:
+            cap = req.sampling_params.max_tokens or max_model_len - prompt
+            if cap < plan_stop:
+                plan_stop = cap
+        if plan_stop - o < plan_least:
+            plan_least = plan_stop - o
+        stop = quick[1] if quick[1] < plan_stop else plan_stop
+        if stop - o < least:
+            if stop - o - 1 < MIN_UNITS:
+                return None  # a length rule is near
+            least = stop - o
+        outputs.append(o)
+    return running, outputs, least - 1, plan_least - 1, skips, decodes
+
+
+def flying_rows(step: Step, running: list) -> dict | None:
+    """The rows of `step` (in flight), request -> tokens, if each samples at its end and is running,
+    in the order of `running` (besides rows of requests finished since it was planned: async
+    scheduling's wasted last step, skipped); else None."""
+    if step.plan.preempted:
+        return None
+    finished = RequestStatus.PREEMPTED
+    rows = {}
+    i, count = 0, len(running)
+    for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        if req.status > finished:
+            continue
+        if not samples:
+            return None
+        while i < count and running[i] is not req:
+            i += 1
+        if i == count:
+            return None
+        rows[req] = n
+        i += 1
+    return rows
