@@ -48,6 +48,7 @@ class Engine:
         """`kv`: a KV cache manager of `num_gpu_blocks` blocks to use instead of the plain one
         (e.g. sim.core.kv_offload's, with a host-memory tier)."""
         self.config = config = config.resolved()
+        self.is_async = config.is_async  # (a property that looks up the scheduler profile)
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
@@ -196,7 +197,7 @@ class Engine:
         """`_rows` and `_advance` in one pass over the rows (the plain engine's hot path)."""
         context, samples = [], []
         to_context, to_samples = context.append, samples.append
-        async_ = self.config.is_async
+        async_ = self.is_async
         for req, n in scheduled:
             computed = req.num_computed_tokens
             to_context(computed)
@@ -225,7 +226,7 @@ class Engine:
     def _advance(self, step: Step) -> None:
         """Count the step's tokens as computed now (vLLM advances at schedule time); under async
         scheduling a sampling row leaves a placeholder until its token is known."""
-        if not self.config.is_async:
+        if not self.is_async:
             for req, n in step.plan.scheduled:
                 req.num_computed_tokens += n
                 req.num_in_flight_tokens += n
@@ -262,7 +263,7 @@ class Engine:
         token_times = self.requests.token_times
         first_token = self.requests.first_token_time
         quick_stop = self.quick_stop
-        async_ = self.config.is_async
+        async_ = self.is_async
         # under async scheduling a row registers its blocks full with known tokens (skipped, as
         # cache_full_blocks itself would, when no new block is full)
         caching = async_ and kv.enable_prefix_caching
