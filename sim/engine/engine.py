@@ -201,9 +201,9 @@ class Engine:
         for req, n in scheduled:
             computed = req.num_computed_tokens
             to_context(computed)
-            req.num_computed_tokens = computed + n
+            req.num_computed_tokens = computed = computed + n
             req.num_in_flight_tokens += n
-            if computed + n >= req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders:
+            if computed >= req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders:
                 to_samples(True)
                 if async_:
                     req.num_output_placeholders += 1
@@ -269,12 +269,15 @@ class Engine:
         caching = async_ and kv.enable_prefix_caching
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
         preempted, running = RequestStatus.PREEMPTED, RequestStatus.RUNNING
+        client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = 0
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_in_flight_tokens -= n
-            stale = req.num_stale_tokens > 0
-            if stale:
+            if req.num_stale_tokens:
                 req.num_stale_tokens -= n
+                stale = True
+            else:
+                stale = False
             status = req.status
             if not samples or (status is not running and status > preempted):
                 continue  # mid-prefill, or aborted or stopped meanwhile (its extra step is wasted)
@@ -282,22 +285,23 @@ class Engine:
                 req.num_output_placeholders -= 1
             output = req.output_token_ids
             position = len(output)
+            index = req.index
             if position:
                 if n == 1:
                     num_decode += 1
             else:
-                first_token[req.index] = now
-            index = req.index
+                first_token[index] = now
             token = streams[index](position)
-            if req.client_finished:
+            if client_finishes and req.client_finished:
                 if self._after_client_finish(req, token):
                     finished.append(req)
                 continue
             output.append(token)
             if caching and not stale and status is running:
-                known = req.num_computed_tokens - req.num_in_flight_tokens
-                if known > req.num_prompt_tokens + position + 1:
-                    known = req.num_prompt_tokens + position + 1
+                known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
+                written = req.num_computed_tokens - req.num_in_flight_tokens
+                if written < known:
+                    known = written
                 if known // block_size > hashed_get(req, 0):
                     kv.cache_full_blocks(req, known)
             times = token_times[index]
