@@ -134,34 +134,35 @@ class Policy:
         Stops when the budget is spent; when KV runs out, preempts victims by recompute (a
         preempted request is skipped). Returns the budget left.
         """
-        kv, scheduled, running = state.kv, out.scheduled, RequestStatus.RUNNING
+        kv, running = state.kv, RequestStatus.RUNNING
+        schedule = out.scheduled.append  # (a preemption deletes from the same list)
         # KVCacheManager.allocate's hot path, inlined: growth within the blocks a request holds or by
         # one free block
         in_place = kv.grows_in_place
-        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
-        hashed = kv.num_hashed_blocks
+        blocks_of, block_size, caching = kv.req_blocks.get, kv.block_size, kv.enable_prefix_caching
+        hashed_get = kv.num_hashed_blocks.get
         for req in list(state.running if reqs is None else reqs):
             if budget <= 0:
                 break
-            if req.status != running:
+            if req.status is not running:
                 continue  # preempted earlier in this step
             if in_place:
-                blocks = req_blocks.get(req)
+                blocks = blocks_of(req)
                 total = req.num_computed_tokens + 1
                 if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
                     if caching:
                         target = req.num_prompt_tokens + len(req.output_token_ids)
                         if total < target:
                             target = total
-                        if target // block_size > hashed.get(req, 0):
+                        if target // block_size > hashed_get(req, 0):
                             kv.cache_full_blocks(req, target)
-                    scheduled.append((req, 1))
+                    schedule((req, 1))
                     budget -= 1
                     continue
             fits, refund = self.allocate_or_preempt(state, req, 1, out)
             budget += refund
             if fits:
-                out.scheduled.append((req, 1))
+                schedule((req, 1))
                 budget -= 1
         return budget
 

@@ -48,6 +48,7 @@ class Engine:
         """`kv`: a KV cache manager of `num_gpu_blocks` blocks to use instead of the plain one
         (e.g. sim.core.kv_offload's, with a host-memory tier)."""
         self.config = config = config.resolved()
+        self.is_async = config.is_async  # (a property that looks up the scheduler profile)
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
         self.stop_profile = get_profile(config.stop_profile)
@@ -163,9 +164,10 @@ class Engine:
             return None
         scheduled = plan.scheduled
         new = [n for _, n in scheduled]
-        context = [r.num_computed_tokens for r, _ in scheduled]
-        samples = [c + n >= r.num_prompt_tokens + len(r.output_token_ids) + r.num_output_placeholders
-                   for c, (r, n) in zip(context, scheduled)]
+        if self.hooks:  # a hook reads the rows before they advance
+            context, samples = self._rows(scheduled)
+        else:
+            context, samples = self._rows_advanced(scheduled)
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
@@ -176,11 +178,38 @@ class Engine:
         self.steps_in_flight += 1
         duration = self.cost_model.step_time(batch) if scheduled else 0.0
         step = Step(plan, batch, duration, now, 0, samples)
-        for hook in self.hooks:
-            hook.on_plan(self, step)
-        self._advance(step)
+        if self.hooks:
+            for hook in self.hooks:
+                hook.on_plan(self, step)
+            self._advance(step)
         self._deliver_frontend_aborts(now)
         return step
+
+    @staticmethod
+    def _rows(scheduled: list) -> tuple[list, list]:
+        """The rows' context (tokens computed before the step) and whether each samples (catches up)."""
+        context = [r.num_computed_tokens for r, _ in scheduled]
+        samples = [c + n >= r.num_prompt_tokens + len(r.output_token_ids) + r.num_output_placeholders
+                   for c, (r, n) in zip(context, scheduled)]
+        return context, samples
+
+    def _rows_advanced(self, scheduled: list) -> tuple[list, list]:
+        """`_rows` and `_advance` in one pass over the rows (the plain engine's hot path)."""
+        context, samples = [], []
+        to_context, to_samples = context.append, samples.append
+        async_ = self.is_async
+        for req, n in scheduled:
+            computed = req.num_computed_tokens
+            to_context(computed)
+            req.num_computed_tokens = computed = computed + n
+            req.num_in_flight_tokens += n
+            if computed >= req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders:
+                to_samples(True)
+                if async_:
+                    req.num_output_placeholders += 1
+            else:
+                to_samples(False)
+        return context, samples
 
     def _deliver_frontend_aborts(self, now: float) -> None:
         """The front end's aborts for stop strings it found reach the engine while the next step runs
@@ -197,7 +226,7 @@ class Engine:
     def _advance(self, step: Step) -> None:
         """Count the step's tokens as computed now (vLLM advances at schedule time); under async
         scheduling a sampling row leaves a placeholder until its token is known."""
-        if not self.config.is_async:
+        if not self.is_async:
             for req, n in step.plan.scheduled:
                 req.num_computed_tokens += n
                 req.num_in_flight_tokens += n
@@ -225,7 +254,8 @@ class Engine:
     def _apply_rows(self, step: Step, now: float) -> list[Request]:
         """Sample every row that caught up and stop-check it.
 
-        The hot loop of the simulator: `emit_token` is inlined here (a call per token costs ~25%).
+        The hot loop of the simulator: `emit_token` is inlined here (a call per token costs ~25%),
+        and what is fixed for the step is read once before it.
         """
         finished = []
         kv, streams, profile = self.state.kv, self.streams, self.stop_profile
@@ -233,48 +263,53 @@ class Engine:
         token_times = self.requests.token_times
         first_token = self.requests.first_token_time
         quick_stop = self.quick_stop
-        async_ = self.config.is_async
+        async_ = self.is_async
         # under async scheduling a row registers its blocks full with known tokens (skipped, as
         # cache_full_blocks itself would, when no new block is full)
         caching = async_ and kv.enable_prefix_caching
-        block_size, hashed = kv.block_size, kv.num_hashed_blocks
+        block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
         preempted, running = RequestStatus.PREEMPTED, RequestStatus.RUNNING
+        client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = 0
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_in_flight_tokens -= n
-            stale = req.num_stale_tokens > 0
-            if stale:
+            if req.num_stale_tokens:
                 req.num_stale_tokens -= n
-            if req.status > preempted or not samples:
-                continue  # aborted or stopped meanwhile (its extra step is wasted), or mid-prefill
+                stale = True
+            else:
+                stale = False
+            status = req.status
+            if not samples or (status is not running and status > preempted):
+                continue  # mid-prefill, or aborted or stopped meanwhile (its extra step is wasted)
             if async_ and not stale:
                 req.num_output_placeholders -= 1
             output = req.output_token_ids
             position = len(output)
-            if n == 1 and position:
-                num_decode += 1
             index = req.index
-            if req.client_finished:
-                if self._after_client_finish(req, streams[index](position)):
+            if position:
+                if n == 1:
+                    num_decode += 1
+            else:
+                first_token[index] = now
+            token = streams[index](position)
+            if client_finishes and req.client_finished:
+                if self._after_client_finish(req, token):
                     finished.append(req)
                 continue
-            token = streams[index](position)
             output.append(token)
-            if caching and not stale and req.status == running:
-                known = req.num_computed_tokens - req.num_in_flight_tokens
-                if known > req.num_prompt_tokens + position + 1:
-                    known = req.num_prompt_tokens + position + 1
-                if known // block_size > hashed.get(req, 0):
+            if caching and not stale and status is running:
+                known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
+                written = req.num_computed_tokens - req.num_in_flight_tokens
+                if written < known:
+                    known = written
+                if known // block_size > hashed_get(req, 0):
                     kv.cache_full_blocks(req, known)
-            if position == 0:
-                first_token[index] = now
             times = token_times[index]
             if times is not None:
                 times.append(now)
             quick = quick_stop[index]
             if quick is not None and token not in quick[0] and position + 1 < quick[1]:
                 continue  # cannot stop on this token under any profile
-            status = req.status
             if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, status):
                 finished.append(req)
         step.num_decode = num_decode
