@@ -18,6 +18,7 @@ from kernels_cost_model.errors import ConfigError, require
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
+from .prefill_waves import batch_path_keys, fa2_sms, key_block
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
@@ -98,6 +99,9 @@ class RooflineCostModel:
     #: Measured imbalance of decodes with different contexts in one launch: (alone, beside a chunk)
     #: (decodes, alpha) points (attention_backend.decode_imbalance); None = priced at the mean context.
     decode_imbalance: tuple | None = None
+    #: FA2 prefill: SMs its 64-row units run on (0 = not an FA2 GPU: the longest row is the path), query
+    #: heads per GPU, keys per block (prefill_waves.py).
+    prefill_waves: tuple[int, float, int] = (0, 0.0, 0)
     #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
     #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
     mechanism_sources: tuple = ()
@@ -126,6 +130,9 @@ class RooflineCostModel:
             pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys = _fold_prefill_rows(new, ctx, n_dec)
         else:
             pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
+        if n_pf and self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
+            sms, heads, block = self.prefill_waves
+            pf_keys = batch_path_keys(new, ctx, heads, sms, block)
         tokens = n_dec + pf_tok
         cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
@@ -361,6 +368,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
         decode_imbalance=imbalance,
+        prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,

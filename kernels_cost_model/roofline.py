@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 
+from .prefill_waves import row_path_keys
+
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
 #: Families a calibration may add: a fused MoE layer (without one the cost model prices grouped matmuls);
@@ -174,11 +176,15 @@ def operator_keys(row: dict) -> float:
     """Keys the longest row of an attention launch reads (prefill: context + chunk; decode: context + 1):
     the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
     holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
-    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. Its
-    cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. On
+    GPUs whose prefill kernel is FA2's, a prefill launch's path is its waves of units over the SMs
+    (prefill_waves.py). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
+    if family == "prefill_attention" and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
+        return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
+                             row["num_heads"], row["head_dim"])
     return row["context"] + (row["chunk"] if family == "prefill_attention" else 1.0)
 
 
