@@ -37,7 +37,7 @@ def group_of(gpu, family: str) -> str:
     base = family.split("@")[0].split(".")[0]
     if base == "all_reduce":
         return "nvlink" if gpu.has_nvlink else "pcie"
-    if base in ("prefill_attention", "decode_attention", "decode_attention_l2"):
+    if base in ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2"):
         return attention_kernels(gpu)
     return gpu.architecture or "unknown"
 

@@ -21,11 +21,13 @@ FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "a
 #: decode attention timed with its KV cache resident in L2 (`decode_attention_l2`: a benchmark state, as
 #: AIConfigurator's tables replay one layer over one cache; fitted apart so that `decode_attention`, what
 #: serving pays, is fitted on KV read from DRAM; serving never prices with it).
-OPTIONAL_FAMILIES = ("moe", "decode_attention_l2")
+OPTIONAL_FAMILIES = ("moe", "decode_attention_l2", "prefill_attention_l2")
 #: Families whose launches pay a cost per sequence (Coeffs.s_per_seq).
-SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
 #: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key).
-KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
+#: Families of causal prefill launches (a chunk of new tokens per sequence).
+PREFILL_FAMILIES = ("prefill_attention", "prefill_attention_l2")
 
 #: Profile operator name -> family.
 OPERATOR_FAMILY = {
@@ -34,7 +36,8 @@ OPERATOR_FAMILY = {
     "rms_norm": "elementwise", "add_rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
     "embedding": "elementwise",
     "prefill_attention": "prefill_attention", "decode_attention": "decode_attention",
-    "decode_attention_l2": "decode_attention_l2", "all_reduce": "all_reduce", "moe": "moe",
+    "decode_attention_l2": "decode_attention_l2", "prefill_attention_l2": "prefill_attention_l2",
+    "all_reduce": "all_reduce", "moe": "moe",
 }
 
 
@@ -147,7 +150,7 @@ def operator_rows(row: dict) -> float:
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "matmul":
         return max(row["m"], 1.0)
-    if family == "prefill_attention":
+    if family in PREFILL_FAMILIES:
         return max(row["chunk"], 1.0)
     if family == "moe":
         return max(row["m"] * row["top_k"] / experts_hit(row["m"], row["num_experts"], row["top_k"]), 1.0)
@@ -182,10 +185,10 @@ def operator_keys(row: dict) -> float:
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
-    if family == "prefill_attention" and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
+    if family in PREFILL_FAMILIES and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
         return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
                              row["num_heads"], row["head_dim"])
-    return row["context"] + (row["chunk"] if family == "prefill_attention" else 1.0)
+    return row["context"] + (row["chunk"] if family in PREFILL_FAMILIES else 1.0)
 
 
 def operator_cost(row: dict) -> tuple[float, float]:
@@ -196,7 +199,7 @@ def operator_cost(row: dict) -> tuple[float, float]:
         return matmul(row["m"], row["n"], row["k"], d)
     if family == "elementwise":
         return elementwise(op, row["m"], row["n"], d)
-    if family == "prefill_attention":
+    if family in PREFILL_FAMILIES:
         return prefill_attention(row["chunk"], row["context"], row["batch"], row["num_heads"],
                                  row["num_kv_heads"], row["head_dim"], d)
     if family in ("decode_attention", "decode_attention_l2"):

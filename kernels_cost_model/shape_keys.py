@@ -27,7 +27,7 @@ from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
 from .roofline import COEFF_FIELDS, OPERATOR_FAMILY, Coeffs, operator_cost, single_token_prefill
 
 #: Families priced per head layout.
-ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
 _FIELDS = COEFF_FIELDS
 
 
