@@ -11,11 +11,14 @@ its rows see: tile j of a chunk of c new tokens over p cached ones reads p + min
 of sm_89/sm_120); the block scheduler hands units to SMs in grid order.
 
 With no more units than SMs a launch lasts as long as its longest unit. With more, the SMs take units
-in grid order as they free up (list scheduling): the launch ends between the moment the work spread
-evenly over the SMs runs out and that plus the longest unit (Graham's bound); `path_keys` takes the
-middle, work / SMs + longest / 2. Against an exact in-order list schedule of the units over a grid of
-chunks, contexts, batches, heads and SM counts (108-188 SMs) this is within 0.3 % at the median and
-7 % at the 90th percentile, and unlike a count of waves it never falls when a unit is added. LLMServingSim's
+in grid order as they free up: one sequence's units take ceil(units / SMs) waves, priced as (waves - 1)
+units of their mean length then the longest (the last wave ends on it); against an exact in-order list
+schedule of the units over a grid of chunks, contexts, batches, heads and SM counts (108-188 SMs) this is
+within 0.2 % at the median and 4.5 % at the 90th percentile. A launch of several sequences takes the
+longest such path, or all its units' keys spread over the SMs plus half the longest unit where that is
+longer (the middle of Graham's bounds for list scheduling, which AIConfigurator's batched causal rows
+follow): a price that never falls when a unit is added (a count of waves over the mean length of the
+whole launch would, when a short unit lowers the mean). LLMServingSim's
 RTX 4090 rows show it plainly: at 16k cached keys a chunk of 16 to 256 tokens takes the same 520 us (32
 heads x at most 4 tiles = 128 units, one wave on 128 SMs), 512 tokens twice that, 1024 four times.
 The cost per key of this path is Coeffs.s_per_key (roofline.operator_keys); GPUs not listed keep the
@@ -71,13 +74,25 @@ def sequence_units(chunk: float, context: float, block: int) -> tuple[int, float
     return tiles, total * block + last
 
 
-def path_keys(units: float, unit_keys: float, longest: float, sms: int) -> float:
-    """Keys one SM walks in a launch of `units` units holding `unit_keys` keys in all (whole blocks), the
-    longest unit `longest` (whole blocks), on `sms` SMs (see module docstring). Grows with every unit
-    and key added, as a launch's time does."""
+def sequence_path(tiles: int, keys: float, longest: float, heads: float, sms: int) -> float:
+    """Keys one SM walks for one sequence's units (`tiles` per head, `keys` in all per head, the longest
+    `longest`) alone on `sms` SMs: the longest unit while one wave holds them, else (waves - 1) units of
+    the mean length then the longest (the last wave ends on it)."""
+    units = tiles * heads
     if units <= sms:
         return longest
-    return max(longest, unit_keys / sms + longest / 2.0)
+    return (math.ceil(units / sms) - 1) * keys / tiles + longest
+
+
+def path_keys(seq_path: float, unit_keys: float, top: float, sequences: float, sms: int) -> float:
+    """Keys one SM walks in a launch of `sequences` sequences: the longest path of one sequence alone
+    (`seq_path`, the max of sequence_path); with several, at least all units' keys (`unit_keys`) spread
+    over the SMs plus half the longest unit `top` (the SMs free up unevenly at the end: between none and
+    a whole unit, Graham's bound). Never falls when a unit, a key or a sequence is added."""
+    if sequences <= 1:
+        return seq_path
+    spread = unit_keys / sms + top / 2.0
+    return spread if spread > seq_path else seq_path
 
 
 def row_path_keys(gpu: str, chunk: float, context: float, batch: float, heads: float, head_dim: float) -> float:
@@ -88,18 +103,19 @@ def row_path_keys(gpu: str, chunk: float, context: float, batch: float, heads: f
         return context + chunk
     block = key_block(head_dim)
     tiles, keys = sequence_units(chunk, context, block)
-    return path_keys(tiles * batch * heads, keys * batch * heads, math.ceil((context + chunk) / block) * block, sms)
+    top = math.ceil((context + chunk) / block) * block
+    return path_keys(sequence_path(tiles, keys, top, heads, sms), keys * heads * batch, top, batch, sms)
 
 
 def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, block: int) -> float:
     """Path keys of one varlen launch over a batch's prefill rows (> 1 new token; rows of `new` tokens
     over `ctx` cached ones), `heads` query heads each, on `sms` SMs in blocks of `block` keys."""
-    units = keys = longest = 0.0
+    keys = path = top = 0.0
+    rows = 0
     for c, p in zip(new, ctx):
         if c > 1:
             tiles, k = sequence_units(c, p, block)
-            units += tiles
-            keys += k
-            if c + p > longest:
-                longest = c + p
-    return path_keys(units * heads, keys * heads, math.ceil(longest / block) * block, sms)
+            last = math.ceil((c + p) / block) * block
+            own = sequence_path(tiles, k, last, heads, sms)
+            keys, rows, path, top = keys + k, rows + 1, max(path, own), max(top, last)
+    return path_keys(path, keys * heads, top, rows, sms)
