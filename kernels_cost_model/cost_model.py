@@ -218,7 +218,8 @@ class RooflineCostModel:
             return 0.0, 0.0
         d, pf, dc = self.dtype_bytes, self.prefill, self.decode
         hx = 4.0 * self.heads_gpu_x_hd
-        c_pf = hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
+        # FA2: a prefill's compute is its waves of units, priced in the path below (prefill_waves.py)
+        c_pf = 0.0 if self.prefill_waves[0] else hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
         m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
         c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
         m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte

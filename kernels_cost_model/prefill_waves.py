@@ -21,8 +21,11 @@ follow): a price that never falls when a unit is added (a count of waves over th
 whole launch would, when a short unit lowers the mean). LLMServingSim's
 RTX 4090 rows show it plainly: at 16k cached keys a chunk of 16 to 256 tokens takes the same 520 us (32
 heads x at most 4 tiles = 128 units, one wave on 128 SMs), 512 tokens twice that, 1024 four times.
-The cost per key of this path is Coeffs.s_per_key (roofline.operator_keys); GPUs not listed keep the
-longest row's keys (one unit per SM, the critical path alone).
+The path is the launch's compute: on these GPUs a prefill's FLOPs are priced through it alone (its cost
+per key, Coeffs.s_per_key, roofline.operator_keys), not also through a FLOP rate (shape_keys.kernel_cost),
+so every FA2 GPU's fit has the same form and its figures carry over to another FA2 GPU (derived
+defaults, scaled by each GPU's per-SM peak: key_scale). GPUs not listed keep the longest row's keys
+(one unit per SM, the critical path alone) beside a FLOP rate.
 """
 from __future__ import annotations
 
@@ -42,6 +45,11 @@ FA2_PREFILL_SMS: dict[str, tuple[int, str]] = {
                            "context attention kernel is vllm_flash_attn (FA2 on sm_80). Its 164 KB of shared "
                            "memory per SM could hold two units, but the measured rows fit one per SM better "
                            "(held-out 2.6 % against 2.7 % with two)"),
+    "a100-sxm-40gb": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (as a100-sxm-80gb)"),
+    "a100-pcie-40gb": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (as a100-sxm-80gb)"),
+    "a100-pcie-80gb": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (as a100-sxm-80gb)"),
+    "a10g": (80, "NVIDIA A10G (AWS G5): 10,240 CUDA cores = 80 SMs x 128 (GA102, sm_86: FA2)"),
+    "l4": (58, "NVIDIA L4 datasheet: 7,424 CUDA cores = 58 SMs x 128 (AD104, sm_89: FA2)"),
     "l40s": (142, "NVIDIA L40S datasheet: 18,176 CUDA cores = 142 SMs x 128 (AD102); AIConfigurator's L40S "
                   "context attention kernel is FA2 for bf16 KV"),
     "rtx-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 128 SMs; vLLM 0.19 "
@@ -49,6 +57,17 @@ FA2_PREFILL_SMS: dict[str, tuple[int, str]] = {
     "rtx-pro-6000": (188, "NVIDIA RTX PRO 6000 Blackwell datasheet: 24,064 CUDA cores = 188 SMs x 128; vLLM "
                           "FLASH_ATTN backend (FA2 on sm_120; FA3 needs sm_90)"),
 }
+
+
+#: Per-SM peak the FA2 GPUs' cost per path key is scaled to when it is carried to another GPU (derived
+#: defaults): a unit's keys take the same work on every FA2 GPU, at its SM's share of the peak FLOP rate.
+PER_SM_REFERENCE_FLOPS = 1e12
+
+
+def key_scale(gpu) -> float:
+    """s_per_key of `gpu`'s FA2 prefill x this = s_per_key at PER_SM_REFERENCE_FLOPS per SM (1 elsewhere)."""
+    sms = fa2_sms(gpu.name)
+    return gpu.bf16_flops_per_s / sms / PER_SM_REFERENCE_FLOPS if sms else 1.0
 
 
 def fa2_sms(gpu: str) -> int:
