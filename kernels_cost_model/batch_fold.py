@@ -32,6 +32,17 @@ def _chunk_values(values: list[int], n_zero: int, n_one: int) -> list[int]:
     return distinct
 
 
+def prefill_pairs(new: list[int], ctx: list[int], n_dec: int) -> tuple[list[int], list[int]]:
+    """(new tokens, context) of the prefill rows (> 1 new token): found by C-level scans while their
+    sizes are few, else by one plain pass."""
+    chunks = _chunk_values(new, new.count(0), n_dec)
+    if len(chunks) <= _SCAN_MAX_SIZES:
+        rows = _indices_of(new, chunks)
+        return [new[i] for i in rows], [ctx[i] for i in rows]
+    pairs = [(c, p) for c, p in zip(new, ctx) if c > 1]
+    return [c for c, _ in pairs], [p for _, p in pairs]
+
+
 def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
     """(tokens, context, query-key pairs, tile weight, rows) of the prefill rows (> 1 new token),
     the context of rows with 0 new tokens (they read nothing), and the keys of the longest prefill row

@@ -76,21 +76,25 @@ def fa2_sms(gpu: str) -> int:
     return entry[0] if entry else 0
 
 
+def _floor_sum(n: int, r: int) -> int:
+    """sum(m // r for m in range(n + 1))."""
+    q, t = divmod(n, r)
+    return r * q * (q - 1) // 2 + q * (t + 1)
+
+
 def sequence_units(chunk: float, context: float, block: int) -> tuple[int, float]:
     """(work units, keys summed over them, each rounded up to whole blocks of `block` keys) of one
     sequence's chunk of new tokens over `context` cached keys, per query head. Tile j < last reads
-    context + 64 (j + 1) keys, the last context + chunk; the rounded tiles before the last repeat with
-    period block / 64, so each residue class is an arithmetic series (a few steps, not one per tile)."""
+    context + 64 (j + 1) keys, the last context + chunk; with context = q·block + s and r = block / 64,
+    tile j's blocks are q + ceil((s + 64 (j + 1)) / block) = q + floor((a + j + 1) / r), a = floor((s +
+    block - 1) / 64), a sum of floors in closed form."""
     tiles = max(math.ceil(chunk / TILE_ROWS), 1)
-    last = math.ceil((context + chunk) / block) * block
-    period = block // TILE_ROWS
     base, rest = divmod(int(context), block)
-    total = 0.0
-    for i in range(1, period + 1):  # tiles k = i, i + period, ... (k = j + 1 <= tiles - 1)
-        count = (tiles - 1 - i) // period + 1 if tiles - 1 >= i else 0
-        first = base + math.ceil((rest + TILE_ROWS * i) / block)
-        total += count * first + count * (count - 1) / 2.0
-    return tiles, total * block + last
+    r = block // TILE_ROWS
+    a = (rest + block - 1) // TILE_ROWS
+    early = tiles - 1
+    blocks = early * base + _floor_sum(a + early, r) - _floor_sum(a, r) + math.ceil((context + chunk) / block)
+    return tiles, float(blocks * block)
 
 
 def sequence_path(tiles: int, keys: float, longest: float, heads: float, sms: int) -> float:
@@ -128,13 +132,28 @@ def row_path_keys(gpu: str, chunk: float, context: float, batch: float, heads: f
 
 def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, block: int) -> float:
     """Path keys of one varlen launch over a batch's prefill rows (> 1 new token; rows of `new` tokens
-    over `ctx` cached ones), `heads` query heads each, on `sms` SMs in blocks of `block` keys."""
+    over `ctx` cached ones), `heads` query heads each, on `sms` SMs in blocks of `block` keys
+    (sequence_units and sequence_path inlined: this runs once per engine step)."""
     keys = path = top = 0.0
     rows = 0
+    r = block // TILE_ROWS
     for c, p in zip(new, ctx):
         if c > 1:
-            tiles, k = sequence_units(c, p, block)
-            last = math.ceil((c + p) / block) * block
-            own = sequence_path(tiles, k, last, heads, sms)
-            keys, rows, path, top = keys + k, rows + 1, max(path, own), max(top, last)
+            tiles = -(-c // TILE_ROWS)
+            base, rest = divmod(p, block)
+            a = (rest + block - 1) // TILE_ROWS
+            q1, t1 = divmod(a + tiles - 1, r)
+            q0, t0 = divmod(a, r)
+            last = -(-(p + c) // block)
+            k = block * ((tiles - 1) * base + r * (q1 * (q1 - 1) - q0 * (q0 - 1)) // 2
+                         + q1 * (t1 + 1) - q0 * (t0 + 1) + last)
+            last *= block
+            units = tiles * heads
+            own = last if units <= sms else (-(-units // sms) - 1) * k / tiles + last
+            keys += k
+            rows += 1
+            if own > path:
+                path = own
+            if last > top:
+                top = last
     return path_keys(path, keys * heads, top, rows, sms)
