@@ -17,7 +17,7 @@ from kernels_cost_model.errors import ConfigError, require
 
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
-from .batch_fold import _fold_prefill_rows, prefill_pairs
+from .batch_fold import _fold_prefill_rows
 from .prefill_waves import batch_path_keys, fa2_sms, key_block
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
@@ -127,12 +127,12 @@ class RooflineCostModel:
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
-            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys = _fold_prefill_rows(new, ctx, n_dec)
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys, pf_rows = _fold_prefill_rows(new, ctx, n_dec)
+            if self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
+                sms, heads, block = self.prefill_waves
+                pf_keys = batch_path_keys(*(pf_rows or (new, ctx)), heads, sms, block)
         else:
             pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
-        if n_pf and self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
-            sms, heads, block = self.prefill_waves
-            pf_keys = batch_path_keys(*prefill_pairs(new, ctx, n_dec), heads, sms, block)
         tokens = n_dec + pf_tok
         cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
