@@ -18,7 +18,7 @@ from kernels_cost_model.errors import ConfigError, require
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
-from .prefill_waves import batch_path_keys, decode_path, fa2_sms, key_block
+from .prefill_waves import batch_path_keys, fa2_sms, key_block
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
@@ -102,9 +102,6 @@ class RooflineCostModel:
     #: FA2 prefill: SMs its 64-row units run on (0 = not an FA2 GPU: the longest row is the path), query
     #: heads per GPU, keys per block (prefill_waves.py).
     prefill_waves: tuple[int, float, int] = (0, 0.0, 0)
-    #: FA2 decode: SMs (0 = not an FA2 GPU: the longest row is the path), query and KV heads per GPU, keys
-    #: per block (prefill_waves.decode_path).
-    decode_waves: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
     #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
     #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
     mechanism_sources: tuple = ()
@@ -149,9 +146,6 @@ class RooflineCostModel:
         longest = 0
         if n_dec:
             longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
-            if self.decode_waves[0]:  # FA2: the split-KV units' waves (alone) or one unit a head (beside a chunk)
-                sms, heads, kv, block = self.decode_waves
-                longest = decode_path(n_dec, longest, heads, kv, sms, block, n_pf == 0)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
@@ -376,7 +370,6 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
-        decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd)),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_backend import imbalance_alpha
-from .prefill_waves import decode_path
 
 VECTOR_FROM = 48   # steps from which the stretch is priced in numpy rather than in a Python loop
 
@@ -47,7 +46,6 @@ class _Fixed:
     s_per_key: float  # decode's cost per key of the longest row (the launch's critical path)
     layers: float
     async_: bool
-    waves: tuple | None = None  # FA2: (rows, query heads, KV heads, SMs, keys per block) of decode_path
 
 
 _FIXED: dict = {}  # (id(model), n) -> (model, _Fixed); the model kept so its id is not reused
@@ -104,15 +102,7 @@ def _fixed(model, n: int) -> _Fixed:
                   kv_gpu=model.kv_gpu, d=d, s_per_byte=dc.s_per_byte,
                   overhead=dc.overhead_s + 0 * pf.s_per_seq + n * dc.s_per_seq, pf_path=0 * pf.s_per_key,
                   s_per_key=dc.s_per_key, layers=model.layers,
-                  async_=model.async_scheduling,
-                  waves=(n, *model.decode_waves[1:3], model.decode_waves[0], model.decode_waves[3])
-                  if model.decode_waves[0] else None)
-
-
-def _path(waves: tuple, longest: int) -> float:
-    """decode_path of an FA2 pure-decode step whose longest row reads `longest` keys."""
-    n, heads, kv, sms, block = waves
-    return decode_path(n, longest, heads, kv, sms, block)
+                  async_=model.async_scheduling)
 
 
 def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
@@ -122,8 +112,6 @@ def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
-    if f.waves is not None:
-        longest = _path(f.waves, longest)
     path = longest * f.s_per_key
     total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
     alone = c_dec if c_dec > m_dec else m_dec
@@ -144,10 +132,6 @@ def _steps(f: _Fixed, n: int, dec_keys: np.ndarray, longest: np.ndarray) -> np.n
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
-    if f.waves is not None:
-        block = f.waves[4]
-        blocks, where = np.unique(-(-longest // block), return_inverse=True)  # the path moves per key block
-        longest = np.array([_path(f.waves, int(b) * block) for b in blocks.tolist()])[where]
     path = longest * f.s_per_key
     total = np.where(compute > memory, compute, memory) + (f.overhead + np.where(f.pf_path > path, f.pf_path, path))
     alone = np.where(c_dec > m_dec, c_dec, m_dec)

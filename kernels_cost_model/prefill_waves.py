@@ -30,7 +30,6 @@ defaults, scaled by each GPU's per-SM peak: key_scale). GPUs not listed keep the
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 #: Query rows of one FA2 split-KV work unit (kBlockM, fixed for every head size).
 TILE_ROWS = 64
@@ -65,20 +64,10 @@ FA2_PREFILL_SMS: dict[str, tuple[int, str]] = {
 PER_SM_REFERENCE_FLOPS = 1e12
 
 
-#: ... and the cost per decode path key, a unit streaming its keys, to this share of the memory bandwidth.
-PER_SM_REFERENCE_BYTES = 1e10
-
-
-def key_scale(gpu, family: str = "prefill_attention") -> float:
-    """s_per_key of `gpu`'s FA2 attention x this = s_per_key at the reference per-SM peak (1 elsewhere):
-    FLOP/s per SM for prefill (its units compute), memory bandwidth per SM for decode from DRAM (they
-    stream it)."""
+def key_scale(gpu) -> float:
+    """s_per_key of `gpu`'s FA2 prefill x this = s_per_key at PER_SM_REFERENCE_FLOPS per SM (1 elsewhere)."""
     sms = fa2_sms(gpu.name)
-    if not sms:
-        return 1.0
-    if family == "decode_attention":  # from DRAM (the L2 benchmark state runs at its SMs' own rate)
-        return gpu.hbm_bytes_per_s / sms / PER_SM_REFERENCE_BYTES
-    return gpu.bf16_flops_per_s / sms / PER_SM_REFERENCE_FLOPS
+    return gpu.bf16_flops_per_s / sms / PER_SM_REFERENCE_FLOPS if sms else 1.0
 
 
 def fa2_sms(gpu: str) -> int:
@@ -168,49 +157,3 @@ def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, bloc
             if last > top:
                 top = last
     return path_keys(path, keys * heads, top, rows, sms)
-
-
-# ---- decode: FA2's split-KV units ------------------------------------------------------------------
-#
-# A launch of decodes alone (one query token each) with more query heads than KV heads runs FA2's
-# swapped layout: the query heads of a KV head become the rows of one unit per (sequence, KV head), and
-# each sequence's keys are split so that the units fill the SMs (`num_splits_heuristic`, with 2 x SMs
-# slots for its 128-thread blocks, at most 128 splits; vllm-project/flash-attention
-# csrc/flash_attn/flash_api.cpp). Each unit then walks ceil(blocks / splits) key blocks, in
-# ceil(units / SMs) waves. Beside a prefill chunk (or with as many KV heads as query heads) there is no
-# split: a unit per (sequence, query head) walks all its keys.
-
-
-@lru_cache(maxsize=65536)
-def num_splits(work: int, slots: int, blocks: int, most: int = 128) -> int:
-    """FA2's split count for `work` (sequence, KV head) units over `slots` block slots and `blocks` key
-    blocks: 1 when the units nearly fill the slots, else the fewest splits whose waves are at least 0.85
-    as full as the best (splits that leave the blocks per split unchanged skipped)."""
-    if work >= 0.8 * slots:
-        return 1
-    most = min(most, slots, blocks)
-    efficiency = []
-    for s in range(1, most + 1):
-        eligible = s == 1 or -(-blocks // s) != -(-blocks // (s - 1))
-        waves = work * s / slots
-        efficiency.append(waves / math.ceil(waves) if eligible else 0.0)
-    best = max(efficiency, default=0.0)
-    for s in range(1, most + 1):
-        if efficiency[s - 1] > 0.0 and efficiency[s - 1] >= 0.85 * best:
-            return s
-    return 1
-
-
-def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int,
-                split: bool = True) -> float:
-    """Keys one SM walks in a decode launch of `batch` rows whose longest reads `keys` keys (see above);
-    `split`: decodes alone (else beside a prefill chunk: no split)."""
-    blocks = max(math.ceil(keys / block), 1)
-    if split and heads > kv_heads:
-        work = int(batch * kv_heads)
-        s = num_splits(work, 2 * sms, blocks)
-        units = work * s
-        per_unit = -(-blocks // s)
-    else:
-        units, per_unit = batch * heads, blocks
-    return math.ceil(units / sms) * per_unit * block
