@@ -156,7 +156,8 @@ def _attention(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     if kind == "generation_attention":  # one new token over `step` cached ones
         context = _number(path, raw, "step")
         return {**row, "operator": _decode_operator(system, batch, context, kv, hd), "context": context}
-    return {**row, "operator": "prefill_attention", "chunk": _number(path, raw, "isl", 1), "context": 0}
+    chunk = _number(path, raw, "isl", 1)
+    return {**row, "operator": _prefill_operator(system, batch, chunk, heads, kv, hd), "chunk": chunk, "context": 0}
 
 
 def kv_bytes(batch: float, context: float, kv_heads: float, head_dim: float) -> float:
@@ -167,6 +168,19 @@ def kv_bytes(batch: float, context: float, kv_heads: float, head_dim: float) -> 
 def _decode_operator(system: str, batch: float, context: float, kv: float, hd: float) -> str:
     l2 = L2_BYTES.get(system)
     return "decode_attention_l2" if l2 and kv_bytes(batch, context, kv, hd) <= l2[0] else "decode_attention"
+
+
+def prefill_bytes(batch: float, chunk: float, heads: float, kv_heads: float, head_dim: float) -> float:
+    """Bytes (bf16) of a prefill launch from an empty cache: Q and O of every query head, K and V."""
+    return 2.0 * batch * chunk * (2.0 * heads + 2.0 * kv_heads) * head_dim
+
+
+def _prefill_operator(system: str, batch: float, chunk: float, heads: float, kv: float, hd: float) -> str:
+    """`prefill_attention_l2` for a chunk whose Q, K, V and O fit in L2 (the collector replays one layer on
+    the same tensors, so they stay there), else `prefill_attention`; single-token rows run as decodes."""
+    l2 = L2_BYTES.get(system)
+    small = l2 and chunk > 1 and prefill_bytes(batch, chunk, heads, kv, hd) <= l2[0]
+    return "prefill_attention_l2" if small else "prefill_attention"
 
 
 def _all_reduce(path: Path, raw: dict, kind: str, system: str) -> dict | None:

@@ -18,6 +18,7 @@ from kernels_cost_model.errors import ConfigError, require
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
+from .prefill_waves import batch_path_keys, fa2_sms, key_block
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
@@ -98,6 +99,9 @@ class RooflineCostModel:
     #: Measured imbalance of decodes with different contexts in one launch: (alone, beside a chunk)
     #: (decodes, alpha) points (attention_backend.decode_imbalance); None = priced at the mean context.
     decode_imbalance: tuple | None = None
+    #: FA2 prefill: SMs its 64-row units run on (0 = not an FA2 GPU: the longest row is the path), query
+    #: heads per GPU, keys per block (prefill_waves.py).
+    prefill_waves: tuple[int, float, int] = (0, 0.0, 0)
     #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
     #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
     mechanism_sources: tuple = ()
@@ -123,7 +127,10 @@ class RooflineCostModel:
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
-            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys = _fold_prefill_rows(new, ctx, n_dec)
+            pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys, pf_rows = _fold_prefill_rows(new, ctx, n_dec)
+            if self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
+                sms, heads, block = self.prefill_waves
+                pf_keys = batch_path_keys(*(pf_rows or (new, ctx)), heads, sms, block)
         else:
             pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
         tokens = n_dec + pf_tok
@@ -211,7 +218,8 @@ class RooflineCostModel:
             return 0.0, 0.0
         d, pf, dc = self.dtype_bytes, self.prefill, self.decode
         hx = 4.0 * self.heads_gpu_x_hd
-        c_pf = hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
+        # FA2: a prefill's compute is its waves of units, priced in the path below (prefill_waves.py)
+        c_pf = 0.0 if self.prefill_waves[0] else hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
         m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
         c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
         m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte
@@ -361,6 +369,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
         decode_imbalance=imbalance,
+        prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,

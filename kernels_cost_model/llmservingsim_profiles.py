@@ -49,14 +49,13 @@ def _attention_row(raw: dict, spec: ModelSpec, tp: int) -> dict | None:
         return None
     heads, kv = spec.num_heads // tp, max(spec.num_kv_heads // tp, 1)
     row = {"num_heads": heads, "num_kv_heads": kv, "head_dim": spec.head_dim}
-    if n_dec:  # kv_decode counts the keys a decode row reads, its new token included
-        return {**row, "operator": "decode_attention", "batch": n_dec,
-                "context": int(float(raw["kv_decode"])) - 1}
-    keys = float(raw["prefill_key"])
-    if keys < chunk - 1:  # keys below the chunk: a split over several requests the file does not record
-        return None
+    # LLMServingSim's shot puts each request in as (new tokens, history): `kv_prefill` and `kv_decode` are the
+    # tokens already cached (vLLM's num_computed_tokens), so a row attends to history + its own new tokens
+    # (profiler/core/hooks/batch.py, Shot.attention, at the commit these files come from; kernel_profiles README)
+    if n_dec:
+        return {**row, "operator": "decode_attention", "batch": n_dec, "context": int(float(raw["kv_decode"]))}
     return {**row, "operator": "prefill_attention", "batch": 1, "chunk": chunk,
-            "context": max(0, round(keys - chunk))}
+            "context": int(float(raw["kv_prefill"]))}
 
 
 def _rows_of(raw: dict, origin: str, line: int, device: str) -> list[dict]:
@@ -95,7 +94,7 @@ def read_shared_profiles(root: str | Path, hardware: str) -> list[dict]:
         with path.open(newline="") as fh:
             for line, raw in enumerate(csv.DictReader(fh), start=2):
                 if path.name == "attention.csv":
-                    raw = {"kernel": "attention", "prefill_key": raw["kv_prefill"], **raw}
+                    raw = {"kernel": "attention", **raw}
                 else:
                     raw = {"kernel": raw["layer"], **raw}
                 rows.extend(_rows_of({**raw, **context}, rel, line, HARDWARE[hardware]))

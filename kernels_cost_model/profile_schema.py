@@ -37,6 +37,7 @@ REQUIRED = {
     "prefill_attention": ("chunk", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "decode_attention": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "decode_attention_l2": ("context", "batch", "num_heads", "num_kv_heads", "head_dim"),
+    "prefill_attention_l2": ("chunk", "batch", "num_heads", "num_kv_heads", "head_dim"),
     "all_reduce": ("size_bytes", "tp"),
     "moe": ("m", "n", "k", "num_experts", "top_k"),
 }

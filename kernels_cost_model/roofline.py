@@ -13,17 +13,21 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 
+from .prefill_waves import row_path_keys
+
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
 #: Families a calibration may add: a fused MoE layer (without one the cost model prices grouped matmuls);
 #: decode attention timed with its KV cache resident in L2 (`decode_attention_l2`: a benchmark state, as
 #: AIConfigurator's tables replay one layer over one cache; fitted apart so that `decode_attention`, what
 #: serving pays, is fitted on KV read from DRAM; serving never prices with it).
-OPTIONAL_FAMILIES = ("moe", "decode_attention_l2")
+OPTIONAL_FAMILIES = ("moe", "decode_attention_l2", "prefill_attention_l2")
 #: Families whose launches pay a cost per sequence (Coeffs.s_per_seq).
-SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
 #: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key).
-KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
+#: Families of causal prefill launches (a chunk of new tokens per sequence).
+PREFILL_FAMILIES = ("prefill_attention", "prefill_attention_l2")
 
 #: Profile operator name -> family.
 OPERATOR_FAMILY = {
@@ -32,7 +36,8 @@ OPERATOR_FAMILY = {
     "rms_norm": "elementwise", "add_rms_norm": "elementwise", "silu_mul": "elementwise", "rope": "elementwise", "add": "elementwise",
     "embedding": "elementwise",
     "prefill_attention": "prefill_attention", "decode_attention": "decode_attention",
-    "decode_attention_l2": "decode_attention_l2", "all_reduce": "all_reduce", "moe": "moe",
+    "decode_attention_l2": "decode_attention_l2", "prefill_attention_l2": "prefill_attention_l2",
+    "all_reduce": "all_reduce", "moe": "moe",
 }
 
 
@@ -145,7 +150,7 @@ def operator_rows(row: dict) -> float:
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "matmul":
         return max(row["m"], 1.0)
-    if family == "prefill_attention":
+    if family in PREFILL_FAMILIES:
         return max(row["chunk"], 1.0)
     if family == "moe":
         return max(row["m"] * row["top_k"] / experts_hit(row["m"], row["num_experts"], row["top_k"]), 1.0)
@@ -174,12 +179,16 @@ def operator_keys(row: dict) -> float:
     """Keys the longest row of an attention launch reads (prefill: context + chunk; decode: context + 1):
     the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
     holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
-    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. Its
-    cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. On
+    GPUs whose prefill kernel is FA2's, a prefill launch's path is its waves of units over the SMs
+    (prefill_waves.py). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
-    return row["context"] + (row["chunk"] if family == "prefill_attention" else 1.0)
+    if family in PREFILL_FAMILIES and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
+        return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
+                             row["num_heads"], row["head_dim"])
+    return row["context"] + (row["chunk"] if family in PREFILL_FAMILIES else 1.0)
 
 
 def operator_cost(row: dict) -> tuple[float, float]:
@@ -190,7 +199,7 @@ def operator_cost(row: dict) -> tuple[float, float]:
         return matmul(row["m"], row["n"], row["k"], d)
     if family == "elementwise":
         return elementwise(op, row["m"], row["n"], d)
-    if family == "prefill_attention":
+    if family in PREFILL_FAMILIES:
         return prefill_attention(row["chunk"], row["context"], row["batch"], row["num_heads"],
                                  row["num_kv_heads"], row["head_dim"], d)
     if family in ("decode_attention", "decode_attention_l2"):

@@ -24,10 +24,12 @@ from collections import Counter
 from functools import lru_cache
 
 from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
-from .roofline import COEFF_FIELDS, OPERATOR_FAMILY, Coeffs, operator_cost, single_token_prefill
+from .prefill_waves import fa2_sms
+from .roofline import (COEFF_FIELDS, OPERATOR_FAMILY, PREFILL_FAMILIES, Coeffs, operator_cost,
+                       single_token_prefill)
 
 #: Families priced per head layout.
-ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2")
+ATTENTION_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
 _FIELDS = COEFF_FIELDS
 
 
@@ -56,9 +58,13 @@ def elementwise_key(row: dict) -> str | None:
 def kernel_cost(row: dict) -> tuple[float, float]:
     """(FLOPs, bytes) of a profile row as its coefficients price it: an elementwise row's latency side
     is its waves of token rows and, in the DRAM tier, only the bytes past the L2 limit count
-    (l2_cache.py); every other row is roofline.operator_cost."""
+    (l2_cache.py); a prefill on an FA2 GPU has no FLOP side (its path keys are; prefill_waves.py);
+    every other row is roofline.operator_cost."""
     flops, nbytes = operator_cost(row)
-    if OPERATOR_FAMILY[row["operator"]] != "elementwise":
+    family = OPERATOR_FAMILY[row["operator"]]
+    if family in PREFILL_FAMILIES and row["chunk"] > 1 and fa2_sms(str(row.get("device", ""))):
+        return 0.0, nbytes  # FA2: the waves of units are the compute (prefill_waves.py, operator_keys)
+    if family != "elementwise":
         return flops, nbytes
     device = str(row.get("device", ""))
     if elementwise_tier(device, nbytes) == "dram":

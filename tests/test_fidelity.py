@@ -163,8 +163,9 @@ def test_host_figures_reach_the_cost_model():
 
 @needs_runs
 @pytest.mark.xfail(reason="with nothing fitted end to end the two-GPU replays run too fast: Llama TP1 -2/-0/-1/-2 %, "
-                          "Qwen3-32B TP2 -24/-18/-21/-16 %, MoE DP2 -19/-6/-6/-6 % (TTFT/TPOT/E2E/duration; "
-                          "docs/fidelity.md)", strict=False)
+                          "Qwen3-32B TP2 -29/-19/-23/-18 %, MoE DP2 -49/-9/-10/-9 % (TTFT/TPOT/E2E/duration; "
+                          "docs/fidelity.md; docs/cost_model.md: Qwen3 prefill attention was priced 9x its "
+                          "measured kernels before)", strict=False)
 def test_replay_with_nothing_fitted_meets_the_goal_on_every_run():
     from sim.fidelity.host import UNFITTED
     from sim.fidelity.report import HEADLINE, compare_run
