@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections import OrderedDict, deque
-from itertools import islice, repeat
+from collections import OrderedDict
+from itertools import islice
 
 from sim.core.request import Request
 
@@ -26,9 +26,6 @@ def _int32_bytes(tokens: list[int]) -> bytes:
 
 
 _INT32 = next(code for code in "ilh" if array(code).itemsize == 4)
-
-#: run an iterator to its end, keeping nothing (a loop of C calls: `map` over a bound method)
-_drain = deque(maxlen=0).extend
 
 
 class KVCacheManager:
@@ -242,25 +239,22 @@ class KVCacheManager:
 
     def _pop_free_many(self, count: int) -> list[int]:
         """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
-        them (in bulk: a prompt takes tens of blocks at once)."""
+        them (one loop: a prompt takes tens of blocks at once)."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
-        if not count:
-            return []
-        free_queue, block_hash, ref_cnt = self.free_queue, self.block_hash, self.ref_cnt
+        free_queue, block_hash, ref_cnt, cached = self.free_queue, self.block_hash, self.ref_cnt, self.cached
+        more_holders = self.more_holders
         taken = list(islice(free_queue, count))
-        _drain(map(free_queue.__delitem__, taken))
-        old_hashes = [h for h in map(block_hash.__getitem__, taken) if h is not None]
-        if old_hashes:  # evict the cached prefixes they held
-            if self.more_holders:  # (rare) a hash held twice: evict one block at a time
-                for block in taken:
-                    old_hash = block_hash[block]
-                    if old_hash is not None:
-                        self._evict(old_hash, block)
-            else:  # the usual case: each was its hash's only holder
-                _drain(map(self.cached.__delitem__, old_hashes))
-            _drain(map(block_hash.__setitem__, taken, repeat(None)))
-        _drain(map(ref_cnt.__setitem__, taken, repeat(1)))
+        for block in taken:
+            del free_queue[block]
+            old_hash = block_hash[block]
+            if old_hash is not None:  # evict the cached prefix it held
+                if more_holders and old_hash in more_holders:
+                    self._evict(old_hash, block)
+                else:  # the usual case: it was the only holder
+                    del cached[old_hash]
+                block_hash[block] = None
+            ref_cnt[block] = 1
         return taken
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -329,26 +323,17 @@ class KVCacheManager:
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return
+        first = []
         ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
-        tail_first = blocks[::-1]
-        counts = list(map(ref_cnt.__getitem__, tail_first))
-        if counts.count(1) == len(counts):  # the usual case: no block shared, all go free
-            _drain(map(ref_cnt.__setitem__, tail_first, repeat(0)))
-            freed = tail_first
-        else:
-            freed = []
-            for block, count in zip(tail_first, counts):
-                ref_cnt[block] = count - 1
-                if count == 1:
-                    freed.append(block)
-        first = None
-        if self.free_uncached_first:
-            first = [block for block in freed if block_hash[block] is None]
-            if first:
-                freed = [block for block in freed if block_hash[block] is not None]
-        free_queue.update(dict.fromkeys(freed))  # to the back, tail block first
-        if first:
-            move_to_end = free_queue.move_to_end
-            for block in reversed(first):  # to the front: the tail block ends first
-                free_queue[block] = None
-                move_to_end(block, last=False)
+        uncached_first = self.free_uncached_first
+        for block in reversed(blocks):
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if uncached_first and block_hash[block] is None:
+                    first.append(block)
+                else:
+                    free_queue[block] = None
+        for block in reversed(first):
+            free_queue[block] = None
+            free_queue.move_to_end(block, last=False)

@@ -133,20 +133,21 @@ class StretchKV:
                     target = self._target(r, units + self.half)
                     if len(req_hashes.get(req, ())) < target // bs:
                         kv._hashes(req, target // bs)
-            target = self._target
+            bases, skips = self.bases, self.skips   # `_target`, inlined
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
-            free_queue, kv_cached = kv.free_queue, kv.cached
+            free_queue, kv_cached, pop_free = kv.free_queue, kv.cached, kv._pop_free
             register = _registrar(kv)
             for u, r, kind in self.events:
                 if u - 1 > len(used):   # units before u ended with the counters as they are
                     gap = u - 1 - len(used)
                     used.extend([used_now] * gap)
                     cached.extend([cached_now] * gap)
-                req = rows[r]
                 if kind == 0:
-                    req_blocks[req].append(kv._pop_free())
+                    req_blocks[rows[r]].append(pop_free())
+                elif u > 1 and skips is not None:
+                    register(rows[r], bases[r] + u - skips[r])
                 else:
-                    register(req, target(r, u))
+                    register(rows[r], bases[r] + u)
                 used_now, cached_now = total - len(free_queue), len(kv_cached)
         gap = units - len(used)
         used.extend([used_now] * gap)
