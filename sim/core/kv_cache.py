@@ -113,9 +113,7 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)
         hits = []
-        get = self.cached.get
-        for block_hash in hashes[:max_blocks]:
-            block = get(block_hash)
+        for block in map(self.cached.get, islice(hashes, max_blocks)):
             if block is None:
                 break
             hits.append(block)
@@ -190,9 +188,9 @@ class KVCacheManager:
         new_blocks = []
         if fresh or cached_blocks:
             blocks = self.req_blocks.setdefault(req, [])
-            for block in cached_blocks:
-                self._touch(block)
-                blocks.append(block)
+            if cached_blocks:
+                self._touch_many(cached_blocks)
+                blocks.extend(cached_blocks)
             new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
@@ -204,6 +202,19 @@ class KVCacheManager:
         if self.ref_cnt[block] == 0:
             del self.free_queue[block]
         self.ref_cnt[block] += 1
+
+    def _touch_many(self, blocks) -> None:
+        """`_touch` each block in turn (one loop: a prefix hit takes tens of blocks)."""
+        if type(self)._touch is not KVCacheManager._touch:
+            for block in blocks:
+                self._touch(block)
+            return
+        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        for block in blocks:
+            count = ref_cnt[block]
+            if not count:
+                del free_queue[block]
+            ref_cnt[block] = count + 1
 
     def _pop_free(self) -> int:
         block, _ = self.free_queue.popitem(last=False)
