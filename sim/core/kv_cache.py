@@ -307,14 +307,12 @@ class KVCacheManager:
         """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        block_hash, cached = self.block_hash, self.cached
-        for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
+        block_hash, claim = self.block_hash, self.cached.setdefault
+        for block, h in zip(islice(blocks, done, num_full), islice(hashes, done, num_full)):
             if block_hash[block] is None:
                 block_hash[block] = h
-                if h in cached:  # another block holds it already (the first holder stays first)
-                    self._register(h, block)
-                else:
-                    cached[h] = block
+                if claim(h, block) != block:  # another block holds it already (it stays first)
+                    self.more_holders.setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
