@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sim.core.kv_cache import KVCacheManager
 from sim.core.invariants import InvariantError, _check_kv
-from sim.core.kv_split import SplitFreeQueue, SplitKVCacheManager
+from sim.core.kv_split import SplitKVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
@@ -229,10 +229,6 @@ def test_invariants_read_the_stacked_free_queue(corrupt):
             _check_kv(kv)
 
 
-class _EagerSplitQueue(SplitFreeQueue):
-    COMPACT_AFTER = 1
-
-
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(1, 30), st.sampled_from("kfp")),
                 min_size=1, max_size=40),
        st.integers(1, 4), st.sampled_from([0, 9]))
@@ -242,7 +238,6 @@ def test_split_free_queue_hands_out_the_plain_managers_blocks(ops, block_size, l
     (prompts from a few shared ones: hits), growth, lookahead slots, preemptions (k: keep going, p: preempt, f: finish)."""
     plain = KVCacheManager(24, block_size, enable_prefix_caching=True)
     split = SplitKVCacheManager(24, block_size)
-    split.free_queue = _EagerSplitQueue(24)  # rebuilt often: the compaction runs too
     for kv in (plain, split):  # lookahead slots: blocks past the known tokens, freed uncached
         kv.num_lookahead_tokens, kv.max_model_len = lookahead, 64
     live: dict[int, tuple[Request, Request]] = {}

@@ -4,9 +4,8 @@ Under `free_uncached_first` (vLLM 0.33) a freed block holding no cached prefix g
 free queue, tail block first, and one holding a prefix to the back; allocation takes from the front, and
 a prefix hit takes a cached block out of the queue wherever it is. A block gains a hash only while a
 request holds it, so the front part holds uncached blocks only, pushed and popped at one end: a stack
-(a list whose end is the queue's front). The back part holds the cached ones, in order: a list read
-from a head index, a prefix hit leaving a stale entry behind (cheaper than an `OrderedDict`'s linked
-nodes, and a whole request's cached blocks go back in one `extend`). The queue
+(a list whose end is the queue's front). The back part holds the cached ones, in order: a plain dict
+(insertion-ordered; its inserts and deletions cost less than an `OrderedDict`'s linked nodes). The queue
 reads front part first, then back part: the blocks handed out, and their order, are the plain manager's.
 """
 from __future__ import annotations
@@ -18,80 +17,29 @@ from sim.core.request import Request
 
 
 class SplitFreeQueue:
-    """The free queue as `front` (a stack, `front[-1]` first) then the live entries of `back` from
-    `head` on (oldest first). A block leaves `back` lazily: `where[block]` is the index of its live
-    entry (-1: none), so an entry `back[i]` is live iff `where[back[i]] == i`. Reads as the
-    `OrderedDict` queue does: length, iteration front first, membership, deletion."""
+    """The free queue as `front` (a stack, `front[-1]` first) then `back` (a dict, oldest first). Reads
+    as the `OrderedDict` queue does: length, iteration front first, membership, deletion."""
 
-    __slots__ = ("front", "back", "head", "where", "num_back")
-    #: entries (passed or stale) past which `back` is rebuilt without them
-    COMPACT_AFTER = 1024
+    __slots__ = ("front", "back")
 
     def __init__(self, num_gpu_blocks: int):
         self.front = list(range(num_gpu_blocks - 1, 0, -1))  # block 1 first; 0 is the null block
-        self.back: list[int] = []
-        self.head = 0
-        self.where = [-1] * num_gpu_blocks
-        self.num_back = 0
+        self.back: dict[int, None] = {}
 
     def __len__(self) -> int:
-        return len(self.front) + self.num_back
+        return len(self.front) + len(self.back)
 
     def __iter__(self):
-        where = self.where
-        live = (b for i, b in enumerate(islice(self.back, self.head, None), self.head) if where[b] == i)
-        return chain(reversed(self.front), live)
+        return chain(reversed(self.front), self.back)
 
     def __contains__(self, block: int) -> bool:
-        return self.where[block] >= 0 or block in self.front
+        return block in self.back or block in self.front
 
     def __delitem__(self, block: int) -> None:
-        if self.where[block] >= 0:  # a prefix hit: cached blocks sit in the back part
-            self.where[block] = -1
-            self.num_back -= 1
+        if block in self.back:  # a prefix hit: cached blocks sit in the back part
+            del self.back[block]
         else:
             self.front.remove(block)
-
-    def push_back(self, blocks: list[int]) -> None:
-        """Append blocks to the back, in order."""
-        back, where = self.back, self.where
-        for i, block in enumerate(blocks, len(back)):
-            where[block] = i
-        back += blocks
-        self.num_back += len(blocks)
-        if len(back) - self.head > 2 * self.num_back + self.COMPACT_AFTER:  # stale entries of prefix hits
-            self._compact()
-
-    def pop_front(self, count: int) -> list[int]:
-        """The first `count` blocks (there are that many), taken out, front first."""
-        front = self.front
-        num_front = min(count, len(front))
-        taken = front[len(front) - num_front:]
-        del front[len(front) - num_front:]
-        taken.reverse()
-        if num_front < count:
-            back, where, i = self.back, self.where, self.head
-            for _ in range(count - num_front):
-                block = back[i]
-                while where[block] != i:  # a stale entry: skip it
-                    i += 1
-                    block = back[i]
-                where[block] = -1
-                taken.append(block)
-                i += 1
-            self.head = i
-            self.num_back -= count - num_front
-            if i > self.COMPACT_AFTER and 2 * i > len(back):
-                self._compact()
-        return taken
-
-    def _compact(self) -> None:
-        """Drop the entries before `head` and the stale ones."""
-        where = self.where
-        live = [b for i, b in enumerate(islice(self.back, self.head, None), self.head) if where[b] == i]
-        for i, block in enumerate(live):
-            where[block] = i
-        self.back, self.head = live, 0
 
 
 class SplitKVCacheManager(KVCacheManager):
@@ -105,7 +53,12 @@ class SplitKVCacheManager(KVCacheManager):
         return SplitFreeQueue(num_gpu_blocks)
 
     def _pop_free(self) -> int:
-        block = self.free_queue.pop_front(1)[0]
+        queue = self.free_queue
+        if queue.front:
+            block = queue.front.pop()
+        else:
+            block = next(iter(queue.back))
+            del queue.back[block]
         self._forget_hash(block)
         self.ref_cnt[block] = 1
         return block
@@ -123,7 +76,16 @@ class SplitKVCacheManager(KVCacheManager):
     def _pop_free_many(self, count: int) -> list[int]:
         if not count:
             return []
-        taken = self.free_queue.pop_front(count)
+        front, back = self.free_queue.front, self.free_queue.back
+        num_front = min(count, len(front))
+        taken = front[len(front) - num_front:]
+        del front[len(front) - num_front:]
+        taken.reverse()  # front first
+        if num_front < count:
+            from_back = list(islice(back, count - num_front))
+            for block in from_back:
+                del back[block]
+            taken += from_back
         block_hash, ref_cnt, cached, more_holders = self.block_hash, self.ref_cnt, self.cached, self.more_holders
         for block in taken:
             old_hash = block_hash[block]
@@ -141,7 +103,7 @@ class SplitKVCacheManager(KVCacheManager):
         if not blocks:
             return
         ref_cnt, block_hash = self.ref_cnt, self.block_hash
-        uncached, cached = [], []
+        uncached, back = [], self.free_queue.back
         for block in reversed(blocks):
             count = ref_cnt[block] - 1
             ref_cnt[block] = count
@@ -149,8 +111,7 @@ class SplitKVCacheManager(KVCacheManager):
                 if block_hash[block] is None:
                     uncached.append(block)
                 else:
-                    cached.append(block)
-        self.free_queue.push_back(cached)
+                    back[block] = None
         if uncached:
             uncached.reverse()
             self.free_queue.front += uncached  # the tail block ends at the front

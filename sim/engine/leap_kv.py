@@ -183,7 +183,10 @@ class StretchKV:
         free_queue, kv_cached, block_hash, ref_cnt = kv.free_queue, kv.cached, kv.block_hash, kv.ref_cnt
         hashed, req_hashes, more_holders = kv.num_hashed_blocks, kv.req_hashes, kv.more_holders
         split = type(kv) is SplitKVCacheManager
-        pop_front = free_queue.pop_front if split else free_queue.popitem
+        if split:   # its free queue: uncached blocks on a stack, then cached ones in a dict
+            front, back = free_queue.front, free_queue.back
+        else:
+            pop_front = free_queue.popitem
         for u, r, kind in self.events:
             if u - 1 > len(used):   # units before u ended with the counters as they are
                 gap = u - 1 - len(used)
@@ -191,7 +194,13 @@ class StretchKV:
                 cached.extend([cached_now] * gap)
             req = rows[r]
             if kind == 0:   # `_pop_free`
-                block = pop_front(1)[0] if split else pop_front(last=False)[0]
+                if not split:
+                    block = pop_front(last=False)[0]
+                elif front:
+                    block = front.pop()
+                else:
+                    block = next(iter(back))
+                    del back[block]
                 old_hash = block_hash[block]
                 if old_hash is not None:
                     if more_holders and old_hash in more_holders:
