@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from sim.core.kv_cache import KVCacheManager
 from sim.core.invariants import InvariantError, _check_kv
-from sim.core.kv_split import SplitKVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
@@ -227,40 +226,3 @@ def test_invariants_read_the_stacked_free_queue(corrupt):
     else:
         with pytest.raises(InvariantError):
             _check_kv(kv)
-
-
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(1, 30), st.sampled_from("kfp")),
-                min_size=1, max_size=40),
-       st.integers(1, 4), st.sampled_from([0, 9]))
-def test_split_free_queue_hands_out_the_plain_managers_blocks(ops, block_size, lookahead):
-    """With prefix caching, the split free queue (sim.core.kv_split) gives the blocks the OrderedDict queue
-    gives, in the same order, with the same prefix hits, evictions and free queue, through admissions
-    (prompts from a few shared ones: hits), growth, lookahead slots, preemptions (k: keep going, p: preempt, f: finish)."""
-    plain = KVCacheManager(24, block_size, enable_prefix_caching=True)
-    split = SplitKVCacheManager(24, block_size)
-    for kv in (plain, split):  # lookahead slots: blocks past the known tokens, freed uncached
-        kv.num_lookahead_tokens, kv.max_model_len = lookahead, 64
-    live: dict[int, tuple[Request, Request]] = {}
-    for name, which, n, move in ops:
-        pair = live.get(name)
-        if pair is not None and move != "k":
-            for kv, req in zip((plain, split), pair):
-                kv.free(req, forget=move == "f")
-                req.num_computed_tokens = 0
-        if pair is None or move == "f":
-            tokens = [7 * which + t % (3 + which) for t in range(40)]
-            live[name] = pair = (_req(tokens, f"p{name}"), _req(tokens, f"s{name}"))
-        got = []
-        for kv, req in zip((plain, split), pair):
-            hits, num_hit = kv.lookup_prefix(req) if not kv.req_blocks.get(req) else ([], 0)
-            n_now = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
-            new = kv.allocate(req, n_now, hits) if n_now > 0 else []
-            if new is not None:
-                req.num_computed_tokens += num_hit + max(n_now, 0)
-                kv.cache_full_blocks(req)
-            got.append((hits, new, list(kv.req_blocks.get(req, ()))))
-        assert got[0] == got[1]
-        assert list(plain.free_queue) == list(split.free_queue) and plain.ref_cnt == split.ref_cnt
-        assert plain.cached == split.cached and plain.block_hash == split.block_hash
-        assert plain.more_holders == split.more_holders and plain.num_free_blocks == split.num_free_blocks
-        _check_kv(split)

@@ -18,7 +18,6 @@ from kernels_cost_model.kv_layout import KVCacheGroupSpec
 from kernels_cost_model.model_shapes import CHUNKED, LINEAR, SLIDING
 
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_split import SplitKVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import Request
 
@@ -175,12 +174,10 @@ class HybridKVCacheManager(KVCacheManager):
 
 def make_kv_manager(num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
                     groups=None, free_uncached_first: bool = True) -> KVCacheManager:
-    """The plain manager for one group (or none given; under `free_uncached_first`, its stacked form
-    without prefix caching, its split form with it), the hybrid one for several."""
+    """The plain manager for one group (or none given; without prefix caching under
+    `free_uncached_first`, its stacked form), the hybrid one for several."""
     if groups and len(groups) > 1:
         return HybridKVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, groups)
-    if free_uncached_first:  # the same blocks, a faster free queue
-        if enable_prefix_caching:
-            return SplitKVCacheManager(num_gpu_blocks, block_size)
-        return StackedKVCacheManager(num_gpu_blocks, block_size)
+    if not enable_prefix_caching and free_uncached_first:
+        return StackedKVCacheManager(num_gpu_blocks, block_size)  # the same blocks, a faster free queue
     return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)

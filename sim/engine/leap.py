@@ -26,7 +26,6 @@ from policies.base import SchedulerOutput
 from policies.vllm import VllmV1Policy
 from policies.vllm_v0 import VllmV0Policy
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_split import SplitKVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
@@ -42,7 +41,7 @@ SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from th
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 ROW_MISSES_FREE = 2  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
 FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
-PLAIN_KV = (KVCacheManager, StackedKVCacheManager, SplitKVCacheManager)  # the managers whose moves a leap replays
+PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
 def make_leaper(engine: Engine) -> "Leaper | None":

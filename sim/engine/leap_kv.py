@@ -9,7 +9,6 @@ order matter for later prefix-cache hits), and the KV counters recorded after ea
 from __future__ import annotations
 
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_split import SplitKVCacheManager
 
 
 def waiting_head(state, num_rows: int, admission_first: bool):
@@ -132,8 +131,7 @@ class StretchKV:
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
             if kv.enable_prefix_caching:
                 self._hash_new_blocks()
-            if kv.enable_prefix_caching and (type(kv) is SplitKVCacheManager
-                                             or type(kv)._pop_free is KVCacheManager._pop_free):
+            if type(kv)._pop_free is KVCacheManager._pop_free and kv.enable_prefix_caching:
                 used_now, cached_now = self._replay_plain(used, cached, used_now, cached_now)
             else:
                 used_now, cached_now = self._replay_any(used, cached, used_now, cached_now)
@@ -175,18 +173,14 @@ class StretchKV:
         return used_now, cached_now
 
     def _replay_plain(self, used: list, cached: list, used_now: int, cached_now: int) -> tuple[int, int]:
-        """`_replay_any` for the plain manager (or its split form) with prefix caching on, its `_pop_free` and
+        """`_replay_any` for the plain manager with prefix caching on, its `_pop_free` and
         `cache_full_blocks` inlined (a stretch makes a pop and a registration per row every
         `block_size` steps); the counters after the last event."""
         kv, bases, skips = self.kv, self.bases, self.skips
         rows, req_blocks, total, bs = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1, kv.block_size
         free_queue, kv_cached, block_hash, ref_cnt = kv.free_queue, kv.cached, kv.block_hash, kv.ref_cnt
         hashed, req_hashes, more_holders = kv.num_hashed_blocks, kv.req_hashes, kv.more_holders
-        split = type(kv) is SplitKVCacheManager
-        if split:   # its free queue: uncached blocks on a stack, then cached ones in a dict
-            front, back = free_queue.front, free_queue.back
-        else:
-            pop_front = free_queue.popitem
+        pop_front = free_queue.popitem
         for u, r, kind in self.events:
             if u - 1 > len(used):   # units before u ended with the counters as they are
                 gap = u - 1 - len(used)
@@ -194,13 +188,7 @@ class StretchKV:
                 cached.extend([cached_now] * gap)
             req = rows[r]
             if kind == 0:   # `_pop_free`
-                if not split:
-                    block = pop_front(last=False)[0]
-                elif front:
-                    block = front.pop()
-                else:
-                    block = next(iter(back))
-                    del back[block]
+                block = pop_front(last=False)[0]
                 old_hash = block_hash[block]
                 if old_hash is not None:
                     if more_holders and old_hash in more_holders:
