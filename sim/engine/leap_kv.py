@@ -8,8 +8,6 @@ order matter for later prefix-cache hits), and the KV counters recorded after ea
 """
 from __future__ import annotations
 
-from sim.core.kv_cache import KVCacheManager
-
 
 def waiting_head(state, num_rows: int, admission_first: bool):
     """The waiting request the policy will try after a pure-decode pass of `num_rows` rows (a seat
@@ -129,95 +127,32 @@ class StretchKV:
         used_now, cached_now = kv.num_used_blocks, len(kv.cached)
         used, cached = [], []
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
-            if kv.enable_prefix_caching:
-                self._hash_new_blocks()
-            if type(kv)._pop_free is KVCacheManager._pop_free and kv.enable_prefix_caching:
-                used_now, cached_now = self._replay_plain(used, cached, used_now, cached_now)
-            else:
-                used_now, cached_now = self._replay_any(used, cached, used_now, cached_now)
+            if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
+                req_hashes, bs = kv.req_hashes, kv.block_size
+                for r, req in enumerate(self.rows):
+                    target = self._target(r, units + self.half)
+                    if len(req_hashes.get(req, ())) < target // bs:
+                        kv._hashes(req, target // bs)
+            target = self._target
+            rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
+            free_queue, kv_cached = kv.free_queue, kv.cached
+            register = _registrar(kv)
+            for u, r, kind in self.events:
+                if u - 1 > len(used):   # units before u ended with the counters as they are
+                    gap = u - 1 - len(used)
+                    used.extend([used_now] * gap)
+                    cached.extend([cached_now] * gap)
+                req = rows[r]
+                if kind == 0:
+                    req_blocks[req].append(kv._pop_free())
+                else:
+                    register(req, target(r, u))
+                used_now, cached_now = total - len(free_queue), len(kv_cached)
         gap = units - len(used)
         used.extend([used_now] * gap)
         cached.extend([cached_now] * gap)
         total = kv.num_gpu_blocks - 1
         return used, cached, [total - x for x in used]
-
-    def _hash_new_blocks(self) -> None:
-        """Hash each row's new full blocks in one go (memoised): blocks up to its `_target` at
-        the stretch's end."""
-        kv, end = self.kv, self.units + self.half
-        req_hashes, bs, bases = kv.req_hashes, kv.block_size, self.bases
-        skips = self.skips if end > 1 and self.skips is not None else None
-        for r, req in enumerate(self.rows):
-            num_full = (bases[r] + end - (skips[r] if skips is not None else 0)) // bs
-            if len(req_hashes.get(req, ())) < num_full:
-                kv._hashes(req, num_full)
-
-    def _replay_any(self, used: list, cached: list, used_now: int, cached_now: int) -> tuple[int, int]:
-        """The events in order through the manager's own methods; the counters after the last."""
-        kv, bases, skips = self.kv, self.bases, self.skips   # (`_target`, inlined)
-        rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
-        free_queue, kv_cached, pop_free = kv.free_queue, kv.cached, kv._pop_free
-        register = _registrar(kv)
-        for u, r, kind in self.events:
-            if u - 1 > len(used):   # units before u ended with the counters as they are
-                gap = u - 1 - len(used)
-                used.extend([used_now] * gap)
-                cached.extend([cached_now] * gap)
-            if kind == 0:
-                req_blocks[rows[r]].append(pop_free())
-            elif u > 1 and skips is not None:
-                register(rows[r], bases[r] + u - skips[r])
-            else:
-                register(rows[r], bases[r] + u)
-            used_now, cached_now = total - len(free_queue), len(kv_cached)
-        return used_now, cached_now
-
-    def _replay_plain(self, used: list, cached: list, used_now: int, cached_now: int) -> tuple[int, int]:
-        """`_replay_any` for the plain manager with prefix caching on, its `_pop_free` and
-        `cache_full_blocks` inlined (a stretch makes a pop and a registration per row every
-        `block_size` steps); the counters after the last event."""
-        kv, bases, skips = self.kv, self.bases, self.skips
-        rows, req_blocks, total, bs = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1, kv.block_size
-        free_queue, kv_cached, block_hash, ref_cnt = kv.free_queue, kv.cached, kv.block_hash, kv.ref_cnt
-        hashed, req_hashes, more_holders = kv.num_hashed_blocks, kv.req_hashes, kv.more_holders
-        pop_front = free_queue.popitem
-        for u, r, kind in self.events:
-            if u - 1 > len(used):   # units before u ended with the counters as they are
-                gap = u - 1 - len(used)
-                used.extend([used_now] * gap)
-                cached.extend([cached_now] * gap)
-            req = rows[r]
-            if kind == 0:   # `_pop_free`
-                block = pop_front(last=False)[0]
-                old_hash = block_hash[block]
-                if old_hash is not None:
-                    if more_holders and old_hash in more_holders:
-                        kv._evict(old_hash, block)
-                    else:
-                        del kv_cached[old_hash]
-                    block_hash[block] = None
-                ref_cnt[block] = 1
-                req_blocks[req].append(block)
-                used_now += 1
-            else:   # `cache_full_blocks(req, _target(r, u))`
-                num_full = (bases[r] + u - (skips[r] if u > 1 and skips is not None else 0)) // bs
-                done = hashed.get(req, 0)
-                if num_full > done:
-                    hashes = req_hashes.get(req)
-                    if hashes is None or len(hashes) < num_full:
-                        hashes = kv._hashes(req, num_full)
-                    blocks = req_blocks[req]
-                    for i in range(done, num_full):
-                        block = blocks[i]
-                        if block_hash[block] is None:
-                            block_hash[block] = h = hashes[i]
-                            if h in kv_cached:
-                                kv._register(h, block)
-                            else:
-                                kv_cached[h] = block
-                    hashed[req] = num_full
-            cached_now = len(kv_cached)
-        return used_now, cached_now
 
 
 def _registrar(kv):
