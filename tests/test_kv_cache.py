@@ -226,3 +226,22 @@ def test_invariants_read_the_stacked_free_queue(corrupt):
     else:
         with pytest.raises(InvariantError):
             _check_kv(kv)
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=50), st.lists(st.integers(0, 2**31 - 1), max_size=20),
+       st.integers(1, 5), st.lists(st.integers(0, 20), min_size=1, max_size=4))
+def test_block_hashes_chain_each_blocks_int32_bytes(prompt, output, block_size, asks):
+    """`_hashes` gives hash((parent hash, the block's tokens as int32 bytes)) chained from 0, whatever
+    blocks are asked for in whatever order (the memo only grows), a partial last block included."""
+    kv = KVCacheManager(8, block_size, enable_prefix_caching=True)
+    req = _req(prompt)
+    req.output_token_ids.extend(output)
+    data = np.asarray(prompt + output, dtype=np.int32).tobytes()
+    step = 4 * block_size
+    expected, parent = [], 0
+    for start in range(0, len(data), step):
+        parent = hash((parent, data[start:start + step]))
+        expected.append(parent)
+    for num_blocks in asks:
+        got = kv._hashes(req, min(num_blocks, len(expected)))
+        assert got == expected[:len(got)] and len(got) >= min(num_blocks, len(expected))

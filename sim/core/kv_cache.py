@@ -55,6 +55,8 @@ class KVCacheManager:
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
         #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
         self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
+        #: int32 token bytes cut into blocks' bytes (1-tuples), in one C loop
+        self._split_blocks = struct.Struct(f"{4 * block_size}s").iter_unpack
 
     def _new_free_queue(self, num_gpu_blocks: int):
         """Every block but the null block, front first (`sim.core.kv_stack` holds it another way)."""
@@ -111,9 +113,7 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)
         hits = []
-        get = self.cached.get
-        for block_hash in hashes[:max_blocks]:
-            block = get(block_hash)
+        for block in map(self.cached.get, islice(hashes, max_blocks)):
             if block is None:
                 break
             hits.append(block)
@@ -139,10 +139,13 @@ class KVCacheManager:
         if end > num_prompt:
             tail = req.output_token_ids[max(0, first - num_prompt):end - num_prompt]
             data += _int32_bytes(tail)
-        step = 4 * bs  # int32 token ids: every block is compared as the same bytes
-        for start in range(0, len(data), step):
-            parent = hash((parent, data[start:start + step]))
-            hashes.append(parent)
+        append = hashes.append
+        whole = len(data) - len(data) % (4 * bs)  # int32 token ids: every block is the same bytes
+        for chunk, in self._split_blocks(data if whole == len(data) else data[:whole]):
+            parent = hash((parent, chunk))
+            append(parent)
+        if whole < len(data):  # a partial last block
+            append(hash((parent, data[whole:])))
         return hashes
 
     # ----- allocation -------------------------------------------------------------------------
@@ -185,9 +188,9 @@ class KVCacheManager:
         new_blocks = []
         if fresh or cached_blocks:
             blocks = self.req_blocks.setdefault(req, [])
-            for block in cached_blocks:
-                self._touch(block)
-                blocks.append(block)
+            if cached_blocks:
+                self._touch_many(cached_blocks)
+                blocks.extend(cached_blocks)
             new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
@@ -199,6 +202,19 @@ class KVCacheManager:
         if self.ref_cnt[block] == 0:
             del self.free_queue[block]
         self.ref_cnt[block] += 1
+
+    def _touch_many(self, blocks) -> None:
+        """`_touch` each block in turn (one loop: a prefix hit takes tens of blocks)."""
+        if type(self)._touch is not KVCacheManager._touch:
+            for block in blocks:
+                self._touch(block)
+            return
+        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        for block in blocks:
+            count = ref_cnt[block]
+            if not count:
+                del free_queue[block]
+            ref_cnt[block] = count + 1
 
     def _pop_free(self) -> int:
         block, _ = self.free_queue.popitem(last=False)
@@ -291,14 +307,12 @@ class KVCacheManager:
         """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        block_hash, cached = self.block_hash, self.cached
-        for block, h in zip(blocks[done:num_full], hashes[done:num_full]):
+        block_hash, claim = self.block_hash, self.cached.setdefault
+        for block, h in zip(islice(blocks, done, num_full), islice(hashes, done, num_full)):
             if block_hash[block] is None:
                 block_hash[block] = h
-                if h in cached:  # another block holds it already (the first holder stays first)
-                    self._register(h, block)
-                else:
-                    cached[h] = block
+                if claim(h, block) != block:  # another block holds it already (it stays first)
+                    self.more_holders.setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
