@@ -29,7 +29,8 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import MAX_UNITS, MIN_UNITS, flying_rows, rows_at_rest
+from sim.core.request import RequestStatus
+from sim.engine.leap_steady import MAX_UNITS, MIN_UNITS, flying_rows, near_length_stop, rows_at_rest
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -64,6 +65,7 @@ class Leaper:
         self.cooldown = 0                               # loop turns to let pass before the next try
         self.planned_next = None                        # see take_planned
         self.row_misses = 0                             # refusals by the rows' pass in a row
+        self.blocker = None                             # a running row whose length rule is near
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
@@ -74,10 +76,15 @@ class Leaper:
         if self.cooldown:
             self.cooldown -= 1
             return None
+        if self.blocker is not None and self._still_blocked():
+            return None  # the row that refused the last pass is still near its length rule
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
             return None  # (refused by the cheap checks: no back-off)
-        if steady is False:
+        if type(steady) is not tuple:
+            if steady is not False:
+                self.blocker = steady  # refuses cheaply until it leaves the batch
+                return None
             # refused by the pass over the rows (a row near its end, a row mid-prefill): when that
             # keeps happening (big batches under overload, where some row always is), back off
             self.row_misses += 1
@@ -108,10 +115,20 @@ class Leaper:
         return step
 
     # ----- is the engine at a steady point? ------------------------------------------------
+    def _still_blocked(self) -> bool:
+        """Whether the row kept from the last pass (`blocker`) still runs and is still near its
+        length rule: then the pass over the rows would refuse again (one row's check instead)."""
+        req, engine = self.blocker, self.engine
+        if req.status is RequestStatus.RUNNING and near_length_stop(
+                req, engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token):
+            return True
+        self.blocker = None
+        return False
+
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
         """The running requests and their numbers (`_rows_at_rest`) if the engine is at a steady
-        point; None where a cheap check refuses (cheapest first), False where the pass over the
-        rows does."""
+        point; None where a cheap check refuses (cheapest first); where the pass over the rows
+        does, the row near its length rule that refused, or False for other reasons."""
         engine, lag = self.engine, self.lag
         state = engine.state
         running = state.running
@@ -130,7 +147,7 @@ class Leaper:
             return None
         rows = rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
                              self.skips_last_token)
-        return False if rows is None else rows
+        return False if rows is None else rows  # (or the row near its length rule)
 
 
 class _StretchPlan(StretchKV):

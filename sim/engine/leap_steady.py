@@ -51,7 +51,8 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
     """(rows, their output counts, units before a length rule, the async last-token skip or
     max_model_len stops one, which rows skip the first unit) if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
-    within MIN_UNITS of one; else None. One pass.
+    within MIN_UNITS of one; else the row whose length rule is near (`near_length_stop` holds for it
+    until it leaves the batch: a cheap refusal for the turns until then), or None. One pass.
 
     Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
     step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
@@ -103,7 +104,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         stop = quick[1] if quick[1] < plan_stop else plan_stop
         if stop - o < least:
             if stop - o - 1 < MIN_UNITS:
-                return None  # a length rule is near
+                return req  # a length rule is near
             least = stop - o
         outputs.append(o)
     return running, outputs, least - 1, plan_least - 1, skips, decodes
@@ -130,3 +131,20 @@ def flying_rows(step: Step, running: list) -> dict | None:
         rows[req] = n
         i += 1
     return rows
+
+
+def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool) -> bool:
+    """Whether `req` (running) is within MIN_UNITS of the output count where a length rule stops it
+    or leaves it out of a plan: `rows_at_rest` then refuses (the same test for one row; its output
+    count only grows while it runs, so this stays true until it leaves the batch)."""
+    quick = quick_stop[req.index]
+    if quick is None:
+        return False
+    prompt = req.num_prompt_tokens
+    plan_stop = max_model_len - prompt - lag + 1
+    if lag and skip_last:
+        cap = req.sampling_params.max_tokens or max_model_len - prompt
+        if cap < plan_stop:
+            plan_stop = cap
+    stop = quick[1] if quick[1] < plan_stop else plan_stop
+    return stop - len(req.output_token_ids) - 1 < MIN_UNITS
