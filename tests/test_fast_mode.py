@@ -291,3 +291,44 @@ def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
                           enable_prefix_caching=True, eos_token_id=EOS)
     assert_identical(*run_both(specs, config))
     assert sum(starts) >= 8
+
+
+def _checking_leap(checked: list):
+    """Leaper.leap that asserts, whenever the row kept from a refused pass (`blocker`) refuses an
+    attempt cheaply, that the full check (`_steady_rows`: the pass over the rows) refuses too."""
+    import sim.engine.leap as leap
+    original = leap.Leaper.leap
+
+    def leap_checked(leaper, in_flight, now, horizon):
+        if not leaper.cooldown and leaper.blocker is not None and leaper._still_blocked():
+            assert type(leaper._steady_rows(in_flight, now, horizon)) is not tuple
+            checked.append(leaper.blocker)
+        return original(leaper, in_flight, now, horizon)
+    return leap_checked
+
+
+@given(long_runs(max_requests=12), configs())
+def test_a_row_near_its_length_rule_refuses_only_where_the_pass_over_the_rows_would(specs, config):
+    import sim.engine.leap as leap
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(leap.Leaper, "leap", _checking_leap([]))
+        fast = run_engine(specs, replace(config, mode="fast"), LinearCostModel())
+    assert_identical(run_engine(specs, replace(config, mode="step"), LinearCostModel()), fast)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_scheduling):
+    """Many rows with staggered length limits: some row is always near its limit; attempts are then
+    refused by that row alone (checked against the full pass), with the reference's records. Then
+    one long decode alone: the last such row, finished, refuses nothing."""
+    import sim.engine.leap as leap
+    checked = []
+    monkeypatch.setattr(leap.Leaper, "leap", _checking_leap(checked))
+    specs = [RequestSpec(0.001 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=400,
+                         sampling_params=SamplingParams(max_tokens=20 + 2 * i), request_id=f"r{i}")
+             for i in range(40)] + [RequestSpec(0.05, np.arange(12, dtype=np.int32) + 50, output_len=400,
+                                                sampling_params=SamplingParams(max_tokens=None), request_id="long")]
+    config = EngineConfig(num_gpu_blocks=2000, max_model_len=1024, policy="vllm-v0", max_num_seqs=64,
+                          async_scheduling=async_scheduling, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    assert len(checked) >= 10, len(checked)
