@@ -318,17 +318,27 @@ def test_a_row_near_its_length_rule_refuses_only_where_the_pass_over_the_rows_wo
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_scheduling):
-    """Many rows with staggered length limits: some row is always near its limit; attempts are then
-    refused by that row alone (checked against the full pass), with the reference's records. Then
-    one long decode alone: the last such row, finished, refuses nothing."""
+    """Many rows with staggered length limits: some row is always near its limit (a big batch's
+    shortest stretch worth a leap is longer); attempts are then refused by that row alone (checked
+    against the full pass), with the reference's records, and no leap is shorter than that. Then one
+    long decode alone: the last such row, finished, refuses nothing."""
     import sim.engine.leap as leap
-    checked = []
+    from sim.engine.leap_steady import MIN_UNITS, least_units
+    checked, leaps = [], []
     monkeypatch.setattr(leap.Leaper, "leap", _checking_leap(checked))
-    specs = [RequestSpec(0.001 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=400,
-                         sampling_params=SamplingParams(max_tokens=20 + 2 * i), request_id=f"r{i}")
-             for i in range(40)] + [RequestSpec(0.05, np.arange(12, dtype=np.int32) + 50, output_len=400,
-                                                sampling_params=SamplingParams(max_tokens=None), request_id="long")]
-    config = EngineConfig(num_gpu_blocks=2000, max_model_len=1024, policy="vllm-v0", max_num_seqs=64,
+    apply = leap._StretchPlan.apply
+
+    def recording_apply(plan):
+        leaps.append((plan.num_rows, plan.units))
+        return apply(plan)
+    monkeypatch.setattr(leap._StretchPlan, "apply", recording_apply)
+    specs = [RequestSpec(0.0002 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=800,
+                         sampling_params=SamplingParams(max_tokens=20 + 3 * i), request_id=f"r{i}")
+             for i in range(100)] + [RequestSpec(0.05, np.arange(12, dtype=np.int32) + 50, output_len=600,
+                                                 sampling_params=SamplingParams(max_tokens=None), request_id="long")]
+    config = EngineConfig(num_gpu_blocks=8000, max_model_len=1024, policy="vllm-v0", max_num_seqs=128,
                           async_scheduling=async_scheduling, eos_token_id=EOS)
     assert_identical(*run_both(specs, config))
-    assert len(checked) >= 10, len(checked)
+    assert least_units(100) > MIN_UNITS and len(checked) >= 10, len(checked)
+    assert all(units >= least_units(rows) for rows, units in leaps)
+    assert sum(units for rows, units in leaps if rows == 1) > 250  # the long decode alone (~280 steps)

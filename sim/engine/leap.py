@@ -30,7 +30,7 @@ from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.core.request import RequestStatus
-from sim.engine.leap_steady import MAX_UNITS, MIN_UNITS, flying_rows, near_length_stop, rows_at_rest
+from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, near_length_stop, rows_at_rest
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -71,7 +71,7 @@ class Leaper:
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
-        apply a quiet stretch of U >= MIN_UNITS steps if there is one before `horizon` (the next
+        apply a quiet stretch of U >= `least_units` steps if there is one before `horizon` (the next
         event due in SimPy). Returns (the step now in flight, delays to wait) or None."""
         if self.cooldown:
             self.cooldown -= 1
@@ -120,7 +120,8 @@ class Leaper:
         length rule: then the pass over the rows would refuse again (one row's check instead)."""
         req, engine = self.blocker, self.engine
         if req.status is RequestStatus.RUNNING and near_length_stop(
-                req, engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token):
+                req, engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token,
+                least_units(len(engine.state.running))):
             return True
         self.blocker = None
         return False
@@ -146,7 +147,7 @@ class Leaper:
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
         rows = rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
-                             self.skips_last_token)
+                             self.skips_last_token, least_units(len(running)))
         return False if rows is None else rows  # (or the row near its length rule)
 
 
@@ -162,6 +163,7 @@ class _StretchPlan(StretchKV):
         self.kv = engine.state.kv
         self.admission_first = leaper.admission_first
         self.num_rows = len(rows)
+        self.min_units = least_units(self.num_rows)  # a shorter stretch is left to single steps
         self.static = min(static, MAX_UNITS)  # units before a length rule stops a row
         self.plan_static = plan_static        # units before a rule leaves a row out of a plan
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
@@ -183,18 +185,18 @@ class _StretchPlan(StretchKV):
         """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
         the cheap ones first, the step prices of U last."""
         units = self._horizon_bound(self.static, horizon)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         units = self._token_limit(units)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         # blocks for one unit more: the plan of the step after the stretch (`half`)
         kv_units = self._kv_limit(units + 1)
         units = min(units, kv_units)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         units = self._time_limit(units, horizon)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         self.units = units
         self.times = self.times[:units + 1]
@@ -261,7 +263,7 @@ class _StretchPlan(StretchKV):
                 if not stop_ids.isdisjoint(row):
                     units = next(i for i, token in enumerate(row) if token in stop_ids)
             tokens.append(row)
-            if units < MIN_UNITS:
+            if units < self.min_units:
                 return units
         self.tokens = tokens
         return units

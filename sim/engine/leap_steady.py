@@ -13,6 +13,7 @@ from sim.engine.engine import Step
 
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
+ROWS_PER_UNIT = 24  # ... and, for big batches, one shorter than a unit per so many rows (`least_units`)
 QUIET_SCAN = 32    # events that do nothing looked past for the horizon, at most
 
 
@@ -46,13 +47,20 @@ def quiet_horizon(env) -> float:
     return frontier[0][0][0] if frontier else math.inf
 
 
+def least_units(num_rows: int) -> int:
+    """The shortest stretch worth a leap for a batch of `num_rows`: a leap's fixed cost (a few passes
+    over the rows) is a few steps' worth for big batches (vLLM V0 at 128 rows: ~4), and a stretch
+    that short there is a loss. Only speed depends on it, never the records."""
+    return max(MIN_UNITS, num_rows // ROWS_PER_UNIT)
+
+
 def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
-                  skip_last: bool):
+                  skip_last: bool, min_units: int = MIN_UNITS):
     """(rows, their output counts, units before a length rule, the async last-token skip or
     max_model_len stops one, which rows skip the first unit) if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
-    within MIN_UNITS of one; else the row whose length rule is near (`near_length_stop` holds for it
-    until it leaves the batch: a cheap refusal for the turns until then), or None. One pass.
+    within `min_units` of one; else the row whose length rule is near (`near_length_stop` holds for it
+    until it leaves the batch or the batch shrinks: a cheap refusal until then), or None. One pass.
 
     Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
     step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
@@ -103,7 +111,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
             plan_least = plan_stop - o
         stop = quick[1] if quick[1] < plan_stop else plan_stop
         if stop - o < least:
-            if stop - o - 1 < MIN_UNITS:
+            if stop - o - 1 < min_units:
                 return req  # a length rule is near
             least = stop - o
         outputs.append(o)
@@ -133,10 +141,12 @@ def flying_rows(step: Step, running: list) -> dict | None:
     return rows
 
 
-def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool) -> bool:
-    """Whether `req` (running) is within MIN_UNITS of the output count where a length rule stops it
+def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                     min_units: int = MIN_UNITS) -> bool:
+    """Whether `req` (running) is within `min_units` of the output count where a length rule stops it
     or leaves it out of a plan: `rows_at_rest` then refuses (the same test for one row; its output
-    count only grows while it runs, so this stays true until it leaves the batch)."""
+    count only grows while it runs, so this stays true until it leaves the batch, or until the batch
+    shrinks where `min_units` is `least_units` of its size)."""
     quick = quick_stop[req.index]
     if quick is None:
         return False
@@ -147,4 +157,4 @@ def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_l
         if cap < plan_stop:
             plan_stop = cap
     stop = quick[1] if quick[1] < plan_stop else plan_stop
-    return stop - len(req.output_token_ids) - 1 < MIN_UNITS
+    return stop - len(req.output_token_ids) - 1 < min_units
