@@ -294,15 +294,15 @@ def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
 
 
 def _checking_leap(checked: list):
-    """Leaper.leap that asserts, whenever the row kept from a refused pass (`blocker`) refuses an
+    """Leaper.leap that asserts, whenever the rows kept from a refused pass (`watch`) refuse an
     attempt cheaply, that the full check (`_steady_rows`: the pass over the rows) refuses too."""
     import sim.engine.leap as leap
     original = leap.Leaper.leap
 
     def leap_checked(leaper, in_flight, now, horizon):
-        if not leaper.cooldown and leaper.blocker is not None and leaper._still_blocked():
+        if not leaper.cooldown and leaper.watch is not None and leaper._still_blocked():
             assert type(leaper._steady_rows(in_flight, now, horizon)) is not tuple
-            checked.append(leaper.blocker)
+            checked.append(len(leaper.watch))
         return original(leaper, in_flight, now, horizon)
     return leap_checked
 
@@ -319,7 +319,7 @@ def test_a_row_near_its_length_rule_refuses_only_where_the_pass_over_the_rows_wo
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_scheduling):
     """Many rows with staggered length limits: some row is always near its limit (a big batch's
-    shortest stretch worth a leap is longer); attempts are then refused by that row alone (checked
+    shortest stretch worth a leap is longer); attempts are then refused by the rows watched (checked
     against the full pass), with the reference's records, and no leap is shorter than that. Then one
     long decode alone: the last such row, finished, refuses nothing."""
     import sim.engine.leap as leap
@@ -340,5 +340,6 @@ def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_s
                           async_scheduling=async_scheduling, eos_token_id=EOS)
     assert_identical(*run_both(specs, config))
     assert least_units(100) > MIN_UNITS and len(checked) >= 10, len(checked)
+    assert max(checked) > 1  # the rows next nearest their limits are watched too
     assert all(units >= least_units(rows) for rows, units in leaps)
     assert sum(units for rows, units in leaps if rows == 1) > 250  # the long decode alone (~280 steps)

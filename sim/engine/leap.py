@@ -30,7 +30,8 @@ from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.core.request import RequestStatus
-from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, near_length_stop, rows_at_rest
+from sim.engine.leap_steady import (MAX_UNITS, flying_rows, least_units, near_length_stop, rows_at_rest,
+                                   rows_near_stop)
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -40,6 +41,7 @@ ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+WATCH_UNITS = 16  # after a refusal by a row near its length rule, watch the rows this much further too
 ROW_MISSES_FREE = 2  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
 FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
@@ -65,7 +67,7 @@ class Leaper:
         self.cooldown = 0                               # loop turns to let pass before the next try
         self.planned_next = None                        # see take_planned
         self.row_misses = 0                             # refusals by the rows' pass in a row
-        self.blocker = None                             # a running row whose length rule is near
+        self.watch = None                               # rows near their length rule, nearest first
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
@@ -76,14 +78,17 @@ class Leaper:
         if self.cooldown:
             self.cooldown -= 1
             return None
-        if self.blocker is not None and self._still_blocked():
-            return None  # the row that refused the last pass is still near its length rule
+        if self.watch is not None and self._still_blocked():
+            return None  # a watched row is near its length rule: the pass would refuse
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
             return None  # (refused by the cheap checks: no back-off)
         if type(steady) is not tuple:
-            if steady is not False:
-                self.blocker = steady  # refuses cheaply until it leaves the batch
+            if steady is not False:  # a row near its length rule: watch it and the next nearest
+                engine = self.engine
+                self.watch = rows_near_stop(engine.state.running, engine.quick_stop, self.lag,
+                                            engine.config.max_model_len, self.skips_last_token,
+                                            least_units(len(engine.state.running)) + WATCH_UNITS)
                 return None
             # refused by the pass over the rows (a row near its end, a row mid-prefill): when that
             # keeps happening (big batches under overload, where some row always is), back off
@@ -116,14 +121,19 @@ class Leaper:
 
     # ----- is the engine at a steady point? ------------------------------------------------
     def _still_blocked(self) -> bool:
-        """Whether the row kept from the last pass (`blocker`) still runs and is still near its
-        length rule: then the pass over the rows would refuse again (one row's check instead)."""
-        req, engine = self.blocker, self.engine
-        if req.status is RequestStatus.RUNNING and near_length_stop(
-                req, engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token,
-                least_units(len(engine.state.running))):
-            return True
-        self.blocker = None
+        """Whether a watched row (`watch`, from the last refusal) still runs and is near its length
+        rule: then the pass over the rows would refuse again (a few rows' checks instead). Rows that
+        left the batch are dropped; where none is near, the watch ends."""
+        watch, engine = self.watch, self.engine
+        running = RequestStatus.RUNNING
+        while watch and watch[0].status is not running:
+            del watch[0]
+        args = (engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token,
+                least_units(len(engine.state.running)))
+        for req in watch:
+            if req.status is running and near_length_stop(req, *args):
+                return True
+        self.watch = None
         return False
 
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):

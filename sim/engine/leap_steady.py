@@ -141,6 +141,18 @@ def flying_rows(step: Step, running: list) -> dict | None:
     return rows
 
 
+def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
+    """The output count at which a length rule stops `req` or leaves it out of a plan (as in
+    `rows_at_rest`)."""
+    prompt = req.num_prompt_tokens
+    plan_stop = max_model_len - prompt - lag + 1
+    if lag and skip_last:
+        cap = req.sampling_params.max_tokens or max_model_len - prompt
+        if cap < plan_stop:
+            plan_stop = cap
+    return quick[1] if quick[1] < plan_stop else plan_stop
+
+
 def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
                      min_units: int = MIN_UNITS) -> bool:
     """Whether `req` (running) is within `min_units` of the output count where a length rule stops it
@@ -150,11 +162,19 @@ def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_l
     quick = quick_stop[req.index]
     if quick is None:
         return False
-    prompt = req.num_prompt_tokens
-    plan_stop = max_model_len - prompt - lag + 1
-    if lag and skip_last:
-        cap = req.sampling_params.max_tokens or max_model_len - prompt
-        if cap < plan_stop:
-            plan_stop = cap
-    stop = quick[1] if quick[1] < plan_stop else plan_stop
-    return stop - len(req.output_token_ids) - 1 < min_units
+    return length_stop(req, quick, lag, max_model_len, skip_last) - len(req.output_token_ids) - 1 < min_units
+
+
+def rows_near_stop(running: list, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                   within: int) -> list:
+    """The running rows within `within` outputs of their length stop, nearest first: the rows to
+    watch for `near_length_stop` after a refusal (one pass, instead of one per row that stops)."""
+    near = []
+    for req in running:
+        quick = quick_stop[req.index]
+        if quick is not None:
+            left = length_stop(req, quick, lag, max_model_len, skip_last) - len(req.output_token_ids)
+            if left <= within:
+                near.append((left, len(near), req))
+    near.sort()
+    return [req for _, _, req in near]
