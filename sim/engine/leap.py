@@ -29,9 +29,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.core.request import RequestStatus
-from sim.engine.leap_steady import (MAX_UNITS, flying_rows, least_units, near_length_stop, rows_at_rest,
-                                   rows_near_stop)
+from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, rows_at_rest, rows_near_stop, watch_refuses
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -122,17 +120,11 @@ class Leaper:
     # ----- is the engine at a steady point? ------------------------------------------------
     def _still_blocked(self) -> bool:
         """Whether a watched row (`watch`, from the last refusal) still runs and is near its length
-        rule: then the pass over the rows would refuse again (a few rows' checks instead). Rows that
-        left the batch are dropped; where none is near, the watch ends."""
-        watch, engine = self.watch, self.engine
-        running = RequestStatus.RUNNING
-        while watch and watch[0].status is not running:
-            del watch[0]
-        args = (engine.quick_stop, self.lag, engine.config.max_model_len, self.skips_last_token,
-                least_units(len(engine.state.running)))
-        for req in watch:
-            if req.status is running and near_length_stop(req, *args):
-                return True
+        rule (`watch_refuses`); where none is, the watch ends."""
+        engine = self.engine
+        if watch_refuses(self.watch, engine.quick_stop, self.lag, engine.config.max_model_len,
+                         self.skips_last_token, least_units(len(engine.state.running))):
+            return True
         self.watch = None
         return False
 

@@ -178,3 +178,15 @@ def rows_near_stop(running: list, quick_stop: list, lag: int, max_model_len: int
                 near.append((left, len(near), req))
     near.sort()
     return [req for _, _, req in near]
+
+
+def watch_refuses(watch: list, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                  min_units: int) -> bool:
+    """Whether a row of `watch` (from `rows_near_stop`) runs and is near its length rule: then the
+    pass over the rows would refuse again (a few rows' checks instead). Drops the rows at its front
+    that left the batch."""
+    running = RequestStatus.RUNNING
+    while watch and watch[0].status is not running:
+        del watch[0]
+    return any(req.status is running and near_length_stop(req, quick_stop, lag, max_model_len, skip_last,
+                                                          min_units) for req in watch)
