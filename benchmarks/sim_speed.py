@@ -16,10 +16,10 @@ two modes' records are identical. `--baseline PATH` also times another checkout 
 before this work) on the same scenarios in a subprocess, against this checkout in a subprocess too (a run
 after others in one process is ~5-8% slower, so the in-process fast time is not compared with it).
 `--scale` reports peak memory (max RSS of a fresh process) and time for 1k/10k/100k requests in fast
-mode (`--scale 1000000` adds 1M; `--token-times on,runs,off` runs each point with each `record_token_times` setting: every token time
-in an array, as runs, or none; `--no-token-times` is `--token-times on,off`; `--via-simulate` builds what
-`simulate()` builds, `Results` and its summary, instead of the numpy tables). `--scenarios ""` skips
-the comparison.
+mode (`--scale 1000000` adds 1M; `--token-times on,runs,off` runs each point with each
+`record_token_times` setting: every token time in an array, as runs, or none; `--no-token-times` is
+`--token-times on,off`; `--via-simulate` builds what `simulate()` builds, `Results` and its summary,
+instead of the numpy tables). `--scenarios ""` skips the comparison.
 
     python benchmarks/sim_speed.py [--requests 2000] [--repeat 3] [--baseline ../main] [--scale 100000]
                                    [--scale-from 1000] [--token-times on,runs,off] [--no-token-times]
