@@ -291,3 +291,55 @@ def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
                           enable_prefix_caching=True, eos_token_id=EOS)
     assert_identical(*run_both(specs, config))
     assert sum(starts) >= 8
+
+
+def _checking_leap(checked: list):
+    """Leaper.leap that asserts, whenever the rows kept from a refused pass (`watch`) refuse an
+    attempt cheaply, that the full check (`_steady_rows`: the pass over the rows) refuses too."""
+    import sim.engine.leap as leap
+    original = leap.Leaper.leap
+
+    def leap_checked(leaper, in_flight, now, horizon):
+        if not leaper.cooldown and leaper.watch is not None and leaper._still_blocked():
+            assert type(leaper._steady_rows(in_flight, now, horizon)) is not tuple
+            checked.append(len(leaper.watch))
+        return original(leaper, in_flight, now, horizon)
+    return leap_checked
+
+
+@given(long_runs(max_requests=12), configs())
+def test_a_row_near_its_length_rule_refuses_only_where_the_pass_over_the_rows_would(specs, config):
+    import sim.engine.leap as leap
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(leap.Leaper, "leap", _checking_leap([]))
+        fast = run_engine(specs, replace(config, mode="fast"), LinearCostModel())
+    assert_identical(run_engine(specs, replace(config, mode="step"), LinearCostModel()), fast)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_scheduling):
+    """Many rows with staggered length limits: some row is always near its limit (a big batch's
+    shortest stretch worth a leap is longer); attempts are then refused by the rows watched (checked
+    against the full pass), with the reference's records, and no leap is shorter than that. Then one
+    long decode alone: the last such row, finished, refuses nothing."""
+    import sim.engine.leap as leap
+    from sim.engine.leap_steady import MIN_UNITS, least_units
+    checked, leaps = [], []
+    monkeypatch.setattr(leap.Leaper, "leap", _checking_leap(checked))
+    apply = leap._StretchPlan.apply
+
+    def recording_apply(plan):
+        leaps.append((plan.num_rows, plan.units))
+        return apply(plan)
+    monkeypatch.setattr(leap._StretchPlan, "apply", recording_apply)
+    specs = [RequestSpec(0.0002 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=800,
+                         sampling_params=SamplingParams(max_tokens=20 + 3 * i), request_id=f"r{i}")
+             for i in range(100)] + [RequestSpec(0.05, np.arange(12, dtype=np.int32) + 50, output_len=600,
+                                                 sampling_params=SamplingParams(max_tokens=None), request_id="long")]
+    config = EngineConfig(num_gpu_blocks=8000, max_model_len=1024, policy="vllm-v0", max_num_seqs=128,
+                          async_scheduling=async_scheduling, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    assert least_units(100) > MIN_UNITS and len(checked) >= 10, len(checked)
+    assert max(checked) > 1  # the rows next nearest their limits are watched too
+    assert all(units >= least_units(rows) for rows, units in leaps)
+    assert sum(units for rows, units in leaps if rows == 1) > 250  # the long decode alone (~280 steps)

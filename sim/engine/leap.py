@@ -29,7 +29,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import MAX_UNITS, MIN_UNITS, flying_rows, rows_at_rest
+from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, rows_at_rest, rows_near_stop, watch_refuses
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -39,6 +39,7 @@ ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
+WATCH_UNITS = 16  # after a refusal by a row near its length rule, watch the rows this much further too
 ROW_MISSES_FREE = 2  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
 FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
@@ -64,20 +65,29 @@ class Leaper:
         self.cooldown = 0                               # loop turns to let pass before the next try
         self.planned_next = None                        # see take_planned
         self.row_misses = 0                             # refusals by the rows' pass in a row
+        self.watch = None                               # rows near their length rule, nearest first
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
     def leap(self, in_flight: Step | None, now: float, horizon: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
-        apply a quiet stretch of U >= MIN_UNITS steps if there is one before `horizon` (the next
+        apply a quiet stretch of U >= `least_units` steps if there is one before `horizon` (the next
         event due in SimPy). Returns (the step now in flight, delays to wait) or None."""
         if self.cooldown:
             self.cooldown -= 1
             return None
+        if self.watch is not None and self._still_blocked():
+            return None  # a watched row is near its length rule: the pass would refuse
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
             return None  # (refused by the cheap checks: no back-off)
-        if steady is False:
+        if type(steady) is not tuple:
+            if steady is not False:  # a row near its length rule: watch it and the next nearest
+                engine = self.engine
+                self.watch = rows_near_stop(engine.state.running, engine.quick_stop, self.lag,
+                                            engine.config.max_model_len, self.skips_last_token,
+                                            least_units(len(engine.state.running)) + WATCH_UNITS)
+                return None
             # refused by the pass over the rows (a row near its end, a row mid-prefill): when that
             # keeps happening (big batches under overload, where some row always is), back off
             self.row_misses += 1
@@ -108,10 +118,20 @@ class Leaper:
         return step
 
     # ----- is the engine at a steady point? ------------------------------------------------
+    def _still_blocked(self) -> bool:
+        """Whether a watched row (`watch`, from the last refusal) still runs and is near its length
+        rule (`watch_refuses`); where none is, the watch ends."""
+        engine = self.engine
+        if watch_refuses(self.watch, engine.quick_stop, self.lag, engine.config.max_model_len,
+                         self.skips_last_token, least_units(len(engine.state.running))):
+            return True
+        self.watch = None
+        return False
+
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
         """The running requests and their numbers (`_rows_at_rest`) if the engine is at a steady
-        point; None where a cheap check refuses (cheapest first), False where the pass over the
-        rows does."""
+        point; None where a cheap check refuses (cheapest first); where the pass over the rows
+        does, the row near its length rule that refused, or False for other reasons."""
         engine, lag = self.engine, self.lag
         state = engine.state
         running = state.running
@@ -129,8 +149,8 @@ class Leaper:
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None
         rows = rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
-                             self.skips_last_token)
-        return False if rows is None else rows
+                             self.skips_last_token, least_units(len(running)))
+        return False if rows is None else rows  # (or the row near its length rule)
 
 
 class _StretchPlan(StretchKV):
@@ -145,6 +165,7 @@ class _StretchPlan(StretchKV):
         self.kv = engine.state.kv
         self.admission_first = leaper.admission_first
         self.num_rows = len(rows)
+        self.min_units = least_units(self.num_rows)  # a shorter stretch is left to single steps
         self.static = min(static, MAX_UNITS)  # units before a length rule stops a row
         self.plan_static = plan_static        # units before a rule leaves a row out of a plan
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
@@ -166,18 +187,18 @@ class _StretchPlan(StretchKV):
         """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
         the cheap ones first, the step prices of U last."""
         units = self._horizon_bound(self.static, horizon)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         units = self._token_limit(units)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         # blocks for one unit more: the plan of the step after the stretch (`half`)
         kv_units = self._kv_limit(units + 1)
         units = min(units, kv_units)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         units = self._time_limit(units, horizon)
-        if units < MIN_UNITS:
+        if units < self.min_units:
             return False
         self.units = units
         self.times = self.times[:units + 1]
@@ -244,7 +265,7 @@ class _StretchPlan(StretchKV):
                 if not stop_ids.isdisjoint(row):
                     units = next(i for i, token in enumerate(row) if token in stop_ids)
             tokens.append(row)
-            if units < MIN_UNITS:
+            if units < self.min_units:
                 return units
         self.tokens = tokens
         return units

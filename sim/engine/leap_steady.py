@@ -13,6 +13,7 @@ from sim.engine.engine import Step
 
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
 MIN_UNITS = 2      # a shorter stretch is left to single steps
+ROWS_PER_UNIT = 24  # ... and, for big batches, one shorter than a unit per so many rows (`least_units`)
 QUIET_SCAN = 32    # events that do nothing looked past for the horizon, at most
 
 
@@ -46,12 +47,20 @@ def quiet_horizon(env) -> float:
     return frontier[0][0][0] if frontier else math.inf
 
 
+def least_units(num_rows: int) -> int:
+    """The shortest stretch worth a leap for a batch of `num_rows`: a leap's fixed cost (a few passes
+    over the rows) is a few steps' worth for big batches (vLLM V0 at 128 rows: ~4), and a stretch
+    that short there is a loss. Only speed depends on it, never the records."""
+    return max(MIN_UNITS, num_rows // ROWS_PER_UNIT)
+
+
 def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
-                  skip_last: bool):
+                  skip_last: bool, min_units: int = MIN_UNITS):
     """(rows, their output counts, units before a length rule, the async last-token skip or
     max_model_len stops one, which rows skip the first unit) if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
-    within MIN_UNITS of one; else None. One pass.
+    within `min_units` of one; else the row whose length rule is near (`near_length_stop` holds for it
+    until it leaves the batch or the batch shrinks: a cheap refusal until then), or None. One pass.
 
     Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
     step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
@@ -102,8 +111,8 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
             plan_least = plan_stop - o
         stop = quick[1] if quick[1] < plan_stop else plan_stop
         if stop - o < least:
-            if stop - o - 1 < MIN_UNITS:
-                return None  # a length rule is near
+            if stop - o - 1 < min_units:
+                return req  # a length rule is near
             least = stop - o
         outputs.append(o)
     return running, outputs, least - 1, plan_least - 1, skips, decodes
@@ -130,3 +139,54 @@ def flying_rows(step: Step, running: list) -> dict | None:
         rows[req] = n
         i += 1
     return rows
+
+
+def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
+    """The output count at which a length rule stops `req` or leaves it out of a plan (as in
+    `rows_at_rest`)."""
+    prompt = req.num_prompt_tokens
+    plan_stop = max_model_len - prompt - lag + 1
+    if lag and skip_last:
+        cap = req.sampling_params.max_tokens or max_model_len - prompt
+        if cap < plan_stop:
+            plan_stop = cap
+    return quick[1] if quick[1] < plan_stop else plan_stop
+
+
+def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                     min_units: int = MIN_UNITS) -> bool:
+    """Whether `req` (running) is within `min_units` of the output count where a length rule stops it
+    or leaves it out of a plan: `rows_at_rest` then refuses (the same test for one row; its output
+    count only grows while it runs, so this stays true until it leaves the batch, or until the batch
+    shrinks where `min_units` is `least_units` of its size)."""
+    quick = quick_stop[req.index]
+    if quick is None:
+        return False
+    return length_stop(req, quick, lag, max_model_len, skip_last) - len(req.output_token_ids) - 1 < min_units
+
+
+def rows_near_stop(running: list, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                   within: int) -> list:
+    """The running rows within `within` outputs of their length stop, nearest first: the rows to
+    watch for `near_length_stop` after a refusal (one pass, instead of one per row that stops)."""
+    near = []
+    for req in running:
+        quick = quick_stop[req.index]
+        if quick is not None:
+            left = length_stop(req, quick, lag, max_model_len, skip_last) - len(req.output_token_ids)
+            if left <= within:
+                near.append((left, len(near), req))
+    near.sort()
+    return [req for _, _, req in near]
+
+
+def watch_refuses(watch: list, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
+                  min_units: int) -> bool:
+    """Whether a row of `watch` (from `rows_near_stop`) runs and is near its length rule: then the
+    pass over the rows would refuse again (a few rows' checks instead). Drops the rows at its front
+    that left the batch."""
+    running = RequestStatus.RUNNING
+    while watch and watch[0].status is not running:
+        del watch[0]
+    return any(req.status is running and near_length_stop(req, quick_stop, lag, max_model_len, skip_last,
+                                                          min_units) for req in watch)
