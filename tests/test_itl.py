@@ -139,3 +139,19 @@ def test_requests_with_times_off_the_steps_are_read_explicitly():
     chunks = itl_chunks(times, completed)
     weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in chunks])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))
+
+
+def test_simulate_keeps_token_times_as_runs_with_the_same_results(monkeypatch):
+    """simulate() runs the engine with token times as runs: the results equal those of arrays."""
+    from sim import SimulationConfig, simulate
+    from sim.api import simulator
+    config = SimulationConfig().replace(workload={"rate": 20.0, "num_requests": 40})
+    runs = simulate(config)
+    assert isinstance(runs.token_times, TokenTimes)
+    monkeypatch.setattr(simulator, "token_times_as_runs", lambda engine: engine)
+    arrays = simulate(config)
+    assert isinstance(arrays.token_times, list) and runs.token_times == arrays.token_times
+    assert repr(runs.summary) == repr(arrays.summary)
+    assert runs.requests.equals(arrays.requests) and runs.steps.equals(arrays.steps)
+    off = simulate(config.replace(engine={"record_token_times": False}))
+    assert all(t is None for t in off.token_times)
