@@ -72,29 +72,41 @@ def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np
     offsets = np.frombuffer(store.offsets, dtype=np.int64)[chosen]
     simple = offsets >= 0
     simple[simple] = runs[offsets[simple] + 1] == 0  # no times off the steps' start times
-    offsets = offsets[simple]
+    starts = np.frombuffer(store.steps.start_time, dtype=np.float64) if len(store.steps.start_time) \
+        else np.zeros(0)
+    firsts, lasts = [], []
+    simple_offsets = offsets[simple]
+    for lo in range(0, len(simple_offsets), CHUNK):  # a batch of requests at a time
+        first, last = _runs_of(runs, simple_offsets[lo:lo + CHUNK], starts, chunks)
+        firsts.append(first)
+        lasts.append(last)
+    _spanned_step_gaps(np.sort(np.concatenate(firsts or [np.zeros(0, np.int32)])),
+                       np.sort(np.concatenate(lasts or [np.zeros(0, np.int32)])), starts, chunks)
+    return chosen[~simple]
+
+
+def _runs_of(runs: np.ndarray, offsets: np.ndarray, starts: np.ndarray, chunks: list):
+    """(first, last) step positions of these requests' runs (int32); the gaps between consecutive
+    runs of a request (from one run's last token to the next one's first) go to `chunks`."""
     counts = runs[offsets]
     total = int(counts.sum())
-    if not total:
-        return chosen[~simple]
     owner = np.repeat(np.arange(len(offsets)), counts)
     pairs = np.repeat(offsets + 3, counts) + 2 * (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts))
-    firsts, lasts = runs[pairs], runs[pairs] + runs[pairs + 1] - 1
-    del pairs
-    starts = np.frombuffer(store.steps.start_time, dtype=np.float64)
+    first, last = runs[pairs], runs[pairs] + runs[pairs + 1] - 1
     same = owner[1:] == owner[:-1]
-    between = starts[firsts[1:][same]] - starts[lasts[:-1][same]]  # from one run's last token to the next's first
-    del owner, same
+    between = starts[first[1:][same]] - starts[last[:-1][same]]
     _append(chunks, between[between > 0] * 1e3, None)
-    firsts.sort()
-    lasts.sort()
+    return first.astype(np.int32), last.astype(np.int32)
+
+
+def _spanned_step_gaps(firsts: np.ndarray, lasts: np.ndarray, starts: np.ndarray, chunks: list) -> None:
+    """Each gap between consecutive step starts, counted once per run spanning it (sorted run ends)."""
     for lo in range(0, max(len(starts) - 1, 0), CHUNK):
-        steps = np.arange(lo, min(lo + CHUNK, len(starts) - 1))
+        steps = np.arange(lo, min(lo + CHUNK, len(starts) - 1), dtype=np.int32)
         spanning = np.searchsorted(firsts, steps, "right") - np.searchsorted(lasts, steps, "right")
         gaps = starts[lo + 1:lo + 1 + len(steps)] - starts[lo:lo + len(steps)]
         keep = (spanning > 0) & (gaps > 0)
-        _append(chunks, gaps[keep] * 1e3, spanning[keep])
-    return chosen[~simple]
+        _append(chunks, gaps[keep] * 1e3, spanning[keep].astype(np.int32))
 
 
 def _append(chunks: list, values: np.ndarray, counts: np.ndarray | None) -> None:
@@ -198,16 +210,16 @@ def order_statistic(chunks, rank: int) -> float:
     floats sort as their int64 patterns) by histograms until its entries are few, then sort those."""
     lo, hi = 0, 1 << 63
     while True:
-        parts = [_in_range(values, counts, lo, hi) for values, counts in chunks]
-        entries = sum(len(v) for v, _ in parts)
         if hi - lo == 1:
             return float(np.array([lo], dtype=np.int64).view(np.float64)[0])  # every entry left is this value
+        entries = sum(int(_inside(values, lo, hi).sum()) for values, _ in chunks)
         if entries <= CHUNK:
-            return _pick(parts, rank)
+            return _pick([_in_range(values, counts, lo, hi) for values, counts in chunks], rank)
         shift = max(0, (hi - lo - 1).bit_length() - 16)
         bins = ((hi - lo - 1) >> shift) + 1
         hist = np.zeros(bins)
-        for values, counts in parts:
+        for values, counts in chunks:
+            values, counts = _in_range(values, counts, lo, hi)
             hist += np.bincount((values.view(np.int64) - lo) >> shift, weights=counts, minlength=bins)
         cumulative = np.cumsum(hist)  # exact: counts far below 2**53
         b = int(np.searchsorted(cumulative, rank, "right"))
@@ -215,11 +227,16 @@ def order_statistic(chunks, rank: int) -> float:
         lo, hi = lo + (b << shift), min(hi, lo + ((b + 1) << shift))
 
 
-def _in_range(values, counts, lo: int, hi: int):
+def _inside(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
     keys = values.view(np.int64)
+    return (keys >= lo) & (keys < hi)
+
+
+def _in_range(values, counts, lo: int, hi: int):
+    """The entries of one chunk in [lo, hi) (a copy, one chunk at a time)."""
     if lo == 0 and hi == 1 << 63:
         return values, counts
-    inside = (keys >= lo) & (keys < hi)
+    inside = _inside(values, lo, hi)
     return values[inside], None if counts is None else counts[inside]
 
 
