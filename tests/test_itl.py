@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.api.itl import CHUNK, itl_chunks, order_statistic, sqrt_rounded, weighted_stats
+from sim.api.itl import CHUNK, StepGaps, each, itl_chunks, order_statistic, sqrt_rounded, weighted_stats
 from sim.api.metrics import itl_stats, itl_values, latency_stats
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
@@ -108,9 +108,9 @@ def test_runs_and_arrays_give_the_same_itl_as_the_pooled_gaps(mode, async_schedu
     times = runs.requests.times()
     assert isinstance(times, TokenTimes)
     chunks = itl_chunks(times, completed)
-    assert any(c is not None for _, c in chunks)  # weighted step gaps were used
+    assert any(isinstance(c, StepGaps) for c in chunks)  # weighted step gaps were used
     pooled = itl_values(plain.requests.times(), completed) * 1e3
-    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in chunks])
+    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))
     stats = itl_stats(times, completed, PERCENTILES)
     assert stats == itl_stats(plain.requests.times(), completed, PERCENTILES)
@@ -137,7 +137,7 @@ def test_requests_with_times_off_the_steps_are_read_explicitly():
     completed = np.array([True, True, True, True])
     pooled = itl_values([array("d", t) for t in times], completed) * 1e3
     chunks = itl_chunks(times, completed)
-    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in chunks])
+    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))
 
 

@@ -33,9 +33,9 @@ _PIECE = 13  # bits per piece of a 53-bit mantissa in the exact sums
 _PIECES = 5
 
 
-def itl_chunks(token_times, completed) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """The positive token gaps of completed requests in ms, as (values, counts) chunks (counts None:
-    one each). `completed`: a bool per request."""
+def itl_chunks(token_times, completed) -> list:
+    """The positive token gaps of completed requests in ms, as chunks: (values, counts) (counts None:
+    one each) or `StepGaps` (read by `each`). `completed`: a bool per request."""
     chosen = np.flatnonzero(np.asarray(completed, dtype=bool)[:len(token_times)])
     chunks: list = []
     if isinstance(token_times, TokenTimes) and len(token_times.store.runs):
@@ -100,13 +100,33 @@ def _runs_of(runs: np.ndarray, offsets: np.ndarray, starts: np.ndarray, chunks: 
 
 
 def _spanned_step_gaps(firsts: np.ndarray, lasts: np.ndarray, starts: np.ndarray, chunks: list) -> None:
-    """Each gap between consecutive step starts, counted once per run spanning it (sorted run ends)."""
+    """Each gap between consecutive step starts, counted once per run spanning it (sorted run ends):
+    the counts are kept (one byte a step, mostly), the gaps read from the steps when a pass needs them."""
     for lo in range(0, max(len(starts) - 1, 0), CHUNK):
         steps = np.arange(lo, min(lo + CHUNK, len(starts) - 1), dtype=np.int32)
         spanning = np.searchsorted(firsts, steps, "right") - np.searchsorted(lasts, steps, "right")
-        gaps = starts[lo + 1:lo + 1 + len(steps)] - starts[lo:lo + len(steps)]
-        keep = (spanning > 0) & (gaps > 0)
-        _append(chunks, gaps[keep] * 1e3, spanning[keep].astype(np.int32))
+        top = int(spanning.max(initial=0))
+        if top:
+            chunks.append(StepGaps(starts, lo, spanning.astype(np.min_scalar_type(top))))
+
+
+class StepGaps:
+    """A chunk of step gaps: `spanning[j]` runs span the gap after step `lo + j`."""
+
+    def __init__(self, starts: np.ndarray, lo: int, spanning: np.ndarray):
+        self.starts, self.lo, self.spanning = starts, lo, spanning
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.lo, self.lo + len(self.spanning)
+        gaps = self.starts[lo + 1:hi + 1] - self.starts[lo:hi]
+        keep = (self.spanning > 0) & (gaps > 0)
+        return gaps[keep] * 1e3, self.spanning[keep]
+
+
+def each(chunks):
+    """The (values, counts) of every chunk, step gaps read one chunk at a time."""
+    for chunk in chunks:
+        yield chunk.read() if isinstance(chunk, StepGaps) else chunk
 
 
 def _append(chunks: list, values: np.ndarray, counts: np.ndarray | None) -> None:
@@ -134,7 +154,7 @@ def weighted_stats(chunks, percentiles, key) -> dict[str, float]:
 def exact_moments(chunks) -> tuple[int, Fraction, Fraction]:
     """(n, sum, sum of squares) of the multiset, exactly."""
     n, linear, square = 0, {}, {}
-    for values, counts in chunks:
+    for values, counts in each(chunks):
         weights = np.ones(len(values), dtype=np.int64) if counts is None else counts.astype(np.int64)
         n += int(weights.sum())
         step = 1 << max(0, 33 - int(weights.max(initial=1)).bit_length())  # no int64 sum overflows
@@ -212,13 +232,13 @@ def order_statistic(chunks, rank: int) -> float:
     while True:
         if hi - lo == 1:
             return float(np.array([lo], dtype=np.int64).view(np.float64)[0])  # every entry left is this value
-        entries = sum(int(_inside(values, lo, hi).sum()) for values, _ in chunks)
+        entries = sum(int(_inside(values, lo, hi).sum()) for values, _ in each(chunks))
         if entries <= CHUNK:
-            return _pick([_in_range(values, counts, lo, hi) for values, counts in chunks], rank)
+            return _pick([_in_range(values, counts, lo, hi) for values, counts in each(chunks)], rank)
         shift = max(0, (hi - lo - 1).bit_length() - 16)
         bins = ((hi - lo - 1) >> shift) + 1
         hist = np.zeros(bins)
-        for values, counts in chunks:
+        for values, counts in each(chunks):
             values, counts = _in_range(values, counts, lo, hi)
             hist += np.bincount((values.view(np.int64) - lo) >> shift, weights=counts, minlength=bins)
         cumulative = np.cumsum(hist)  # exact: counts far below 2**53
