@@ -176,17 +176,20 @@ def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[
     return {"max_output_tokens_per_s": float(counts[second]), "max_concurrent_requests": int(in_flight.sum())}
 
 
-_DONE_COLUMNS = ["arrival_time", "finish_time", "num_prompt_tokens", "num_output_tokens",
-                 *[c for c in LATENCY_METRICS.values() if c != "itl"]]
-
-
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_blocks: int,
               slo: dict | None = None, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
-    """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV."""
-    done = requests.loc[requests["completed"].to_numpy(dtype=bool), _DONE_COLUMNS]  # the columns read below
+    """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV.
+
+    The figures that allocate most (KV occupancy: a float per step; ITL) are computed first, before
+    any copy of the completed requests' rows; those rows are read one column at a time."""
+    kv = kv_occupancy(steps, num_gpu_blocks)
+    completed = requests["completed"].to_numpy(dtype=bool)
+    itl = itl_stats(token_times, completed, percentiles)
+    done = requests.loc[completed, ["arrival_time", "finish_time"]]
     span = float(requests["finish_time"].max() - requests["arrival_time"].min()) if len(done) else 0.0
     per_s = (lambda x: x / span) if span > 0 else (lambda x: float("nan"))
-    out_tokens, in_tokens = int(done["num_output_tokens"].sum()), int(done["num_prompt_tokens"].sum())
+    out_tokens = int(requests["num_output_tokens"].to_numpy()[completed].sum())
+    in_tokens = int(requests["num_prompt_tokens"].to_numpy()[completed].sum())
     out = Summary({
         "num_requests": int(len(requests)),
         "completed": int(len(done)),
@@ -202,14 +205,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_
     })
     out.update(peak_output_rate(done, token_times))
     for metric, column in LATENCY_METRICS.items():
-        out.update(itl_stats(token_times, requests["completed"].to_numpy(), percentiles) if column == "itl"
-                   else latency_stats(done[column], metric, percentiles))
+        out.update(itl if column == "itl" else
+                   latency_stats(requests[column].to_numpy(dtype=float)[completed], metric, percentiles))
     out.update(_goodput(requests, slo or {}, per_s))
     prompt = float(requests["num_prompt_tokens"].sum())
     out["prefix_cache_hit_rate"] = float(requests["num_cached_tokens"].sum()) / prompt if prompt else 0.0
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out["preempted_request_fraction"] = float((requests["num_preemptions"] > 0).mean()) if len(requests) else 0.0
-    out.update(kv_occupancy(steps, num_gpu_blocks))
+    out.update(kv)
     out.update(spec_decode_summary(steps, float(requests["num_output_tokens"].sum())))
     return out
 
