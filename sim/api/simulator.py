@@ -21,6 +21,7 @@ from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.client import ClientConfig
+from sim.api.memory import release_freed_memory
 from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
@@ -366,6 +367,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     records = run_engine(traffic, token_times_as_runs(config.engine), cost_model, blocks, seed=config.seed,
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
+    release_freed_memory()
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}
