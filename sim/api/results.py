@@ -26,7 +26,9 @@ class Results:
     requests: one row per request (times in simulated seconds, derived ttft_s/tpot_s/e2e_s/...).
     steps: one row per engine step (start, duration, tokens, batch, KV blocks, queue lengths); from a
         run, built on first read (the summary reads the step records in place).
-    token_times: per request, every token's emission time (None where not recorded).
+    token_times: per request, every token's emission time (None where not recorded): a list, or from
+        `simulate()` a read-only sequence over the times kept as runs (sim.core.token_runs.TokenTimes),
+        each item read back as the same `array('d')`.
     summary: the metrics of `sim.api.metrics.summarize`; `meta` holds config and provenance.
     """
 
