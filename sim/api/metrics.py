@@ -177,12 +177,13 @@ def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_blocks: int,
-              slo: dict | None = None, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
+              slo: dict | None = None, percentiles=METRIC_PERCENTILES, kv: dict | None = None) -> dict[str, float]:
     """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV.
 
     The figures that allocate most (KV occupancy: a float per step; ITL) are computed first, before
-    any copy of the completed requests' rows; those rows are read one column at a time."""
-    kv = kv_occupancy(steps, num_gpu_blocks)
+    any copy of the completed requests' rows; those rows are read one column at a time. `kv`: the
+    `kv_occupancy` of `steps` when the caller computed it already (before building `requests`)."""
+    kv = kv if kv is not None else kv_occupancy(steps, num_gpu_blocks)
     completed = requests["completed"].to_numpy(dtype=bool)
     itl = itl_stats(token_times, completed, percentiles)
     done = requests.loc[completed, ["arrival_time", "finish_time"]]
