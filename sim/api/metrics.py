@@ -159,11 +159,15 @@ def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[
     """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
     and the requests in flight (arrived, not finished) during that second. Tokens are counted per
     second a few hundred requests at a time (the counts add up to those of all tokens at once)."""
-    indices = [i for i in done.index if i < len(token_times) and token_times[i] is not None]
+    index = done.index.to_numpy()
+    index = index[index < len(token_times)]
     start = float(done["arrival_time"].min()) if len(done) else 0.0
     counts = np.zeros(0, dtype=np.int64)
-    for first in range(0, len(indices), chunk):
-        times = [np.asarray(token_times[i], dtype=float) for i in indices[first:first + chunk]]
+    for first in range(0, len(index), chunk):
+        times = [token_times[i] for i in index[first:first + chunk].tolist()]
+        times = [np.asarray(t, dtype=float) for t in times if t is not None]
+        if not times:
+            continue
         part = np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
         if len(part) > len(counts):
             counts = np.concatenate((counts, np.zeros(len(part) - len(counts), dtype=np.int64)))

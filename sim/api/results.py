@@ -43,7 +43,8 @@ class Results:
                      percentiles=METRIC_PERCENTILES) -> "Results":
         steps = StepTable(records.steps, records.num_gpu_blocks)
         kv = kv_occupancy(steps, records.num_gpu_blocks)  # before the request table: its float column is gone
-        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()})
+        # as_numpy's arrays are fresh copies: the table takes them as they are (no second copy)
+        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()}, copy=False)
         requests = add_latency_columns(requests)
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
