@@ -29,6 +29,8 @@ from sim.core.token_runs import TokenTimes
 
 CHUNK = 1 << 18
 """Entries per chunk (values and counts), and the most a selection step gathers at once."""
+EXPLICIT = 1 << 20
+"""Gaps read one by one are gathered this many at a time, then kept as distinct values and counts."""
 _PIECE = 13  # bits per piece of a 53-bit mantissa in the exact sums
 _PIECES = 5
 
@@ -45,8 +47,9 @@ def itl_chunks(token_times, completed) -> list:
 
 
 def _explicit_chunks(token_times, chosen, chunks: list) -> None:
-    """Each chosen request's gaps read from its times, packed into chunks."""
-    buffer, size = np.empty(CHUNK), 0
+    """Each chosen request's gaps read from its times, packed into chunks of distinct values with
+    their counts (requests side by side in a batch share their step gaps: a few bytes a gap)."""
+    buffer, size = np.empty(EXPLICIT), 0
     for i in chosen:
         times = token_times[int(i)]
         if times is None or len(times) < 2:
@@ -55,14 +58,19 @@ def _explicit_chunks(token_times, chosen, chunks: list) -> None:
         gaps = t[1:] - t[:-1]
         gaps = gaps[gaps > 0] * 1e3
         while len(gaps):
-            take = min(len(gaps), CHUNK - size)
+            take = min(len(gaps), EXPLICIT - size)
             buffer[size:size + take] = gaps[:take]
             size, gaps = size + take, gaps[take:]
-            if size == CHUNK:
-                chunks.append((buffer, None))
-                buffer, size = np.empty(CHUNK), 0
-    if size:
-        chunks.append((buffer[:size].copy(), None))
+            if size == EXPLICIT:
+                _append_distinct(chunks, buffer)
+                size = 0
+    _append_distinct(chunks, buffer[:size])
+
+
+def _append_distinct(chunks: list, values: np.ndarray) -> None:
+    if len(values):
+        distinct, counts = np.unique(values, return_counts=True)
+        _append(chunks, distinct, counts.astype(np.min_scalar_type(int(counts.max()))))
 
 
 def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np.ndarray:
