@@ -139,7 +139,9 @@ def scale_point(num_requests: int, mode: str, token_times: bool | str = True, vi
 
 def results(records):
     """What `simulate()` makes of the records: `Results` and its summary (the client latency off)."""
+    from sim.api.memory import release_freed_memory
     from sim.api.results import Results
+    release_freed_memory()
     res = Results.from_records(records)
     return res, dict(res.summary)
 

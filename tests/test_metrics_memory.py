@@ -93,3 +93,16 @@ def test_peak_rate_counted_in_chunks_equals_all_at_once(run, chunk):
     requests = pd.DataFrame({"arrival_time": arrivals, "finish_time": np.array(finish, dtype=float)})
     done = requests[completed]
     assert peak_output_rate(done, token_times, chunk=chunk) == plain_peak(done, token_times)
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.floats(0.0, 2.0, allow_nan=False)), min_size=1, max_size=60))
+def test_kv_occupancy_in_place_equals_the_plain_formula(rows):
+    from sim.api.metrics import kv_occupancy
+    steps = pd.DataFrame({"kv_blocks_used": [b for b, _ in rows], "duration": [d for _, d in rows]})
+    occ = steps["kv_blocks_used"].to_numpy(dtype=float) / 500
+    dur = steps["duration"].to_numpy()
+    total = dur.sum()
+    plain = {"kv_occupancy_mean": float((occ * dur).sum() / total) if total else float(occ.mean()),
+             "kv_occupancy_peak": float(occ.max()),
+             "kv_time_above_90pct": float(dur[occ > 0.9].sum() / total) if total else 0.0}
+    assert kv_occupancy(steps, 500) == plain

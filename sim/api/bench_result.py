@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.api.metrics import LATENCY_METRICS, itl_values, latency_stats
+from sim.api.metrics import LATENCY_METRICS, itl_stats, latency_stats
 
 BACKEND = "servesim"
 VLLM_DEFAULT_METRICS = ("ttft", "tpot", "itl")
@@ -56,9 +56,9 @@ def bench_serve_result(results, percentile_metrics=VLLM_DEFAULT_METRICS,
     done = results.requests[results.requests["completed"].astype(bool)]
     for metric in percentile_metrics:
         column = LATENCY_METRICS[metric]
-        values = (itl_values(results.token_times, results.requests["completed"].astype(bool).to_numpy())
-                  if column == "itl" else done[column])
-        doc.update(latency_stats(values, metric, metric_percentiles))
+        doc.update(itl_stats(results.token_times, results.requests["completed"].astype(bool).to_numpy(),
+                             metric_percentiles) if column == "itl"
+                   else latency_stats(done[column], metric, metric_percentiles))
     doc["servesim_version"] = __version__
     return {k: _strict(v) for k, v in doc.items()}
 

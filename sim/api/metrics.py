@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from sim.api.itl import itl_chunks, weighted_stats
 from sim.api.spec_metrics import spec_decode_summary
 
 PERCENTILES = (50, 90, 99)
@@ -74,6 +75,15 @@ def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES, owned: bo
             np.percentile(arr, p, overwrite_input=True))
     return {key: out[key] for key in (latency_key(metric, "mean"), latency_key(metric, "median"),
                                       latency_key(metric, "std"), *list(out)[3:])}
+
+
+def itl_stats(token_times, completed, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
+    """ITL statistics in ms of completed requests (keyed as `latency_stats`), from the gaps held as
+    weighted chunks (sim.api.itl): median and percentiles equal numpy's on the pooled gaps bit for
+    bit; mean and std are exactly rounded (numpy's sums can differ in the last bits)."""
+    def key(stat):
+        return latency_key("itl", stat) if isinstance(stat, str) else f"p{percentile_word(stat)}_itl_ms"
+    return weighted_stats(itl_chunks(token_times, completed), percentiles, key)
 
 
 def add_latency_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -138,22 +148,26 @@ def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
     occ /= num_gpu_blocks
     dur = np.asarray(steps["duration"])
     total = dur.sum()
-    return {
-        "kv_occupancy_mean": float((occ * dur).sum() / total) if total else float(occ.mean()),
-        "kv_occupancy_peak": float(occ.max()),
-        "kv_time_above_90pct": float(dur[occ > 0.9].sum() / total) if total else 0.0,
-    }
+    out = {"kv_occupancy_peak": float(occ.max()),
+           "kv_time_above_90pct": float(dur[occ > 0.9].sum() / total) if total else 0.0}
+    # then occupancy x duration, in place (the same products, summed the same way)
+    mean = float(np.multiply(occ, dur, out=occ).sum() / total) if total else float(occ.mean())
+    return {"kv_occupancy_mean": mean, **out}
 
 
 def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[str, float]:
     """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
     and the requests in flight (arrived, not finished) during that second. Tokens are counted per
     second a few hundred requests at a time (the counts add up to those of all tokens at once)."""
-    indices = [i for i in done.index if i < len(token_times) and token_times[i] is not None]
+    index = done.index.to_numpy()
+    index = index[index < len(token_times)]
     start = float(done["arrival_time"].min()) if len(done) else 0.0
     counts = np.zeros(0, dtype=np.int64)
-    for first in range(0, len(indices), chunk):
-        times = [np.asarray(token_times[i], dtype=float) for i in indices[first:first + chunk]]
+    for first in range(0, len(index), chunk):
+        times = [token_times[i] for i in index[first:first + chunk].tolist()]
+        times = [np.asarray(t, dtype=float) for t in times if t is not None]
+        if not times:
+            continue
         part = np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
         if len(part) > len(counts):
             counts = np.concatenate((counts, np.zeros(len(part) - len(counts), dtype=np.int64)))
@@ -167,12 +181,20 @@ def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_blocks: int,
-              slo: dict | None = None, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
-    """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV."""
-    done = requests[requests["completed"]]
+              slo: dict | None = None, percentiles=METRIC_PERCENTILES, kv: dict | None = None) -> dict[str, float]:
+    """The run's summary: counts, throughput, latencies, goodput, preemption, prefix caching, KV.
+
+    The figures that allocate most (KV occupancy: a float per step; ITL) are computed first, before
+    any copy of the completed requests' rows; those rows are read one column at a time. `kv`: the
+    `kv_occupancy` of `steps` when the caller computed it already (before building `requests`)."""
+    kv = kv if kv is not None else kv_occupancy(steps, num_gpu_blocks)
+    completed = requests["completed"].to_numpy(dtype=bool)
+    itl = itl_stats(token_times, completed, percentiles)
+    done = requests.loc[completed, ["arrival_time", "finish_time"]]
     span = float(requests["finish_time"].max() - requests["arrival_time"].min()) if len(done) else 0.0
     per_s = (lambda x: x / span) if span > 0 else (lambda x: float("nan"))
-    out_tokens, in_tokens = int(done["num_output_tokens"].sum()), int(done["num_prompt_tokens"].sum())
+    out_tokens = int(requests["num_output_tokens"].to_numpy()[completed].sum())
+    in_tokens = int(requests["num_prompt_tokens"].to_numpy()[completed].sum())
     out = Summary({
         "num_requests": int(len(requests)),
         "completed": int(len(done)),
@@ -188,15 +210,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_
     })
     out.update(peak_output_rate(done, token_times))
     for metric, column in LATENCY_METRICS.items():
-        values = (itl_values(token_times, requests["completed"].to_numpy()) if column == "itl"
-                  else done[column])
-        out.update(latency_stats(values, metric, percentiles, owned=column == "itl"))
+        out.update(itl if column == "itl" else
+                   latency_stats(requests[column].to_numpy(dtype=float)[completed], metric, percentiles))
     out.update(_goodput(requests, slo or {}, per_s))
     prompt = float(requests["num_prompt_tokens"].sum())
     out["prefix_cache_hit_rate"] = float(requests["num_cached_tokens"].sum()) / prompt if prompt else 0.0
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
     out["preempted_request_fraction"] = float((requests["num_preemptions"] > 0).mean()) if len(requests) else 0.0
-    out.update(kv_occupancy(steps, num_gpu_blocks))
+    out.update(kv)
     out.update(spec_decode_summary(steps, float(requests["num_output_tokens"].sum())))
     return out
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
-from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, summarize
+from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, kv_occupancy, summarize
 from sim.api.step_table import StepTable
 from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
@@ -26,7 +26,9 @@ class Results:
     requests: one row per request (times in simulated seconds, derived ttft_s/tpot_s/e2e_s/...).
     steps: one row per engine step (start, duration, tokens, batch, KV blocks, queue lengths); from a
         run, built on first read (the summary reads the step records in place).
-    token_times: per request, every token's emission time (None where not recorded).
+    token_times: per request, every token's emission time (None where not recorded): a list, or from
+        `simulate()` a read-only sequence over the times kept as runs (sim.core.token_runs.TokenTimes),
+        each item read back as the same `array('d')`.
     summary: the metrics of `sim.api.metrics.summarize`; `meta` holds config and provenance.
     """
 
@@ -39,13 +41,15 @@ class Results:
     @classmethod
     def from_records(cls, records: RunRecords, slo: dict | None = None, meta: dict | None = None,
                      percentiles=METRIC_PERCENTILES) -> "Results":
-        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()})
-        requests = add_latency_columns(requests)
         steps = StepTable(records.steps, records.num_gpu_blocks)
+        kv = kv_occupancy(steps, records.num_gpu_blocks)  # before the request table: its float column is gone
+        # as_numpy's arrays are fresh copies: the table takes them as they are (no second copy)
+        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()}, copy=False)
+        requests = add_latency_columns(requests)
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))
         token_times = records.requests.times()
-        summary = summarize(requests, steps, token_times, records.num_gpu_blocks, slo, percentiles)
+        summary = summarize(requests, steps, token_times, records.num_gpu_blocks, slo, percentiles, kv=kv)
         return cls(requests, steps, token_times, summary, meta)
 
     def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,

@@ -120,3 +120,12 @@ class TokenTimes:
     def __iter__(self):
         for index in range(len(self.live)):
             yield self[index]
+
+    def __eq__(self, other) -> bool:
+        """Equal to a sequence (list, another TokenTimes) holding the same times per request."""
+        try:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        except TypeError:
+            return NotImplemented
+
+    __hash__ = None

@@ -1,0 +1,276 @@
+"""Inter-token latency (ITL) statistics without pooling every gap.
+
+The ITL of a run is the multiset of the positive gaps between consecutive tokens of its completed
+requests (vLLM's serving benchmark pools them; see sim.api.metrics). A million-request run has
+hundreds of millions of them, so the gaps are held as weighted chunks, (value in ms, count):
+
+- token times kept as runs (`record_token_times = "runs"`, sim.core.token_runs): inside a run, a
+  request's gaps are the gaps between consecutive step start times, so each step gap counts once per
+  run that spans it (one chunk entry per step, a few bytes a step), plus the gaps between a request's
+  runs, one each;
+- token times kept in arrays (or read back otherwise): every gap once, chunk by chunk.
+
+From those: the median and percentiles are order statistics picked out exactly (radix selection on
+the floats' bit patterns) and interpolated as numpy's `median` / `percentile` (method "linear") do,
+so they equal numpy's on the pooled array bit for bit. The mean and std are exactly rounded: the
+sums are kept as exact integers (each float split into 13-bit pieces), mean = round(sum / n) and
+std = round(sqrt(population variance)); numpy's pairwise sums over the pooled array can differ from
+them in the last bits. Both depend only on the multiset, so every way of keeping token times (and
+the fast and step engines, whose records are identical) gives the same figures.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from sim.core.token_runs import TokenTimes
+
+CHUNK = 1 << 18
+"""Entries per chunk (values and counts), and the most a selection step gathers at once."""
+EXPLICIT = 1 << 20
+"""Gaps read one by one are gathered this many at a time, then kept as distinct values and counts."""
+_PIECE = 13  # bits per piece of a 53-bit mantissa in the exact sums
+_PIECES = 5
+
+
+def itl_chunks(token_times, completed) -> list:
+    """The positive token gaps of completed requests in ms, as chunks: (values, counts) (counts None:
+    one each) or `StepGaps` (read by `each`). `completed`: a bool per request."""
+    chosen = np.flatnonzero(np.asarray(completed, dtype=bool)[:len(token_times)])
+    chunks: list = []
+    if isinstance(token_times, TokenTimes) and len(token_times.store.runs):
+        chosen = _run_chunks(token_times, chosen, chunks)
+    _explicit_chunks(token_times, chosen, chunks)
+    return chunks
+
+
+def _explicit_chunks(token_times, chosen, chunks: list) -> None:
+    """Each chosen request's gaps read from its times, packed into chunks of distinct values with
+    their counts (requests side by side in a batch share their step gaps: a few bytes a gap)."""
+    buffer, size = np.empty(EXPLICIT), 0
+    for i in chosen:
+        times = token_times[int(i)]
+        if times is None or len(times) < 2:
+            continue
+        t = np.asarray(times, dtype=float)
+        gaps = t[1:] - t[:-1]
+        gaps = gaps[gaps > 0] * 1e3
+        while len(gaps):
+            take = min(len(gaps), EXPLICIT - size)
+            buffer[size:size + take] = gaps[:take]
+            size, gaps = size + take, gaps[take:]
+            if size == EXPLICIT:
+                _append_distinct(chunks, buffer)
+                size = 0
+    _append_distinct(chunks, buffer[:size])
+
+
+def _append_distinct(chunks: list, values: np.ndarray) -> None:
+    if len(values):
+        distinct, counts = np.unique(values, return_counts=True)
+        _append(chunks, distinct, counts.astype(np.min_scalar_type(int(counts.max()))))
+
+
+def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np.ndarray:
+    """Chunks of the chosen requests kept as runs with no other times; returns the rest."""
+    store = token_times.store
+    runs = np.frombuffer(store.runs, dtype=np.int64)
+    offsets = np.frombuffer(store.offsets, dtype=np.int64)[chosen]
+    simple = offsets >= 0
+    simple[simple] = runs[offsets[simple] + 1] == 0  # no times off the steps' start times
+    starts = np.frombuffer(store.steps.start_time, dtype=np.float64) if len(store.steps.start_time) \
+        else np.zeros(0)
+    firsts, lasts = [], []
+    simple_offsets = offsets[simple]
+    for lo in range(0, len(simple_offsets), CHUNK):  # a batch of requests at a time
+        first, last = _runs_of(runs, simple_offsets[lo:lo + CHUNK], starts, chunks)
+        firsts.append(first)
+        lasts.append(last)
+    _spanned_step_gaps(np.sort(np.concatenate(firsts or [np.zeros(0, np.int32)])),
+                       np.sort(np.concatenate(lasts or [np.zeros(0, np.int32)])), starts, chunks)
+    return chosen[~simple]
+
+
+def _runs_of(runs: np.ndarray, offsets: np.ndarray, starts: np.ndarray, chunks: list):
+    """(first, last) step positions of these requests' runs (int32); the gaps between consecutive
+    runs of a request (from one run's last token to the next one's first) go to `chunks`."""
+    counts = runs[offsets]
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(len(offsets)), counts)
+    pairs = np.repeat(offsets + 3, counts) + 2 * (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts))
+    first, last = runs[pairs], runs[pairs] + runs[pairs + 1] - 1
+    same = owner[1:] == owner[:-1]
+    between = starts[first[1:][same]] - starts[last[:-1][same]]
+    _append(chunks, between[between > 0] * 1e3, None)
+    return first.astype(np.int32), last.astype(np.int32)
+
+
+def _spanned_step_gaps(firsts: np.ndarray, lasts: np.ndarray, starts: np.ndarray, chunks: list) -> None:
+    """Each gap between consecutive step starts, counted once per run spanning it (sorted run ends):
+    the counts are kept (one byte a step, mostly), the gaps read from the steps when a pass needs them."""
+    for lo in range(0, max(len(starts) - 1, 0), CHUNK):
+        steps = np.arange(lo, min(lo + CHUNK, len(starts) - 1), dtype=np.int32)
+        spanning = np.searchsorted(firsts, steps, "right") - np.searchsorted(lasts, steps, "right")
+        top = int(spanning.max(initial=0))
+        if top:
+            chunks.append(StepGaps(starts, lo, spanning.astype(np.min_scalar_type(top))))
+
+
+class StepGaps:
+    """A chunk of step gaps: `spanning[j]` runs span the gap after step `lo + j`."""
+
+    def __init__(self, starts: np.ndarray, lo: int, spanning: np.ndarray):
+        self.starts, self.lo, self.spanning = starts, lo, spanning
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.lo, self.lo + len(self.spanning)
+        gaps = self.starts[lo + 1:hi + 1] - self.starts[lo:hi]
+        keep = (self.spanning > 0) & (gaps > 0)
+        return gaps[keep] * 1e3, self.spanning[keep]
+
+
+def each(chunks):
+    """The (values, counts) of every chunk, step gaps read one chunk at a time."""
+    for chunk in chunks:
+        yield chunk.read() if isinstance(chunk, StepGaps) else chunk
+
+
+def _append(chunks: list, values: np.ndarray, counts: np.ndarray | None) -> None:
+    for lo in range(0, len(values), CHUNK):
+        chunks.append((values[lo:lo + CHUNK], None if counts is None else counts[lo:lo + CHUNK]))
+
+
+def weighted_stats(chunks, percentiles, key) -> dict[str, float]:
+    """The statistics of the multiset of (values, counts) `chunks` (values positive), keyed by `key`."""
+    n, total, squares = exact_moments(chunks)
+    nan = float("nan")
+    out = {key("mean"): nan, key("median"): nan, key("std"): nan, **{key(p): nan for p in percentiles}}
+    if not n:
+        return out
+    mean = total / n
+    out[key("mean")] = float(mean)
+    out[key("median")] = median(chunks, n)
+    out[key("std")] = sqrt_rounded(squares / n - mean * mean)
+    for p in percentiles:
+        out[key(p)] = percentile(chunks, n, p)
+    return out
+
+
+# ----- exact sums ------------------------------------------------------------------------------
+def exact_moments(chunks) -> tuple[int, Fraction, Fraction]:
+    """(n, sum, sum of squares) of the multiset, exactly."""
+    n, linear, square = 0, {}, {}
+    for values, counts in each(chunks):
+        weights = np.ones(len(values), dtype=np.int64) if counts is None else counts.astype(np.int64)
+        n += int(weights.sum())
+        step = 1 << max(0, 33 - int(weights.max(initial=1)).bit_length())  # no int64 sum overflows
+        for lo in range(0, len(values), step):
+            _add_sums(values[lo:lo + step], weights[lo:lo + step], linear, square)
+    total = sum((Fraction(v) * Fraction(2) ** e for e, v in linear.items()), Fraction(0))
+    squares = sum((Fraction(v) * Fraction(2) ** e for e, v in square.items()), Fraction(0))
+    return n, total, squares
+
+
+def _add_sums(values: np.ndarray, weights: np.ndarray, linear: dict, square: dict) -> None:
+    """Add sum(w * v) and sum(w * v * v) to the per-exponent integer sums: v = M * 2**(e - 53) with
+    M a 53-bit integer in five 13-bit pieces; every product of pieces (and weight) fits an int64."""
+    if not len(values):
+        return
+    fraction, exponent = np.frexp(values)
+    order = np.argsort(exponent, kind="stable")
+    exponent = exponent[order]
+    mantissa = (fraction[order] * float(1 << 53)).astype(np.int64)
+    weights = weights[order]
+    bounds = np.concatenate(([0], np.flatnonzero(np.diff(exponent)) + 1))
+    pieces = [(mantissa >> (_PIECE * i)) & ((1 << _PIECE) - 1) for i in range(_PIECES)]
+    weighted = [weights * p for p in pieces]
+    sums_1 = [np.add.reduceat(w, bounds) for w in weighted]
+    sums_2 = []
+    for s in range(2 * _PIECES - 1):
+        terms = sum(weighted[i] * pieces[s - i] for i in range(max(0, s - _PIECES + 1), min(s, _PIECES - 1) + 1))
+        sums_2.append(np.add.reduceat(terms, bounds))
+    for g, e in enumerate(exponent[bounds].tolist()):
+        scale = e - 53
+        linear[scale] = linear.get(scale, 0) + sum(int(sums_1[i][g]) << (_PIECE * i) for i in range(_PIECES))
+        square[2 * scale] = square.get(2 * scale, 0) + sum(int(sums_2[s][g]) << (_PIECE * s)
+                                                           for s in range(2 * _PIECES - 1))
+
+
+def sqrt_rounded(x: Fraction) -> float:
+    """The float nearest to sqrt(x) (x >= 0 rational), exactly rounded."""
+    if x <= 0:
+        return 0.0
+    p, q = x.numerator, x.denominator
+    k = max(0, (130 - p.bit_length() + q.bit_length()) // 2)
+    quotient, remainder = divmod(p << (2 * k), q)
+    root = math.isqrt(quotient)  # floor(sqrt(x) * 2**k)
+    if remainder or root * root != quotient:
+        root |= 1  # sticky bit: the true root lies strictly above `root`, never on a tie
+    return math.ldexp(float(root), -k)
+
+
+# ----- order statistics ------------------------------------------------------------------------
+def median(chunks, n: int) -> float:
+    """numpy's median of the multiset: the middle value, or the mean of the two middle values."""
+    if n % 2:
+        return order_statistic(chunks, (n - 1) // 2)
+    return (order_statistic(chunks, n // 2 - 1) + order_statistic(chunks, n // 2)) / 2
+
+
+def percentile(chunks, n: int, p: float) -> float:
+    """numpy's percentile (method "linear") of the multiset, computed as numpy computes it."""
+    q = float(np.true_divide(p, 100))
+    virtual = (n - 1) * q
+    below = math.floor(virtual)
+    if virtual >= n - 1:
+        return order_statistic(chunks, n - 1)
+    below = max(below, 0)
+    a, b = order_statistic(chunks, below), order_statistic(chunks, below + 1)
+    t = virtual - below
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def order_statistic(chunks, rank: int) -> float:
+    """The value at 0-based `rank` in the sorted multiset: narrow a range of bit patterns (positive
+    floats sort as their int64 patterns) by histograms until its entries are few, then sort those."""
+    lo, hi = 0, 1 << 63
+    while True:
+        if hi - lo == 1:
+            return float(np.array([lo], dtype=np.int64).view(np.float64)[0])  # every entry left is this value
+        entries = sum(int(_inside(values, lo, hi).sum()) for values, _ in each(chunks))
+        if entries <= CHUNK:
+            return _pick([_in_range(values, counts, lo, hi) for values, counts in each(chunks)], rank)
+        shift = max(0, (hi - lo - 1).bit_length() - 16)
+        bins = ((hi - lo - 1) >> shift) + 1
+        hist = np.zeros(bins)
+        for values, counts in each(chunks):
+            values, counts = _in_range(values, counts, lo, hi)
+            hist += np.bincount((values.view(np.int64) - lo) >> shift, weights=counts, minlength=bins)
+        cumulative = np.cumsum(hist)  # exact: counts far below 2**53
+        b = int(np.searchsorted(cumulative, rank, "right"))
+        rank -= int(cumulative[b - 1]) if b else 0
+        lo, hi = lo + (b << shift), min(hi, lo + ((b + 1) << shift))
+
+
+def _inside(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    keys = values.view(np.int64)
+    return (keys >= lo) & (keys < hi)
+
+
+def _in_range(values, counts, lo: int, hi: int):
+    """The entries of one chunk in [lo, hi) (a copy, one chunk at a time)."""
+    if lo == 0 and hi == 1 << 63:
+        return values, counts
+    inside = _inside(values, lo, hi)
+    return values[inside], None if counts is None else counts[inside]
+
+
+def _pick(parts, rank: int) -> float:
+    values = np.concatenate([v for v, _ in parts])
+    counts = np.concatenate([np.ones(len(v), dtype=np.int64) if c is None else c.astype(np.int64) for v, c in parts])
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(counts[order])
+    return float(values[order[int(np.searchsorted(cumulative, rank, "right"))]])
