@@ -8,21 +8,14 @@ from kernels_cost_model.aiconfigurator_tables import L2_BYTES, kv_bytes, read_ta
 from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration
 from kernels_cost_model.gpu_calibration import device_rows
 from kernels_cost_model.shape_keys import coeffs_for_row
+from tests.aic_tables import write_attention_table
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
 needs_data = pytest.mark.skipif(not (PROFILES / "aiconfigurator").is_dir(), reason="shared kernel profiles absent")
 
 
 def _write_generation(root: Path, system: str, batch: list, step: list) -> None:
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-    n = len(batch)
-    path = root / "aiconfigurator" / system / "attention" / "vllm" / "0.24.0" / "generation_attention_perf.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"version": ["0.24.0"] * n, "batch_size": batch, "step": step, "num_heads": [32] * n,
-                             "num_key_value_heads": [8] * n, "head_dim": [128] * n,
-                             "kv_cache_dtype": ["bfloat16"] * n, "window_size": [0] * n,
-                             "latency": [0.1] * n}), path)
+    write_attention_table(root, system, "generation", batch, "step", step)
 
 
 def test_kv_bytes_by_hand():

@@ -16,6 +16,7 @@ from kernels_cost_model.llmservingsim_profiles import read_shared_profiles
 from kernels_cost_model.prefill_waves import (batch_path_keys, key_block, path_keys, row_path_keys,
                                               sequence_path, sequence_units)
 from kernels_cost_model.shape_keys import coeffs_for_row
+from tests.aic_tables import write_attention_table
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
 LSS_4090 = PROFILES / "llmservingsim" / "RTX4090" / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp1" / "attention.csv"
@@ -94,15 +95,7 @@ def test_shipped_rtx_4090_prices_the_waves_of_long_chunks():
 
 
 def _write_context(root: Path, system: str, batch: list, isl: list) -> None:
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-    n = len(batch)
-    path = root / "aiconfigurator" / system / "attention" / "vllm" / "0.24.0" / "context_attention_perf.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"version": ["0.24.0"] * n, "batch_size": batch, "isl": isl, "num_heads": [32] * n,
-                             "num_key_value_heads": [8] * n, "head_dim": [128] * n,
-                             "kv_cache_dtype": ["bfloat16"] * n, "window_size": [0] * n,
-                             "latency": [0.1] * n}), path)
+    write_attention_table(root, system, "context", batch, "isl", isl)
 
 
 def test_prefill_rows_whose_tensors_fit_in_l2_are_the_l2_family(tmp_path):
