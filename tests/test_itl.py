@@ -160,3 +160,11 @@ def test_simulate_keeps_token_times_as_runs_with_the_same_results(monkeypatch):
 def test_release_freed_memory_runs_anywhere():
     from sim.api.memory import release_freed_memory
     release_freed_memory()  # glibc: malloc_trim; elsewhere only a collection, never an error
+def test_release_skips_short_runs(monkeypatch):
+    import sim.api.memory as memory
+    calls = []
+    monkeypatch.setattr(memory.gc, "collect", lambda: calls.append(1))
+    memory.release_freed_memory(memory.RELEASE_FROM_REQUESTS - 1)
+    assert calls == []
+    memory.release_freed_memory(memory.RELEASE_FROM_REQUESTS)
+    assert calls == [1]

@@ -24,7 +24,7 @@ from sim.api.client import ClientConfig
 from sim.api.memory import release_freed_memory
 from sim.api.results import Results
 from sim.api.version import __version__
-from sim.api.validation import (WORKLOAD_KINDS, check_deployment, check_kv_holds_one_request, check_model_limits,
+from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
                                 check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
                                 switch_kind, unresolved_engine_values, warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
@@ -367,7 +367,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     records = run_engine(traffic, token_times_as_runs(config.engine), cost_model, blocks, seed=config.seed,
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
-    release_freed_memory()
+    release_freed_memory(len(records.requests))
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}
