@@ -137,6 +137,26 @@ def each(chunks):
         yield chunk.read() if isinstance(chunk, StepGaps) else chunk
 
 
+def distinct_counts(chunks) -> tuple[np.ndarray, np.ndarray]:
+    """The multiset of (values, counts) `chunks` as its sorted distinct values and their counts
+    (int64), merged a few chunks at a time (as many bytes as distinct values, not as entries)."""
+    values, counts = np.zeros(0), np.zeros(0, dtype=np.int64)
+    batch, size = [], 0
+    for v, c in each(chunks):
+        batch.append((v, np.ones(len(v), dtype=np.int64) if c is None else c.astype(np.int64)))
+        size += len(v)
+        if size >= 4 * CHUNK:
+            values, counts = _merge_distinct([(values, counts), *batch])
+            batch, size = [], 0
+    return _merge_distinct([(values, counts), *batch])
+
+
+def _merge_distinct(parts) -> tuple[np.ndarray, np.ndarray]:
+    distinct, inverse = np.unique(np.concatenate([v for v, _ in parts]), return_inverse=True)
+    weights = np.concatenate([c for _, c in parts]).astype(np.float64)  # exact: counts far below 2**53
+    return distinct, np.bincount(inverse.ravel(), weights=weights, minlength=len(distinct)).astype(np.int64)
+
+
 def _append(chunks: list, values: np.ndarray, counts: np.ndarray | None) -> None:
     for lo in range(0, len(values), CHUNK):
         chunks.append((values[lo:lo + CHUNK], None if counts is None else counts[lo:lo + CHUNK]))
@@ -221,13 +241,25 @@ def median(chunks, n: int) -> float:
 
 def percentile(chunks, n: int, p: float) -> float:
     """numpy's percentile (method "linear") of the multiset, computed as numpy computes it."""
+    return interpolated(lambda rank: order_statistic(chunks, rank), n, p)
+
+
+def sorted_percentile(values: np.ndarray, cumulative: np.ndarray, p: float) -> float:
+    """numpy's percentile (method "linear") of sorted `values` each repeated as often as the steps
+    of `cumulative` (their running counts) say, computed as numpy computes it."""
+    return interpolated(lambda rank: float(values[np.searchsorted(cumulative, rank, "right")]),
+                        int(cumulative[-1]), p)
+
+
+def interpolated(at, n: int, p: float) -> float:
+    """numpy's percentile (method "linear") of n values, `at(rank)` the value at a 0-based rank."""
     q = float(np.true_divide(p, 100))
     virtual = (n - 1) * q
     below = math.floor(virtual)
     if virtual >= n - 1:
-        return order_statistic(chunks, n - 1)
+        return at(n - 1)
     below = max(below, 0)
-    a, b = order_statistic(chunks, below), order_statistic(chunks, below + 1)
+    a, b = at(below), at(below + 1)
     t = virtual - below
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t

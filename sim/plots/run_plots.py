@@ -6,13 +6,14 @@ returns the Figure; `save_plots` writes the standard set for one run.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.api.metrics import itl_values
+from sim.api.itl import distinct_counts, itl_chunks, sorted_percentile
 
 PREFILL, DECODE, QUEUE = "#e8743b", "#1f77b4", "#bbbbbb"
 LATENCIES = (  # (per-request column or "itl", title)
@@ -55,10 +56,30 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _latency_values(results, column: str) -> np.ndarray:
+def latency_counts(results, column: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """(sorted values in the unit, their counts, unit) of one latency panel, NaN dropped. Requests'
+    columns: every value once. ITL: the distinct token gaps and how often each occurs (sim.api.itl),
+    never the pooled gaps (hundreds of millions in a long run); in ms they equal the pooled gaps x 1e3
+    bit for bit (in s, the rare panel whose p99 reaches SECONDS_FROM, within an ulp)."""
     if column == "itl":
-        return itl_values(results.token_times, results.requests["completed"].astype(bool))
-    return _done(results)[column].to_numpy(dtype=float)
+        values, counts = distinct_counts(itl_chunks(results.token_times, results.requests["completed"].astype(bool)))
+        large = len(values) and sorted_percentile(values, np.cumsum(counts), 99) >= SECONDS_FROM * 1e3
+        return (values / 1e3, counts, "s") if large else (values, counts, "ms")
+    values = _done(results)[column].to_numpy(dtype=float)
+    values = np.sort(values[~np.isnan(values)])
+    scale, unit = time_unit(values)
+    return values * scale, np.ones(len(values), dtype=np.int64), unit
+
+
+def cdf_points(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vertices of the empirical CDF of sorted `values` with `counts`: the line through every
+    value repeated (x = values one by one, y = 1/n .. n/n) less the points inside a vertical run,
+    so it draws the same figure (a value seen once: one vertex; more often: its lowest and highest)."""
+    cumulative = np.cumsum(counts)
+    ranks = np.column_stack((cumulative - counts + 1, cumulative)).ravel()
+    keep = np.ones(len(ranks), dtype=bool)
+    keep[0::2] = counts > 1
+    return np.repeat(values, 2)[keep], ranks[keep] / (cumulative[-1] if len(cumulative) else 1)
 
 
 def plot_latency_cdfs(results) -> Figure:
@@ -68,10 +89,7 @@ def plot_latency_cdfs(results) -> Figure:
     many and the largest); a panel whose p99 reaches 10 s is in seconds."""
     fig, axes = new_figure(2, 2, size=(10, 7))
     for ax, (column, title) in zip(axes, LATENCIES):
-        values = _latency_values(results, column)
-        values = np.sort(values[~np.isnan(values)])
-        scale, unit = time_unit(values)
-        values = values * scale
+        values, counts, unit = latency_counts(results, column)
         ax.set_title(title)
         ax.set_xlabel(f"{title.split(' ')[0]} ({unit})")
         ax.set_ylabel("fraction of " + ("token gaps" if column == "itl" else "requests"))
@@ -79,23 +97,30 @@ def plot_latency_cdfs(results) -> Figure:
         if not values.size:
             ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
             continue
-        ax.plot(values, np.arange(1, values.size + 1) / values.size, color=DECODE)
+        ax.plot(*cdf_points(values, counts), color=DECODE)
+        cumulative = np.cumsum(counts)
         for q, style in ((50, ":"), (99, "--")):
-            v = np.percentile(values, q)
+            v = sorted_percentile(values, cumulative, q)
             ax.axvline(v, color="k", ls=style, lw=1, label=f"p{q} = {_fmt(v)} {unit}")
-        _clip_tail(ax, values, unit)
+        _clip_tail(ax, values, cumulative, unit)
         ax.set_ylim(0, 1.01)
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"Latency distributions ({len(_done(results))} completed requests)")
     return fig
 
 
-def _clip_tail(ax, values: np.ndarray, unit: str) -> None:
+def tail_edge(values: np.ndarray, cumulative: np.ndarray) -> float:
+    """numpy's percentile CLIP_PERCENTILE, method "lower" (a value not above it), of the multiset."""
+    rank = math.floor((int(cumulative[-1]) - 1) * float(np.true_divide(CLIP_PERCENTILE, 100)))
+    return float(values[np.searchsorted(cumulative, rank, "right")])
+
+
+def _clip_tail(ax, values: np.ndarray, cumulative: np.ndarray, unit: str) -> None:
     """End the x axis at p99.9 when the largest value lies far beyond it, and say so on the plot."""
-    edge, top = np.percentile(values, CLIP_PERCENTILE, method="lower"), values[-1]  # a value not above p99.9
+    edge, top = tail_edge(values, cumulative), values[-1]
     if top <= 1.5 * edge or edge <= 0:
         return
-    beyond = int((values > edge).sum())
+    beyond = int(cumulative[-1] - cumulative[np.searchsorted(values, edge, "right") - 1])
     ax.set_xlim(min(0.0, values[0]), edge * 1.02)
     ax.text(0.98, 0.5, f"x axis ends at p{CLIP_PERCENTILE:g}:\n{beyond} larger values\nup to {_fmt(top)} {unit}",
             transform=ax.transAxes, ha="right", va="center", fontsize=7, color="dimgrey")
