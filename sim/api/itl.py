@@ -25,7 +25,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from sim.core.token_runs import TokenTimes
+from sim.core.token_runs import MergedTokenTimes, TokenTimes
 
 CHUNK = 1 << 18
 """Entries per chunk (values and counts), and the most a selection step gathers at once."""
@@ -37,7 +37,10 @@ _PIECES = 5
 
 def itl_chunks(token_times, completed) -> list:
     """The positive token gaps of completed requests in ms, as chunks: (values, counts) (counts None:
-    one each) or `StepGaps` (read by `each`). `completed`: a bool per request."""
+    one each) or `StepGaps` (read by `each`). `completed`: a bool per request. Merged runs: each
+    run's chunks (the multiset does not depend on the order of requests)."""
+    if isinstance(token_times, MergedTokenTimes):
+        return [c for times, chosen in token_times.split(completed) for c in itl_chunks(times, chosen)]
     chosen = np.flatnonzero(np.asarray(completed, dtype=bool)[:len(token_times)])
     chunks: list = []
     if isinstance(token_times, TokenTimes) and len(token_times.store.runs):

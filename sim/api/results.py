@@ -17,6 +17,7 @@ from sim.api.step_table import StepTable
 from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
 from sim.core.records import RunRecords, as_numpy
+from sim.core.token_runs import MergedTokenTimes
 
 
 @dataclass
@@ -28,7 +29,8 @@ class Results:
         run, built on first read (the summary reads the step records in place).
     token_times: per request, every token's emission time (None where not recorded): a list, or from
         `simulate()` a read-only sequence over the times kept as runs (sim.core.token_runs.TokenTimes),
-        each item read back as the same `array('d')`.
+        each item read back as the same `array('d')`; merged runs (`merge_results`): a sequence over
+        theirs (sim.core.token_runs.MergedTokenTimes).
     summary: the metrics of `sim.api.metrics.summarize`; `meta` holds config and provenance.
     """
 
@@ -197,8 +199,7 @@ def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:
     requests = pd.concat([p.requests.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
     order = np.argsort(requests["arrival_time"].to_numpy(), kind="stable")
     requests = requests.iloc[order].reset_index(drop=True)
-    tokens = [t for p in parts for t in p.token_times]
-    tokens = [tokens[i] for i in order]
+    tokens = MergedTokenTimes([p.token_times for p in parts], order)  # references, copies no times
     steps = pd.concat([p.steps.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
     blocks = [p.meta["num_gpu_blocks"] for p in parts]
     summary = summarize(requests, steps.iloc[0:0], tokens, sum(blocks), slo)

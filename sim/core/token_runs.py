@@ -129,3 +129,48 @@ class TokenTimes:
             return NotImplemented
 
     __hash__ = None
+
+
+class MergedTokenTimes:
+    """Token times of runs side by side (cluster replicas, DP ranks) as one read-only sequence in an
+    order of its own: it references each run's sequence (a list or TokenTimes) and copies no times.
+    `order[i]`: the position, in the runs' sequences laid end to end, of request i."""
+
+    def __init__(self, parts: list, order) -> None:
+        sizes = np.array([len(p) for p in parts], dtype=np.int64)
+        order = np.asarray(order, dtype=np.int64)
+        self.parts = parts
+        self.part = np.repeat(np.arange(len(parts)), sizes)[order].astype(np.min_scalar_type(max(len(parts) - 1, 0)))
+        self.local = (order - np.repeat(np.cumsum(sizes) - sizes, sizes)[order]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+    def __getitem__(self, index: int):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self.parts[int(self.part[index])][int(self.local[index])]
+
+    def __iter__(self):
+        for index in range(len(self)):
+            yield self[index]
+
+    def __eq__(self, other) -> bool:
+        """Equal to a sequence holding the same times per request."""
+        try:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        except TypeError:
+            return NotImplemented
+
+    __hash__ = None
+
+    def split(self, completed: np.ndarray) -> list:
+        """For each run, (its sequence, a bool per its request: chosen by `completed`, a bool per request here)."""
+        chosen = np.zeros(len(self), dtype=bool)
+        chosen[:len(completed)] = np.asarray(completed, dtype=bool)[:len(self)]
+        out = []
+        for p, times in enumerate(self.parts):
+            mask = np.zeros(len(times), dtype=bool)
+            mask[self.local[chosen & (self.part == p)]] = True
+            out.append((times, mask))
+        return out
