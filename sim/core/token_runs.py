@@ -101,7 +101,32 @@ class TokenRuns:
         return sum(a.itemsize * len(a) for a in (self.runs, self.offsets, self.extras))
 
 
-class TokenTimes:
+class _TimesSequence:
+    """A read-only sequence of per-request token times: subclasses give `__len__` and `_item`."""
+
+    def _item(self, index: int):
+        raise NotImplementedError
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        return self._item(index if index >= 0 else index + len(self))
+
+    def __iter__(self):
+        for index in range(len(self)):
+            yield self._item(index)
+
+    def __eq__(self, other) -> bool:
+        """Equal to a sequence (list, another such sequence) holding the same times per request."""
+        try:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        except TypeError:
+            return NotImplemented
+
+    __hash__ = None
+
+
+class TokenTimes(_TimesSequence):
     """Every request's token times as a read-only sequence (`array('d')` or None per request): live
     arrays where a request was not compacted, runs read back where it was."""
 
@@ -111,27 +136,12 @@ class TokenTimes:
     def __len__(self) -> int:
         return len(self.live)
 
-    def __getitem__(self, index: int):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        times = self.store.times(index if index >= 0 else index + len(self))
+    def _item(self, index: int):
+        times = self.store.times(index)
         return self.live[index] if times is None else times
 
-    def __iter__(self):
-        for index in range(len(self.live)):
-            yield self[index]
 
-    def __eq__(self, other) -> bool:
-        """Equal to a sequence (list, another TokenTimes) holding the same times per request."""
-        try:
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        except TypeError:
-            return NotImplemented
-
-    __hash__ = None
-
-
-class MergedTokenTimes:
+class MergedTokenTimes(_TimesSequence):
     """Token times of runs side by side (cluster replicas, DP ranks) as one read-only sequence in an
     order of its own: it references each run's sequence (a list or TokenTimes) and copies no times.
     `order[i]`: the position, in the runs' sequences laid end to end, of request i."""
@@ -146,23 +156,8 @@ class MergedTokenTimes:
     def __len__(self) -> int:
         return len(self.part)
 
-    def __getitem__(self, index: int):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def _item(self, index: int):
         return self.parts[int(self.part[index])][int(self.local[index])]
-
-    def __iter__(self):
-        for index in range(len(self)):
-            yield self[index]
-
-    def __eq__(self, other) -> bool:
-        """Equal to a sequence holding the same times per request."""
-        try:
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        except TypeError:
-            return NotImplemented
-
-    __hash__ = None
 
     def split(self, completed: np.ndarray) -> list:
         """For each run, (its sequence, a bool per its request: chosen by `completed`, a bool per request here)."""
