@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.api.itl import CHUNK, StepGaps, each, itl_chunks, order_statistic, sqrt_rounded, weighted_stats
-from sim.api.metrics import itl_stats, itl_values, latency_stats
+from sim.api.metrics import itl_stats, latency_stats
+from tests.itl_reference import pooled_itl
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.token_runs import TokenRuns, TokenTimes
@@ -109,7 +110,7 @@ def test_runs_and_arrays_give_the_same_itl_as_the_pooled_gaps(mode, async_schedu
     assert isinstance(times, TokenTimes)
     chunks = itl_chunks(times, completed)
     assert any(isinstance(c, StepGaps) for c in chunks)  # weighted step gaps were used
-    pooled = itl_values(plain.requests.times(), completed) * 1e3
+    pooled = pooled_itl(plain.requests.times(), completed) * 1e3
     weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))
     stats = itl_stats(times, completed, PERCENTILES)
@@ -135,7 +136,7 @@ def test_requests_with_times_off_the_steps_are_read_explicitly():
     store.compact(live)
     times = TokenTimes(live, store)
     completed = np.array([True, True, True, True])
-    pooled = itl_values([array("d", t) for t in times], completed) * 1e3
+    pooled = pooled_itl([array("d", t) for t in times], completed) * 1e3
     chunks = itl_chunks(times, completed)
     weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.api.itl import distinct_counts, sorted_percentile
-from sim.api.metrics import itl_values
+from tests.itl_reference import pooled_itl
 from sim.plots.run_plots import CLIP_PERCENTILE, cdf_points, latency_counts, plot_latency_cdfs, tail_edge
 
 
@@ -37,7 +37,7 @@ def test_the_itl_panel_draws_the_pooled_gaps_figure():
     """A small run (token times kept as runs): the panel's line and marks equal the pooled gaps' ones."""
     from sim import SimulationConfig, simulate
     results = simulate(SimulationConfig().replace(workload={"rate": 20.0, "num_requests": 40}))
-    pooled = itl_values(results.token_times, results.requests["completed"].astype(bool)) * 1e3
+    pooled = pooled_itl(results.token_times, results.requests["completed"].astype(bool)) * 1e3
     values, counts, unit = latency_counts(results, "itl")
     assert unit == "ms" and int(counts.sum()) == pooled.size and counts.max() > 1
     assert np.array_equal(np.repeat(values, counts), np.sort(pooled))

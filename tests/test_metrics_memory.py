@@ -1,4 +1,4 @@
-"""The summary's token-time statistics computed in place (pooled ITL gaps in one array, peak rate
+"""The summary's statistics computed in place (latency percentiles on a scaled copy, peak rate
 counted a chunk of requests at a time) give the same figures, bit for bit, as the plain formulas."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.api.metrics import itl_values, latency_stats, peak_output_rate, percentile_word
+from sim.api.metrics import latency_stats, peak_output_rate, percentile_word
 
 floats = st.floats(0.0, 1e4, allow_nan=False)
 
@@ -23,15 +23,6 @@ def plain_latency_stats(values, metric, percentiles):
            f"std_{metric}_ms": float(arr.std())}
     out.update({f"p{percentile_word(p)}_{metric}_ms": float(np.percentile(arr, p)) for p in percentiles})
     return out
-
-
-def plain_itl(token_times, completed):
-    gaps = [np.diff(np.asarray(t, dtype=float)) for t, ok in zip(token_times, completed)
-            if ok and t is not None and len(t) > 1]
-    if not gaps:
-        return np.empty(0)
-    pooled = np.concatenate(gaps)
-    return pooled[pooled > 0]
 
 
 def plain_peak(done, token_times):
@@ -63,10 +54,10 @@ def runs(draw):
     return token_times, np.array(completed, dtype=bool), np.array(arrivals)
 
 
-@given(st.lists(floats | st.just(float("nan")), max_size=40), st.booleans())
-def test_latency_stats_in_place_equal_the_plain_formula(values, owned):
+@given(st.lists(floats | st.just(float("nan")), max_size=40))
+def test_latency_stats_in_place_equal_the_plain_formula(values):
     expected = plain_latency_stats(values, "itl", (90, 99, 99.9))
-    got = latency_stats(np.array(values, dtype=float), "itl", (90, 99, 99.9), owned=owned)
+    got = latency_stats(np.array(values, dtype=float), "itl", (90, 99, 99.9))
     if expected is None:
         assert all(np.isnan(v) for v in got.values())
     else:
@@ -77,13 +68,6 @@ def test_latency_stats_leaves_values_it_does_not_own():
     values = np.array([0.3, 0.1, float("nan"), 0.2])
     latency_stats(values, "ttft")
     assert np.array_equal(values, [0.3, 0.1, float("nan"), 0.2], equal_nan=True)
-
-
-@given(runs())
-def test_pooled_itl_equals_concatenated_gaps(run):
-    token_times, completed, _ = run
-    got, expected = itl_values(token_times, completed), plain_itl(token_times, completed)
-    assert got.tobytes() == expected.tobytes()
 
 
 @given(runs(), st.integers(1, 4))

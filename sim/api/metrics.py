@@ -54,17 +54,11 @@ def latency_key(metric: str, statistic: str | float) -> str:
     return f"{statistic}_{metric}_ms"
 
 
-def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES, owned: bool = False) -> dict[str, float]:
-    """mean, median, std (population, as numpy and vLLM) and percentiles of seconds `values`, in ms.
-
-    `owned`: `values` is a float array no one else reads, scaled and reordered in place (a run's pooled
-    ITL gaps can number hundreds of millions); the figures are the same either way."""
+def latency_stats(values, metric: str, percentiles=METRIC_PERCENTILES) -> dict[str, float]:
+    """mean, median, std (population, as numpy and vLLM) and percentiles of seconds `values`, in ms
+    (NaN dropped; `values` is left as it is: the figures come from a scaled copy)."""
     arr = np.asarray(values, dtype=float)
-    nan = np.isnan(arr)
-    if nan.any():
-        arr, owned = arr[~nan], True
-    del nan
-    arr = np.multiply(arr, 1e3, out=arr if owned else None)
+    arr = arr[~np.isnan(arr)] * 1e3
     empty = not arr.size
     out = {latency_key(metric, "mean"): float("nan") if empty else float(arr.mean()),
            latency_key(metric, "std"): float("nan") if empty else float(arr.std()),
@@ -108,35 +102,6 @@ def meets_slo(df: pd.DataFrame, ttft_s: float | None = None, tpot_s: float | Non
     if e2e_s is not None:
         ok &= df["e2e_s"] <= e2e_s
     return ok
-
-
-def itl_values(token_times, completed: np.ndarray) -> np.ndarray:
-    """Pooled inter-token gaps of completed requests (empty if token times were not kept), in one array
-    filled in place (two passes over the requests: their lengths, then their gaps).
-
-    Tokens emitted by one step (speculative decoding) reach the client as one chunk, so, as in
-    vLLM's serving benchmark, a gap is counted between chunks: zero gaps are dropped."""
-    chosen = [i for i, ok in enumerate(completed) if ok and i < len(token_times)]
-    sizes = [max(len(t) - 1, 0) if t is not None else 0 for t in map(token_times.__getitem__, chosen)]
-    pooled = np.empty(sum(sizes))
-    at = 0
-    for i, size in zip(chosen, sizes):
-        if size:
-            times = np.asarray(token_times[i], dtype=float)
-            np.subtract(times[1:], times[:-1], out=pooled[at:at + size])
-            at += size
-    return _positive(pooled)
-
-
-def _positive(values: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
-    """`values[values > 0]`, compacted in place chunk by chunk (order kept)."""
-    kept = 0
-    for start in range(0, len(values), chunk):
-        part = values[start:start + chunk]
-        part = part[part > 0]
-        values[kept:kept + len(part)] = part
-        kept += len(part)
-    return values[:kept]
 
 
 def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
