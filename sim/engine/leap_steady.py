@@ -101,6 +101,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         # plan: max_model_len (its computed tokens reach max_model_len - 1), or under async with
         # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
         # that skips it stops a unit later at most)
+        # (`length_stop` states the same rule for one row; inlined here: this pass runs per attempt)
         prompt = req.num_prompt_tokens
         plan_stop = max_model_len - prompt - lag + 1
         if skip_last:
