@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 
-from .prefill_waves import row_path_keys
+from .prefill_waves import decode_path, fa2_sms, key_block, row_path_keys
 
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
@@ -188,6 +188,10 @@ def operator_keys(row: dict) -> float:
     if family in PREFILL_FAMILIES and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
         return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
                              row["num_heads"], row["head_dim"])
+    sms = fa2_sms(str(row.get("device", "")))
+    if sms:  # a decode (or one-token prefill) on an FA2 GPU: its split-KV units' waves
+        return decode_path(row["batch"], row["context"] + 1.0, row["num_heads"], row["num_kv_heads"], sms,
+                           key_block(row["head_dim"]))
     return row["context"] + (row["chunk"] if family in PREFILL_FAMILIES else 1.0)
 
 
