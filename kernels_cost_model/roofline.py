@@ -180,8 +180,9 @@ def operator_keys(row: dict) -> float:
     the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
     holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
     leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. On
-    GPUs whose prefill kernel is FA2's, a prefill launch's path is its waves of units over the SMs
-    (prefill_waves.py). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    GPUs whose prefill kernel is FA2's, a launch's path is its waves of units over the SMs (prefill_waves.py:
+    a prefill's 64-row units; a decode's split-KV units, split as FA2's heuristic splits the profiled
+    launch). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
