@@ -18,7 +18,7 @@ from kernels_cost_model.errors import ConfigError, require
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
-from .prefill_waves import batch_path_keys, fa2_sms, key_block
+from .prefill_waves import batch_path_keys, decode_path, fa2_sms, key_block
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
@@ -102,6 +102,10 @@ class RooflineCostModel:
     #: FA2 prefill: SMs its 64-row units run on (0 = not an FA2 GPU: the longest row is the path), query
     #: heads per GPU, keys per block (prefill_waves.py).
     prefill_waves: tuple[int, float, int] = (0, 0.0, 0)
+    #: FA2 decode: SMs (0 = not an FA2 GPU: the longest row is the path), query and KV heads per GPU, keys
+    #: per block, and the key blocks of max_model_len a captured graph's split count is decided at
+    #: (prefill_waves.decode_path).
+    decode_waves: tuple[int, float, float, int, int] = (0, 0.0, 0.0, 0, 0)
     #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
     #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
     mechanism_sources: tuple = ()
@@ -137,7 +141,7 @@ class RooflineCostModel:
         cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
             return (0.0,) * (len(BREAKDOWN_KEYS) - 1) + (cpu,)
-        dec_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
+        dec_keys = raw_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         if self.decode_imbalance is not None and n_dec > 1:
             dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
         # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
@@ -146,11 +150,23 @@ class RooflineCostModel:
         longest = 0
         if n_dec:
             longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
+            if self.decode_waves[0] and not n_pf:  # FA2, decodes alone: the split-KV units' waves
+                longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / (n_dec * longest))
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def decode_launch(self, n_dec: int) -> tuple:
+        """decode_path's (query heads, KV heads, SMs, keys per block, decided_at) for `n_dec` decodes alone:
+        a batch of up to the largest capture size replays a full CUDA graph whose split count was decided
+        at capture (the padded size, max_model_len); a larger one launches eagerly. Beside a prefill chunk
+        the decodes are not swapped: the measured mixed-batch rates price them, the longest row is the path."""
+        sms, heads, kv, block, capture_blocks = self.decode_waves
+        sizes = self.cuda_graph_sizes
+        captured = capture_blocks and sizes and n_dec <= sizes[-1]
+        return heads, kv, sms, block, ((self._padded(n_dec), capture_blocks) if captured else None)
 
     def _cpu_s(self, num_reqs: int, tokens: int) -> float:
         """The engine's CPU time for a step of `num_reqs` requests and `tokens` tokens (before overlap)."""
@@ -304,7 +320,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
-                    max_num_seqs: int = 256, enforce_eager: bool = False, kv_cache_dtype: str = "auto",
+                    max_num_seqs: int = 256, enforce_eager: bool = False, max_model_len: int | None = None,
+                    kv_cache_dtype: str = "auto",
                     enable_expert_parallel: bool = False,
                     interconnect: str | None = "auto") -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
@@ -315,6 +332,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
+    max_model_len: the engine's (None: the model's own maximum, as vLLM); on FA2 GPUs a captured decode
+    graph's split-KV count is decided at it (prefill_waves.decode_path).
     kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
     enable_expert_parallel: shard a MoE model's experts over the TP ranks (expert_sharding.py).
     interconnect: "auto" (the catalog's link), "nvlink" or "pcie": the host's link (interconnect.py).
@@ -322,6 +341,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
     require(0 <= cpu_per_request_s < 1, "cpu_per_request_s", cpu_per_request_s, "must be in [0, 1) seconds")
+    require(max_model_len is None or (isinstance(max_model_len, int) and max_model_len >= 1), "max_model_len",
+            max_model_len, "must be an integer >= 1 (or None: the model's own maximum)")
     spec, hw = get_model(model), get_gpu(gpu)
     tp = tensor_parallel_size
     require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
@@ -370,6 +391,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
+        decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),
+                      -(-(max_model_len or spec.max_position_embeddings) // key_block(hd))),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,

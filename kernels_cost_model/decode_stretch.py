@@ -8,11 +8,13 @@ attention term step by step, with the same floating-point operations in the same
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .attention_backend import imbalance_alpha
+from .prefill_waves import decode_units
 
 VECTOR_FROM = 48   # steps from which the stretch is priced in numpy rather than in a Python loop
 
@@ -46,6 +48,7 @@ class _Fixed:
     s_per_key: float  # decode's cost per key of the longest row (the launch's critical path)
     layers: float
     async_: bool
+    waves: tuple | None = None  # FA2: (rows, *RooflineCostModel.decode_launch) of prefill_waves.decode_path
 
 
 _FIXED: dict = {}  # (id(model), n) -> (model, _Fixed); the model kept so its id is not reused
@@ -102,7 +105,21 @@ def _fixed(model, n: int) -> _Fixed:
                   kv_gpu=model.kv_gpu, d=d, s_per_byte=dc.s_per_byte,
                   overhead=dc.overhead_s + 0 * pf.s_per_seq + n * dc.s_per_seq, pf_path=0 * pf.s_per_key,
                   s_per_key=dc.s_per_key, layers=model.layers,
-                  async_=model.async_scheduling)
+                  async_=model.async_scheduling,
+                  waves=(n, *model.decode_launch(n)) if model.decode_waves[0] else None)
+
+
+def _units(waves: tuple, blocks: int) -> tuple[int, int]:
+    """(waves, key blocks a unit walks) of an FA2 pure-decode step whose longest row holds `blocks`."""
+    n, heads, kv, sms, block, decided_at = waves
+    return decode_units(n, blocks, heads, kv, sms, decided_at)
+
+
+def _path(waves: tuple, dec_keys: int, longest: int) -> float:
+    """prefill_waves.decode_path of an FA2 pure-decode step (same operations, same order)."""
+    block = waves[4]
+    count, per_unit = _units(waves, max(math.ceil(longest / block), 1))
+    return (1.0 + (count - 1) * (dec_keys / (waves[0] * longest))) * (per_unit * block)
 
 
 def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
@@ -112,6 +129,8 @@ def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
+    if f.waves is not None:
+        longest = _path(f.waves, dec_keys, longest)
     path = longest * f.s_per_key
     total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
     alone = c_dec if c_dec > m_dec else m_dec
@@ -132,6 +151,12 @@ def _steps(f: _Fixed, n: int, dec_keys: np.ndarray, longest: np.ndarray) -> np.n
     c_dec = hx * keys * tile * s_per_flop
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
+    if f.waves is not None:  # _path over the steps: waves and unit length move per key block of the longest
+        block = f.waves[4]
+        blocks, where = np.unique(np.maximum(-(-longest // block), 1), return_inverse=True)
+        units = np.array([_units(f.waves, int(b)) for b in blocks.tolist()], dtype=np.int64)[where]
+        ratio = dec_keys / (f.waves[0] * longest)
+        longest = (1.0 + (units[:, 0] - 1) * ratio) * (units[:, 1] * block)
     path = longest * f.s_per_key
     total = np.where(compute > memory, compute, memory) + (f.overhead + np.where(f.pf_path > path, f.pf_path, path))
     alone = np.where(c_dec > m_dec, c_dec, m_dec)

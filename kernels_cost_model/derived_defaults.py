@@ -22,7 +22,7 @@ from importlib import resources
 from statistics import median
 
 from .prefill_waves import key_scale
-from .roofline import FAMILIES, OPTIONAL_FAMILIES, PREFILL_FAMILIES, Coeffs
+from .roofline import FAMILIES, KEY_FAMILIES, OPTIONAL_FAMILIES, Coeffs
 from .shape_keys import on_matmul_grid
 
 FILE = "derived_defaults.json"
@@ -60,7 +60,7 @@ def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
     return {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
             "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
             "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq,
-            "s_per_key": c.s_per_key * (key_scale(gpu) if base in PREFILL_FAMILIES else 1.0)}
+            "s_per_key": c.s_per_key * (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0)}
 
 
 def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
@@ -68,7 +68,7 @@ def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
     return Coeffs(1.0 / (e["compute"] * gpu.bf16_flops_per_s) if e["compute"] else 0.0,
                   1.0 / (e["memory"] * _bandwidth(gpu, base)) if e["memory"] else 0.0,
                   e["overhead_s"], e["tile_rows"], e["s_per_seq"],
-                  e.get("s_per_key", 0.0) / (key_scale(gpu) if base in PREFILL_FAMILIES else 1.0))
+                  e.get("s_per_key", 0.0) / (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0))
 
 
 def derive_defaults(calibrations: dict, gpus: dict) -> dict:

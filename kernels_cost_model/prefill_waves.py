@@ -30,6 +30,7 @@ defaults, scaled by each GPU's per-SM peak: key_scale). GPUs not listed keep the
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 #: Query rows of one FA2 split-KV work unit (kBlockM, fixed for every head size).
 TILE_ROWS = 64
@@ -64,10 +65,20 @@ FA2_PREFILL_SMS: dict[str, tuple[int, str]] = {
 PER_SM_REFERENCE_FLOPS = 1e12
 
 
-def key_scale(gpu) -> float:
-    """s_per_key of `gpu`'s FA2 prefill x this = s_per_key at PER_SM_REFERENCE_FLOPS per SM (1 elsewhere)."""
+#: ... and the cost per decode path key, a unit streaming its keys, to this share of the memory bandwidth.
+PER_SM_REFERENCE_BYTES = 1e10
+
+
+def key_scale(gpu, family: str = "prefill_attention") -> float:
+    """s_per_key of `gpu`'s FA2 attention x this = s_per_key at the reference per-SM peak (1 elsewhere):
+    FLOP/s per SM for prefill (its units compute), memory bandwidth per SM for decode from DRAM (they
+    stream it)."""
     sms = fa2_sms(gpu.name)
-    return gpu.bf16_flops_per_s / sms / PER_SM_REFERENCE_FLOPS if sms else 1.0
+    if not sms:
+        return 1.0
+    if family == "decode_attention":  # from DRAM (the L2 benchmark state runs at its SMs' own rate)
+        return gpu.hbm_bytes_per_s / sms / PER_SM_REFERENCE_BYTES
+    return gpu.bf16_flops_per_s / sms / PER_SM_REFERENCE_FLOPS
 
 
 def fa2_sms(gpu: str) -> int:
@@ -157,3 +168,68 @@ def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, bloc
             if last > top:
                 top = last
     return path_keys(path, keys * heads, top, rows, sms)
+
+
+# ---- decode: FA2's split-KV units ------------------------------------------------------------------
+#
+# A launch of decodes alone (one query token each) with more query heads than KV heads runs FA2's
+# swapped layout: the query heads of a KV head become the rows of one unit per (sequence, KV head), and
+# each sequence's keys are split so that the units fill the SMs (`num_splits_heuristic`, with 2 x SMs
+# slots for its 128-thread blocks, at most 128 splits; vllm-project/flash-attention
+# csrc/flash_attn/flash_api.cpp). The heuristic runs on the host at launch: eagerly (LLMServingSim's
+# profiles, batches past the largest CUDA-graph size) at the launch's rows and longest row; in a served
+# decode step replayed from a full CUDA graph, once at capture, at the capture size and max_model_len
+# (vLLM's gpu_model_runner captures with max_seq_len = max_model_len); at replay the kernel cuts each
+# sequence's own keys into that many splits (docs/cost_model.md). Each unit walks ceil(blocks / splits)
+# key blocks; the SMs take the units in ceil(units / SMs) waves. With as many KV heads as query heads
+# there is no swap and no split: a unit per (sequence, head) walks all its keys. With rows of different
+# lengths the waves before the last run units of the mean length and the last ends on the longest (as
+# a prefill sequence's waves, sequence_path): exact when all rows are alike, as in the profiles.
+# Decodes beside a prefill chunk are not swapped; the cost model prices them with the measured
+# mixed-batch rates (attention_backend.py), not with this path.
+
+
+@lru_cache(maxsize=65536)
+def num_splits(work: int, slots: int, blocks: int, most: int = 128) -> int:
+    """FA2's split count for `work` (sequence, KV head) units over `slots` block slots and `blocks` key
+    blocks: 1 when the units nearly fill the slots, else the fewest splits whose waves are at least 0.85
+    as full as the best (splits that leave the blocks per split unchanged skipped)."""
+    if work >= 0.8 * slots:
+        return 1
+    most = min(most, slots, blocks)
+    efficiency = []
+    for s in range(1, most + 1):
+        eligible = s == 1 or -(-blocks // s) != -(-blocks // (s - 1))
+        waves = work * s / slots
+        efficiency.append(waves / math.ceil(waves) if eligible else 0.0)
+    best = max(efficiency, default=0.0)
+    for s in range(1, most + 1):
+        if efficiency[s - 1] > 0.0 and efficiency[s - 1] >= 0.85 * best:
+            return s
+    return 1
+
+
+@lru_cache(maxsize=65536)
+def decode_units(batch: float, blocks: int, heads: float, kv_heads: float, sms: int,
+                 decided_at: tuple | None = None) -> tuple[int, int]:
+    """(waves, key blocks one unit walks) of a launch of `batch` decodes alone whose longest holds
+    `blocks` key blocks; `decided_at`: (rows, key blocks) the split count was decided at (a captured
+    graph's capture size and max_model_len blocks), None = this launch's own. Splits past the longest
+    row's last block hold no unit."""
+    if heads > kv_heads:
+        rows, at_blocks = decided_at if decided_at is not None else (batch, blocks)
+        s = num_splits(int(rows * kv_heads), 2 * sms, max(int(at_blocks), 1))
+        per_unit = -(-blocks // s)
+        units = int(batch * kv_heads) * -(-blocks // per_unit)
+    else:
+        units, per_unit = batch * heads, blocks
+    return math.ceil(units / sms), per_unit
+
+
+def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int,
+                decided_at: tuple | None = None, mean_ratio: float = 1.0) -> float:
+    """Keys one SM walks in a launch of `batch` decodes alone whose longest reads `keys` keys and whose
+    mean row reads `mean_ratio` x that (see above; decode_units for the rest)."""
+    blocks = max(math.ceil(keys / block), 1)
+    waves, per_unit = decode_units(batch, blocks, heads, kv_heads, sms, decided_at)
+    return (1.0 + (waves - 1) * mean_ratio) * (per_unit * block)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 
-from .prefill_waves import row_path_keys
+from .prefill_waves import decode_path, fa2_sms, key_block, row_path_keys
 
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
@@ -180,14 +180,19 @@ def operator_keys(row: dict) -> float:
     the kernel splits the work into (query tile, head, sequence) units that run in parallel, and the unit
     holding a row's last query rows loops over all its keys (a decode's, over as many as its KV split
     leaves it), so a launch with too few units to fill the GPU cannot finish before that one does. On
-    GPUs whose prefill kernel is FA2's, a prefill launch's path is its waves of units over the SMs
-    (prefill_waves.py). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
+    GPUs whose prefill kernel is FA2's, a launch's path is its waves of units over the SMs (prefill_waves.py:
+    a prefill's 64-row units; a decode's split-KV units, split as FA2's heuristic splits the profiled
+    launch). Its cost per key (Coeffs.s_per_key) adds to the roofline; 0 for other families."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
     if family in PREFILL_FAMILIES and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
         return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
                              row["num_heads"], row["head_dim"])
+    sms = fa2_sms(str(row.get("device", "")))
+    if sms:  # a decode (or one-token prefill) on an FA2 GPU: its split-KV units' waves
+        return decode_path(row["batch"], row["context"] + 1.0, row["num_heads"], row["num_kv_heads"], sms,
+                           key_block(row["head_dim"]))
     return row["context"] + (row["chunk"] if family in PREFILL_FAMILIES else 1.0)
 
 

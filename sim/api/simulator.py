@@ -256,7 +256,8 @@ def cpu_gpu_overlap(deployment: DeploymentConfig, engine: EngineConfig | None = 
 
 def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
     """The step-time model a deployment asks for. `engine` (None: the default engine) sets the CUDA-graph
-    capture sizes decode batches pad to (vLLM's for its max_num_seqs) and, when
+    capture sizes decode batches pad to (vLLM's for its max_num_seqs), the max_model_len an FA2 decode
+    graph's split count is decided at and, when
     `deployment.cpu_gpu_overlap` is unset, whether CPU time overlaps GPU time (its async scheduling)."""
     if deployment.cost_model == "linear":
         return LinearCostModel()
@@ -269,7 +270,8 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
                                kv_cache_dtype=deployment.kv_cache_dtype,
                                enable_expert_parallel=deployment.enable_expert_parallel,
                                calibration=deployment.calibration, interconnect=deployment.interconnect,
-                               **({"max_num_seqs": engine.max_num_seqs} if engine is not None else {}))
+                               **({"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len}
+                                  if engine is not None else {}))
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

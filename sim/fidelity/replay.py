@@ -71,14 +71,15 @@ def leave_gpu_out_cost_model(run: RealRun, host: HostFit = UNFITTED):
     """The replay's step-time model with the runs' GPU treated as uncalibrated (leave one GPU out,
     docs/fidelity.md): every kernel family at the defaults derived from the *other* calibrated GPUs
     (`left_out_calibration`, per shape), at this GPU's datasheet peaks (`uncalibrated_gpu`); collectives
-    as latency + bytes at the derived PCIe all-reduce efficiency of the catalog's link. CPU time and
-    CUDA-graph sizes as in `simulation_config`."""
+    as latency + bytes at the derived PCIe all-reduce efficiency of the catalog's link. CPU time,
+    CUDA-graph sizes and max_model_len as in `simulation_config`."""
     d, e = deployment_config(run, host), engine_config(run)
     gpu = uncalibrated_gpu(d.gpu)
     cal = dataclasses.replace(left_out_calibration(d.gpu), device=gpu.name)
     return make_cost_model(d.model, gpu, d.tensor_parallel_size, calibration=cal,
                            async_scheduling=bool(d.cpu_gpu_overlap), collective_scale=d.collective_scale,
-                           cpu_per_request_s=d.cpu_per_request_s, max_num_seqs=e.max_num_seqs)
+                           cpu_per_request_s=d.cpu_per_request_s, max_num_seqs=e.max_num_seqs,
+                           max_model_len=e.max_model_len)
 
 
 def replay_workload(run: RealRun, arrivals: str = "queued") -> list:
