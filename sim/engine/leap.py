@@ -29,7 +29,8 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, rows_at_rest, rows_near_stop, watch_refuses
+from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, rows_at_rest,
+                                    rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -45,20 +46,24 @@ FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
-def make_leaper(engine: Engine) -> "Leaper | None":
+def make_leaper(engine: Engine, env=None, submit=None) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
-    policies other than vLLM V1's and V0's, invariant checks after every step)."""
+    policies other than vLLM V1's and V0's, invariant checks after every step). `env` and `submit`
+    (the SimPy environment and the function arrivals hand this engine's requests to) let a stretch
+    end inside the step a plain arrival lands in."""
     if (engine.hooks or type(engine.state.kv) not in PLAIN_KV or engine.config.check_invariants
             or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
         return None
-    return Leaper(engine)
+    return Leaper(engine, env, submit)
 
 
 class Leaper:
     """Finds and applies quiet stretches for one engine."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, env=None, submit=None):
         self.engine = engine
+        self.env, self.submit = env, submit
+        self.tail = None                                # the stretch whose last unit ends after the leap
         self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
         self.steps_leapt = 0                            # steps done by leaps so far
         self.misses = 0                                 # leap attempts failed in a row
@@ -108,9 +113,36 @@ class Leaper:
         # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
         # the very next step: the next turn is a single step, unless the stretch was cut at
         # MAX_UNITS or planned that step itself (the turn after it may leap again)
-        self.cooldown = 0 if plan.units == MAX_UNITS or plan.half else 1
+        self.cooldown = 0 if plan.units == MAX_UNITS or plan.half or plan.tail else 1
         self.planned_next = plan.next_step
+        if plan.tail:
+            self.tail = plan
         return step, delays
+
+    def finish_tail(self, now: float) -> None:
+        """After the leap's timeouts, at `now`: end its tail as `Engine.finish_step` would: run the
+        stop rules on the token each row sampled last, retire the stopped, record the step."""
+        plan, self.tail = self.tail, None
+        engine = self.engine
+        if plan.may_stop:
+            engine.retire([req for req in plan.rows if engine.stops_on_last_token(req, now)], now)
+        kv, state = engine.state.kv, engine.state
+        engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, len(kv.cached), kv.num_free_blocks,
+                                                 len(state.running), len(state.waiting)))
+
+    def arrival_lands_in(self, start: float, end: float) -> bool:
+        """Whether the only event due in SimPy up to `end` that does anything is a plain arrival
+        into this engine strictly between `start` and `end` (one with no abort time, whose next
+        arrival comes after `end`): it only queues a request, which no step planned before it
+        reads."""
+        if self.env is None:
+            return False
+        due = events_due(self.env, end)
+        if due is None or len(due) != 1:
+            return False
+        when, event = due[0]
+        return (type(event) is ArrivalTimeout and start < when < end and event.submit == self.submit
+                and event.spec.abort_time_s is None and event.next_arrival > end)
 
     def take_planned(self) -> Step | None:
         """(async) The step a leap planned after the one it left in flight, once; else None."""
@@ -177,41 +209,65 @@ class _StretchPlan(StretchKV):
         self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
         if skips is not None:
             self.computed = [c - skip for c, skip in zip(self.computed, skips)]
+        self.leaper = leaper
         self.units = 0
+        self.times: list[float] = []  # see _price
         self.half = 0            # 1: the step after the stretch is planned by it too
+        self.tail = False        # its last unit ends after the leap's timeouts (Leaper.finish_tail)
+        self.may_stop = False    # ... and a row may stop on the token it samples
         self.next_step = None    # (async) that step, for the loop to run after the one in flight
         self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
     # ----- how many units are quiet -------------------------------------------------------
     def fix_units(self, horizon: float) -> bool:
         """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
-        the cheap ones first, the step prices of U last."""
-        units = self._horizon_bound(self.static, horizon)
-        if units < self.min_units:
+        the cheap ones first, the step prices of U last. Then one unit more where only a stop rule
+        or a plain arrival bounds the stretch (`_take_tail`)."""
+        # units with no stop: before a length rule binds, before a candidate token is sampled (read
+        # for one unit more: the unit a stop may end the stretch at)
+        units = self._token_limit(self._horizon_bound(self.static + 1, horizon))
+        safe = min(units, self.static)
+        if safe < self.min_units:
             return False
-        units = self._token_limit(units)
-        if units < self.min_units:
-            return False
-        # blocks for one unit more: the plan of the step after the stretch (`half`)
-        kv_units = self._kv_limit(units + 1)
-        units = min(units, kv_units)
+        # blocks for one unit more: the plan of the step after the stretch (`half`) or its tail
+        kv_units = self._kv_limit(safe + 1)
+        units = min(safe, kv_units)
         if units < self.min_units:
             return False
         units = self._time_limit(units, horizon)
         if units < self.min_units:
             return False
         self.units = units
-        self.times = self.times[:units + 1]
         # plan the step after the stretch too ("half a unit") where its plan is as quiet as the
         # stretch's: its blocks fit, the head stays out, no length rule bars a row from it (a stop
         # on the tokens that step samples is the engine's business when it finishes it)
-        self.half = int(units < MAX_UNITS and kv_units > units and self.plan_static > units)
+        quiet_plan = units < MAX_UNITS and kv_units > units and self.plan_static > units
+        if quiet_plan and self._take_tail(safe, horizon):
+            self.half = 0
+        else:
+            self.half = int(quiet_plan)
+        units = self.units
+        self.times = self.times[:units + 1]
         if self.half and len(self.planned) <= units:
             self.planned += decode_step_times(self.engine.cost_model, self.computed, len(self.planned),
                                               units + 1 - len(self.planned))
         last = units + self.half
         if self.events and self.events[-1][0] > last:
             self.events = [event for event in self.events if event[0] <= last]
+        return True
+
+    def _take_tail(self, safe: int, horizon: float) -> bool:
+        """Take unit U+1 too, as the stretch's tail, where what bounds U is a stop rule (a row may
+        stop on the tail's token: the engine checks once it ends, `Leaper.finish_tail`) or the
+        horizon, when the event due is a plain arrival into this engine that lands inside the tail
+        and nothing else is due before it ends (the tail was planned before the arrival; the step
+        after it is not planned here). Sets `units`, `tail` (the tail's rows may stop)."""
+        units = self.units + 1
+        self._price(units)
+        end = self.times[units]
+        if end >= horizon and not self.leaper.arrival_lands_in(self.times[units - 1], end):
+            return False
+        self.units, self.tail, self.may_stop = units, True, units > safe
         return True
 
     def _horizon_bound(self, units: int, horizon: float) -> int:
@@ -224,22 +280,26 @@ class _StretchPlan(StretchKV):
         return units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
 
     def _time_limit(self, units: int, horizon: float) -> int:
-        """Units whose finish comes strictly before `horizon`. Fills `self.planned` (durations of
-        the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
-        `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
-        cost_model, computed, lag, planned = self.engine.cost_model, self.computed, self.lag, self.planned
+        """Units whose finish comes strictly before `horizon` (`_price` fills the times)."""
         chunk = units
         while True:
-            count = min(chunk, units - len(planned))
-            if count > 0:
-                planned += decode_step_times(cost_model, computed, len(planned), count)
-            finishing = planned if not lag else [self.in_flight.duration] + planned[:-1]
-            times = list(accumulate(finishing, initial=self.now))  # sequential, as SimPy adds
-            if len(planned) >= units or times[-1] >= horizon:
+            self._price(min(units, len(self.planned) + chunk))
+            if len(self.planned) >= units or self.times[-1] >= horizon:
                 break
             chunk = max(16, 2 * chunk)
-        self.planned, self.finishing, self.times = planned, finishing, times
-        return min(units, bisect_left(times, horizon) - 1)
+        return min(units, bisect_left(self.times, horizon) - 1)
+
+    def _price(self, units: int) -> None:
+        """Price units 1..`units` at least: fills `self.planned` (durations of the steps planned at
+        units 1..), `self.finishing` (of the steps finishing at units 1..) and `self.times` (t_k,
+        t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
+        planned = self.planned
+        if len(planned) < units:
+            planned += decode_step_times(self.engine.cost_model, self.computed, len(planned), units - len(planned))
+        elif len(self.times) > units:
+            return
+        finishing = planned if not self.lag else [self.in_flight.duration] + planned[:-1]
+        self.finishing, self.times = finishing, list(accumulate(finishing, initial=self.now))
 
     def _token_limit(self, units: int) -> int:
         """Units before any row's next token could stop it; keeps the tokens of those units (or,
@@ -250,20 +310,23 @@ class _StretchPlan(StretchKV):
         if None not in synthetic:
             return self._synthetic_token_limit(units, synthetic)
         tokens = []
-        for req, start in zip(self.rows, self.outputs):
+        most = units  # tokens read per row: one more than the units found quiet so far (the tail's)
+        skips = self.skips or [0] * self.num_rows  # a row that skips unit 1 samples token i at unit i + 2
+        for req, start, skip in zip(self.rows, self.outputs, skips):
             stream = streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
-            span = getattr(stream, "span", None) if units > SPAN_FROM else None
+            count = min(units + 1, most)
+            span = getattr(stream, "span", None) if count > SPAN_FROM else None
             if span is not None:
-                span_tokens = span(start, start + units)
+                span_tokens = span(start, start + count)
                 hits = np.flatnonzero(np.isin(span_tokens, tuple(stop_ids))) if stop_ids else ()
-                if len(hits):
-                    units = int(hits[0])
+                if len(hits) and hits[0] + skip < units:
+                    units = int(hits[0]) + skip
                 row = span_tokens.tolist()
             else:
-                row = [stream(p) for p in range(start, start + units)]
+                row = [stream(p) for p in range(start, start + count)]
                 if not stop_ids.isdisjoint(row):
-                    units = next(i for i, token in enumerate(row) if token in stop_ids)
+                    units = min(units, skip + next(i for i, token in enumerate(row) if token in stop_ids))
             tokens.append(row)
             if units < self.min_units:
                 return units
@@ -281,9 +344,10 @@ class _StretchPlan(StretchKV):
         stop_sets = [quick_stop[req.index][0] for req in self.rows]
         candidates = set().union(*stop_sets)
         if not any(token in FILLER_RANGE for token in candidates):
-            for (_, eos_position, eos_id), start, stop_ids in zip(synthetic, self.outputs, stop_sets):
-                if start <= eos_position < start + units and eos_id in stop_ids:
-                    units = eos_position - start
+            skips = self.skips or [0] * self.num_rows  # (as in `_token_limit`)
+            for (_, eos_position, eos_id), start, stop_ids, skip in zip(synthetic, self.outputs, stop_sets, skips):
+                if start <= eos_position < start + units - skip and eos_id in stop_ids:
+                    units = eos_position - start + skip
             self.synthetic = synthetic
             return units
         tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
@@ -291,7 +355,7 @@ class _StretchPlan(StretchKV):
             hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
             if len(hits):
                 units = int(hits[0])
-        self.tokens = tokens[:, :units].tolist()
+        self.tokens = tokens[:, :units + 1].tolist()  # (with the tail's, `fix_units`)
         return units
 
     def _read_synthetic(self, units: int) -> None:
@@ -392,8 +456,11 @@ class _StretchPlan(StretchKV):
             prefill[0] = sum(first.batch.num_new_tokens) - decode[0]
             batch[0] = len(first.plan.scheduled)
             sampled[0] = first.batch.num_sampled
-        steps.extend_rows((starts, finishing, prefill, decode, batch, sampled, [0] * units,
-                           used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units))
+        columns = (starts, finishing, prefill, decode, batch, sampled, [0] * units,
+                   used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units)
+        if self.tail:  # its counters are read when it ends (Leaper.finish_tail)
+            self.tail_row = tuple(column.pop() for column in columns)[:7]
+        steps.extend_rows(columns)
 
 
 def _exact_delays(now: float, times: list, finishing: list, units: int) -> list[float]:
