@@ -29,8 +29,8 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, rows_at_rest,
-                                    rows_near_stop, watch_refuses)
+from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, plan_stop,
+                                    rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -218,6 +218,7 @@ class _StretchPlan(StretchKV):
         self.half = 0            # 1: the step after the stretch is planned by it too
         self.tail = False        # its last unit ends after the leap's timeouts (Leaper.finish_tail)
         self.may_stop = False    # ... and a row may stop on the token it samples
+        self.left = ()           # rows the tail's plan leaves out (async: `_plan_leaves_rows`)
         self.next_step = None    # (async) that step, for the loop to run after the one in flight
         self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
@@ -245,10 +246,10 @@ class _StretchPlan(StretchKV):
         # stretch's: its blocks fit, the head stays out, no length rule bars a row from it (a stop
         # on the tokens that step samples is the engine's business when it finishes it)
         quiet_plan = units < MAX_UNITS and kv_units > units and self.plan_static > units
-        if quiet_plan and self._take_tail(safe, horizon):
+        if (quiet_plan or self._plan_leaves_rows(units, kv_units)) and self._take_tail(safe, horizon):
             self.half = 0
         else:
-            self.half = int(quiet_plan)
+            self.half, self.left = int(quiet_plan), ()
         units = self.units
         self.times = self.times[:units + 1]
         if self.half and len(self.planned) <= units:
@@ -257,7 +258,33 @@ class _StretchPlan(StretchKV):
         last = units + self.half
         if self.events and self.events[-1][0] > last:
             self.events = [event for event in self.events if event[0] <= last]
+        if self.left:
+            self._leave_out_of_last_plan()
         return True
+
+    def _plan_leaves_rows(self, units: int, kv_units: int) -> bool:
+        """(async, vLLM V1) Whether the plan at unit U+1 leaves rows out by a length rule (V1 does not
+        schedule a request whose step in flight samples its last token) and is otherwise as quiet
+        as the stretch: the tail may then take it with those rows out (`left`: their indices). Only
+        with nobody waiting (the rows left out would leave budget to the waiting head)."""
+        if not self.lag or units >= MAX_UNITS or kv_units <= units or self.plan_static != units:
+            return False
+        if self.skips is not None or self.engine.state.waiting or not self.leaper.skips_last_token:
+            return False  # (`plan_stop` is exact for vLLM V1's plans only)
+        engine, leaper = self.engine, self.leaper
+        max_model_len = engine.config.max_model_len
+        self.left = [r for r, (req, o) in enumerate(zip(self.rows, self.outputs))
+                     if plan_stop(req, self.lag, max_model_len, leaper.skips_last_token) - o - 1 == units]
+        return True
+
+    def _leave_out_of_last_plan(self) -> None:
+        """The rows left out of the tail's plan take no block in it; their blocks full with known
+        tokens are registered when the tail ends, after the plan's moves (in row order), as
+        `Engine._apply_rows` does under async scheduling."""
+        last, left = self.units, set(self.left)
+        events = [event for event in self.events if event[0] < last or event[1] not in left]
+        events += [event for event in self.events if event[0] == last and event[1] in left and event[2]]
+        self.events = events
 
     def _take_tail(self, safe: int, horizon: float) -> bool:
         """Take unit U+1 too, as the stretch's tail, where what bounds U is a stop rule (a row may
@@ -416,19 +443,33 @@ class _StretchPlan(StretchKV):
             req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
             if not o:
                 first_token[req.index] = times[1]  # sampled its first token at the end of unit 1
+        for r in self.left:  # (not in the step now in flight)
+            req = rows[r]
+            req.num_computed_tokens -= 1
+            req.num_in_flight_tokens = req.num_output_placeholders = 0
         in_flight = self._decode_step(units)
+        if not in_flight.plan.scheduled:  # every row left out: nothing planned (`Engine.plan_step`)
+            self.engine.steps_in_flight -= 1
+            return None
         if self.half:
             self.next_step = self._plan_next()
         return in_flight
 
     def _decode_step(self, unit: int) -> Step:
-        """The step planned at `unit` (1-based): every row 1 token, sampling."""
+        """The step planned at `unit` (1-based): every row 1 token, sampling (but the rows left out
+        of the tail's plan: then priced as `Engine.plan_step` prices it)."""
         context = [c + unit - 1 for c in self.computed]
-        scheduled = [(req, 1) for req in self.rows]
-        batch = BatchShape([1] * self.num_rows, context, self.num_rows)
+        rows = self.rows
+        duration = self.planned[unit - 1]
+        if self.left and unit == self.units:
+            left = set(self.left)
+            context = [c for r, c in enumerate(context) if r not in left]
+            rows = [req for r, req in enumerate(rows) if r not in left]
+        batch = BatchShape([1] * len(rows), context, len(rows))
+        if len(rows) < self.num_rows:
+            duration = self.engine.cost_model.step_time(batch)
         start = self.now if unit == 1 else self.times[unit - 1]
-        return Step(SchedulerOutput(scheduled), batch, self.planned[unit - 1], start, 0,
-                    [True] * self.num_rows)
+        return Step(SchedulerOutput([(req, 1) for req in rows]), batch, duration, start, 0, [True] * len(rows))
 
     def _plan_next(self) -> Step:
         """Plan the step after the stretch (at its end, as `Engine.plan_step` would: its KV moves

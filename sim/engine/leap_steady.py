@@ -189,13 +189,21 @@ def flying_rows(step: Step, running: list) -> dict | None:
 def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
     """The output count at which a length rule stops `req` or leaves it out of a plan (as in
     `rows_at_rest`)."""
+    plan = plan_stop(req, lag, max_model_len, skip_last)
+    return quick[1] if quick[1] < plan else plan
+
+
+def plan_stop(req, lag: int, max_model_len: int, skip_last: bool) -> int:
+    """The output count from which a plan leaves `req` out: its computed tokens reach
+    max_model_len - 1, or (async, vLLM V1: `skip_last`) its step in flight samples its last token
+    (as in `rows_at_rest`)."""
     prompt = req.num_prompt_tokens
-    plan_stop = max_model_len - prompt - lag + 1
+    stop = max_model_len - prompt - lag + 1
     if lag and skip_last:
         cap = req.sampling_params.max_tokens or max_model_len - prompt
-        if cap < plan_stop:
-            plan_stop = cap
-    return quick[1] if quick[1] < plan_stop else plan_stop
+        if cap < stop:
+            stop = cap
+    return stop
 
 
 def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,
