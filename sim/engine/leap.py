@@ -311,10 +311,10 @@ class _StretchPlan(StretchKV):
 
     def _time_limit(self, units: int, horizon: float) -> int:
         """Units whose finish comes strictly before `horizon` (`_price` fills the times)."""
-        chunk = units
+        chunk = units + 1  # (one more: the tail's, `_take_tail`)
         while True:
-            self._price(min(units, len(self.planned) + chunk))
-            if len(self.planned) >= units or self.times[-1] >= horizon:
+            self._price(min(units + 1, len(self.planned) + chunk))
+            if len(self.planned) > units or self.times[-1] >= horizon:
                 break
             chunk = max(16, 2 * chunk)
         return min(units, bisect_left(self.times, horizon) - 1)
@@ -483,7 +483,8 @@ class _StretchPlan(StretchKV):
         return self._decode_step(self.units + 1)
 
     def _record_steps(self, snapshots) -> None:
-        """Append the records of the U steps that finished (steps k+1 .. k+U)."""
+        """Append the records of the U steps that finished (steps k+1 .. k+U); the tail's (a pure
+        decode of every row) is kept for when it ends (`Leaper.finish_tail`: its counters then)."""
         units, lag, times = self.units, self.lag, self.times
         steps = self.engine.steps
         starts = [self.now] + times[1:units]   # `now` kept as it is (SimPy starts at int 0)
@@ -492,6 +493,10 @@ class _StretchPlan(StretchKV):
         finishing = self.finishing[:units]
         b = self.num_rows
         used, cached, free = snapshots
+        if self.tail:
+            self.tail_row = (starts.pop(), finishing.pop(), 0, b, b, b, 0)
+            units -= 1
+            del used[units:], cached[units:], free[units:]
         prefill, batch, sampled = [0] * units, [b] * units, [b] * units
         decode = [b] * units
         if lag:  # the step in flight: prefill rows, rows of requests finished since, and decodes
@@ -502,8 +507,6 @@ class _StretchPlan(StretchKV):
             sampled[0] = first.batch.num_sampled
         columns = (starts, finishing, prefill, decode, batch, sampled, [0] * units,
                    used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units)
-        if self.tail:  # its counters are read when it ends (Leaper.finish_tail)
-            self.tail_row = tuple(column.pop() for column in columns)[:7]
         steps.extend_rows(columns)
 
 
