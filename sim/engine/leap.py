@@ -12,6 +12,13 @@ adds them, so bit-identical), tokens from the streams, block allocations and pre
 registrations replayed in the order the step-by-step engine makes them. Records are appended in bulk.
 When any condition is not proven the engine just takes single steps (`EngineConfig.mode="step"` never
 leaps: the reference).
+
+A stretch also takes its *tail*, the one step the limit falls in, where that limit is a stop rule or a
+plain arrival: the tail's tokens, times and KV moves are applied with the stretch, and when SimPy's
+clock reaches its end the engine runs the stop rules on its tokens, retires the stopped requests and
+records it (`Leaper.finish_tail`), as `Engine.finish_step` would. A plain arrival landing inside the
+tail only queues a request, which nothing planned before it reads (`Leaper.arrival_lands_in`). Under
+vLLM V1's async plans the tail's plan leaves out the rows whose last token is in flight.
 """
 from __future__ import annotations
 
@@ -112,7 +119,7 @@ class Leaper:
         step = plan.apply()
         # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
         # the very next step: the next turn is a single step, unless the stretch was cut at
-        # MAX_UNITS or planned that step itself (the turn after it may leap again)
+        # MAX_UNITS, planned that step itself or took its tail (the turn after it may leap again)
         self.cooldown = 0 if plan.units == MAX_UNITS or plan.half or plan.tail else 1
         self.planned_next = plan.next_step
         if plan.tail:
