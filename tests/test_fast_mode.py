@@ -382,10 +382,9 @@ def test_a_stretch_ends_inside_the_step_an_arrival_lands_in_and_at_a_rows_stop(m
         assert any(left for _, left, _ in tails)
 
 
-def test_no_tail_past_an_arrival_with_an_abort_time_or_into_another_engine(monkeypatch):
-    """An arrival that starts an abort timer, or one a router hands on, is an event a stretch stops
-    before (its tail would run past what it does)."""
-    from sim.engine.leap_steady import ArrivalTimeout
+def test_no_tail_past_an_arrival_with_an_abort_time(monkeypatch):
+    """An arrival that starts an abort timer is an event a stretch stops before (its tail would run
+    past what it does)."""
     import sim.engine.leap as leap
     seen = []
     lands = leap.Leaper.arrival_lands_in
