@@ -16,7 +16,7 @@ two modes' records are identical. `--baseline PATH` also times another checkout 
 before this work) on the same scenarios in a subprocess, against this checkout in a subprocess too (a run
 after others in one process is ~5-8% slower, so the in-process fast time is not compared with it).
 `--scale` reports peak memory (max RSS of a fresh process) and time for 1k/10k/100k requests in fast
-mode (`--scale 1000000` adds 1M; `--token-times on,runs,off` runs each point with each
+mode (`--scale 1000000` adds 1M; `--scale-scenario issue-light` runs another scenario; `--token-times on,runs,off` runs each point with each
 `record_token_times` setting: every token time in an array, as runs, or none; `--no-token-times` is
 `--token-times on,off`; `--via-simulate` builds what `simulate()` builds, `Results` and its summary,
 instead of the numpy tables). `--scenarios ""` skips the comparison.
@@ -118,15 +118,16 @@ def _here() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def scale_point(num_requests: int, mode: str, token_times: bool | str = True, via_simulate: bool = False) -> dict:
-    """Run in a fresh process: wall time, CPU time and max RSS of one busy run with tables: the
+def scale_point(num_requests: int, mode: str, token_times: bool | str = True, via_simulate: bool = False,
+                scenario: str = "busy") -> dict:
+    """Run in a fresh process: wall time, CPU time and max RSS of one `scenario` run with tables: the
     benchmark's numpy tables, or (`via_simulate`) what `simulate()` builds, `Results.from_records` and
     its summary ('rss_engine': max RSS when the engine had finished, before any table)."""
     build = "tables = b.results(rec)" if via_simulate else "tables = b.tables(rec)"
     imports = "import sim.api.results;" if via_simulate else ""  # pandas' own memory counts as the engine's
     code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r}); {imports}"
             f"import sim_speed as b; rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            f"t = time.perf_counter(); cpu, rec = b.run_once('busy', {num_requests}, {mode!r}, {token_times!r});"
+            f"t = time.perf_counter(); cpu, rec = b.run_once({scenario!r}, {num_requests}, {mode!r}, {token_times!r});"
             f"rss_engine = rss(); c = time.process_time(); {build}; table_cpu = time.process_time() - c;"
             f"wall = time.perf_counter() - t;"
             f"print(json.dumps({{'cpu': cpu, 'wall': wall, 'rss': rss(), 'rss_engine': rss_engine,"
@@ -174,6 +175,8 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout to time on the same scenarios")
     parser.add_argument("--scale", type=int, default=0, help="largest request count of the scaling table")
     parser.add_argument("--scale-from", type=int, default=1000, help="smallest request count of the scaling table")
+    parser.add_argument("--scale-scenario", default="busy", choices=sorted(SCENARIOS),
+                        help="scaling table: the scenario run at each size")
     parser.add_argument("--token-times", default="on",
                         help="scaling table: record_token_times settings to run each point with (on,runs,off)")
     parser.add_argument("--no-token-times", action="store_true",
@@ -200,10 +203,10 @@ def main() -> None:
     n = args.scale_from
     while args.scale and n <= args.scale:
         for token_times in chosen:
-            p = scale_point(n, "fast", token_times, args.via_simulate)
+            p = scale_point(n, "fast", token_times, args.via_simulate, args.scale_scenario)
             label = {True: "", "runs": ", token times as runs", False: ", no token times"}[token_times]
             built = "Results + summary" if args.via_simulate else "tables built"
-            print(f"scale {n:>9,d} requests (busy, {built}{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
+            print(f"scale {n:>9,d} requests ({args.scale_scenario}, {built}{label}): {p['wall']:7.1f} wall-s {p['cpu']:7.1f} "
                   f"cpu-s {n / p['cpu']:8,.0f} req/cpu-s, max RSS {p['rss'] / 1024:7.0f} MiB "
                   f"(engine done: {p['rss_engine'] / 1024:.0f} MiB; tables {p['table_cpu']:.1f} cpu-s), "
                   f"{p['steps']:,d} steps, {p['tokens']:,d} output tokens", flush=True)

@@ -9,7 +9,7 @@ attention term step by step, with the same floating-point operations in the same
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,7 @@ class _Fixed:
     layers: float
     async_: bool
     waves: tuple | None = None  # FA2: (rows, *RooflineCostModel.decode_launch) of prefill_waves.decode_path
+    units: dict = field(default_factory=dict)  # FA2: key blocks of the longest row -> _units (memo)
 
 
 _FIXED: dict = {}  # (id(model), n) -> (model, _Fixed); the model kept so its id is not reused
@@ -115,10 +116,15 @@ def _units(waves: tuple, blocks: int) -> tuple[int, int]:
     return decode_units(n, blocks, heads, kv, sms, decided_at)
 
 
-def _path(waves: tuple, dec_keys: int, longest: int) -> float:
+def _path(f: _Fixed, dec_keys: int, longest: int) -> float:
     """prefill_waves.decode_path of an FA2 pure-decode step (same operations, same order)."""
+    waves = f.waves
     block = waves[4]
-    count, per_unit = _units(waves, max(math.ceil(longest / block), 1))
+    blocks = max(math.ceil(longest / block), 1)
+    units = f.units.get(blocks)
+    if units is None:
+        units = f.units[blocks] = _units(waves, blocks)
+    count, per_unit = units
     return (1.0 + (count - 1) * (dec_keys / (waves[0] * longest))) * (per_unit * block)
 
 
@@ -130,7 +136,7 @@ def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
     m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
     compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
     if f.waves is not None:
-        longest = _path(f.waves, dec_keys, longest)
+        longest = _path(f, dec_keys, longest)
     path = longest * f.s_per_key
     total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
     alone = c_dec if c_dec > m_dec else m_dec

@@ -343,3 +343,76 @@ def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_s
     assert max(checked) > 1  # the rows next nearest their limits are watched too
     assert all(units >= least_units(rows) for rows, units in leaps)
     assert sum(units for rows, units in leaps if rows == 1) > 250  # the long decode alone (~280 steps)
+
+
+def _recording_tails(monkeypatch) -> list:
+    """Patch Leaper.finish_tail to record (may_stop, rows left out of the tail's plan, requests it
+    retired) of every tail."""
+    import sim.engine.leap as leap
+    tails = []
+    finish_tail = leap.Leaper.finish_tail
+
+    def recording(leaper, now):
+        plan = leaper.tail
+        running = len(leaper.engine.state.running)
+        finish_tail(leaper, now)
+        tails.append((plan.may_stop, len(plan.left), running - len(leaper.engine.state.running)))
+    monkeypatch.setattr(leap.Leaper, "finish_tail", recording)
+    return tails
+
+
+@pytest.mark.parametrize("policy,async_scheduling", [("vllm", True), ("vllm", False), ("vllm-v0", True),
+                                                     ("vllm-v0", False)])
+def test_a_stretch_ends_inside_the_step_an_arrival_lands_in_and_at_a_rows_stop(monkeypatch, policy,
+                                                                                async_scheduling):
+    """Spaced arrivals and staggered lengths: stretches take their tail (the step a plain arrival lands
+    in, the step a row stops in: by EOS, by max_tokens, and under vLLM V1's async plans with the
+    row's last token in flight left out of the tail's plan) with the reference's records."""
+    tails = _recording_tails(monkeypatch)
+    specs = [RequestSpec(0.05 * i + 0.013 * (i % 3), np.arange(12, dtype=np.int32) + 100 + i,
+                         output_len=40 + 17 * (i % 5),
+                         sampling_params=SamplingParams(max_tokens=30 + 11 * (i % 4) if i % 2 else None),
+                         request_id=f"r{i}") for i in range(24)]
+    config = EngineConfig(num_gpu_blocks=4000, max_model_len=1024, policy=policy,
+                          async_scheduling=async_scheduling, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    assert any(not may_stop for may_stop, _, _ in tails)       # an arrival's
+    assert sum(retired for _, _, retired in tails) >= 12        # most stops end a stretch's tail
+    if policy == "vllm" and async_scheduling:
+        assert any(left for _, left, _ in tails)
+
+
+def test_no_tail_past_an_arrival_with_an_abort_time(monkeypatch):
+    """An arrival that starts an abort timer is an event a stretch stops before (its tail would run
+    past what it does)."""
+    import sim.engine.leap as leap
+    seen = []
+    lands = leap.Leaper.arrival_lands_in
+
+    def recording(leaper, start, end):
+        result = lands(leaper, start, end)
+        seen.append(result)
+        return result
+    monkeypatch.setattr(leap.Leaper, "arrival_lands_in", recording)
+    specs = [RequestSpec(0.1 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=300,
+                         sampling_params=SamplingParams(max_tokens=None), request_id=f"r{i}",
+                         abort_time_s=0.1 * i + 5.0) for i in range(6)]
+    config = EngineConfig(num_gpu_blocks=4000, max_model_len=1024, eos_token_id=EOS)
+    assert_identical(*run_both(specs, config))
+    assert seen and not any(seen)
+
+
+@pytest.mark.parametrize("case", ["plain", "another engine", "abort timer", "next arrival inside", "outside"])
+def test_only_a_plain_arrival_into_this_engine_may_land_inside_a_tail(case):
+    from sim.engine.leap_steady import ArrivalTimeout
+    env = simpy.Environment()
+    engine = Engine(EngineConfig(num_gpu_blocks=100, max_model_len=1024), LinearCostModel(), 100)
+    submit = object()
+    leaper = make_leaper(engine, env, submit)
+    spec = RequestSpec(1.0, np.arange(4, dtype=np.int32), output_len=5,
+                       abort_time_s=2.0 if case == "abort timer" else None)
+    arrival = ArrivalTimeout(env, 1.0, spec, object() if case == "another engine" else submit,
+                             1.2 if case == "next arrival inside" else 1.6)
+    arrival.callbacks.append(lambda event: None)  # (a process waits on it)
+    start = 1.1 if case == "outside" else 0.5
+    assert leaper.arrival_lands_in(start, 1.5) == (case == "plain")

@@ -353,12 +353,22 @@ class Engine:
         times = self.requests.token_times[index]
         if times is not None:
             times.append(now)
-        quick = self.quick_stop[index]
-        if quick is not None and token not in quick[0] and position + 1 < quick[1]:
+        return self.stops_on_last_token(req, now)
+
+    def stops_on_last_token(self, req: Request, now: float) -> bool:
+        """Run the stop rules on the token `req` sampled last (appended and timed): True if it leaves
+        the engine now (`_apply_rows` inlines the same)."""
+        output = req.output_token_ids
+        quick = self.quick_stop[req.index]
+        if quick is not None and output[-1] not in quick[0] and len(output) < quick[1]:
             return False  # cannot stop on this token under any profile
         status = req.status
         return (self.stop_profile.apply(req, self.config.max_model_len)
                 and self._stops_in_engine(req, now, status))
+
+    def retire(self, finished: list[Request], now: float) -> None:
+        """Take `finished` (stopped at `now`) off the queues and finish them, as a step's end does."""
+        self._retire(finished, now)
 
     def _retire(self, finished: list[Request], now: float) -> None:
         if self.hooks:

@@ -12,6 +12,13 @@ adds them, so bit-identical), tokens from the streams, block allocations and pre
 registrations replayed in the order the step-by-step engine makes them. Records are appended in bulk.
 When any condition is not proven the engine just takes single steps (`EngineConfig.mode="step"` never
 leaps: the reference).
+
+A stretch also takes its *tail*, the one step the limit falls in, where that limit is a stop rule or a
+plain arrival: the tail's tokens, times and KV moves are applied with the stretch, and when SimPy's
+clock reaches its end the engine runs the stop rules on its tokens, retires the stopped requests and
+records it (`Leaper.finish_tail`), as `Engine.finish_step` would. A plain arrival landing inside the
+tail only queues a request, which nothing planned before it reads (`Leaper.arrival_lands_in`). Under
+vLLM V1's async plans the tail's plan leaves out the rows whose last token is in flight.
 """
 from __future__ import annotations
 
@@ -29,7 +36,8 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import MAX_UNITS, flying_rows, least_units, rows_at_rest, rows_near_stop, watch_refuses
+from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, plan_stop,
+                                    rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
 
@@ -45,20 +53,24 @@ FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
-def make_leaper(engine: Engine) -> "Leaper | None":
+def make_leaper(engine: Engine, env=None, submit=None) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
-    policies other than vLLM V1's and V0's, invariant checks after every step)."""
+    policies other than vLLM V1's and V0's, invariant checks after every step). `env` and `submit`
+    (the SimPy environment and the function arrivals hand this engine's requests to) let a stretch
+    end inside the step a plain arrival lands in."""
     if (engine.hooks or type(engine.state.kv) not in PLAIN_KV or engine.config.check_invariants
             or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
         return None
-    return Leaper(engine)
+    return Leaper(engine, env, submit)
 
 
 class Leaper:
     """Finds and applies quiet stretches for one engine."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, env=None, submit=None):
         self.engine = engine
+        self.env, self.submit = env, submit
+        self.tail = None                                # the stretch whose last unit ends after the leap
         self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
         self.steps_leapt = 0                            # steps done by leaps so far
         self.misses = 0                                 # leap attempts failed in a row
@@ -107,10 +119,40 @@ class Leaper:
         step = plan.apply()
         # the limit that ended this stretch (the horizon, a stop, a block, a length rule) binds at
         # the very next step: the next turn is a single step, unless the stretch was cut at
-        # MAX_UNITS or planned that step itself (the turn after it may leap again)
-        self.cooldown = 0 if plan.units == MAX_UNITS or plan.half else 1
+        # MAX_UNITS, planned that step itself or took its tail (the turn after it may leap again)
+        self.cooldown = 0 if plan.units == MAX_UNITS or plan.half or plan.tail else 1
         self.planned_next = plan.next_step
+        if plan.tail:
+            self.tail = plan
         return step, delays
+
+    def finish_tail(self, now: float) -> None:
+        """After the leap's timeouts, at `now`: end its tail as `Engine.finish_step` would: run the
+        stop rules on the token each row sampled last, retire the stopped, record the step."""
+        plan, self.tail = self.tail, None
+        engine = self.engine
+        if plan.may_stop:  # (the rows whose token cannot stop them under any profile passed first)
+            quick_stop = engine.quick_stop
+            may = [req for req in plan.rows if req.output_token_ids[-1] in quick_stop[req.index][0]
+                   or len(req.output_token_ids) >= quick_stop[req.index][1]]
+            engine.retire([req for req in may if engine.stops_on_last_token(req, now)], now)
+        kv, state = engine.state.kv, engine.state
+        engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, len(kv.cached), kv.num_free_blocks,
+                                                 len(state.running), len(state.waiting)))
+
+    def arrival_lands_in(self, start: float, end: float) -> bool:
+        """Whether the only event due in SimPy up to `end` that does anything is a plain arrival
+        into this engine strictly between `start` and `end` (one with no abort time, whose next
+        arrival comes after `end`): it only queues a request, which no step planned before it
+        reads."""
+        if self.env is None:
+            return False
+        due = events_due(self.env, end)
+        if due is None or len(due) != 1:
+            return False
+        when, event = due[0]
+        return (type(event) is ArrivalTimeout and start < when < end and event.submit == self.submit
+                and event.spec.abort_time_s is None and event.next_arrival > end)
 
     def take_planned(self) -> Step | None:
         """(async) The step a leap planned after the one it left in flight, once; else None."""
@@ -177,41 +219,92 @@ class _StretchPlan(StretchKV):
         self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
         if skips is not None:
             self.computed = [c - skip for c, skip in zip(self.computed, skips)]
+        self.leaper = leaper
         self.units = 0
+        self.times: list[float] = []  # see _price
         self.half = 0            # 1: the step after the stretch is planned by it too
+        self.tail = False        # its last unit ends after the leap's timeouts (Leaper.finish_tail)
+        self.may_stop = False    # ... and a row may stop on the token it samples
+        self.left = ()           # rows the tail's plan leaves out (async: `_plan_leaves_rows`)
         self.next_step = None    # (async) that step, for the loop to run after the one in flight
         self.tokens: list[list[int]] | None = None  # per row, from the first unit on
 
     # ----- how many units are quiet -------------------------------------------------------
     def fix_units(self, horizon: float) -> bool:
         """Fix U: the least of every limit (each a bound on the quiet units, so any order is exact);
-        the cheap ones first, the step prices of U last."""
-        units = self._horizon_bound(self.static, horizon)
-        if units < self.min_units:
+        the cheap ones first, the step prices of U last. Then one unit more where only a stop rule
+        or a plain arrival bounds the stretch (`_take_tail`)."""
+        # units with no stop: before a length rule binds, before a candidate token is sampled (read
+        # for one unit more: the unit a stop may end the stretch at)
+        units = self._token_limit(self._horizon_bound(self.static + 1, horizon))
+        safe = min(units, self.static)
+        if safe < self.min_units:
             return False
-        units = self._token_limit(units)
-        if units < self.min_units:
-            return False
-        # blocks for one unit more: the plan of the step after the stretch (`half`)
-        kv_units = self._kv_limit(units + 1)
-        units = min(units, kv_units)
+        # blocks for one unit more: the plan of the step after the stretch (`half`) or its tail
+        kv_units = self._kv_limit(safe + 1)
+        units = min(safe, kv_units)
         if units < self.min_units:
             return False
         units = self._time_limit(units, horizon)
         if units < self.min_units:
             return False
         self.units = units
-        self.times = self.times[:units + 1]
         # plan the step after the stretch too ("half a unit") where its plan is as quiet as the
         # stretch's: its blocks fit, the head stays out, no length rule bars a row from it (a stop
         # on the tokens that step samples is the engine's business when it finishes it)
-        self.half = int(units < MAX_UNITS and kv_units > units and self.plan_static > units)
+        quiet_plan = units < MAX_UNITS and kv_units > units and self.plan_static > units
+        if (quiet_plan or self._plan_leaves_rows(units, kv_units)) and self._take_tail(safe, horizon):
+            self.half = 0
+        else:
+            self.half, self.left = int(quiet_plan), ()
+        units = self.units
+        self.times = self.times[:units + 1]
         if self.half and len(self.planned) <= units:
             self.planned += decode_step_times(self.engine.cost_model, self.computed, len(self.planned),
                                               units + 1 - len(self.planned))
         last = units + self.half
         if self.events and self.events[-1][0] > last:
             self.events = [event for event in self.events if event[0] <= last]
+        if self.left:
+            self._leave_out_of_last_plan()
+        return True
+
+    def _plan_leaves_rows(self, units: int, kv_units: int) -> bool:
+        """(async, vLLM V1) Whether the plan at unit U+1 leaves rows out by a length rule (V1 does not
+        schedule a request whose step in flight samples its last token) and is otherwise as quiet
+        as the stretch: the tail may then take it with those rows out (`left`: their indices). Only
+        with nobody waiting (the rows left out would leave budget to the waiting head)."""
+        if not self.lag or units >= MAX_UNITS or kv_units <= units or self.plan_static != units:
+            return False
+        if self.skips is not None or self.engine.state.waiting or not self.leaper.skips_last_token:
+            return False  # (`plan_stop` is exact for vLLM V1's plans only)
+        engine, leaper = self.engine, self.leaper
+        max_model_len = engine.config.max_model_len
+        self.left = [r for r, (req, o) in enumerate(zip(self.rows, self.outputs))
+                     if plan_stop(req, self.lag, max_model_len, leaper.skips_last_token) - o - 1 == units]
+        return True
+
+    def _leave_out_of_last_plan(self) -> None:
+        """The rows left out of the tail's plan take no block in it; their blocks full with known
+        tokens are registered when the tail ends, after the plan's moves (in row order), as
+        `Engine._apply_rows` does under async scheduling."""
+        last, left = self.units, set(self.left)
+        events = [event for event in self.events if event[0] < last or event[1] not in left]
+        events += [event for event in self.events if event[0] == last and event[1] in left and event[2]]
+        self.events = events
+
+    def _take_tail(self, safe: int, horizon: float) -> bool:
+        """Take unit U+1 too, as the stretch's tail, where what bounds U is a stop rule (a row may
+        stop on the tail's token: the engine checks once it ends, `Leaper.finish_tail`) or the
+        horizon, when the event due is a plain arrival into this engine that lands inside the tail
+        and nothing else is due before it ends (the tail was planned before the arrival; the step
+        after it is not planned here). Sets `units`, `tail` (the tail's rows may stop)."""
+        units = self.units + 1
+        self._price(units)
+        end = self.times[units]
+        if end >= horizon and not self.leaper.arrival_lands_in(self.times[units - 1], end):
+            return False
+        self.units, self.tail, self.may_stop = units, True, units > safe
         return True
 
     def _horizon_bound(self, units: int, horizon: float) -> int:
@@ -224,22 +317,26 @@ class _StretchPlan(StretchKV):
         return units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
 
     def _time_limit(self, units: int, horizon: float) -> int:
-        """Units whose finish comes strictly before `horizon`. Fills `self.planned` (durations of
-        the steps planned at units 1..), `self.finishing` (of the steps finishing at units 1..) and
-        `self.times` (t_k, t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
-        cost_model, computed, lag, planned = self.engine.cost_model, self.computed, self.lag, self.planned
-        chunk = units
+        """Units whose finish comes strictly before `horizon` (`_price` fills the times)."""
+        chunk = units + 1  # (one more: the tail's, `_take_tail`)
         while True:
-            count = min(chunk, units - len(planned))
-            if count > 0:
-                planned += decode_step_times(cost_model, computed, len(planned), count)
-            finishing = planned if not lag else [self.in_flight.duration] + planned[:-1]
-            times = list(accumulate(finishing, initial=self.now))  # sequential, as SimPy adds
-            if len(planned) >= units or times[-1] >= horizon:
+            self._price(min(units + 1, len(self.planned) + chunk))
+            if len(self.planned) > units or self.times[-1] >= horizon:
                 break
             chunk = max(16, 2 * chunk)
-        self.planned, self.finishing, self.times = planned, finishing, times
-        return min(units, bisect_left(times, horizon) - 1)
+        return min(units, bisect_left(self.times, horizon) - 1)
+
+    def _price(self, units: int) -> None:
+        """Price units 1..`units` at least: fills `self.planned` (durations of the steps planned at
+        units 1..), `self.finishing` (of the steps finishing at units 1..) and `self.times` (t_k,
+        t_k+1, ...: the finish times, summed in order as SimPy adds them)."""
+        planned = self.planned
+        if len(planned) < units:
+            planned += decode_step_times(self.engine.cost_model, self.computed, len(planned), units - len(planned))
+        elif len(self.times) > units:
+            return
+        finishing = planned if not self.lag else [self.in_flight.duration] + planned[:-1]
+        self.finishing, self.times = finishing, list(accumulate(finishing, initial=self.now))
 
     def _token_limit(self, units: int) -> int:
         """Units before any row's next token could stop it; keeps the tokens of those units (or,
@@ -250,20 +347,23 @@ class _StretchPlan(StretchKV):
         if None not in synthetic:
             return self._synthetic_token_limit(units, synthetic)
         tokens = []
-        for req, start in zip(self.rows, self.outputs):
+        most = units  # tokens read per row: one more than the units found quiet so far (the tail's)
+        skips = self.skips or [0] * self.num_rows  # a row that skips unit 1 samples token i at unit i + 2
+        for req, start, skip in zip(self.rows, self.outputs, skips):
             stream = streams[req.index]
             stop_ids = engine.quick_stop[req.index][0]
-            span = getattr(stream, "span", None) if units > SPAN_FROM else None
+            count = min(units + 1, most)
+            span = getattr(stream, "span", None) if count > SPAN_FROM else None
             if span is not None:
-                span_tokens = span(start, start + units)
+                span_tokens = span(start, start + count)
                 hits = np.flatnonzero(np.isin(span_tokens, tuple(stop_ids))) if stop_ids else ()
-                if len(hits):
-                    units = int(hits[0])
+                if len(hits) and hits[0] + skip < units:
+                    units = int(hits[0]) + skip
                 row = span_tokens.tolist()
             else:
-                row = [stream(p) for p in range(start, start + units)]
+                row = [stream(p) for p in range(start, start + count)]
                 if not stop_ids.isdisjoint(row):
-                    units = next(i for i, token in enumerate(row) if token in stop_ids)
+                    units = min(units, skip + next(i for i, token in enumerate(row) if token in stop_ids))
             tokens.append(row)
             if units < self.min_units:
                 return units
@@ -281,9 +381,10 @@ class _StretchPlan(StretchKV):
         stop_sets = [quick_stop[req.index][0] for req in self.rows]
         candidates = set().union(*stop_sets)
         if not any(token in FILLER_RANGE for token in candidates):
-            for (_, eos_position, eos_id), start, stop_ids in zip(synthetic, self.outputs, stop_sets):
-                if start <= eos_position < start + units and eos_id in stop_ids:
-                    units = eos_position - start
+            skips = self.skips or [0] * self.num_rows  # (as in `_token_limit`)
+            for (_, eos_position, eos_id), start, stop_ids, skip in zip(synthetic, self.outputs, stop_sets, skips):
+                if start <= eos_position < start + units - skip and eos_id in stop_ids:
+                    units = eos_position - start + skip
             self.synthetic = synthetic
             return units
         tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
@@ -291,7 +392,7 @@ class _StretchPlan(StretchKV):
             hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
             if len(hits):
                 units = int(hits[0])
-        self.tokens = tokens[:, :units].tolist()
+        self.tokens = tokens[:, :units + 1].tolist()  # (with the tail's, `fix_units`)
         return units
 
     def _read_synthetic(self, units: int) -> None:
@@ -349,19 +450,33 @@ class _StretchPlan(StretchKV):
             req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
             if not o:
                 first_token[req.index] = times[1]  # sampled its first token at the end of unit 1
+        for r in self.left:  # (not in the step now in flight)
+            req = rows[r]
+            req.num_computed_tokens -= 1
+            req.num_in_flight_tokens = req.num_output_placeholders = 0
         in_flight = self._decode_step(units)
+        if not in_flight.plan.scheduled:  # every row left out: nothing planned (`Engine.plan_step`)
+            self.engine.steps_in_flight -= 1
+            return None
         if self.half:
             self.next_step = self._plan_next()
         return in_flight
 
     def _decode_step(self, unit: int) -> Step:
-        """The step planned at `unit` (1-based): every row 1 token, sampling."""
+        """The step planned at `unit` (1-based): every row 1 token, sampling (but the rows left out
+        of the tail's plan: then priced as `Engine.plan_step` prices it)."""
         context = [c + unit - 1 for c in self.computed]
-        scheduled = [(req, 1) for req in self.rows]
-        batch = BatchShape([1] * self.num_rows, context, self.num_rows)
+        rows = self.rows
+        duration = self.planned[unit - 1]
+        if self.left and unit == self.units:
+            left = set(self.left)
+            context = [c for r, c in enumerate(context) if r not in left]
+            rows = [req for r, req in enumerate(rows) if r not in left]
+        batch = BatchShape([1] * len(rows), context, len(rows))
+        if len(rows) < self.num_rows:
+            duration = self.engine.cost_model.step_time(batch)
         start = self.now if unit == 1 else self.times[unit - 1]
-        return Step(SchedulerOutput(scheduled), batch, self.planned[unit - 1], start, 0,
-                    [True] * self.num_rows)
+        return Step(SchedulerOutput([(req, 1) for req in rows]), batch, duration, start, 0, [True] * len(rows))
 
     def _plan_next(self) -> Step:
         """Plan the step after the stretch (at its end, as `Engine.plan_step` would: its KV moves
@@ -375,7 +490,8 @@ class _StretchPlan(StretchKV):
         return self._decode_step(self.units + 1)
 
     def _record_steps(self, snapshots) -> None:
-        """Append the records of the U steps that finished (steps k+1 .. k+U)."""
+        """Append the records of the U steps that finished (steps k+1 .. k+U); the tail's (a pure
+        decode of every row) is kept for when it ends (`Leaper.finish_tail`: its counters then)."""
         units, lag, times = self.units, self.lag, self.times
         steps = self.engine.steps
         starts = [self.now] + times[1:units]   # `now` kept as it is (SimPy starts at int 0)
@@ -384,6 +500,10 @@ class _StretchPlan(StretchKV):
         finishing = self.finishing[:units]
         b = self.num_rows
         used, cached, free = snapshots
+        if self.tail:
+            self.tail_row = (starts.pop(), finishing.pop(), 0, b, b, b, 0)
+            units -= 1
+            del used[units:], cached[units:], free[units:]
         prefill, batch, sampled = [0] * units, [b] * units, [b] * units
         decode = [b] * units
         if lag:  # the step in flight: prefill rows, rows of requests finished since, and decodes
@@ -392,8 +512,9 @@ class _StretchPlan(StretchKV):
             prefill[0] = sum(first.batch.num_new_tokens) - decode[0]
             batch[0] = len(first.plan.scheduled)
             sampled[0] = first.batch.num_sampled
-        steps.extend_rows((starts, finishing, prefill, decode, batch, sampled, [0] * units,
-                           used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units))
+        columns = (starts, finishing, prefill, decode, batch, sampled, [0] * units,
+                   used, cached, free, [b] * units, [len(self.engine.state.waiting)] * units)
+        steps.extend_rows(columns)
 
 
 def _exact_delays(now: float, times: list, finishing: list, units: int) -> list[float]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from heapq import heappop, heappush
 
+from simpy.events import Timeout
+
 from sim.core.request import RequestStatus
 from sim.engine.engine import Step
 
@@ -45,6 +47,51 @@ def quiet_horizon(env) -> float:
             if child < size:
                 heappush(frontier, (queue[child], child))
     return frontier[0][0][0] if frontier else math.inf
+
+
+def events_due(env, end: float) -> list | None:
+    """The events in `env`'s queue due at or before `end` that do something (as `quiet_horizon`
+    counts them), (time, event) in time order, at most two; None where the walk gives up first."""
+    due = []
+    for when, event in _in_time_order(env._queue):
+        if when > end:
+            break
+        if event is None:
+            return None
+        if event.callbacks or not event._ok:
+            due.append((when, event))
+            if len(due) == 2:
+                break
+    return due
+
+
+def _in_time_order(queue: list):
+    """(time, event) of `queue` (SimPy's heap) in time order, walked from its root over at most
+    QUIET_SCAN events; then (time of the next, None) if any is left."""
+    if not queue:
+        return
+    frontier = [(queue[0], 0)]
+    size = len(queue)
+    for _ in range(QUIET_SCAN + 1):
+        if not frontier:
+            return
+        entry, i = heappop(frontier)
+        yield entry[0], entry[3]
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < size:
+                heappush(frontier, (queue[child], child))
+    if frontier:
+        yield frontier[0][0][0], None
+
+
+class ArrivalTimeout(Timeout):
+    """The timeout an open-loop arrival process waits on before it hands `spec` to `submit`; it
+    knows when the arrival after it is due (`next_arrival`, inf for none), so a leap can tell an
+    arrival that only queues a request from any other event (`Leaper.arrival_lands_in`)."""
+
+    def __init__(self, env, delay: float, spec, submit, next_arrival: float):
+        super().__init__(env, delay)
+        self.spec, self.submit, self.next_arrival = spec, submit, next_arrival
 
 
 def least_units(num_rows: int) -> int:
@@ -111,10 +158,14 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         if plan_stop - o < plan_least:
             plan_least = plan_stop - o
         stop = quick[1] if quick[1] < plan_stop else plan_stop
-        if stop - o < least:
+        if stop - o < least + 1:
             if stop - o - 1 < min_units:
                 return req  # a length rule is near
-            least = stop - o
+            # (a row that skips unit 1 reaches its count a unit later; where the plan rule binds,
+            # `plan_least` keeps the stretch short of it)
+            bound = stop - o + 1 if skips and skips[-1] and quick[1] < plan_stop else stop - o
+            if bound < least:
+                least = bound
         outputs.append(o)
     return running, outputs, least - 1, plan_least - 1, skips, decodes
 
@@ -145,13 +196,21 @@ def flying_rows(step: Step, running: list) -> dict | None:
 def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
     """The output count at which a length rule stops `req` or leaves it out of a plan (as in
     `rows_at_rest`)."""
+    plan = plan_stop(req, lag, max_model_len, skip_last)
+    return quick[1] if quick[1] < plan else plan
+
+
+def plan_stop(req, lag: int, max_model_len: int, skip_last: bool) -> int:
+    """The output count from which a plan leaves `req` out: its computed tokens reach
+    max_model_len - 1, or (async, vLLM V1: `skip_last`) its step in flight samples its last token
+    (as in `rows_at_rest`)."""
     prompt = req.num_prompt_tokens
-    plan_stop = max_model_len - prompt - lag + 1
+    stop = max_model_len - prompt - lag + 1
     if lag and skip_last:
         cap = req.sampling_params.max_tokens or max_model_len - prompt
-        if cap < plan_stop:
-            plan_stop = cap
-    return quick[1] if quick[1] < plan_stop else plan_stop
+        if cap < stop:
+            stop = cap
+    return stop
 
 
 def near_length_stop(req, quick_stop: list, lag: int, max_model_len: int, skip_last: bool,

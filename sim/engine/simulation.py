@@ -5,6 +5,7 @@ One `simpy.Environment` per simulation. The engine loop sleeps on an event while
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import simpy
@@ -13,7 +14,7 @@ from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
-from sim.engine.leap_steady import quiet_horizon
+from sim.engine.leap_steady import ArrivalTimeout, quiet_horizon
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
 
@@ -27,7 +28,7 @@ class EngineProcess:
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
         engine.on_finish = self._on_finish
-        self.leaper = make_leaper(engine) if engine.config.mode == "fast" else None
+        self.leaper = make_leaper(engine, env, self.submit) if engine.config.mode == "fast" else None
         env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
@@ -74,6 +75,8 @@ class EngineProcess:
                     step, delays = leapt
                     for delay in delays:
                         yield env.timeout(delay)
+                    if self.leaper.tail is not None:
+                        self.leaper.finish_tail(env.now)
                     continue
             if step is None:
                 step = engine.plan_step(env.now) if engine.has_work else None
@@ -93,15 +96,21 @@ class EngineProcess:
             step = following
 
 def arrivals(env: simpy.Environment, specs: Iterable, submit):
-    """Open-loop arrivals: submit each spec at its arrival time (specs sorted by arrival)."""
-    for spec in specs:
+    """Open-loop arrivals: submit each spec at its arrival time (specs sorted by arrival). Each
+    waits on an `ArrivalTimeout` that knows the next spec's arrival (specs are read one ahead)."""
+    specs = iter(specs)
+    spec = next(specs, None)
+    while spec is not None:
+        following = next(specs, None)
         delay = spec.arrival_time_s - env.now
         if delay < 0:
             raise ValueError(f"{spec.request_id or 'request'}.arrival_time_s={spec.arrival_time_s}: "
                              f"arrivals must be sorted (previous arrival at {env.now})")
         if delay > 0:
-            yield env.timeout(delay)
+            yield ArrivalTimeout(env, delay, spec, submit,
+                                 math.inf if following is None else following.arrival_time_s)
         submit(spec)
+        spec = following
 
 
 def start_workload(env: simpy.Environment, workload, submit, seed: int) -> None:
