@@ -169,7 +169,7 @@ class RooflineCostModel:
         """decode_path's (query heads, KV heads, SMs, keys per block, decided_at) for `n_dec` decodes alone:
         a batch of up to the largest capture size replays a full CUDA graph whose split count was decided
         at capture (the padded size, max_model_len); a larger one launches eagerly. Beside a prefill chunk
-        the decodes are not swapped: the measured mixed-batch rates price them, the longest row is the path."""
+        the decodes are not swapped: they are units of the chunk's launch (mixed_launch.py)."""
         sms, heads, kv, block, capture_blocks = self.decode_waves
         sizes = self.cuda_graph_sizes
         captured = capture_blocks and sizes and n_dec <= sizes[-1]
