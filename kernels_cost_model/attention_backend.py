@@ -5,7 +5,10 @@ FlashAttention-2 (no FA3 below sm_90), a batch that holds a prefill chunk disabl
 the query heads that share a KV head are no longer packed together, so each decode row reads its K
 and V once per *query* head instead of once per KV head. `data/attention_backends.csv` holds, per GPU,
 a two-term fit of measured kernel times, t = per-query-head K/V bytes / rate_q + per-KV-head bytes /
-rate_kv (with the source of the measurements); the cost model prices a mixed batch's decode rows with it. GPUs without a row keep the plain roofline.
+rate_kv (with the source of the measurements). On FA2 GPUs with a known L2 size the cost model prices
+a mixed batch's decode rows as units of the chunk's launch instead (mixed_launch.py); the rates are the
+switch for that mechanism (derived_mechanisms.py) and price the decode rows elsewhere. GPUs without a
+row keep the plain roofline.
 """
 from __future__ import annotations
 

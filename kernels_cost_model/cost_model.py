@@ -18,7 +18,8 @@ from kernels_cost_model.errors import ConfigError, require
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
 from .batch_fold import _fold_prefill_rows
-from .prefill_waves import batch_path_keys, decode_path, fa2_sms, key_block
+from .prefill_waves import TILE_ROWS, batch_path_keys, decode_path, fa2_sms, key_block, sequence_units
+from . import mixed_launch as _ml
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
@@ -109,6 +110,9 @@ class RooflineCostModel:
     #: The GPUs the two attention mechanisms above come from: (("mixed_decode", gpus), ("decode_imbalance",
     #: gpus)); the GPU itself where it has rows, the donors where derived (derived_mechanisms.py).
     mechanism_sources: tuple = ()
+    #: FA2 decodes beside a prefill chunk as units of the chunk's launch (mixed_launch.py): (L2 bytes, s per
+    #: byte of DRAM re-reads); () = the measured mixed-batch rates price them (attention_backend.py).
+    mixed_launch: tuple = ()
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
@@ -152,8 +156,11 @@ class RooflineCostModel:
             longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
             if self.decode_waves[0] and not n_pf:  # FA2, decodes alone: the split-KV units' waves
                 longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / (n_dec * longest))
+        mixed = None
+        if n_pf and n_dec and self.mixed_launch and self.prefill.s_per_key:  # FA2 path form (prefill_waves.py)
+            mixed = self._mixed_launch(new, ctx, pf_rows, pf_keys, n_dec, raw_keys)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
-                          pf_tile, (pf_keys, longest))
+                          pf_tile, (pf_keys, longest), mixed)
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
@@ -162,11 +169,33 @@ class RooflineCostModel:
         """decode_path's (query heads, KV heads, SMs, keys per block, decided_at) for `n_dec` decodes alone:
         a batch of up to the largest capture size replays a full CUDA graph whose split count was decided
         at capture (the padded size, max_model_len); a larger one launches eagerly. Beside a prefill chunk
-        the decodes are not swapped: the measured mixed-batch rates price them, the longest row is the path."""
+        the decodes are not swapped: they are units of the chunk's launch (mixed_launch.py)."""
         sms, heads, kv, block, capture_blocks = self.decode_waves
         sizes = self.cuda_graph_sizes
         captured = capture_blocks and sizes and n_dec <= sizes[-1]
         return heads, kv, sms, block, ((self._padded(n_dec), capture_blocks) if captured else None)
+
+    def _mixed_launch(self, new: list, ctx: list, pf_rows, pf_path: float, n_dec: int,
+                      raw_keys: float) -> tuple[float, float, float]:
+        """(path keys, seconds of fixed unit costs, DRAM bytes of the decodes' K/V) of a launch of decodes
+        beside prefill chunks on an FA2 GPU (mixed_launch.py)."""
+        sms, heads, block = self.prefill_waves
+        pf_new, pf_ctx = pf_rows or (new, ctx)
+        tiles = keys = top = 0.0
+        for c, p in zip(pf_new, pf_ctx):
+            if c > 1:
+                t, k = sequence_units(c, p, block)
+                tiles, keys = tiles + t, keys + k
+                top = max(top, -(-(c + p) // block) * block)
+        dec_blocks = [-(-(c + 1) // block) for k, c in zip(new, ctx) if k == 1]
+        dec_keys, dec_top = block * sum(dec_blocks), block * max(dec_blocks)
+        path, waves = _ml.mixed_path(pf_path, keys, tiles, top, dec_keys, dec_top, n_dec, heads, sms)
+        empty = heads * n_dec * (-(-max(pf_new) // TILE_ROWS) - 1)  # decode rows' query tiles past their one row
+        fixed = _ml.fixed_s(waves, empty, sms)
+        group = heads / self.decode_waves[2]
+        slice_bytes = self.dtype_bytes * 2.0 * dec_keys * self.model.head_dim  # one KV head's K/V, all decodes
+        reads = _ml.dram_reads(group, n_dec + tiles, sms, slice_bytes, self.mixed_launch[0])
+        return path, fixed, self.dtype_bytes * 2.0 * raw_keys * self.kv_gpu * reads
 
     def _cpu_s(self, num_reqs: int, tokens: int) -> float:
         """The engine's CPU time for a step of `num_reqs` requests and `tokens` tokens (before overlap)."""
@@ -187,7 +216,7 @@ class RooflineCostModel:
         return sizes[bisect_left(sizes, tokens)]
 
     def _price(self, t: float, sampled: int, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float,
-               pf_ctx: float, pf_pairs: float, pf_tile: float, longest: tuple) -> tuple[float, ...]:
+               pf_ctx: float, pf_pairs: float, pf_tile: float, longest: tuple, mixed=None) -> tuple[float, ...]:
         d, L = self.dtype_bytes, self.layers
         qkv = self.qkv.time(t, d)
         o = self.o.time(t, d)
@@ -197,7 +226,10 @@ class RooflineCostModel:
         else:
             mlp, routing = self._moe(t, d)
             act_width = self.inter_gpu * self.top_k
-        attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile, longest)
+        if mixed is None:
+            attn_pf, attn_dec = self._attention(n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs, pf_tile, longest)
+        else:
+            attn_pf, attn_dec = self._mixed_attention(n_dec, n_pf, pf_tok, pf_ctx, longest[0], mixed)
         h = self.hidden
         rope_width = self.q_gpu + self.kv_gpu
         norm = self.norm.cost(d * (2.0 * t * h + h), t, d * h)
@@ -253,6 +285,20 @@ class RooflineCostModel:
         share_pf = alone_pf / (alone_pf + alone_dec) if alone_pf + alone_dec > 0.0 else 0.5
         return total * share_pf, total * (1.0 - share_pf)
 
+    def _mixed_attention(self, n_dec: int, n_pf: int, pf_tok: float, pf_ctx: float, pf_path: float,
+                         mixed: tuple) -> tuple[float, float]:
+        """A launch of decodes beside prefill chunks on an FA2 GPU (mixed_launch.py): max(bytes, the units'
+        path, the chunks alone) + the launch overhead; split for the breakdown at the chunks alone."""
+        d, pf, dc = self.dtype_bytes, self.prefill, self.decode
+        path, fixed, dec_dram = mixed
+        m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
+        memory = m_pf + (d * 2.0 * n_dec * self.q_gpu + dec_dram) * self.mixed_launch[1]
+        alone = m_pf + pf_path * pf.s_per_key
+        units = path * pf.s_per_key + fixed
+        core = max(memory, units, alone)
+        overhead = pf.overhead_s + n_pf * pf.s_per_seq
+        return alone + overhead, core - alone + n_dec * dc.s_per_seq
+
     def _moe(self, t: float, d: float) -> tuple[float, float]:
         """Experts as the measured fused operator, or as grouped matmuls over the experts a batch
         touches (router and permutes apart)."""
@@ -268,6 +314,15 @@ class RooflineCostModel:
         routing = (self.router.time(t, d)
                    + d * (4.0 * rows * self.hidden) * self.act.s_per_byte + 2.0 * self.act.overhead_s)
         return mlp, routing
+
+
+def _mixed_launch_of(hw: GPU, mixed_decode: tuple) -> tuple:
+    """RooflineCostModel.mixed_launch for `hw`: FA2 GPUs with the mixed-batch mechanism and a known L2."""
+    from .l2_cache import l2_bytes
+    l2 = l2_bytes(hw.name)
+    if not (mixed_decode[0] and fa2_sms(hw.name) and l2):
+        return ()
+    return (float(l2), 1.0 / (_ml.DRAM_EFFICIENCY * hw.hbm_bytes_per_s))
 
 
 def link_all_reduce(host: GPU) -> Coeffs:
@@ -394,6 +449,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),
                       -(-(max_model_len or spec.max_position_embeddings) // key_block(hd))),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
+        mixed_launch=_mixed_launch_of(hw, mixed_decode),
     )
     require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,
             "must be true or false")

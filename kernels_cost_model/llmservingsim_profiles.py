@@ -99,3 +99,32 @@ def read_shared_profiles(root: str | Path, hardware: str) -> list[dict]:
                     raw = {"kernel": raw["layer"], **raw}
                 rows.extend(_rows_of({**raw, **context}, rel, line, HARDWARE[hardware]))
     return rows
+
+
+MIXED_COLUMNS = ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")
+
+
+def read_mixed_launches(root: str | Path, hardware: str):
+    """Measured mixed launches (one chunk of `chunk` tokens over `kv_prefill` cached ones beside `n_decode`
+    decodes of `kv_decode` cached ones each), streamed from every `attention.csv` under
+    `llmservingsim/<hardware>/` as dicts (model, tp, chunk, kv_prefill, n_decode, kv_decode, measured_s).
+    A malformed table raises MalformedTableError naming the file, line and column."""
+    from .aiconfigurator_tables import MalformedTableError
+    base = Path(root) / "llmservingsim" / hardware
+    for path in sorted(base.glob("*/*/bf16/tp*/attention.csv")):
+        org, model, _, tp_dir = path.relative_to(base).parts[:4]
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in MIXED_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise MalformedTableError(f"{path}:columns", reader.fieldnames, f"lacks columns {missing}")
+            for line, raw in enumerate(reader, start=2):
+                try:
+                    chunk, kp, n, kd = (int(float(raw[c])) for c in MIXED_COLUMNS[:4])
+                    t = float(raw["time_us"]) * 1e-6
+                except (TypeError, ValueError):
+                    raise MalformedTableError(f"{path}:{line}", [raw.get(c) for c in MIXED_COLUMNS],
+                                              "must be numbers") from None
+                if chunk and n:
+                    yield {"model": f"{org}/{model}", "tp": int(tp_dir[2:]), "chunk": chunk, "kv_prefill": kp,
+                           "n_decode": n, "kv_decode": kd, "measured_s": t}

@@ -185,8 +185,8 @@ def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, bloc
 # there is no swap and no split: a unit per (sequence, head) walks all its keys. With rows of different
 # lengths the waves before the last run units of the mean length and the last ends on the longest (as
 # a prefill sequence's waves, sequence_path): exact when all rows are alike, as in the profiles.
-# Decodes beside a prefill chunk are not swapped; the cost model prices them with the measured
-# mixed-batch rates (attention_backend.py), not with this path.
+# Decodes beside a prefill chunk are not swapped: they are 64-row units of the chunk's launch
+# (mixed_launch.py), not this path.
 
 
 @lru_cache(maxsize=65536)

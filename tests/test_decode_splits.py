@@ -1,5 +1,5 @@
 """FA2's split-KV decode path: the eager heuristic in profile rows, the split count a captured CUDA graph
-froze (capture size, max_model_len) in served pure-decode steps; beside a prefill chunk the longest row."""
+froze (capture size, max_model_len) in served pure-decode steps; beside a prefill chunk, prefill units."""
 import dataclasses
 import math
 import warnings
@@ -58,14 +58,20 @@ def test_captured_split_count_follows_max_model_len_not_the_contexts():
     assert long_graph.step_time(batch) < short_graph.step_time(batch)
 
 
-def test_decodes_beside_a_chunk_keep_the_longest_row_as_their_path():
-    # beside a chunk the measured mixed-batch rates price the decodes' per-query-head units; the launch's
-    # path stays the longest row (4,001 keys), not the 78 waves of 120 x 32 units over 188 SMs
+def test_decodes_beside_a_chunk_walk_waves_of_prefill_units():
+    # beside a chunk the decodes are not swapped: 120 x 32 decode units (32 blocks = 4,096 keys each) and
+    # the chunk's 8 x 32 tiles (2,560 keys per head) take 22 waves over 188 SMs, 21 at the mean unit then
+    # the longest, at the *prefill* cost per key (mixed_launch.py); decode's own cost per key plays no part
     cm = _model()
     mixed = BatchShape([1] * 120 + [512], [4000] * 120 + [0], 121)
-    costs = [sum(dataclasses.replace(cm, decode=dataclasses.replace(cm.decode, s_per_key=k))._terms(mixed))
-             for k in (1e-6, 2e-6)]  # a cost per key large enough that decode's path is the launch's
-    assert costs[1] - costs[0] == pytest.approx(cm.layers * 4001 * 1e-6, rel=1e-9)
+
+    def cost(family, k):
+        return sum(dataclasses.replace(cm, **{family: dataclasses.replace(getattr(cm, family), s_per_key=k)})
+                   ._terms(mixed))
+
+    path = 21 * 32 * (2560 + 120 * 4096) / (32 * 128) + 4096
+    assert cost("prefill", 2e-6) - cost("prefill", 1e-6) == pytest.approx(cm.layers * path * 1e-6, rel=1e-9)
+    assert cost("decode", 2e-6) == pytest.approx(cost("decode", 1e-6), rel=1e-12)
 
 
 @given(st.integers(1, 300), st.integers(1, 40000))
