@@ -71,6 +71,11 @@ class Engine:
         self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
         self.apply_rows = self._apply_rows  # a hook may take over the token update (spec decoding)
+        #: planning a step registers its rows' blocks full with known tokens (the plain manager's
+        #: `allocate` and the policies' inlined growth): `_apply_rows` skips that check for a row in
+        #: the step planned next (it registered everything this row could; see `_apply_rows`)
+        self.plan_registers = (type(kv).allocate is KVCacheManager.allocate
+                               and type(kv).cache_full_blocks is KVCacheManager.cache_full_blocks)
         for hook in self.hooks:
             hook.on_attach(self)
 
@@ -266,14 +271,19 @@ class Engine:
         quick_stop = self.quick_stop
         async_ = self.is_async
         # under async scheduling a row registers its blocks full with known tokens (skipped, as
-        # cache_full_blocks itself would, when no new block is full)
+        # cache_full_blocks itself would, when no new block is full). A row of a request in the step
+        # planned next needs no check where planning registers: that plan registered up to
+        # min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
+        # a token, one sample in flight at most), which covers min(known now, written) here
         caching = async_ and kv.enable_prefix_caching
+        every_row = not self.plan_registers
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = 0
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
-            req.num_in_flight_tokens -= n
+            in_flight = req.num_in_flight_tokens - n
+            req.num_in_flight_tokens = in_flight
             if req.num_stale_tokens or not samples or req.status is not running:
                 num_decode += self._apply_other_row(req, n, samples, now, finished)
                 continue
@@ -293,9 +303,9 @@ class Engine:
                     finished.append(req)
                 continue
             output.append(token)
-            if caching:
+            if caching and (every_row or not in_flight):
                 known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
-                written = req.num_computed_tokens - req.num_in_flight_tokens
+                written = req.num_computed_tokens - in_flight
                 if written < known:
                     known = written
                 if known // block_size > hashed_get(req, 0):
