@@ -280,23 +280,22 @@ class Engine:
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        num_decode = 0
+        num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             in_flight = req.num_in_flight_tokens - n
             req.num_in_flight_tokens = in_flight
             if req.num_stale_tokens or not samples or req.status is not running:
-                num_decode += self._apply_other_row(req, n, samples, now, finished)
+                num_decode -= self._apply_other_row(req, n, samples, now, finished)
                 continue
             if async_:
                 req.num_output_placeholders -= 1
             output = req.output_token_ids
             position = len(output)
             index = req.index
-            if position:
-                if n == 1:
-                    num_decode += 1
-            else:
+            if not position:
                 first_token[index] = now
+                if n == 1:
+                    num_decode -= 1
             token = streams[index](position)
             if client_finishes and req.client_finished:
                 if self._after_client_finish(req, token):
@@ -325,18 +324,19 @@ class Engine:
         """`_apply_rows` for a row that is stale (planned before its request's preemption), does not
         sample (mid-prefill) or whose request is no longer running: a stale row's token still lands
         (no placeholder of its own to clear, no blocks to register); a stopped or aborted request's is
-        wasted. Appends the request to `finished` if the token stops it; returns 1 for a decode row."""
+        wasted. Appends the request to `finished` if the token stops it; returns 1 for a row of one token
+        that is not a decode (it samples no token or its first)."""
         stale = req.num_stale_tokens
         if stale:
             req.num_stale_tokens = stale - n
         if not samples or req.is_finished:
-            return 0
+            return 1 if n == 1 else 0
         if self.is_async and not stale:
             req.num_output_placeholders -= 1
         position = len(req.output_token_ids)
         if self.emit_token(req, self.streams[req.index](position), now):
             finished.append(req)
-        return 1 if position and n == 1 else 0
+        return 1 if n == 1 and not position else 0
 
     def _stops_in_engine(self, req: Request, now: float, status: RequestStatus) -> bool:
         """A request the stop rules just stopped leaves the engine now, unless a stop string stopped it
