@@ -134,37 +134,49 @@ class Policy:
         Stops when the budget is spent; when KV runs out, preempts victims by recompute (a
         preempted request is skipped). Returns the budget left.
         """
-        kv, running = state.kv, RequestStatus.RUNNING
-        schedule = out.scheduled.append  # (a preemption deletes from the same list)
-        # KVCacheManager.allocate's hot path, inlined: growth within the blocks a request holds or by
-        # one free block
-        in_place = kv.grows_in_place
-        blocks_of, block_size, caching = kv.req_blocks.get, kv.block_size, kv.enable_prefix_caching
-        hashed_get = kv.num_hashed_blocks.get
-        for req in list(state.running if reqs is None else reqs):
+        rows = list(state.running if reqs is None else reqs)
+        if budget >= len(rows) and state.kv.grows_in_place:  # (the budget cannot run out)
+            return self._decode_in_place(state, budget, out, rows)
+        running = RequestStatus.RUNNING
+        for req in rows:
             if budget <= 0:
                 break
             if req.status is not running:
                 continue  # preempted earlier in this step
-            if in_place:
-                blocks = blocks_of(req)
-                total = req.num_computed_tokens + 1
-                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
-                    if caching:
-                        target = req.num_prompt_tokens + len(req.output_token_ids)
-                        if total < target:
-                            target = total
-                        if target // block_size > hashed_get(req, 0):
-                            kv.cache_full_blocks(req, target)
-                    schedule((req, 1))
-                    budget -= 1
-                    continue
-            fits, refund = self.allocate_or_preempt(state, req, 1, out)
-            budget += refund
-            if fits:
+            budget += self._decode_allocating(state, req, out)
+        return budget
+
+    def _decode_in_place(self, state: EngineState, budget: int, out: SchedulerOutput, rows: list) -> int:
+        """`decode_running` where the budget holds every row and `KVCacheManager.allocate`'s hot path
+        is inlined: growth within the blocks a request holds or by one free block."""
+        kv, running = state.kv, RequestStatus.RUNNING
+        schedule = out.scheduled.append  # (a preemption deletes from the same list)
+        blocks_of, block_size, caching = kv.req_blocks.get, kv.block_size, kv.enable_prefix_caching
+        hashed_get = kv.num_hashed_blocks.get
+        for req in rows:
+            if req.status is not running:
+                continue  # preempted earlier in this step
+            blocks = blocks_of(req)
+            total = req.num_computed_tokens + 1
+            if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
+                if caching:
+                    target = req.num_prompt_tokens + len(req.output_token_ids)
+                    if total < target:
+                        target = total
+                    if target // block_size > hashed_get(req, 0):
+                        kv.cache_full_blocks(req, target)
                 schedule((req, 1))
                 budget -= 1
+                continue
+            budget += self._decode_allocating(state, req, out)
         return budget
+
+    def _decode_allocating(self, state: EngineState, req: Request, out: SchedulerOutput) -> int:
+        """Schedule one token for `req` if `allocate_or_preempt` keeps it; the change to the budget."""
+        fits, refund = self.allocate_or_preempt(state, req, 1, out)
+        if fits:
+            out.scheduled.append((req, 1))
+        return refund - fits
 
     @staticmethod
     def require_whole_prompt_budget(config: EngineConfig) -> None:

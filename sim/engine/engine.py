@@ -71,6 +71,11 @@ class Engine:
         self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
         self.apply_rows = self._apply_rows  # a hook may take over the token update (spec decoding)
+        #: planning a step registers its rows' blocks full with known tokens (the plain manager's
+        #: `allocate` and the policies' inlined growth): `_apply_rows` skips that check for a row in
+        #: the step planned next (it registered everything this row could; see `_apply_rows`)
+        self.plan_registers = (type(kv).allocate is KVCacheManager.allocate
+                               and type(kv).cache_full_blocks is KVCacheManager.cache_full_blocks)
         for hook in self.hooks:
             hook.on_attach(self)
 
@@ -254,8 +259,9 @@ class Engine:
     def _apply_rows(self, step: Step, now: float) -> list[Request]:
         """Sample every row that caught up and stop-check it.
 
-        The hot loop of the simulator: `emit_token` is inlined here (a call per token costs ~25%),
-        and what is fixed for the step is read once before it.
+        The hot loop of the simulator: a running row that samples (nearly all) is handled here with
+        `emit_token` inlined (a call per token costs ~25%), and what is fixed for the step is read
+        once before it; the others (stale, preempted, stopped, mid-prefill) go to `_apply_other_row`.
         """
         finished = []
         kv, streams, profile = self.state.kv, self.streams, self.stop_profile
@@ -265,41 +271,40 @@ class Engine:
         quick_stop = self.quick_stop
         async_ = self.is_async
         # under async scheduling a row registers its blocks full with known tokens (skipped, as
-        # cache_full_blocks itself would, when no new block is full)
+        # cache_full_blocks itself would, when no new block is full). A row of a request in the step
+        # planned next needs no check where planning registers: that plan registered up to
+        # min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
+        # a token, one sample in flight at most), which covers min(known now, written) here
         caching = async_ and kv.enable_prefix_caching
+        every_row = not self.plan_registers
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
-        preempted, running = RequestStatus.PREEMPTED, RequestStatus.RUNNING
+        running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        num_decode = 0
+        num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
-            req.num_in_flight_tokens -= n
-            if req.num_stale_tokens:
-                req.num_stale_tokens -= n
-                stale = True
-            else:
-                stale = False
-            status = req.status
-            if not samples or (status is not running and status > preempted):
-                continue  # mid-prefill, or aborted or stopped meanwhile (its extra step is wasted)
-            if async_ and not stale:
+            in_flight = req.num_in_flight_tokens - n
+            req.num_in_flight_tokens = in_flight
+            if req.num_stale_tokens or not samples or req.status is not running:
+                num_decode -= self._apply_other_row(req, n, samples, now, finished)
+                continue
+            if async_:
                 req.num_output_placeholders -= 1
             output = req.output_token_ids
             position = len(output)
             index = req.index
-            if position:
-                if n == 1:
-                    num_decode += 1
-            else:
+            if not position:
                 first_token[index] = now
+                if n == 1:
+                    num_decode -= 1
             token = streams[index](position)
             if client_finishes and req.client_finished:
                 if self._after_client_finish(req, token):
                     finished.append(req)
                 continue
             output.append(token)
-            if caching and not stale and status is running:
+            if caching and (every_row or not in_flight):
                 known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
-                written = req.num_computed_tokens - req.num_in_flight_tokens
+                written = req.num_computed_tokens - in_flight
                 if written < known:
                     known = written
                 if known // block_size > hashed_get(req, 0):
@@ -310,10 +315,28 @@ class Engine:
             quick = quick_stop[index]
             if quick is not None and token not in quick[0] and position + 1 < quick[1]:
                 continue  # cannot stop on this token under any profile
-            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, status):
+            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, running):
                 finished.append(req)
         step.num_decode = num_decode
         return finished
+
+    def _apply_other_row(self, req: Request, n: int, samples: bool, now: float, finished: list) -> int:
+        """`_apply_rows` for a row that is stale (planned before its request's preemption), does not
+        sample (mid-prefill) or whose request is no longer running: a stale row's token still lands
+        (no placeholder of its own to clear, no blocks to register); a stopped or aborted request's is
+        wasted. Appends the request to `finished` if the token stops it; returns 1 for a row of one token
+        that is not a decode (it samples no token or its first)."""
+        stale = req.num_stale_tokens
+        if stale:
+            req.num_stale_tokens = stale - n
+        if not samples or req.is_finished:
+            return 1 if n == 1 else 0
+        if self.is_async and not stale:
+            req.num_output_placeholders -= 1
+        position = len(req.output_token_ids)
+        if self.emit_token(req, self.streams[req.index](position), now):
+            finished.append(req)
+        return 1 if n == 1 and not position else 0
 
     def _stops_in_engine(self, req: Request, now: float, status: RequestStatus) -> bool:
         """A request the stop rules just stopped leaves the engine now, unless a stop string stopped it

@@ -1,0 +1,76 @@
+"""Shortcuts of the engine's and the policies' hot paths: taking the long way changes no record.
+
+- `Engine._apply_rows` skips the prefix-cache registration check for a row whose request is in the
+  step planned next (async scheduling, the plain KV manager: that plan registered all the row could);
+  making the check for every row (`plan_registers = False`) registers nothing more.
+- `Policy.decode_running` inlines the KV manager's growth in place where the budget holds every row;
+  with a manager that does not allow it, every row goes through `allocate_or_preempt`."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import simpy
+from hypothesis import given, strategies as st
+
+from tests.engine_harness import engine_configs, scripted_specs
+from sim.core.cost import LinearCostModel
+from sim.core.kv_cache import KVCacheManager
+from sim.core.scheduler_profiles import get_scheduler_profile
+from sim.engine.engine import Engine
+from sim.engine.simulation import EngineProcess, start_workload
+
+
+class NoInlineKV(KVCacheManager):
+    """The plain manager, but callers may not inline its growth (`grows_in_place` False)."""
+
+    grows_in_place = False
+
+
+def _run(specs, config, plan_registers: bool = True, kv=None):
+    """The run's records (a repr) and the requests whose row `_apply_rows` registered blocks for
+    while the request was in the step planned next (it calls only when a block is new)."""
+    env = simpy.Environment()
+    engine = Engine(config, LinearCostModel(), config.num_gpu_blocks, kv=kv)
+    engine.plan_registers = plan_registers
+    kv, late = engine.state.kv, []
+    register = kv.cache_full_blocks
+
+    def watched(req, num_tokens=None):
+        if sys._getframe(1).f_code.co_name == "_apply_rows" and req.num_in_flight_tokens:
+            late.append(req.request_id)
+        register(req, num_tokens)
+
+    kv.cache_full_blocks = watched
+    start_workload(env, specs, EngineProcess(env, engine).submit, seed=0)
+    env.run()
+    records = engine.records(env.now)
+    times = [None if t is None else list(t) for t in records.requests.times()]
+    steps = {name: list(column) for name, column in records.steps.columns().items()}
+    requests = {name: list(column) for name, column in records.requests.columns().items()}
+    return repr((steps, requests, times, records.end_time)), late
+
+
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.sampled_from(["fast", "step"]))
+def test_checking_every_row_registers_nothing_more(specs, config, policy, mode):
+    config = dataclasses.replace(config, async_scheduling=True, enable_prefix_caching=True, policy=policy,
+                                 mode=mode)
+    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
+        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
+                                                                        config.max_model_len))
+    skipping, _ = _run(specs, config, plan_registers=True)
+    checking, late = _run(specs, config, plan_registers=False)
+    assert not late
+    assert skipping == checking
+
+
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm-v0", "orca", "sarathi", "static"]),
+       st.booleans())
+def test_decoding_through_allocate_changes_no_record(specs, config, policy, async_scheduling):
+    config = dataclasses.replace(config, async_scheduling=async_scheduling, policy=policy, mode="step")
+    if policy != "sarathi":  # whole prompts: the budget holds the longest
+        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
+                                                                        config.max_model_len))
+    kv = NoInlineKV(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+                    get_scheduler_profile(config.scheduler_profile).free_uncached_first)
+    assert _run(specs, config) == _run(specs, config, kv=kv)
