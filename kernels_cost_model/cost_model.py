@@ -168,20 +168,24 @@ class RooflineCostModel:
         return gpu + (cpu,)
 
     def _no_cheaper_than_decodes(self, new: list, ctx: list, sampled: int, gpu: tuple) -> tuple:
-        """The step's attention, never below that of the same rows with its chunks run as decodes.
+        """The step's attention, never below that of its rows run as decodes where a decode could turn
+        into one of its chunks.
 
-        Prefill and decode rows are priced at their own families' fits, and their launches differ (a
-        decode launch's split-KV units and combine step, a chunk's 64-row tiles), so a small chunk can
-        be priced below the decode it came from (RTX PRO 6000, vLLM 0.19: 4.8 against 12.5 us a launch).
-        The guard keeps a step from getting cheaper when a decode row becomes a chunk: its attention is
-        at least that of the batch with every chunk demoted to a decode reading the chunk's keys, and at
-        least that of the batch with only its 2-token chunks demoted (where bigger chunks stay). The
-        excess, where there is one, is the chunks' (prefill_attention); big chunks never reach it.
+        Prefill and decode rows are priced at their own families' fits, and on FA2 GPUs their launches
+        differ (a decode launch's split-KV units and combine step against a chunk's 64-row tiles): the
+        RTX PRO 6000's decode fit pays 11.8 us a launch, its prefill fit 5.0 us, so a fresh chunk of up
+        to ~256 tokens alone is priced (and measured) below a decode over its keys. The guard keeps a
+        step from getting cheaper when a decode row becomes a chunk, without lifting prefill-only steps:
+        a step with decodes beside its chunks costs at least all its rows run as decodes (each chunk a
+        decode reading its keys), and any step at least the same with its 2-token chunks run as decodes.
+        The excess, where there is one, is the chunks' (prefill_attention).
         """
-        floor = self._attention_of([1 if c > 1 else c for c in new],
-                                   [p + c - 1 if c > 1 else p for c, p in zip(new, ctx)], sampled)
-        twos = new.count(2)
-        if twos and twos < len(new) - new.count(1) - new.count(0):  # 2-token chunks beside bigger ones
+        twos, n_dec = new.count(2), new.count(1)
+        floor = 0.0
+        if n_dec:
+            floor = self._attention_of([1 if c > 1 else c for c in new],
+                                       [p + c - 1 if c > 1 else p for c, p in zip(new, ctx)], sampled)
+        if twos and (not n_dec or twos < len(new) - n_dec - new.count(0)):  # else the same batch as above
             floor = max(floor, self._attention_of([1 if c == 2 else c for c in new],
                                                   [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled))
         own = gpu[4] + gpu[5]
