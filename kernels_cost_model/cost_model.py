@@ -148,12 +148,12 @@ class RooflineCostModel:
         dec_keys = raw_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         if self.decode_imbalance is not None and n_dec > 1:
             dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
-        # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
-        # own path (at prefill's key cost, never below decode's) is longer: the launch's path is the same.
-        # Rows with no new tokens read nothing: then scan the decodes themselves.
+        # the decodes' critical path: their longest row's keys (max(ctx) + 1 when every row is a decode;
+        # a chunk's own path is priced at the prefill fit's key cost, pf_keys). Rows with no new tokens
+        # read nothing.
         longest = 0
         if n_dec:
-            longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
+            longest = (max(c for k, c in zip(new, ctx) if k == 1) if n_dec < n else max(ctx)) + 1
             if self.decode_waves[0] and not n_pf:  # FA2, decodes alone: the split-KV units' waves
                 longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / (n_dec * longest))
         mixed = None
@@ -178,25 +178,25 @@ class RooflineCostModel:
         step from getting cheaper when a decode row becomes a chunk, without lifting prefill-only steps:
         a step with decodes beside its chunks costs at least all its rows run as decodes (each chunk a
         decode reading its keys), and any step at least the same with its 2-token chunks run as decodes.
-        The excess, where there is one, is the chunks' (prefill_attention).
+        A lifted step's attention is that batch's, term by term (its breakdown shows those rows as decodes).
         """
         twos, n_dec = new.count(2), new.count(1)
-        floor = 0.0
+        floor = (0.0, 0.0)
         if n_dec:
             floor = self._attention_of([1 if c > 1 else c for c in new],
                                        [p + c - 1 if c > 1 else p for c, p in zip(new, ctx)], sampled)
         if twos and (not n_dec or twos < len(new) - n_dec - new.count(0)):  # else the same batch as above
-            floor = max(floor, self._attention_of([1 if c == 2 else c for c in new],
-                                                  [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled))
-        own = gpu[4] + gpu[5]
-        if floor <= own:
+            demoted = self._attention_of([1 if c == 2 else c for c in new],
+                                         [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled)
+            floor = demoted if demoted[0] + demoted[1] > floor[0] + floor[1] else floor
+        if floor[0] + floor[1] <= gpu[4] + gpu[5]:
             return gpu
-        return gpu[:4] + (gpu[4] + floor - own,) + gpu[5:]
+        return gpu[:4] + floor + gpu[6:]
 
-    def _attention_of(self, new: list, ctx: list, sampled: int) -> float:
-        """Attention seconds (prefill + decode keys) of the batch of rows (`new`, `ctx`)."""
+    def _attention_of(self, new: list, ctx: list, sampled: int) -> tuple[float, float]:
+        """(prefill, decode) attention seconds of the batch of rows (`new`, `ctx`)."""
         terms = self._terms(BatchShape(new, ctx, sampled))
-        return terms[4] + terms[5]
+        return terms[4], terms[5]
 
     def decode_launch(self, n_dec: int) -> tuple:
         """decode_path's (query heads, KV heads, SMs, keys per block, decided_at) for `n_dec` decodes alone:
