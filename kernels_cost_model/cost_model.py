@@ -365,15 +365,6 @@ def link_all_reduce(host: GPU) -> Coeffs:
     return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
 
 
-def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
-    """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
-    (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
-    normally satisfy this already; a noisy user profile might not."""
-    return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
-                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows,
-                  max(pf.s_per_seq, dec.s_per_seq), max(pf.s_per_key, dec.s_per_key))
-
-
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
     if isinstance(calibration, Calibration):
         return calibration
