@@ -130,17 +130,18 @@ class RooflineCostModel:
         return dict(zip(BREAKDOWN_KEYS, self._terms(batch)))
 
     # -- pricing ----------------------------------------------------------------------------
-    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+    def _terms(self, batch: BatchShape, guard: bool = True) -> tuple[float, ...]:
         new, ctx = batch.num_new_tokens, batch.num_context_tokens
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
             pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys, pf_rows = _fold_prefill_rows(new, ctx, n_dec)
+            pf_top = pf_keys  # the longest chunk row's keys (context + chunk)
             if self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
                 sms, heads, block = self.prefill_waves
                 pf_keys = batch_path_keys(*(pf_rows or (new, ctx)), heads, sms, block)
         else:
-            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = pf_top = 0
         tokens = n_dec + pf_tok
         cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
@@ -161,31 +162,31 @@ class RooflineCostModel:
             mixed = self._mixed_launch(new, ctx, pf_rows, pf_keys, n_dec, raw_keys)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest), mixed)
-        if n_pf:
-            gpu = self._no_cheaper_than_decodes(new, ctx, batch.num_sampled, gpu)
+        if n_pf and guard:  # all rows as decodes: raw keys + each chunk's context + chunk, the longest row
+            gpu = self._no_cheaper_than_decodes(new, ctx, batch.num_sampled, gpu, n_dec, n_pf,
+                                                raw_keys + pf_ctx + pf_tok, max(longest, pf_top))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
 
-    def _no_cheaper_than_decodes(self, new: list, ctx: list, sampled: int, gpu: tuple) -> tuple:
+    def _no_cheaper_than_decodes(self, new: list, ctx: list, sampled: int, gpu: tuple, n_dec: int, n_pf: int,
+                                 keys: float, top: float) -> tuple:
         """The step's attention, never below that of its rows run as decodes where a decode could turn
-        into one of its chunks.
+        into one of its chunks (`keys`, `top`: the keys of all rows as decodes, of the longest).
 
         Prefill and decode rows are priced at their own families' fits, and on FA2 GPUs their launches
         differ (a decode launch's split-KV units and combine step against a chunk's 64-row tiles): the
-        RTX PRO 6000's decode fit pays 11.8 us a launch, its prefill fit 5.0 us, so a fresh chunk of up
-        to ~256 tokens alone is priced (and measured) below a decode over its keys. The guard keeps a
-        step from getting cheaper when a decode row becomes a chunk, without lifting prefill-only steps:
-        a step with decodes beside its chunks costs at least all its rows run as decodes (each chunk a
-        decode reading its keys), and any step at least the same with its 2-token chunks run as decodes.
-        A lifted step's attention is that batch's, term by term (its breakdown shows those rows as decodes).
+        RTX PRO 6000's vLLM 0.19 decode fit pays 12.5 us a launch, its prefill fit 4.8 us (Qwen3-30B-A3B
+        TP2), so a fresh chunk of up to ~256 tokens alone is priced (and measured) below a decode over
+        its keys. The guard keeps a step from getting cheaper when a decode row becomes a chunk, without
+        lifting prefill-only steps: a step with decodes beside its chunks costs at least all its rows run
+        as decodes (each chunk a decode reading its keys), and any step at least the same batch with its
+        2-token chunks run as decodes. A lifted step's attention is that batch's, term by term (its
+        breakdown shows those rows as decodes).
         """
-        twos, n_dec = new.count(2), new.count(1)
-        floor = (0.0, 0.0)
-        if n_dec:
-            floor = self._attention_of([1 if c > 1 else c for c in new],
-                                       [p + c - 1 if c > 1 else p for c, p in zip(new, ctx)], sampled)
-        if twos and (not n_dec or twos < len(new) - n_dec - new.count(0)):  # else the same batch as above
+        floor = self._as_decodes(n_dec + n_pf, keys, top) if n_dec else (0.0, 0.0)
+        twos = new.count(2)
+        if twos and (not n_dec or twos < n_pf):  # 2-token chunks beside bigger ones (else the same batch)
             demoted = self._attention_of([1 if c == 2 else c for c in new],
                                          [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled)
             floor = demoted if demoted[0] + demoted[1] > floor[0] + floor[1] else floor
@@ -193,9 +194,22 @@ class RooflineCostModel:
             return gpu
         return gpu[:4] + floor + gpu[6:]
 
+    def _as_decodes(self, n: int, raw_keys: float, top: float) -> tuple[float, float]:
+        """(prefill, decode) attention seconds of `n` decodes alone reading `raw_keys` keys in all, the
+        longest `top` (as `_terms` prices a batch of decodes alone)."""
+        dec_keys = raw_keys
+        if self.decode_imbalance is not None and n > 1:
+            alpha = imbalance_alpha(self.decode_imbalance[0], n)
+            dec_keys = raw_keys + alpha * (n * top - raw_keys)
+        longest = top
+        if self.decode_waves[0]:
+            longest = decode_path(n, top, *self.decode_launch(n), raw_keys / (n * top))
+        pf, dec = self._attention(n, dec_keys, 0, 0, 0, 0, 0, (0, longest))
+        return self.layers * pf, self.layers * dec
+
     def _attention_of(self, new: list, ctx: list, sampled: int) -> tuple[float, float]:
-        """(prefill, decode) attention seconds of the batch of rows (`new`, `ctx`)."""
-        terms = self._terms(BatchShape(new, ctx, sampled))
+        """(prefill, decode) attention seconds of the batch of rows (`new`, `ctx`), unguarded."""
+        terms = self._terms(BatchShape(new, ctx, sampled), guard=False)
         return terms[4], terms[5]
 
     def decode_launch(self, n_dec: int) -> tuple:
