@@ -179,13 +179,13 @@ class RooflineCostModel:
         RTX PRO 6000's vLLM 0.19 decode fit pays 12.5 us a launch, its prefill fit 4.8 us (Qwen3-30B-A3B
         TP2), so a fresh chunk of up to ~256 tokens alone is priced (and measured) below a decode over
         its keys. The guard keeps a step from getting cheaper when a decode row becomes a chunk, without
-        lifting prefill-only steps: a step with decodes beside its chunks costs at least all its rows run
-        as decodes (each chunk a decode reading its keys), and any step at least the same batch with its
-        2-token chunks run as decodes. A lifted step's attention is that batch's, term by term (its
+        lifting prefill-only steps: a step with decodes or 2-token chunks beside its chunks costs at least
+        all its rows run as decodes (each chunk a decode reading its keys), and at least the same batch
+        with only its 2-token chunks run as decodes. A lifted step's attention is that batch's, term by term (its
         breakdown shows those rows as decodes).
         """
-        floor = self._as_decodes(n_dec + n_pf, keys, top) if n_dec else (0.0, 0.0)
         twos = new.count(2)
+        floor = self._as_decodes(n_dec + n_pf, keys, top) if n_dec or twos else (0.0, 0.0)
         if twos and (not n_dec or twos < n_pf):  # 2-token chunks beside bigger ones (else the same batch)
             demoted = self._attention_of([1 if c == 2 else c for c in new],
                                          [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled)
