@@ -181,8 +181,8 @@ class RooflineCostModel:
         its keys. The guard keeps a step from getting cheaper when a decode row becomes a chunk, without
         lifting prefill-only steps: a step with decodes or 2-token chunks beside its chunks costs at least
         all its rows run as decodes (each chunk a decode reading its keys), and at least the same batch
-        with only its 2-token chunks run as decodes. A lifted step's attention is that batch's, term by term (its
-        breakdown shows those rows as decodes).
+        with only its 2-token chunks run as decodes. A lifted step's attention is that batch's, term by
+        term (its breakdown shows those rows as decodes).
         """
         twos = new.count(2)
         floor = self._as_decodes(n_dec + n_pf, keys, top) if n_dec or twos else (0.0, 0.0)
