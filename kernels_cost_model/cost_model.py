@@ -130,17 +130,18 @@ class RooflineCostModel:
         return dict(zip(BREAKDOWN_KEYS, self._terms(batch)))
 
     # -- pricing ----------------------------------------------------------------------------
-    def _terms(self, batch: BatchShape) -> tuple[float, ...]:
+    def _terms(self, batch: BatchShape, guard: bool = True) -> tuple[float, ...]:
         new, ctx = batch.num_new_tokens, batch.num_context_tokens
         n = len(new)
         n_dec = new.count(1)
         if n_dec < n:
             pf_tok, pf_ctx, pf_pairs, pf_tile, n_pf, idle_ctx, pf_keys, pf_rows = _fold_prefill_rows(new, ctx, n_dec)
+            pf_top = pf_keys  # the longest chunk row's keys (context + chunk)
             if self.prefill_waves[0]:  # FA2: the prefill units' waves over the SMs (prefill_waves.py)
                 sms, heads, block = self.prefill_waves
                 pf_keys = batch_path_keys(*(pf_rows or (new, ctx)), heads, sms, block)
         else:
-            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = 0
+            pf_tok = pf_ctx = pf_pairs = pf_tile = n_pf = idle_ctx = pf_keys = pf_top = 0
         tokens = n_dec + pf_tok
         cpu = self._cpu_s(n, tokens)
         if tokens <= 0:
@@ -148,12 +149,12 @@ class RooflineCostModel:
         dec_keys = raw_keys = sum(ctx) - pf_ctx - idle_ctx + n_dec  # keys read by decode rows (context + new token)
         if self.decode_imbalance is not None and n_dec > 1:
             dec_keys = self._imbalanced(dec_keys, new, ctx, n_dec, n_pf > 0)
-        # the decodes' critical path: max(ctx) + 1 is their longest row's keys, or a chunk's context whose
-        # own path (at prefill's key cost, never below decode's) is longer: the launch's path is the same.
-        # Rows with no new tokens read nothing: then scan the decodes themselves.
+        # the decodes' critical path: their longest row's keys (max(ctx) + 1 when every row is a decode;
+        # a chunk's own path is priced at the prefill fit's key cost, pf_keys). Rows with no new tokens
+        # read nothing.
         longest = 0
         if n_dec:
-            longest = (max(c for k, c in zip(new, ctx) if k == 1) if idle_ctx else max(ctx)) + 1
+            longest = (max(c for k, c in zip(new, ctx) if k == 1) if n_dec < n else max(ctx)) + 1
             if self.decode_waves[0] and not n_pf:  # FA2, decodes alone: the split-KV units' waves
                 longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / (n_dec * longest))
         mixed = None
@@ -161,9 +162,55 @@ class RooflineCostModel:
             mixed = self._mixed_launch(new, ctx, pf_rows, pf_keys, n_dec, raw_keys)
         gpu = self._price(self._padded(tokens), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest), mixed)
+        if n_pf and guard:  # all rows as decodes: raw keys + each chunk's context + chunk, the longest row
+            gpu = self._no_cheaper_than_decodes(new, ctx, batch.num_sampled, gpu, n_dec, n_pf,
+                                                raw_keys + pf_ctx + pf_tok, max(longest, pf_top))
         if self.async_scheduling:  # only the CPU time the GPU work does not cover shows
             cpu = max(0.0, cpu - sum(gpu))
         return gpu + (cpu,)
+
+    def _no_cheaper_than_decodes(self, new: list, ctx: list, sampled: int, gpu: tuple, n_dec: int, n_pf: int,
+                                 keys: float, top: float) -> tuple:
+        """The step's attention, never below that of its rows run as decodes where a decode could turn
+        into one of its chunks (`keys`, `top`: the keys of all rows as decodes, of the longest).
+
+        Prefill and decode rows are priced at their own families' fits, and on FA2 GPUs their launches
+        differ (a decode launch's split-KV units and combine step against a chunk's 64-row tiles): the
+        RTX PRO 6000's vLLM 0.19 decode fit pays 12.5 us a launch, its prefill fit 4.8 us (Qwen3-30B-A3B
+        TP2), so a fresh chunk of up to ~256 tokens alone is priced (and measured) below a decode over
+        its keys. The guard keeps a step from getting cheaper when a decode row becomes a chunk, without
+        lifting prefill-only steps: a step with decodes or 2-token chunks beside its chunks costs at least
+        all its rows run as decodes (each chunk a decode reading its keys), and at least the same batch
+        with only its 2-token chunks run as decodes. A lifted step's attention is that batch's, term by
+        term (its breakdown shows those rows as decodes).
+        """
+        twos = new.count(2)
+        floor = self._as_decodes(n_dec + n_pf, keys, top) if n_dec or twos else (0.0, 0.0)
+        if twos and (not n_dec or twos < n_pf):  # 2-token chunks beside bigger ones (else the same batch)
+            demoted = self._attention_of([1 if c == 2 else c for c in new],
+                                         [p + 1 if c == 2 else p for c, p in zip(new, ctx)], sampled)
+            floor = demoted if demoted[0] + demoted[1] > floor[0] + floor[1] else floor
+        if floor[0] + floor[1] <= gpu[4] + gpu[5]:
+            return gpu
+        return gpu[:4] + floor + gpu[6:]
+
+    def _as_decodes(self, n: int, raw_keys: float, top: float) -> tuple[float, float]:
+        """(prefill, decode) attention seconds of `n` decodes alone reading `raw_keys` keys in all, the
+        longest `top` (as `_terms` prices a batch of decodes alone)."""
+        dec_keys = raw_keys
+        if self.decode_imbalance is not None and n > 1:
+            alpha = imbalance_alpha(self.decode_imbalance[0], n)
+            dec_keys = raw_keys + alpha * (n * top - raw_keys)
+        longest = top
+        if self.decode_waves[0]:
+            longest = decode_path(n, top, *self.decode_launch(n), raw_keys / (n * top))
+        pf, dec = self._attention(n, dec_keys, 0, 0, 0, 0, 0, (0, longest))
+        return self.layers * pf, self.layers * dec
+
+    def _attention_of(self, new: list, ctx: list, sampled: int) -> tuple[float, float]:
+        """(prefill, decode) attention seconds of the batch of rows (`new`, `ctx`), unguarded."""
+        terms = self._terms(BatchShape(new, ctx, sampled), guard=False)
+        return terms[4], terms[5]
 
     def decode_launch(self, n_dec: int) -> tuple:
         """decode_path's (query heads, KV heads, SMs, keys per block, decided_at) for `n_dec` decodes alone:
@@ -332,15 +379,6 @@ def link_all_reduce(host: GPU) -> Coeffs:
     return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
 
 
-def _consistent_prefill(pf: Coeffs, dec: Coeffs) -> Coeffs:
-    """Prefill coefficients no cheaper than decode's, so turning a decode row into a 2-token chunk
-    (2p + 3 query-key pairs instead of p + 1, more bytes) never shortens a step. Fitted values
-    normally satisfy this already; a noisy user profile might not."""
-    return Coeffs(max(pf.s_per_flop, dec.s_per_flop * (1.0 + dec.tile_rows) / 2.0),
-                  max(pf.s_per_byte, dec.s_per_byte), max(pf.overhead_s, dec.overhead_s), pf.tile_rows,
-                  max(pf.s_per_seq, dec.s_per_seq), max(pf.s_per_key, dec.s_per_key))
-
-
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
     if isinstance(calibration, Calibration):
         return calibration
@@ -430,8 +468,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         up=mm("mlp_up", h, 2 * inter), down=mm("mlp_down", inter, h),
         router=mm("moe_router", h, spec.num_experts) if spec.is_moe else None,
         lm_head=mm("lm_head", h, spec.vocab_size / tp),
-        prefill=_consistent_prefill(attention_operator(cal, "prefill_attention", heads, kv_heads, hd),
-                                    attention_operator(cal, "decode_attention", heads, kv_heads, hd)),
+        prefill=attention_operator(cal, "prefill_attention", heads, kv_heads, hd),
         decode=attention_operator(cal, "decode_attention", heads, kv_heads, hd),
         norm=co("elementwise", "rms_norm"), act=co("elementwise", "silu_mul"),
         rope=co("elementwise", "rope"), add=co("elementwise", "add"),

@@ -1,7 +1,7 @@
 """More tokens, more context, more requests or more sampled rows never make a step faster."""
 import warnings
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
@@ -30,6 +30,10 @@ def batch(pairs, sampled=None):
 def test_more_new_tokens_never_faster(cm, pairs, data):
     i = data.draw(st.integers(0, len(pairs) - 1))
     extra = data.draw(st.integers(1, 2000))
+    # the step's last decode turned into a chunk of 3 or more tokens may be cheaper, as measured: a decode
+    # launch (split-KV units and their combine) costs more than a few-token prefill launch on FA2 GPUs
+    # (cost_model._no_cheaper_than_decodes guards the 2-token chunk and every step that keeps a decode)
+    assume(not (pairs[i][0] == 1 and extra >= 2 and [c for c, _ in pairs].count(1) == 1))
     grown = list(pairs)
     grown[i] = (pairs[i][0] + extra, pairs[i][1])
     assert cm.step_time(batch(grown)) >= cm.step_time(batch(pairs))
