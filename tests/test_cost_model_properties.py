@@ -30,10 +30,12 @@ def batch(pairs, sampled=None):
 def test_more_new_tokens_never_faster(cm, pairs, data):
     i = data.draw(st.integers(0, len(pairs) - 1))
     extra = data.draw(st.integers(1, 2000))
-    # the step's last decode turned into a chunk of 3 or more tokens may be cheaper, as measured: a decode
-    # launch (split-KV units and their combine) costs more than a few-token prefill launch on FA2 GPUs
-    # (cost_model._no_cheaper_than_decodes guards the 2-token chunk and every step that keeps a decode)
-    assume(not (pairs[i][0] == 1 and extra >= 2 and [c for c, _ in pairs].count(1) == 1))
+    # the step's last row priced as a decode (a decode, or a 2-token chunk: cost_model._no_cheaper_than_decodes
+    # prices those as decodes) turned into a chunk of 3 or more tokens may be cheaper, as measured: a decode
+    # launch (split-KV units and their combine) costs more than a few-token prefill launch on FA2 GPUs (the
+    # guard holds every step that keeps such a row)
+    others = [c for j, (c, _) in enumerate(pairs) if j != i]
+    assume(not (pairs[i][0] in (1, 2) and pairs[i][0] + extra >= 3 and 1 not in others and 2 not in others))
     grown = list(pairs)
     grown[i] = (pairs[i][0] + extra, pairs[i][1])
     assert cm.step_time(batch(grown)) >= cm.step_time(batch(pairs))
@@ -44,7 +46,8 @@ def test_more_context_never_faster(cm, pairs, data):
     i = data.draw(st.integers(0, len(pairs) - 1))
     grown = list(pairs)
     grown[i] = (pairs[i][0], pairs[i][1] + data.draw(st.integers(1, 50000)))
-    assert cm.step_time(batch(grown)) >= cm.step_time(batch(pairs))
+    # (to the last bit: a row off the launch's critical path may change how the sum rounds, by an ulp)
+    assert cm.step_time(batch(grown)) >= cm.step_time(batch(pairs)) * (1 - 1e-15)
 
 
 @given(st.sampled_from(MODELS), rows, st.tuples(st.integers(0, 3000), st.integers(0, 20000)))
