@@ -31,7 +31,7 @@ CHUNK = 1 << 18
 """Entries per chunk (values and counts), and the most a selection step gathers at once."""
 EXPLICIT = 1 << 20
 """Gaps read one by one are gathered this many at a time, then kept as distinct values and counts."""
-REQUESTS = 1 << 15
+REQUESTS = 1 << 13
 """Requests kept as runs read at once (their runs unpacked together)."""
 _PIECE = 13  # bits per piece of a 53-bit mantissa in the exact sums
 _PIECES = 5
@@ -194,7 +194,7 @@ def exact_moments(chunks) -> tuple[int, Fraction, Fraction]:
     for values, counts in each(chunks):
         weights = np.ones(len(values), dtype=np.int64) if counts is None else counts.astype(np.int64)
         n += int(weights.sum())
-        step = 1 << max(0, 33 - int(weights.max(initial=1)).bit_length())  # no int64 sum overflows
+        step = 1 << max(0, min(16, 33 - int(weights.max(initial=1)).bit_length()))  # no int64 sum overflows
         for lo in range(0, len(values), step):
             _add_sums(values[lo:lo + step], weights[lo:lo + step], linear, square)
     total = sum((Fraction(v) * Fraction(2) ** e for e, v in linear.items()), Fraction(0))
