@@ -189,3 +189,14 @@ def test_any_runs_give_the_chunks_of_their_pooled_gaps(timeline, data):
     chunks = itl_chunks(TokenTimes(live, store), completed)
     weighted = np.concatenate([np.zeros(0), *(v if c is None else np.repeat(v, c) for v, c in each(chunks))])
     assert np.array_equal(np.sort(weighted), np.sort(pooled))
+
+
+def test_the_mmap_threshold_is_fixed_only_before_long_runs(monkeypatch):
+    import sim.api.memory as memory
+    calls = []
+    monkeypatch.setattr(memory, "_libc_function", lambda name: lambda *args: calls.append((name, *args)))
+    memory.keep_large_blocks_apart(None)
+    memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS - 1)
+    assert calls == []
+    memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS)
+    assert calls == [("mallopt", memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD)]
