@@ -200,3 +200,21 @@ def test_the_mmap_threshold_is_fixed_only_before_long_runs(monkeypatch):
     assert calls == []
     memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS)
     assert calls == [("mallopt", memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD)]
+
+
+def test_more_runs_than_a_byte_counts_over_one_gap_widen_the_counts():
+    """300 requests over the same steps (one run each, some split by a skipped step): counts past 255."""
+    starts = np.cumsum(np.full(40, 0.5)).tolist()
+    store = TokenRuns(_Steps(starts))
+    plain = [array("d", starts[i % 7:30] if i % 3 else starts[2:9] + starts[10:20]) for i in range(300)]
+    live = [array("d", t) for t in plain]
+    for index in range(len(live)):
+        store.add_request()
+        store.finish(index, live)
+    store.compact(live)
+    completed = np.ones(300, dtype=bool)
+    chunks = itl_chunks(TokenTimes(live, store), completed)
+    assert max(int(c.spanning.max()) for c in chunks if isinstance(c, StepGaps)) > 255
+    pooled = pooled_itl(plain, completed) * 1e3
+    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
+    assert np.array_equal(np.sort(weighted), np.sort(pooled))

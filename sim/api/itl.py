@@ -87,14 +87,29 @@ def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np
     if store.others:
         simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
     starts = view(store.steps.start_time, np.float64)
-    spanned = np.zeros(len(starts) + 1, dtype=np.int32)  # runs starting at a step, less runs ending there
+    spanning = np.zeros(max(len(starts) - 1, 0), dtype=np.uint8)  # runs spanning the gap after each step
     picked = chosen[simple]
     for lo in range(0, len(picked), REQUESTS):
-        first, last = _runs_of(store, picked[lo:lo + REQUESTS], starts, chunks)
-        np.add.at(spanned, first, 1)
-        np.add.at(spanned, last, -1)
-    _spanned_step_gaps(spanned, starts, chunks)
+        spanning = _add_spans(spanning, *_runs_of(store, picked[lo:lo + REQUESTS], starts, chunks))
+    for lo in range(0, len(spanning), CHUNK):  # the gaps themselves are read from the steps when needed
+        if spanning[lo:lo + CHUNK].any():
+            chunks.append(StepGaps(starts, lo, spanning[lo:lo + CHUNK]))
     return chosen[~simple]
+
+
+def _add_spans(spanning: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """`spanning` with one more over [first, last) of each run (a difference array over the steps
+    these runs cover), in a wider type where a count no longer fits."""
+    if not len(first):
+        return spanning
+    lo, hi = int(first.min()), int(last.max())
+    size = hi - lo + 1
+    runs = np.cumsum((np.bincount(first - lo, minlength=size) - np.bincount(last - lo, minlength=size))[:-1])
+    total = spanning[lo:hi] + runs
+    if int(total.max(initial=0)) > np.iinfo(spanning.dtype).max:
+        spanning = spanning.astype(np.min_scalar_type(int(total.max())))
+    spanning[lo:hi] = total
+    return spanning
 
 
 def _runs_of(store, requests: np.ndarray, starts: np.ndarray, chunks: list):
@@ -114,19 +129,6 @@ def _runs_of(store, requests: np.ndarray, starts: np.ndarray, chunks: list):
     between = starts[first[1:][same]] - starts[last[:-1][same]]
     _append_distinct(chunks, between[between > 0] * 1e3)
     return first, last
-
-
-def _spanned_step_gaps(spanned: np.ndarray, starts: np.ndarray, chunks: list) -> None:
-    """Each gap between consecutive step starts, counted once per run spanning it (`spanned`: runs
-    starting at each step less runs ending there): the counts are kept (one byte a step, mostly), the
-    gaps read from the steps when a pass needs them."""
-    running = 0
-    for lo in range(0, max(len(starts) - 1, 0), CHUNK):
-        spanning = np.cumsum(spanned[lo:min(lo + CHUNK, len(starts) - 1)], dtype=np.int64) + running
-        running = int(spanning[-1])
-        top = int(spanning.max(initial=0))
-        if top:
-            chunks.append(StepGaps(starts, lo, spanning.astype(np.min_scalar_type(top))))
 
 
 class StepGaps:
