@@ -104,11 +104,15 @@ class TokenRuns:
 
     def times(self, index: int) -> array | None:
         """Request `index`'s token times as compacted, or None if it was not."""
-        if self.offsets[index] < 0:
+        offset = self.offsets[index]
+        if offset < 0:
             return None
-        starts, out = self.steps.start_time, array("d")
-        for first, length in self.runs(index):
-            out.extend(starts[first:first + length])
+        pairs, starts, out = self.pairs[2 * offset:2 * (offset + self.counts[index])], self.steps.start_time, array("d")
+        end = self.firsts[index]
+        for skip, length in zip(pairs[0::2], pairs[1::2]):
+            end += skip
+            out.extend(starts[end:end + length])
+            end += length
         if index in self.others:
             out = array("d", sorted(out + self.others[index]))  # times never decrease: sorting restores their order
         return out
