@@ -91,10 +91,8 @@ class TokenRuns:
 
     def runs(self, index: int) -> list[tuple[int, int]]:
         """Request `index`'s runs as (first position, length), the pairs of a split run joined."""
-        offset = self.offsets[index]
-        pairs = self.pairs[2 * offset:2 * (offset + self.counts[index])] if offset >= 0 else ()
         out, end = [], self.firsts[index]
-        for skip, length in zip(pairs[0::2], pairs[1::2]):
+        for skip, length in self._pairs_of(index):
             if out and not skip:
                 out[-1][1] += length
             else:
@@ -104,18 +102,22 @@ class TokenRuns:
 
     def times(self, index: int) -> array | None:
         """Request `index`'s token times as compacted, or None if it was not."""
-        offset = self.offsets[index]
-        if offset < 0:
+        if self.offsets[index] < 0:
             return None
-        pairs, starts, out = self.pairs[2 * offset:2 * (offset + self.counts[index])], self.steps.start_time, array("d")
-        end = self.firsts[index]
-        for skip, length in zip(pairs[0::2], pairs[1::2]):
+        starts, out, end = self.steps.start_time, array("d"), self.firsts[index]
+        for skip, length in self._pairs_of(index):
             end += skip
             out.extend(starts[end:end + length])
             end += length
         if index in self.others:
             out = array("d", sorted(out + self.others[index]))  # times never decrease: sorting restores their order
         return out
+
+    def _pairs_of(self, index: int):
+        """Request `index`'s (skip, length) pairs (none where it was not compacted)."""
+        offset = self.offsets[index]
+        pairs = self.pairs[2 * offset:2 * (offset + self.counts[index])] if offset >= 0 else array("B")
+        return zip(pairs[0::2], pairs[1::2])
 
     def nbytes(self) -> int:
         """Bytes held by the store's arrays."""
