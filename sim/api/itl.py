@@ -6,8 +6,8 @@ hundreds of millions of them, so the gaps are held as weighted chunks, (value in
 
 - token times kept as runs (`record_token_times = "runs"`, sim.core.token_runs): inside a run, a
   request's gaps are the gaps between consecutive step start times, so each step gap counts once per
-  run that spans it (one chunk entry per step, a few bytes a step; the runs spanning each gap counted
-  with one difference array over the steps), plus the gaps between a request's runs, kept as distinct
+  run that spans it (one byte a step, mostly: the runs spanning each gap counted from a difference
+  array over the steps each batch of requests covers), plus the gaps between a request's runs, kept as distinct
   values and counts (requests side by side skip the same steps: vLLM V0's prefill-only steps end every
   decoding request's run);
 - token times kept in arrays (or read back otherwise): every gap once, chunk by chunk.
