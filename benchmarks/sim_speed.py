@@ -124,7 +124,9 @@ def scale_point(num_requests: int, mode: str, token_times: bool | str = True, vi
     benchmark's numpy tables, or (`via_simulate`) what `simulate()` builds, `Results.from_records` and
     its summary ('rss_engine': max RSS when the engine had finished, before any table)."""
     build = "tables = b.results(rec)" if via_simulate else "tables = b.tables(rec)"
-    imports = "import sim.api.results;" if via_simulate else ""  # pandas' own memory counts as the engine's
+    # pandas' own memory counts as the engine's; simulate() fixes the mmap threshold before its engine
+    imports = (f"import sim.api.results, sim.api.memory; sim.api.memory.keep_large_blocks_apart({num_requests});"
+               if via_simulate else "")
     code = (f"import sys, json, time, resource; sys.path.insert(0, {_here()!r}); {imports}"
             f"import sim_speed as b; rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             f"t = time.perf_counter(); cpu, rec = b.run_once({scenario!r}, {num_requests}, {mode!r}, {token_times!r});"
@@ -139,7 +141,8 @@ def scale_point(num_requests: int, mode: str, token_times: bool | str = True, vi
 
 
 def results(records):
-    """What `simulate()` makes of the records: `Results` and its summary (the client latency off)."""
+    """What `simulate()` makes of the records: `Results` and its summary (the client latency off;
+    `scale_point` fixes the mmap threshold before the engine, as `simulate()` does)."""
     from sim.api.memory import release_freed_memory
     from sim.api.results import Results
     release_freed_memory()

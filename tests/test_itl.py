@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sim.api.itl import CHUNK, StepGaps, each, itl_chunks, order_statistic, sqrt_rounded, weighted_stats
 from sim.api.metrics import itl_stats, latency_stats
 from tests.itl_reference import pooled_itl
+from tests.test_token_runs import _Steps, _timelines
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.token_runs import TokenRuns, TokenTimes
@@ -169,3 +170,51 @@ def test_release_skips_short_runs(monkeypatch):
     assert calls == []
     memory.release_freed_memory(memory.RELEASE_FROM_REQUESTS)
     assert calls == [1]
+
+
+@settings(max_examples=40)
+@given(_timelines(), st.data())
+def test_any_runs_give_the_chunks_of_their_pooled_gaps(timeline, data):
+    """Runs split over several pairs, far apart, several tokens at one step's time, times off the
+    steps, some requests not completed: the weighted chunks hold exactly the pooled gaps."""
+    starts, requests = timeline
+    store = TokenRuns(_Steps(starts))
+    live = [array("d", t) for t in requests]
+    for index in range(len(live)):
+        store.add_request()
+        store.finish(index, live)
+    store.compact(live)
+    completed = np.array(data.draw(st.lists(st.booleans(), min_size=len(requests), max_size=len(requests))))
+    pooled = pooled_itl([array("d", t) for t in requests], completed) * 1e3
+    chunks = itl_chunks(TokenTimes(live, store), completed)
+    weighted = np.concatenate([np.zeros(0), *(v if c is None else np.repeat(v, c) for v, c in each(chunks))])
+    assert np.array_equal(np.sort(weighted), np.sort(pooled))
+
+
+def test_the_mmap_threshold_is_fixed_only_before_long_runs(monkeypatch):
+    import sim.api.memory as memory
+    calls = []
+    monkeypatch.setattr(memory, "_libc_function", lambda name: lambda *args: calls.append((name, *args)))
+    memory.keep_large_blocks_apart(None)
+    memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS - 1)
+    assert calls == []
+    memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS)
+    assert calls == [("mallopt", memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD)]
+
+
+def test_more_runs_than_a_byte_counts_over_one_gap_widen_the_counts():
+    """300 requests over the same steps (one run each, some split by a skipped step): counts past 255."""
+    starts = np.cumsum(np.full(40, 0.5)).tolist()
+    store = TokenRuns(_Steps(starts))
+    plain = [array("d", starts[i % 7:30] if i % 3 else starts[2:9] + starts[10:20]) for i in range(300)]
+    live = [array("d", t) for t in plain]
+    for index in range(len(live)):
+        store.add_request()
+        store.finish(index, live)
+    store.compact(live)
+    completed = np.ones(300, dtype=bool)
+    chunks = itl_chunks(TokenTimes(live, store), completed)
+    assert max(int(c.spanning.max()) for c in chunks if isinstance(c, StepGaps)) > 255
+    pooled = pooled_itl(plain, completed) * 1e3
+    weighted = np.concatenate([v if c is None else np.repeat(v, c) for v, c in each(chunks)])
+    assert np.array_equal(np.sort(weighted), np.sort(pooled))

@@ -6,13 +6,15 @@ from array import array
 from dataclasses import replace
 
 import pytest
+import numpy as np
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels_cost_model.errors import ConfigError
 from sim.api.results import Results
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
-from sim.core.token_runs import TokenRuns
+from sim.core.token_runs import TokenRuns, TokenTimes
 from sim.engine.simulation import run_engine
 from tests.test_fast_mode import configs, long_runs
 from workloads import poisson_workload
@@ -45,9 +47,9 @@ def test_a_sharegpt_run_keeps_a_few_runs_per_request(mode, async_scheduling):
     assert repr(_times(runs)) == repr(_times(plain))
     store = runs.requests.token_runs
     assert all(t is None for t in runs.requests.token_times)  # nothing left as arrays
-    counts = [store.runs[offset] for offset in store.offsets]
+    counts = [len(store.runs(i)) for i in range(len(store.offsets))]
     assert max(counts) <= 2 + 2 * max(runs.requests.num_preemptions)
-    assert len(store.extras) <= len(counts)
+    assert sum(map(len, store.others.values())) <= len(counts)
     tokens = sum(runs.requests.num_output_tokens)
     assert store.nbytes() < 8 * tokens / 4
     results = Results.from_records(runs)
@@ -70,7 +72,7 @@ def test_times_no_step_started_at_are_kept_as_they_are():
     assert live == [None, None, None]
     assert list(store.times(0)) == [1.0, 1.5, 2.0, 3.0, 4.0, 4.0]
     assert list(store.times(1)) == [] and store.times(2) is None
-    assert list(store.extras) == [1.5, 4.0, 4.0]
+    assert list(store.others[0]) == [1.5, 4.0, 4.0] and list(store.others) == [0]
 
 
 def test_a_request_waits_for_the_step_that_starts_at_its_last_token():
@@ -82,10 +84,52 @@ def test_a_request_waits_for_the_step_that_starts_at_its_last_token():
     assert live[0] is not None and store.times(0) is None  # 2.0 may still start a step
     steps.start_time.append(2.0)
     store.compact(live, final=False)
-    assert live[0] is None and list(store.times(0)) == [1.0, 2.0] and not store.extras
+    assert live[0] is None and list(store.times(0)) == [1.0, 2.0] and not store.others
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_record_token_times_must_be_true_false_or_runs(value):
     with pytest.raises(ConfigError, match="record_token_times"):
         EngineConfig(record_token_times=value)
+
+
+@st.composite
+def _timelines(draw):
+    """Step start times (non-decreasing, a repeat now and then) and requests' token times: runs of
+    positions with skips and lengths of any size, and for some requests times several tokens share
+    or that no step started at."""
+    pattern = draw(st.lists(st.sampled_from([0.25, 0.5, 1.0, 3.0]), min_size=1, max_size=6))
+    starts = np.cumsum([0.0, *np.resize(pattern, draw(st.integers(0, 1500)))]).tolist()
+    if draw(st.booleans()):
+        repeat = draw(st.integers(0, len(starts) - 1))
+        starts.insert(repeat, starts[repeat])
+    requests = []
+    for _ in range(draw(st.integers(1, 4))):
+        position, times = draw(st.integers(0, 300)), []
+        for skip, length in draw(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 600)), min_size=1, max_size=4)):
+            times += starts[position:position + length]
+            position += length + skip
+        if draw(st.booleans()):
+            times += draw(st.lists(st.sampled_from(starts) | st.floats(-1.0, 5e3, allow_nan=False), max_size=4))
+        requests.append(sorted(times))
+    return starts, requests
+
+
+@settings(max_examples=60)
+@given(_timelines())
+def test_runs_round_trip_to_the_same_floats(timeline):
+    """Any times, compacted, read back equal (bit for bit) to the plain lists; runs longer than a
+    pair's byte or far apart take several pairs; times off the steps are kept as they are."""
+    starts, requests = timeline
+    store = TokenRuns(_Steps(starts))
+    live = [array("d", t) for t in requests]
+    for index in range(len(live)):
+        store.add_request()
+        store.finish(index, live)
+    store.compact(live)
+    assert live == [None] * len(requests)
+    for index, times in enumerate(requests):
+        back = store.times(index)
+        assert back.tobytes() == array("d", times).tobytes()
+        assert all(length > 0 for _, length in store.runs(index))
+    assert TokenTimes([None] * len(requests), store) == [array("d", t) for t in requests]

@@ -6,8 +6,10 @@ hundreds of millions of them, so the gaps are held as weighted chunks, (value in
 
 - token times kept as runs (`record_token_times = "runs"`, sim.core.token_runs): inside a run, a
   request's gaps are the gaps between consecutive step start times, so each step gap counts once per
-  run that spans it (one chunk entry per step, a few bytes a step), plus the gaps between a request's
-  runs, one each;
+  run that spans it (one byte a step, mostly: the runs spanning each gap counted from a difference
+  array over the steps each batch of requests covers), plus the gaps between a request's runs, kept as distinct
+  values and counts (requests side by side skip the same steps: vLLM V0's prefill-only steps end every
+  decoding request's run);
 - token times kept in arrays (or read back otherwise): every gap once, chunk by chunk.
 
 From those: the median and percentiles are order statistics picked out exactly (radix selection on
@@ -25,12 +27,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from sim.core.token_runs import MergedTokenTimes, TokenTimes
+from sim.core.token_runs import MergedTokenTimes, TokenTimes, view
 
 CHUNK = 1 << 18
 """Entries per chunk (values and counts), and the most a selection step gathers at once."""
 EXPLICIT = 1 << 20
 """Gaps read one by one are gathered this many at a time, then kept as distinct values and counts."""
+REQUESTS = 1 << 13
+"""Requests kept as runs read at once (their runs unpacked together)."""
 _PIECE = 13  # bits per piece of a 53-bit mantissa in the exact sums
 _PIECES = 5
 
@@ -43,7 +47,7 @@ def itl_chunks(token_times, completed) -> list:
         return [c for times, chosen in token_times.split(completed) for c in itl_chunks(times, chosen)]
     chosen = np.flatnonzero(np.asarray(completed, dtype=bool)[:len(token_times)])
     chunks: list = []
-    if isinstance(token_times, TokenTimes) and len(token_times.store.runs):
+    if isinstance(token_times, TokenTimes):
         chosen = _run_chunks(token_times, chosen, chunks)
     _explicit_chunks(token_times, chosen, chunks)
     return chunks
@@ -79,46 +83,52 @@ def _append_distinct(chunks: list, values: np.ndarray) -> None:
 def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np.ndarray:
     """Chunks of the chosen requests kept as runs with no other times; returns the rest."""
     store = token_times.store
-    runs = np.frombuffer(store.runs, dtype=np.int64)
-    offsets = np.frombuffer(store.offsets, dtype=np.int64)[chosen]
-    simple = offsets >= 0
-    simple[simple] = runs[offsets[simple] + 1] == 0  # no times off the steps' start times
-    starts = np.frombuffer(store.steps.start_time, dtype=np.float64) if len(store.steps.start_time) \
-        else np.zeros(0)
-    firsts, lasts = [], []
-    simple_offsets = offsets[simple]
-    for lo in range(0, len(simple_offsets), CHUNK):  # a batch of requests at a time
-        first, last = _runs_of(runs, simple_offsets[lo:lo + CHUNK], starts, chunks)
-        firsts.append(first)
-        lasts.append(last)
-    _spanned_step_gaps(np.sort(np.concatenate(firsts or [np.zeros(0, np.int32)])),
-                       np.sort(np.concatenate(lasts or [np.zeros(0, np.int32)])), starts, chunks)
+    simple = view(store.offsets, np.int64)[chosen] >= 0
+    if store.others:
+        simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
+    starts = view(store.steps.start_time, np.float64)
+    spanning = np.zeros(max(len(starts) - 1, 0), dtype=np.uint8)  # runs spanning the gap after each step
+    picked = chosen[simple]
+    for lo in range(0, len(picked), REQUESTS):
+        spanning = _add_spans(spanning, *_runs_of(store, picked[lo:lo + REQUESTS], starts, chunks))
+    for lo in range(0, len(spanning), CHUNK):  # the gaps themselves are read from the steps when needed
+        if spanning[lo:lo + CHUNK].any():
+            chunks.append(StepGaps(starts, lo, spanning[lo:lo + CHUNK]))
     return chosen[~simple]
 
 
-def _runs_of(runs: np.ndarray, offsets: np.ndarray, starts: np.ndarray, chunks: list):
-    """(first, last) step positions of these requests' runs (int32); the gaps between consecutive
-    runs of a request (from one run's last token to the next one's first) go to `chunks`."""
-    counts = runs[offsets]
-    total = int(counts.sum())
-    owner = np.repeat(np.arange(len(offsets)), counts)
-    pairs = np.repeat(offsets + 3, counts) + 2 * (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts))
-    first, last = runs[pairs], runs[pairs] + runs[pairs + 1] - 1
+def _add_spans(spanning: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """`spanning` with one more over [first, last) of each run (a difference array over the steps
+    these runs cover), in a wider type where a count no longer fits."""
+    if not len(first):
+        return spanning
+    lo, hi = int(first.min()), int(last.max())
+    size = hi - lo + 1
+    runs = np.cumsum((np.bincount(first - lo, minlength=size) - np.bincount(last - lo, minlength=size))[:-1])
+    total = spanning[lo:hi] + runs
+    if int(total.max(initial=0)) > np.iinfo(spanning.dtype).max:
+        spanning = spanning.astype(np.min_scalar_type(int(total.max())))
+    spanning[lo:hi] = total
+    return spanning
+
+
+def _runs_of(store, requests: np.ndarray, starts: np.ndarray, chunks: list):
+    """(first, last) step positions of these requests' runs; the gaps between consecutive runs of a
+    request (from one run's last token to the next one's first) go to `chunks`, as distinct values."""
+    counts = view(store.counts, np.int32)[requests].astype(np.int64)
+    begin = np.cumsum(counts) - counts  # each request's first pair among these requests' pairs
+    index = np.repeat(view(store.offsets, np.int64)[requests] - begin, counts) + np.arange(int(counts.sum()))
+    pairs = view(store.pairs, np.uint8)
+    skip, length = pairs[2 * index].astype(np.int64), pairs[2 * index + 1].astype(np.int64)
+    end = np.cumsum(skip + length)
+    end += np.repeat(view(store.firsts, np.int64)[requests] - np.concatenate(([0], end))[begin], counts)
+    keep = length > 0
+    owner = np.repeat(np.arange(len(requests)), counts)[keep]
+    first, last = (end - length)[keep], end[keep] - 1
     same = owner[1:] == owner[:-1]
     between = starts[first[1:][same]] - starts[last[:-1][same]]
-    _append(chunks, between[between > 0] * 1e3, None)
-    return first.astype(np.int32), last.astype(np.int32)
-
-
-def _spanned_step_gaps(firsts: np.ndarray, lasts: np.ndarray, starts: np.ndarray, chunks: list) -> None:
-    """Each gap between consecutive step starts, counted once per run spanning it (sorted run ends):
-    the counts are kept (one byte a step, mostly), the gaps read from the steps when a pass needs them."""
-    for lo in range(0, max(len(starts) - 1, 0), CHUNK):
-        steps = np.arange(lo, min(lo + CHUNK, len(starts) - 1), dtype=np.int32)
-        spanning = np.searchsorted(firsts, steps, "right") - np.searchsorted(lasts, steps, "right")
-        top = int(spanning.max(initial=0))
-        if top:
-            chunks.append(StepGaps(starts, lo, spanning.astype(np.min_scalar_type(top))))
+    _append_distinct(chunks, between[between > 0] * 1e3)
+    return first, last
 
 
 class StepGaps:
@@ -188,7 +198,7 @@ def exact_moments(chunks) -> tuple[int, Fraction, Fraction]:
     for values, counts in each(chunks):
         weights = np.ones(len(values), dtype=np.int64) if counts is None else counts.astype(np.int64)
         n += int(weights.sum())
-        step = 1 << max(0, 33 - int(weights.max(initial=1)).bit_length())  # no int64 sum overflows
+        step = 1 << max(0, min(16, 33 - int(weights.max(initial=1)).bit_length()))  # no int64 sum overflows
         for lo in range(0, len(values), step):
             _add_sums(values[lo:lo + step], weights[lo:lo + step], linear, square)
     total = sum((Fraction(v) * Fraction(2) ** e for e, v in linear.items()), Fraction(0))

@@ -21,7 +21,7 @@ from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.client import ClientConfig
-from sim.api.memory import release_freed_memory
+from sim.api.memory import keep_large_blocks_apart, release_freed_memory
 from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
@@ -366,6 +366,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     blocks = resolve_num_gpu_blocks(config)
     spec = config.speculative_config
     hooks = [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []
+    keep_large_blocks_apart(_planned_requests(config, workload))
     records = run_engine(traffic, token_times_as_runs(config.engine), cost_model, blocks, seed=config.seed,
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
@@ -376,6 +377,13 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta).with_client_latency(config.client)
     warn_rejections(results.requests, config.engine.max_model_len)
     return results
+
+
+def _planned_requests(config: SimulationConfig, workload) -> int | None:
+    """How many requests the run will have, where that is known before it (None: not known)."""
+    if workload is None:
+        return config.workload.num_requests
+    return len(workload) if hasattr(workload, "__len__") else None
 
 
 def token_times_as_runs(engine: EngineConfig) -> EngineConfig:

@@ -1,4 +1,4 @@
-"""Token times kept as runs (`record_token_times = "runs"`): a few integers per request instead of
+"""Token times kept as runs (`record_token_times = "runs"`): a few bytes per request instead of
 8 bytes a token.
 
 Every token time is the end of the step that sampled it, and the engine starts its next step right
@@ -6,9 +6,11 @@ then: so nearly every token time is also a value of the steps' `start_time` colu
 under sync scheduling, two under async, where the following step is planned one step ahead). While
 a request runs its times grow in a plain `array('d')`, as with `record_token_times = true`; once it
 has finished and those later steps are recorded, its times become runs of consecutive `start_time`
-positions (a request that decodes one token a step has one run from its first token to its last),
-plus the few times no step started at (a step before an idle engine), kept as they are. Reading a
-request's times back gives the same floats bit for bit.
+positions (a request that decodes one token a step has one run from its first token to its last; a
+step it samples nothing in, e.g. vLLM V0's prefill-only steps, ends a run), plus the few times no
+step started at (a step before an idle engine), kept as they are. A run is stored as two bytes, how
+many positions it skips after the previous run and how many it covers (longer ones split), so a
+request takes ~20 bytes plus 2 a run. Reading a request's times back gives the same floats bit for bit.
 """
 from __future__ import annotations
 
@@ -18,25 +20,32 @@ import numpy as np
 
 #: Finished requests compacted together (their arrays wait until the steps after them are recorded).
 BATCH = 32
+#: The largest skip or length one pair holds (one byte each); longer ones take several pairs.
+PIECE = 255
 
 
 class TokenRuns:
     """Finished requests' token times as runs over `steps.start_time`.
 
-    `offsets[i]`: where request i's entry starts in `runs` (-1: not compacted). An entry is the
-    number of runs k, the number of other times m, their offset in `extras`, then k pairs (first
-    `start_time` position, length).
+    Request i (compacted): `firsts[i]` is the position its first run starts at, and its runs are the
+    `counts[i]` pairs (skip, length) from `pairs[2 * offsets[i]]` on: each run starts `skip` positions
+    after the previous one's end (after `firsts[i]` for the first) and covers `length` positions.
+    `offsets[i]` is -1 where request i was not compacted. `others[i]`: its times no step started at.
     """
 
     def __init__(self, steps) -> None:
         self.steps = steps
-        self.runs = array("q")
+        self.pairs = array("B")
         self.offsets = array("q")
-        self.extras = array("d")
+        self.firsts = array("q")
+        self.counts = array("i")
+        self.others: dict[int, array] = {}
         self.pending: list[int] = []
 
     def add_request(self) -> None:
         self.offsets.append(-1)
+        self.firsts.append(0)
+        self.counts.append(0)
 
     def finish(self, index: int, token_times: list) -> None:
         """Request `index` finished: compact it (with others, once the steps after it are recorded)."""
@@ -49,8 +58,7 @@ class TokenRuns:
         their slots in `token_times` become None."""
         if not self.pending:
             return
-        starts = np.frombuffer(self.steps.start_time, dtype=np.float64) if len(self.steps.start_time) \
-            else np.zeros(0)
+        starts = view(self.steps.start_time, np.float64)
         last = starts[-1] if len(starts) else -np.inf
         waiting = []
         for index in self.pending:
@@ -60,45 +68,91 @@ class TokenRuns:
             if not final and times and times[-1] > last:
                 waiting.append(index)  # the step starting at its last token is not recorded yet
                 continue
-            self._store(index, np.frombuffer(times, dtype=np.float64) if times else np.zeros(0), starts)
+            self._store(index, view(times, np.float64), starts)
             token_times[index] = None
         self.pending = waiting
 
     def _store(self, index: int, values: np.ndarray, starts: np.ndarray) -> None:
+        """Keep a request's times as runs of the positions they start steps at; the others (no step
+        started then, or the same time as the token before: several tokens of one step) as they are."""
         at = np.searchsorted(starts, values)
         found = at < len(starts)
         found[found] = starts[at[found]] == values[found]
+        found[1:] &= ~(found[:-1] & (at[1:] == at[:-1]))  # a found time's position: taken by the one before
         at = at[found]
-        breaks = np.flatnonzero(np.diff(at) != 1) + 1
-        firsts = np.concatenate(([0], breaks)) if len(at) else np.zeros(0, dtype=np.int64)
-        lengths = np.diff(np.concatenate((firsts, [len(at)])))
-        others = values[~found]
-        entry = np.empty(3 + 2 * len(firsts), dtype=np.int64)
-        entry[:3] = len(firsts), len(others), len(self.extras)
-        entry[3::2], entry[4::2] = at[firsts], lengths
-        self.offsets[index] = len(self.runs)
-        self.runs.frombytes(entry.tobytes())
-        self.extras.frombytes(others.tobytes())
+        heads = np.concatenate(([0], np.flatnonzero(np.diff(at) != 1) + 1)) if len(at) else np.zeros(0, np.int64)
+        pairs = _pairs(at[heads], np.diff(np.concatenate((heads, [len(at)]))))
+        self.offsets[index] = len(self.pairs) // 2
+        self.firsts[index] = int(at[0]) if len(at) else 0
+        self.counts[index] = len(pairs) // 2
+        self.pairs.frombytes(pairs.tobytes())
+        if not found.all():
+            self.others[index] = array("d", values[~found].tobytes())
+
+    def runs(self, index: int) -> list[tuple[int, int]]:
+        """Request `index`'s runs as (first position, length), the pairs of a split run joined."""
+        out, end = [], self.firsts[index]
+        for skip, length in self._pairs_of(index):
+            if out and not skip:
+                out[-1][1] += length
+            else:
+                out.append([end + skip, length])
+            end += skip + length
+        return [(first, length) for first, length in out if length]
 
     def times(self, index: int) -> array | None:
         """Request `index`'s token times as compacted, or None if it was not."""
-        offset = self.offsets[index]
-        if offset < 0:
+        if self.offsets[index] < 0:
             return None
-        runs, starts = self.runs, self.steps.start_time
-        count, num_others, at = runs[offset], runs[offset + 1], runs[offset + 2]
-        out = array("d")
-        for k in range(count):
-            first, length = runs[offset + 3 + 2 * k], runs[offset + 4 + 2 * k]
-            out.extend(starts[first:first + length])
-        if num_others:
-            out.extend(self.extras[at:at + num_others])
-            out = array("d", sorted(out))  # times never decrease: sorting restores their order
+        starts, out, end = self.steps.start_time, array("d"), self.firsts[index]
+        for skip, length in self._pairs_of(index):
+            end += skip
+            out.extend(starts[end:end + length])
+            end += length
+        if index in self.others:
+            out = array("d", sorted(out + self.others[index]))  # times never decrease: sorting restores their order
         return out
+
+    def _pairs_of(self, index: int):
+        """Request `index`'s (skip, length) pairs (none where it was not compacted)."""
+        offset = self.offsets[index]
+        pairs = self.pairs[2 * offset:2 * (offset + self.counts[index])] if offset >= 0 else array("B")
+        return zip(pairs[0::2], pairs[1::2])
 
     def nbytes(self) -> int:
         """Bytes held by the store's arrays."""
-        return sum(a.itemsize * len(a) for a in (self.runs, self.offsets, self.extras))
+        arrays = (self.pairs, self.offsets, self.firsts, self.counts, *self.others.values())
+        return sum(a.itemsize * len(a) for a in arrays)
+
+
+def view(values: array, dtype) -> np.ndarray:
+    """A typed array as numpy, without a copy (an empty one too)."""
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
+
+
+def _pairs(firsts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The runs (first positions, lengths) as interleaved bytes (skip after the previous run, length);
+    a skip or a length over PIECE takes several pairs (skips of PIECE with no length, lengths of
+    PIECE with no skip)."""
+    skips = firsts - np.concatenate((firsts[:1], (firsts + lengths)[:-1]))
+    if len(skips) and max(int(skips.max()), int(lengths.max())) > PIECE:
+        return np.array([x for s, n in zip(skips.tolist(), lengths.tolist()) for x in _split(s, n)], dtype=np.uint8)
+    out = np.empty(2 * len(skips), dtype=np.uint8)
+    out[0::2], out[1::2] = skips, lengths
+    return out
+
+
+def _split(skip: int, length: int):
+    while skip > PIECE:
+        yield from (PIECE, 0)
+        skip -= PIECE
+    take = min(length, PIECE)
+    yield from (skip, take)
+    length -= take
+    while length:
+        take = min(length, PIECE)
+        yield from (0, take)
+        length -= take
 
 
 class _TimesSequence:
