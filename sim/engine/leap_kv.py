@@ -137,17 +137,20 @@ class StretchKV:
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
             register = _registrar(kv)
+            unit = 0  # the unit whose events are being made; the units before it are recorded
             for u, r, kind in self.events:
-                if u - 1 > len(used):   # units before u ended with the counters as they are
+                if u != unit:   # units before u ended with the counters as they are now
+                    used_now, cached_now = total - len(free_queue), len(kv_cached)
                     gap = u - 1 - len(used)
                     used.extend([used_now] * gap)
                     cached.extend([cached_now] * gap)
+                    unit = u
                 req = rows[r]
                 if kind == 0:
                     req_blocks[req].append(kv._pop_free())
                 else:
                     register(req, target(r, u))
-                used_now, cached_now = total - len(free_queue), len(kv_cached)
+            used_now, cached_now = total - len(free_queue), len(kv_cached)
         gap = units - len(used)
         used.extend([used_now] * gap)
         cached.extend([cached_now] * gap)
