@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import require
 
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
