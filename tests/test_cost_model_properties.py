@@ -52,7 +52,11 @@ def test_more_context_never_faster(cm, pairs, data):
 
 @given(st.sampled_from(MODELS), rows, st.tuples(st.integers(0, 3000), st.integers(0, 20000)))
 def test_more_requests_never_faster(cm, pairs, extra):
-    assert cm.step_time(batch(pairs + [extra], len(pairs))) >= cm.step_time(batch(pairs, len(pairs)))
+    # FA2 GPUs (A100, L40S here): a decode launch's waves before the last are priced at the mean row, which a
+    # short row added lowers, and FA2's split count moves with the batch (the measured kernels do get faster
+    # where a bigger batch splits better): up to ~0.6 % cheaper in a random search (docs/cost_model.md)
+    slack = 1e-2 if cm.decode_waves[0] else 0.0
+    assert cm.step_time(batch(pairs + [extra], len(pairs))) >= cm.step_time(batch(pairs, len(pairs))) * (1 - slack)
 
 
 @given(st.sampled_from(MODELS), rows, st.integers(0, 40))
