@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sim.api.itl import CHUNK, StepGaps, each, itl_chunks, order_statistic, sqrt_rounded, weighted_stats
 from sim.api.metrics import itl_stats, latency_stats
 from tests.itl_reference import pooled_itl
-from tests.test_token_runs import _Steps, _timelines
+from tests.test_token_runs import _Steps, _timelines, compacted
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.token_runs import TokenRuns, TokenTimes
@@ -178,12 +178,7 @@ def test_any_runs_give_the_chunks_of_their_pooled_gaps(timeline, data):
     """Runs split over several pairs, far apart, several tokens at one step's time, times off the
     steps, some requests not completed: the weighted chunks hold exactly the pooled gaps."""
     starts, requests = timeline
-    store = TokenRuns(_Steps(starts))
-    live = [array("d", t) for t in requests]
-    for index in range(len(live)):
-        store.add_request()
-        store.finish(index, live)
-    store.compact(live)
+    store, live = compacted(starts, requests)
     completed = np.array(data.draw(st.lists(st.booleans(), min_size=len(requests), max_size=len(requests))))
     pooled = pooled_itl([array("d", t) for t in requests], completed) * 1e3
     chunks = itl_chunks(TokenTimes(live, store), completed)

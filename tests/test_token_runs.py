@@ -93,6 +93,18 @@ def test_record_token_times_must_be_true_false_or_runs(value):
         EngineConfig(record_token_times=value)
 
 
+def compacted(starts: list, requests: list) -> tuple:
+    """(a TokenRuns over steps starting at `starts` with every request of `requests` finished and
+    compacted, the live token-time slots it emptied)."""
+    store = TokenRuns(_Steps(starts))
+    live = [array("d", t) for t in requests]
+    for index in range(len(live)):
+        store.add_request()
+        store.finish(index, live)
+    store.compact(live)
+    return store, live
+
+
 @st.composite
 def _timelines(draw):
     """Step start times (non-decreasing, a repeat now and then) and requests' token times: runs of
@@ -121,12 +133,7 @@ def test_runs_round_trip_to_the_same_floats(timeline):
     """Any times, compacted, read back equal (bit for bit) to the plain lists; runs longer than a
     pair's byte or far apart take several pairs; times off the steps are kept as they are."""
     starts, requests = timeline
-    store = TokenRuns(_Steps(starts))
-    live = [array("d", t) for t in requests]
-    for index in range(len(live)):
-        store.add_request()
-        store.finish(index, live)
-    store.compact(live)
+    store, live = compacted(starts, requests)
     assert live == [None] * len(requests)
     for index, times in enumerate(requests):
         back = store.times(index)
