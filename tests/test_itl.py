@@ -194,7 +194,8 @@ def test_the_mmap_threshold_is_fixed_only_before_long_runs(monkeypatch):
     memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS - 1)
     assert calls == []
     memory.keep_large_blocks_apart(memory.RELEASE_FROM_REQUESTS)
-    assert calls == [("mallopt", memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD)]
+    assert calls == [("mallopt", memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD),
+                     ("mallopt", memory.M_TRIM_THRESHOLD, memory.TRIM_THRESHOLD)]
 
 
 def test_more_runs_than_a_byte_counts_over_one_gap_widen_the_counts():
