@@ -34,19 +34,10 @@ def quiet_horizon(env) -> float:
     event = first[3]
     if event.callbacks or not event._ok:
         return first[0]
-    frontier = [(first, 0)]
-    size = len(queue)
-    for _ in range(QUIET_SCAN):
-        if not frontier:
-            return math.inf
-        entry, i = heappop(frontier)
-        event = entry[3]
-        if event.callbacks or not event._ok:
-            return entry[0]
-        for child in (2 * i + 1, 2 * i + 2):
-            if child < size:
-                heappush(frontier, (queue[child], child))
-    return frontier[0][0][0] if frontier else math.inf
+    for when, event in _in_time_order(queue):  # (the root does nothing: walk on, as events_due does)
+        if event is None or event.callbacks or not event._ok:
+            return when
+    return math.inf
 
 
 def events_due(env, end: float) -> list | None:
