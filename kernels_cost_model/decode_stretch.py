@@ -140,8 +140,10 @@ def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
     path = longest * f.s_per_key
     total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
     alone = c_dec if c_dec > m_dec else m_dec
-    share = 0.0 / (0.0 + alone) if 0.0 + alone > 0.0 else 0.5
-    gpu = f.head + f.layers * (total * share) + f.layers * (total * (1.0 - share))
+    if alone > 0.0:  # share 0.0: the two halves below add 0.0, then total, exactly
+        gpu = f.head + f.layers * total
+    else:
+        gpu = f.head + f.layers * (total * 0.5) + f.layers * (total * (1.0 - 0.5))
     for term in f.tail:
         gpu = gpu + term
     cpu = f.cpu

@@ -127,12 +127,6 @@ class StretchKV:
         used_now, cached_now = kv.num_used_blocks, len(kv.cached)
         used, cached = [], []
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
-            if kv.enable_prefix_caching:  # hash each row's new full blocks in one go (memoised)
-                req_hashes, bs = kv.req_hashes, kv.block_size
-                for r, req in enumerate(self.rows):
-                    target = self._target(r, units + self.half)
-                    if len(req_hashes.get(req, ())) < target // bs:
-                        kv._hashes(req, target // bs)
             target = self._target
             rows, req_blocks, total = self.rows, kv.req_blocks, kv.num_gpu_blocks - 1
             free_queue, kv_cached = kv.free_queue, kv.cached
