@@ -19,7 +19,7 @@ from sim.engine.leap import make_leaper
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
 from workloads.spec import RequestSpec
-from workloads.token_streams import stream_for, synthetic_spans
+from workloads.token_streams import stream_for, synthetic_rows, synthetic_spans
 
 EOS = 2
 
@@ -158,6 +158,17 @@ def test_synthetic_spans_read_what_each_streams_positions_read(rows, count):
     tokens = synthetic_spans([s.synthetic for s in streams], starts, count)
     expected = [[s(p) for p in range(start, start + count)] for s, start in zip(streams, starts.tolist())]
     assert tokens.tolist() == expected
+    assert synthetic_rows([s.synthetic for s in streams], starts.tolist(), count) == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**7), st.integers(-1, 25_000), st.integers(0, 25_000)),
+                min_size=1, max_size=4), st.sampled_from([0, 1, 7, 4096, 20_000, 20_001]))
+def test_synthetic_rows_match_the_spans_at_any_offset_and_length(rows, count):
+    """The filler cycle's slices wrap where positions pass a period (and past one period, the rows
+    fall back to the spans)."""
+    params = [(offset, eos_position, EOS) for offset, eos_position, _ in rows]
+    starts = [start for _, _, start in rows]
+    assert synthetic_rows(params, starts, count) == synthetic_spans(params, np.array(starts, np.int64), count).tolist()
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])

@@ -5,6 +5,8 @@ stream is given explicitly; a synthetic one emits filler ids and puts EOS at the
 """
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 FILLER_BASE_TOKEN_ID = 1000
@@ -71,6 +73,33 @@ def synthetic_spans(params: list, starts: np.ndarray, count: int) -> np.ndarray:
     if at_eos.any():
         tokens[at_eos] = np.broadcast_to(eos_ids[:, None], tokens.shape)[at_eos]
     return tokens
+
+
+def synthetic_rows(params: list, starts: list, count: int) -> list[list[int]]:
+    """`synthetic_spans(params, starts, count).tolist()`, each row one slice of `_filler_cycle` (a
+    stream's filler ids run through that cycle from a point of their own)."""
+    if count > FILLER_SPAN:
+        return synthetic_spans(params, np.array(starts, dtype=np.int64), count).tolist()
+    cycle, rows = _filler_cycle(), []
+    for (offset, eos_position, eos_id), start in zip(params, starts):
+        first = (offset * _INVERSE_STEP + start) % FILLER_SPAN
+        row = cycle[first:first + count]
+        if start <= eos_position < start + count:
+            row[eos_position - start] = eos_id
+        rows.append(row)
+    return rows
+
+
+#: 104729's inverse mod FILLER_SPAN (they are coprime): the stream with offset o emits at position p the
+#: id at cycle point (o x this + p) mod FILLER_SPAN, since (o x inverse + p) x 104729 = o + p x 104729
+_INVERSE_STEP = pow(104729, -1, FILLER_SPAN)
+
+
+@cache
+def _filler_cycle() -> list[int]:
+    """The filler ids of positions 0 .. 2 x FILLER_SPAN - 1 of the stream with offset 0: a full period
+    twice, so any run of at most FILLER_SPAN positions of any stream is one slice."""
+    return [FILLER_BASE_TOKEN_ID + (k * 104729) % FILLER_SPAN for k in range(2 * FILLER_SPAN)]
 
 
 def _filler_span(offset: int, start: int, stop: int) -> np.ndarray:

@@ -39,13 +39,12 @@ from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, plan_stop,
                                     rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
-from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_spans
+from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_rows, synthetic_spans
 
 #: Policies whose pure-decode step is "each running request, in order, one token" and whether they
 #: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
 ADMISSION_FIRST = {VllmV1Policy: False, VllmV0Policy: True}
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
-SYNTHETIC_FROM = 128  # read synthetic streams' tokens in one numpy pass from this many (rows x units)
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 WATCH_UNITS = 16  # after a refusal by a row near its length rule, watch the rows this much further too
 ROW_MISSES_FREE = 2  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
@@ -396,14 +395,8 @@ class _StretchPlan(StretchKV):
         return units
 
     def _read_synthetic(self, units: int) -> None:
-        """The tokens of `units` units of rows on synthetic streams: one numpy pass for many, the
-        streams position by position for few."""
-        if units * self.num_rows >= SYNTHETIC_FROM:
-            self.tokens = synthetic_spans(self.synthetic, np.array(self.outputs, dtype=np.int64), units).tolist()
-            return
-        streams = self.engine.streams
-        self.tokens = [[stream(p) for p in range(start, start + units)]
-                       for stream, start in zip([streams[req.index] for req in self.rows], self.outputs)]
+        """The tokens of `units` units of rows on synthetic streams (a slice of the filler cycle each)."""
+        self.tokens = synthetic_rows(self.synthetic, self.outputs, units)
 
     def _append_tokens(self, units: int) -> None:
         """Append the tokens rows sample in units 1..`units` (one fewer for a row that skips unit 1)."""
