@@ -69,7 +69,7 @@ def decode_step_time(model, num_rows: int, context_sum: int, longest: int) -> fl
     """`RooflineCostModel.step_time` of one pure-decode step (every row 1 new token and sampling)
     over contexts summing to `context_sum`, the longest `longest`.
     Only where SEQUENTIAL_SUM holds and num_rows >= 1."""
-    return _step(_fixed_for(model, num_rows), num_rows, context_sum + num_rows, longest + 1)
+    return _step_times(_fixed_for(model, num_rows), num_rows, context_sum + num_rows, longest + 1, 1)[0]
 
 
 def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, first: int,
@@ -83,7 +83,7 @@ def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, 
     n = num_rows
     fixed = _fixed_for(model, n)
     if count < VECTOR_FROM:
-        return [_step(fixed, n, context_sum + n * u + n, longest + u + 1) for u in range(first, first + count)]
+        return _step_times(fixed, n, context_sum + n * first + n, longest + first + 1, count)
     steps = np.arange(first, first + count, dtype=np.int64)
     return _steps(fixed, n, (context_sum + n * steps) + n, longest + steps + 1).tolist()
 
@@ -116,44 +116,46 @@ def _units(waves: tuple, blocks: int) -> tuple[int, int]:
     return decode_units(n, blocks, heads, kv, sms, decided_at)
 
 
-def _path(f: _Fixed, dec_keys: int, longest: int) -> float:
-    """prefill_waves.decode_path of an FA2 pure-decode step (same operations, same order)."""
-    waves = f.waves
-    block = waves[4]
-    blocks = max(math.ceil(longest / block), 1)
-    units = f.units.get(blocks)
-    if units is None:
-        units = f.units[blocks] = _units(waves, blocks)
-    count, per_unit = units
-    return (1.0 + (count - 1) * (dec_keys / (waves[0] * longest))) * (per_unit * block)
-
-
-def _step(f: _Fixed, n: int, dec_keys: int, longest: int) -> float:
-    """One step's price (Python floats), as `RooflineCostModel.step_time` computes it."""
-    keys = dec_keys if f.alpha is None else dec_keys + f.alpha * (n * longest - dec_keys)
-    hx, tile, s_per_flop = f.hx_tile_flop
-    c_dec = hx * keys * tile * s_per_flop
-    m_dec = f.d * (f.q_term + 2.0 * keys * f.kv_gpu) * f.s_per_byte
-    compute, memory = f.c_pf + c_dec, f.m_pf + m_dec
-    if f.waves is not None:
-        longest = _path(f, dec_keys, longest)
-    path = longest * f.s_per_key
-    total = (compute if compute > memory else memory) + (f.overhead + (f.pf_path if f.pf_path > path else path))
-    alone = c_dec if c_dec > m_dec else m_dec
-    if alone > 0.0:  # share 0.0: the two halves below add 0.0, then total, exactly
-        gpu = f.head + f.layers * total
-    else:
-        gpu = f.head + f.layers * (total * 0.5) + f.layers * (total * (1.0 - 0.5))
-    for term in f.tail:
-        gpu = gpu + term
-    cpu = f.cpu
-    if f.async_:
-        cpu = max(0.0, cpu - gpu)
-    return gpu + cpu
+def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> list[float]:
+    """The prices (Python floats) of `count` consecutive steps, as `RooflineCostModel.step_time`
+    computes each: the first over `dec_keys` keys with the longest row at `longest`, each next one
+    over n keys more and a longest row 1 longer. One loop with the step's figures held in locals."""
+    alpha, (hx, tile, s_per_flop) = f.alpha, f.hx_tile_flop
+    d, q_term, kv_gpu, s_per_byte = f.d, f.q_term, f.kv_gpu, f.s_per_byte
+    c_pf, m_pf, overhead, pf_path, s_per_key = f.c_pf, f.m_pf, f.overhead, f.pf_path, f.s_per_key
+    head, layers, (tail0, tail1, tail2), cpu0, async_ = f.head, f.layers, f.tail, f.cpu, f.async_
+    waves, memo = f.waves, f.units
+    if waves is not None:
+        rows, block = waves[0], waves[4]
+    times = []
+    for _ in range(count):
+        keys = dec_keys if alpha is None else dec_keys + alpha * (n * longest - dec_keys)
+        c_dec = hx * keys * tile * s_per_flop
+        m_dec = d * (q_term + 2.0 * keys * kv_gpu) * s_per_byte
+        compute, memory = c_pf + c_dec, m_pf + m_dec
+        if waves is None:
+            critical = longest
+        else:  # prefill_waves.decode_path of an FA2 pure-decode step (same operations, same order)
+            blocks = max(math.ceil(longest / block), 1)
+            units = memo.get(blocks)
+            if units is None:
+                units = memo[blocks] = _units(waves, blocks)
+            critical = (1.0 + (units[0] - 1) * (dec_keys / (rows * longest))) * (units[1] * block)
+        path = critical * s_per_key
+        total = (compute if compute > memory else memory) + (overhead + (pf_path if pf_path > path else path))
+        if (c_dec if c_dec > m_dec else m_dec) > 0.0:  # share 0.0: step_time's two halves add 0.0, then total
+            gpu = head + layers * total
+        else:
+            gpu = head + layers * (total * 0.5) + layers * (total * (1.0 - 0.5))
+        gpu = gpu + tail0 + tail1 + tail2
+        times.append(gpu + (max(0.0, cpu0 - gpu) if async_ else cpu0))
+        dec_keys += n
+        longest += 1
+    return times
 
 
 def _steps(f: _Fixed, n: int, dec_keys: np.ndarray, longest: np.ndarray) -> np.ndarray:
-    """`_step` over arrays of steps."""
+    """`_step_times` over arrays of steps."""
     keys = dec_keys if f.alpha is None else dec_keys + f.alpha * (n * longest - dec_keys)
     hx, tile, s_per_flop = f.hx_tile_flop
     c_dec = hx * keys * tile * s_per_flop

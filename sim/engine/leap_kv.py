@@ -156,7 +156,7 @@ def _registrar(kv):
     """`kv.cache_full_blocks(req, num_tokens)` for a plain manager with prefix caching on, as one
     closure over its tables (a stretch registers a block per row every `block_size` steps)."""
     block_size, hashed, req_hashes, req_blocks = kv.block_size, kv.num_hashed_blocks, kv.req_hashes, kv.req_blocks
-    block_hash, cached = kv.block_hash, kv.cached
+    block_hash, cached, pack = kv.block_hash, kv.cached, kv._pack_block
 
     def register(req, num_tokens: int) -> None:
         num_full = num_tokens // block_size
@@ -165,7 +165,11 @@ def _registrar(kv):
             return
         hashes = req_hashes.get(req)
         if hashes is None or len(hashes) < num_full:
-            hashes = kv._hashes(req, num_full)
+            first = (num_full - 1) * block_size - req.num_prompt_tokens
+            if first >= 0 and hashes and len(hashes) == num_full - 1:  # one block of output tokens
+                hashes.append(hash((hashes[-1], pack(*req.output_token_ids[first:first + block_size]))))
+            else:   # (as `kv._hashes` hashes such a block)
+                hashes = kv._hashes(req, num_full)
         blocks = req_blocks[req]
         for i in range(done, num_full):
             block = blocks[i]
