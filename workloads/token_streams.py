@@ -99,7 +99,7 @@ _INVERSE_STEP = pow(104729, -1, FILLER_SPAN)
 def _filler_cycle() -> list[int]:
     """The filler ids of positions 0 .. 2 x FILLER_SPAN - 1 of the stream with offset 0: a full period
     twice, so any run of at most FILLER_SPAN positions of any stream is one slice."""
-    return [FILLER_BASE_TOKEN_ID + (k * 104729) % FILLER_SPAN for k in range(2 * FILLER_SPAN)]
+    return _filler_span(0, 0, 2 * FILLER_SPAN).tolist()
 
 
 def _filler_span(offset: int, start: int, stop: int) -> np.ndarray:
