@@ -14,7 +14,7 @@ from sim.core.request import RequestStatus
 from sim.engine.engine import Step
 
 MAX_UNITS = 4096   # at most this many steps per leap (bounds the arrays of one leap)
-MIN_UNITS = 2      # a shorter stretch is left to single steps
+MIN_UNITS = 1      # a shorter stretch is left to single steps
 ROWS_PER_UNIT = 24  # ... and, for big batches, one shorter than a unit per so many rows (`least_units`)
 QUIET_SCAN = 32    # events that do nothing looked past for the horizon, at most
 
