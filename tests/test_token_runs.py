@@ -140,3 +140,20 @@ def test_runs_round_trip_to_the_same_floats(timeline):
         assert back.tobytes() == array("d", times).tobytes()
         assert all(length > 0 for _, length in store.runs(index))
     assert TokenTimes([None] * len(requests), store) == [array("d", t) for t in requests]
+
+
+@settings(max_examples=40)
+@given(_timelines())
+def test_requests_compacted_together_are_stored_as_one_at_a_time(timeline):
+    """The store's one numpy pass over several requests keeps each request's runs apart: the same
+    pairs, positions and stray times as compacting them one by one."""
+    starts, requests = timeline
+    together, _ = compacted(starts, requests)
+    alone, live = TokenRuns(_Steps(starts)), [array("d", t) for t in requests]
+    for index in range(len(live)):
+        alone.add_request()
+        alone.finish(index, live)
+        alone.compact(live)
+    for name in ("pairs", "offsets", "firsts", "counts"):
+        assert getattr(together, name) == getattr(alone, name), name
+    assert together.others == alone.others

@@ -19,7 +19,7 @@ from array import array
 import numpy as np
 
 #: Finished requests compacted together (their arrays wait until the steps after them are recorded).
-BATCH = 32
+BATCH = 128
 #: The largest skip or length one pair holds (one byte each); longer ones take several pairs.
 PIECE = 255
 
@@ -60,7 +60,7 @@ class TokenRuns:
             return
         starts = view(self.steps.start_time, np.float64)
         last = starts[-1] if len(starts) else -np.inf
-        waiting = []
+        waiting, ready = [], []
         for index in self.pending:
             times = token_times[index]
             if times is None:
@@ -68,26 +68,52 @@ class TokenRuns:
             if not final and times and times[-1] > last:
                 waiting.append(index)  # the step starting at its last token is not recorded yet
                 continue
-            self._store(index, view(times, np.float64), starts)
-            token_times[index] = None
+            ready.append(index)
+        if ready:
+            self._store(ready, [token_times[index] for index in ready], starts)
+            for index in ready:
+                token_times[index] = None
         self.pending = waiting
 
-    def _store(self, index: int, values: np.ndarray, starts: np.ndarray) -> None:
-        """Keep a request's times as runs of the positions they start steps at; the others (no step
-        started then, or the same time as the token before: several tokens of one step) as they are."""
+    def _store(self, indices: list, arrays: list, starts: np.ndarray) -> None:
+        """Keep requests' times as runs of the positions they start steps at; the others (no step
+        started then, or the same time as the token before: several tokens of one step) as they are.
+        All the requests in one numpy pass, each request's values a segment of it."""
+        lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
+        values = np.frombuffer(b"".join(arrays), np.float64) if lengths.any() else np.zeros(0)
+        segment = np.repeat(np.arange(len(arrays)), lengths)
         at = np.searchsorted(starts, values)
         found = at < len(starts)
         found[found] = starts[at[found]] == values[found]
-        found[1:] &= ~(found[:-1] & (at[1:] == at[:-1]))  # a found time's position: taken by the one before
-        at = at[found]
-        heads = np.concatenate(([0], np.flatnonzero(np.diff(at) != 1) + 1)) if len(at) else np.zeros(0, np.int64)
-        pairs = _pairs(at[heads], np.diff(np.concatenate((heads, [len(at)]))))
-        self.offsets[index] = len(self.pairs) // 2
-        self.firsts[index] = int(at[0]) if len(at) else 0
-        self.counts[index] = len(pairs) // 2
-        self.pairs.frombytes(pairs.tobytes())
+        later = segment[1:] == segment[:-1]   # a value with one of its own request before it
+        found[1:] &= ~(found[:-1] & (at[1:] == at[:-1]) & later)  # a found time's position: taken by the one before
+        at, owner = at[found], segment[found]
+        new_run = np.ones(len(at), bool)
+        new_run[1:] = (np.diff(at) != 1) | (owner[1:] != owner[:-1])
+        heads = np.flatnonzero(new_run)
+        run_firsts, run_owner = at[heads], owner[heads]
+        run_lengths = np.diff(np.append(heads, len(at)))
+        first_of_request = np.ones(len(heads), bool)
+        first_of_request[1:] = run_owner[1:] != run_owner[:-1]
+        skips = run_firsts - np.where(first_of_request, run_firsts, np.append(0, (run_firsts + run_lengths)[:-1]))
+        runs_per_request = np.bincount(run_owner, minlength=len(arrays))
+        bounds = np.append(0, np.cumsum(runs_per_request)).tolist()
+        if len(skips) and max(int(skips.max()), int(run_lengths.max())) > PIECE:
+            pieces = [_pairs(run_firsts[a:b], run_lengths[a:b]) for a, b in zip(bounds, bounds[1:])]
+        else:
+            interleaved = np.empty(2 * len(skips), dtype=np.uint8)
+            interleaved[0::2], interleaved[1::2] = skips, run_lengths
+            pieces = [interleaved[2 * a:2 * b] for a, b in zip(bounds, bounds[1:])]
+        firsts = run_firsts[np.minimum(bounds[:-1], max(len(heads) - 1, 0))].tolist() if len(heads) else []
+        for r, index in enumerate(indices):
+            self.offsets[index] = len(self.pairs) // 2
+            self.firsts[index] = firsts[r] if runs_per_request[r] else 0
+            self.counts[index] = len(pieces[r]) // 2
+            self.pairs.frombytes(pieces[r].tobytes())
         if not found.all():
-            self.others[index] = array("d", values[~found].tobytes())
+            lost = ~found
+            for r in np.unique(segment[lost]).tolist():
+                self.others[indices[r]] = array("d", values[lost & (segment == r)].tobytes())
 
     def runs(self, index: int) -> list[tuple[int, int]]:
         """Request `index`'s runs as (first position, length), the pairs of a split run joined."""
