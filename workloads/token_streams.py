@@ -57,7 +57,8 @@ def stream_for(spec, request_index: int, eos_token_id: int):
         stream.synthetic = None
         return stream
     eos_position = -1 if spec.output_len is None else spec.output_len - 1
-    stream = lambda p: eos_token_id if p == eos_position else base + (offset + p * 104729) % FILLER_SPAN  # noqa: E731
+    cycle, first = _filler_cycle(), offset * _INVERSE_STEP % FILLER_SPAN  # (`synthetic_rows`)
+    stream = lambda p: eos_token_id if p == eos_position else cycle[(first + p) % FILLER_SPAN]  # noqa: E731
     stream.span = lambda start, stop: _synthetic_span(eos_token_id, eos_position, offset, start, stop)
     stream.synthetic = None if eos_token_id is None else (offset, eos_position, eos_token_id)
     return stream
