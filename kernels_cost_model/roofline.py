@@ -77,9 +77,9 @@ class Coeffs:
                 + spilled * self.s_per_spilled_byte)
 
 
-#: Coeffs' fields, in order.
-#: ... the side-term ones (shape_keys.side_terms), in the order of its columns.
+#: Coeffs' side-term fields, in the order of shape_keys.side_terms' columns.
 SIDE_FIELDS = ("s_per_copy", "s_per_combine", "s_per_split", "s_per_spilled_byte")
+#: Coeffs' fields, in order.
 COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key", *SIDE_FIELDS)
 
 

@@ -72,6 +72,7 @@ def kernel_cost(row: dict) -> tuple[float, float]:
     return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"], row["operator"]), nbytes
 
 
+#: side_terms of a row with none (every row outside the L2 states' mechanisms).
 NO_SIDE = (0.0, 0.0, 0.0, 0.0)
 
 
