@@ -19,10 +19,10 @@ from kernels_cost_model.errors import ConfigError
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derived_coeffs, shipped_defaults
-from .roofline import (FAMILIES, OPTIONAL_FAMILIES, Coeffs, operator_cost, operator_keys, operator_rows,
-                       operator_seqs, single_token_prefill)
+from .roofline import (FAMILIES, OPTIONAL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs, operator_cost,
+                       operator_keys, operator_rows, operator_seqs, single_token_prefill)
 from .roofline_fit import fit_family, fit_tiled_or_not
-from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key
+from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key, side_terms
 
 #: Efficiencies used where nothing was measured: typical fractions of datasheet peaks.
 DEFAULT_EFFICIENCY = {  # family: (compute efficiency, memory efficiency, overhead seconds)
@@ -71,6 +71,7 @@ def _coeffs_json(c: Coeffs) -> dict:
         out["s_per_seq"] = c.s_per_seq
     if c.s_per_key:
         out["s_per_key"] = c.s_per_key
+    out.update({f: getattr(c, f) for f in SIDE_FIELDS if getattr(c, f)})
     return out
 
 
@@ -120,6 +121,13 @@ def costs(rows: list[dict], plain: bool = False) -> tuple[np.ndarray, ...]:
             np.array([operator_rows(r) for r in rows], dtype=float), seqs, keys)
 
 
+def side_kernels(rows: list[dict], family: str) -> dict:
+    """fit_family's `side` columns for a family in SIDE_FAMILIES (shape_keys.side_terms), else none."""
+    if family not in SIDE_FAMILIES:
+        return {}
+    return {"side": np.array([side_terms(r) for r in rows], dtype=float).reshape(-1, len(SIDE_FIELDS))}
+
+
 def _plain(family: str) -> bool:
     """Elementwise family and operator fits stay bytes-only: the tiered keys carry the mechanism."""
     return family == "elementwise"
@@ -149,7 +157,7 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
         plain = r["family"] == "elementwise" and elementwise_key(r) not in cal.coeffs  # no tier fitted
         flops, nbytes = operator_cost(r) if plain else kernel_cost(r)
         out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r),
-                                         operator_keys(r))
+                                         operator_keys(r), side_terms(r))
     return out
 
 
@@ -188,7 +196,7 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
     by_family = _groups(rows, lambda r: r["family"])
     fitted = [f for f in (*FAMILIES, *OPTIONAL_FAMILIES) if len(by_family.get(f, ())) >= 2]
     for fam in fitted:
-        coeffs[fam] = fit_family(*costs(by_family[fam], _plain(fam)))
+        coeffs[fam] = fit_family(*costs(by_family[fam], _plain(fam)), **side_kernels(by_family[fam], fam))
         if fam in PER_OPERATOR_FAMILIES:
             for op, op_rows in sorted(_groups(by_family[fam], lambda r: r["operator"]).items()):
                 if op != fam and len(op_rows) >= PER_OPERATOR_MIN_SAMPLES:
@@ -221,7 +229,7 @@ def _fit_shape(key: str, rows: list[dict]) -> Coeffs:
     flops, nbytes, seconds, tile_rows, seqs, keys = costs(rows)
     if key.startswith("matmul@"):
         return fit_tiled_or_not(flops, nbytes, seconds, tile_rows)
-    return fit_family(flops, nbytes, seconds, tile_rows, seqs, keys)
+    return fit_family(flops, nbytes, seconds, tile_rows, seqs, keys, **side_kernels(rows, key.split("@")[0]))
 
 
 # ---- files -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from importlib import resources
 from statistics import median
 
 from .prefill_waves import key_scale
-from .roofline import FAMILIES, KEY_FAMILIES, OPTIONAL_FAMILIES, Coeffs
+from .roofline import FAMILIES, KEY_FAMILIES, OPTIONAL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs
 from .shape_keys import on_matmul_grid
 
 FILE = "derived_defaults.json"
@@ -57,10 +57,13 @@ def attention_kernels(gpu) -> str:
 
 def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
     base = family.split("@")[0].split(".")[0]
-    return {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
-            "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
-            "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq,
-            "s_per_key": c.s_per_key * (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0)}
+    out = {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
+           "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
+           "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq,
+           "s_per_key": c.s_per_key * (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0)}
+    if base in SIDE_FAMILIES:  # seconds per side kernel and per split combined, as fitted
+        out.update({f: getattr(c, f) for f in SIDE_FIELDS})
+    return out
 
 
 def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
@@ -68,7 +71,8 @@ def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
     return Coeffs(1.0 / (e["compute"] * gpu.bf16_flops_per_s) if e["compute"] else 0.0,
                   1.0 / (e["memory"] * _bandwidth(gpu, base)) if e["memory"] else 0.0,
                   e["overhead_s"], e["tile_rows"], e["s_per_seq"],
-                  e.get("s_per_key", 0.0) / (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0))
+                  e.get("s_per_key", 0.0) / (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0),
+                  *(e.get(f, 0.0) for f in SIDE_FIELDS))
 
 
 def derive_defaults(calibrations: dict, gpus: dict) -> dict:

@@ -141,6 +141,16 @@ def row_path_keys(gpu: str, chunk: float, context: float, batch: float, heads: f
     return path_keys(sequence_path(tiles, keys, top, heads, sms), keys * heads * batch, top, batch, sms)
 
 
+def alike_path_keys(gpu: str, chunk: float, context: float, batch: float, heads: float, head_dim: float) -> float:
+    """Path keys of a launch of `batch` alike sequences (a benchmark row) on an FA2 GPU: all its units
+    in whole waves over the SMs, (waves - 1) units of the mean length then the longest (sequence_path
+    over batch x heads). Exact for alike rows, where Graham's bound of path_keys, which serving keeps for
+    rows of any lengths, prices a launch that fits in one wave at more than its longest unit."""
+    block = key_block(head_dim)
+    tiles, keys = sequence_units(chunk, context, block)
+    return sequence_path(tiles, keys, math.ceil((context + chunk) / block) * block, heads * batch, fa2_sms(gpu))
+
+
 def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, block: int) -> float:
     """Path keys of one varlen launch over a batch's prefill rows (> 1 new token; rows of `new` tokens
     over `ctx` cached ones), `heads` query heads each, on `sms` SMs in blocks of `block` keys
@@ -233,3 +243,19 @@ def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: i
     blocks = max(math.ceil(keys / block), 1)
     waves, per_unit = decode_units(batch, blocks, heads, kv_heads, sms, decided_at)
     return (1.0 + (waves - 1) * mean_ratio) * (per_unit * block)
+
+
+def decode_splits(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int) -> int:
+    """FA2's split count of an eager launch of `batch` decodes alone whose longest reads `keys` keys
+    (1 where the layout is not swapped: as many KV heads as query heads)."""
+    if heads <= kv_heads:
+        return 1
+    return num_splits(int(batch * kv_heads), 2 * sms, max(math.ceil(keys / block), 1))
+
+
+def decode_copies(batch: float, heads: float, kv_heads: float) -> int:
+    """Copy kernels beside an FA2 decode launch: the swapped layout reshapes the query (batch, KV heads x
+    groups) to (batch x groups, KV heads) through a transpose and the output back (`mha_varlen_fwd`,
+    vllm-project/flash-attention csrc/flash_attn/flash_api.cpp); each is a copy unless the transpose is a
+    view, as it is with one sequence or one KV head."""
+    return 2 if heads > kv_heads and batch > 1 and kv_heads > 1 else 0

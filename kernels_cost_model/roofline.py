@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 
-from .prefill_waves import decode_path, fa2_sms, key_block, row_path_keys
+from .prefill_waves import alike_path_keys, decode_path, fa2_sms, key_block, row_path_keys
 
 #: Operator families: each has its own fitted coefficients.
 FAMILIES = ("matmul", "elementwise", "prefill_attention", "decode_attention", "all_reduce")
@@ -26,6 +26,10 @@ OPTIONAL_FAMILIES = ("moe", "decode_attention_l2", "prefill_attention_l2")
 SEQUENCE_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
 #: Families whose launches pay a cost per key of their longest row (Coeffs.s_per_key).
 KEY_FAMILIES = ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2")
+#: Families whose fits also price side terms (SIDE_FIELDS; shape_keys.side_terms): the side kernels of an
+#: FA2 decode launch and the bytes that spill out of L2. The L2 benchmark states only: the families serving
+#: prices with keep their form (serving prices unchanged).
+SIDE_FAMILIES = ("decode_attention_l2", "prefill_attention_l2")
 #: Families of causal prefill launches (a chunk of new tokens per sequence).
 PREFILL_FAMILIES = ("prefill_attention", "prefill_attention_l2")
 
@@ -45,7 +49,9 @@ OPERATOR_FAMILY = {
 class Coeffs:
     """One family's roofline coefficients: seconds per FLOP, per byte, per launch; tile rows; seconds
     per sequence of an attention launch (its work units: query loads, split-KV reductions); seconds per
-    key of a causal launch's longest row (its critical path, operator_keys)."""
+    key of a causal launch's longest row (its critical path, operator_keys); side terms (SIDE_FAMILIES,
+    shape_keys.side_terms): seconds per copy kernel, per combine kernel and per split it merges of an
+    FA2 decode launch, and per byte spilled out of L2 in the L2 benchmark states."""
 
     s_per_flop: float
     s_per_byte: float
@@ -53,18 +59,28 @@ class Coeffs:
     tile_rows: float = 0.0
     s_per_seq: float = 0.0
     s_per_key: float = 0.0
+    s_per_copy: float = 0.0
+    s_per_combine: float = 0.0
+    s_per_split: float = 0.0
+    s_per_spilled_byte: float = 0.0
 
     def __post_init__(self) -> None:
         for name in COEFF_FIELDS:
             value = getattr(self, name)
             require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
 
-    def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0) -> float:
-        return roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq + keys * self.s_per_key
+    def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0,
+             side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> float:
+        copies, combines, splits, spilled = side
+        return (roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq + keys * self.s_per_key
+                + copies * self.s_per_copy + combines * self.s_per_combine + splits * self.s_per_split
+                + spilled * self.s_per_spilled_byte)
 
 
+#: Coeffs' side-term fields, in the order of shape_keys.side_terms' columns.
+SIDE_FIELDS = ("s_per_copy", "s_per_combine", "s_per_split", "s_per_spilled_byte")
 #: Coeffs' fields, in order.
-COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key")
+COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key", *SIDE_FIELDS)
 
 
 def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:
@@ -186,6 +202,9 @@ def operator_keys(row: dict) -> float:
     family = OPERATOR_FAMILY[row["operator"]]
     if family not in KEY_FAMILIES:
         return 0.0
+    if family == "prefill_attention_l2" and row["chunk"] > 1 and fa2_sms(str(row.get("device", ""))):
+        return alike_path_keys(str(row["device"]), row["chunk"], row["context"], row["batch"], row["num_heads"],
+                               row["head_dim"])  # a benchmark launch of alike sequences: whole waves
     if family in PREFILL_FAMILIES and row["chunk"] > 1:  # FA2 GPUs: waves of units (prefill_waves.py)
         return row_path_keys(str(row.get("device", "")), row["chunk"], row["context"], row["batch"],
                              row["num_heads"], row["head_dim"])

@@ -23,8 +23,8 @@ from bisect import bisect_right
 from collections import Counter
 from functools import lru_cache
 
-from .l2_cache import dram_bytes, elementwise_tier, wave_bytes
-from .prefill_waves import fa2_sms
+from .l2_cache import dram_bytes, elementwise_tier, l2_bytes, wave_bytes
+from .prefill_waves import decode_copies, decode_splits, fa2_sms, key_block
 from .roofline import (COEFF_FIELDS, OPERATOR_FAMILY, PREFILL_FAMILIES, Coeffs, operator_cost,
                        single_token_prefill)
 
@@ -70,6 +70,35 @@ def kernel_cost(row: dict) -> tuple[float, float]:
     if elementwise_tier(device, nbytes) == "dram":
         nbytes = dram_bytes(device, nbytes)
     return wave_bytes(device, row["m"], row["n"] * row["dtype_bytes"], row["operator"]), nbytes
+
+
+#: side_terms of a row with none (every row outside the L2 states' mechanisms).
+NO_SIDE = (0.0, 0.0, 0.0, 0.0)
+
+
+def side_terms(row: dict) -> tuple[float, float, float, float]:
+    """(copy kernels, combine kernels, splits combined, bytes spilled) of a profile row, the columns of
+    roofline.SIDE_FIELDS (fitted for roofline.SIDE_FAMILIES only; zero for every other row):
+
+    - a decode (or a one-token prefill, which runs as one) on an FA2 GPU: the swapped layout's query and
+      output copies (prefill_waves.decode_copies) and, where FA2's heuristic splits the profiled launch's
+      keys, the combine kernel that merges the splits' partial results in a loop over them;
+    - a prefill in the L2 benchmark state: its bytes past the share of the L2 that stays resident
+      (l2_cache.dram_bytes), read from DRAM again on every replay as the working set nears the L2 size.
+    """
+    family = OPERATOR_FAMILY[row["operator"]]
+    device = str(row.get("device", ""))
+    if family == "prefill_attention_l2" and row["chunk"] > 1:
+        return (0.0, 0.0, 0.0, dram_bytes(device, operator_cost(row)[1]) if l2_bytes(device) else 0.0)
+    decode = family in ("decode_attention", "decode_attention_l2") or single_token_prefill(row)
+    sms = fa2_sms(device) if decode else 0
+    if not sms:
+        return NO_SIDE
+    splits = decode_splits(row["batch"], row["context"] + 1.0, row["num_heads"], row["num_kv_heads"], sms,
+                           key_block(row["head_dim"]))
+    combined = splits > 1
+    return (float(decode_copies(row["batch"], row["num_heads"], row["num_kv_heads"])), float(combined),
+            float(splits) if combined else 0.0, 0.0)
 
 
 def shape_key(row: dict) -> str | None:
