@@ -157,3 +157,20 @@ def test_requests_compacted_together_are_stored_as_one_at_a_time(timeline):
     for name in ("pairs", "offsets", "firsts", "counts"):
         assert getattr(together, name) == getattr(alone, name), name
     assert together.others == alone.others
+
+
+@settings(max_examples=40)
+@given(_timelines(), st.floats(-2.0, 50.0), st.data())
+def test_tokens_per_second_from_runs_count_every_time(timeline, start, data):
+    """Counted per step position from the runs (and from the times of requests with times off the
+    steps), the tokens per second equal a count over every time of the chosen requests."""
+    from sim.api.itl import tokens_per_second
+    starts, requests = timeline
+    store, live = compacted(starts, requests)
+    chosen = np.array(sorted(data.draw(st.sets(st.integers(0, len(requests) - 1)))), dtype=np.int64)
+    times = [t for i in chosen.tolist() for t in requests[i]]
+    expected = np.bincount(np.floor(np.array(times) - start).astype(int).clip(min=0)) if times else np.zeros(0)
+    chunk = data.draw(st.integers(1, 4))
+    got = tokens_per_second(TokenTimes(live, store), chosen, start, chunk)
+    assert got.tolist() == expected.tolist()
+    assert tokens_per_second([array("d", t) for t in requests], chosen, start, chunk).tolist() == expected.tolist()

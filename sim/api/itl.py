@@ -115,6 +115,16 @@ def _add_spans(spanning: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.
 def _runs_of(store, requests: np.ndarray, starts: np.ndarray, chunks: list):
     """(first, last) step positions of these requests' runs; the gaps between consecutive runs of a
     request (from one run's last token to the next one's first) go to `chunks`, as distinct values."""
+    owner, first, last = run_positions(store, requests)
+    same = owner[1:] == owner[:-1]
+    between = starts[first[1:][same]] - starts[last[:-1][same]]
+    _append_distinct(chunks, between[between > 0] * 1e3)
+    return first, last
+
+
+def run_positions(store, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(owner, first, last) of the runs of these requests (compacted, in `store`): the index into
+    `requests` each belongs to and the step positions of its first and last token, in order."""
     counts = view(store.counts, np.int32)[requests].astype(np.int64)
     begin = np.cumsum(counts) - counts  # each request's first pair among these requests' pairs
     index = np.repeat(view(store.offsets, np.int64)[requests] - begin, counts) + np.arange(int(counts.sum()))
@@ -124,11 +134,49 @@ def _runs_of(store, requests: np.ndarray, starts: np.ndarray, chunks: list):
     end += np.repeat(view(store.firsts, np.int64)[requests] - np.concatenate(([0], end))[begin], counts)
     keep = length > 0
     owner = np.repeat(np.arange(len(requests)), counts)[keep]
-    first, last = (end - length)[keep], end[keep] - 1
-    same = owner[1:] == owner[:-1]
-    between = starts[first[1:][same]] - starts[last[:-1][same]]
-    _append_distinct(chunks, between[between > 0] * 1e3)
-    return first, last
+    return owner, (end - length)[keep], end[keep] - 1
+
+
+def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int = REQUESTS) -> np.ndarray:
+    """Output tokens of the chosen requests (indices) per second from `start`: bin b counts the
+    times t with floor(t - start) = b (clipped at 0). Requests kept as runs are counted per step
+    position (each of a run's steps holds one of its tokens), the rest from their times; `chunk`
+    requests at a time."""
+    if isinstance(token_times, MergedTokenTimes):
+        mask = np.zeros(len(token_times), dtype=bool)
+        mask[chosen] = True
+        return _add_counts(*(tokens_per_second(times, np.flatnonzero(picked), start, chunk)
+                             for times, picked in token_times.split(mask)))
+    parts = []
+    if isinstance(token_times, TokenTimes):
+        store = token_times.store
+        simple = view(store.offsets, np.int64)[chosen] >= 0
+        if store.others:
+            simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
+        starts, picked = view(store.steps.start_time, np.float64), chosen[simple]
+        for lo in range(0, len(picked), chunk):
+            _, first, last = run_positions(store, picked[lo:lo + chunk])
+            if len(first):
+                low, high = int(first.min()), int(last.max()) + 1
+                tokens = np.cumsum(np.bincount(first - low, minlength=high - low + 1)
+                                   - np.bincount(last + 1 - low, minlength=high - low + 1))[:-1]
+                bins = np.floor(starts[low:high] - start).astype(int).clip(min=0)
+                parts.append(np.bincount(bins, weights=tokens).astype(np.int64))  # exact: counts below 2**53
+        chosen = chosen[~simple]
+    for lo in range(0, len(chosen), chunk):
+        times = [token_times[i] for i in chosen[lo:lo + chunk].tolist()]
+        times = [np.asarray(t, dtype=float) for t in times if t is not None]
+        if times:
+            parts.append(np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0)))
+    return _add_counts(*parts)
+
+
+def _add_counts(*parts: np.ndarray) -> np.ndarray:
+    """Per-bin counts added up (the longest sets the length)."""
+    total = np.zeros(max((len(p) for p in parts), default=0), dtype=np.int64)
+    for part in parts:
+        total[:len(part)] += part
+    return total
 
 
 class StepGaps:

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from sim.api.itl import itl_chunks, weighted_stats
+from sim.api.itl import REQUESTS, itl_chunks, tokens_per_second, weighted_stats
 from sim.api.spec_metrics import spec_decode_summary
 
 PERCENTILES = (50, 90, 99)
@@ -120,23 +120,15 @@ def kv_occupancy(steps, num_gpu_blocks: int) -> dict[str, float]:
     return {"kv_occupancy_mean": mean, **out}
 
 
-def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = 512) -> dict[str, float]:
+def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = REQUESTS) -> dict[str, float]:
     """vLLM's peak figures: output tokens in the busiest one-second window from the first arrival,
-    and the requests in flight (arrived, not finished) during that second. Tokens are counted per
-    second a few hundred requests at a time (the counts add up to those of all tokens at once)."""
+    and the requests in flight (arrived, not finished) during that second (tokens counted per
+    second by `tokens_per_second`, `chunk` requests at a time, from runs where token times are kept
+    as runs)."""
     index = done.index.to_numpy()
     index = index[index < len(token_times)]
     start = float(done["arrival_time"].min()) if len(done) else 0.0
-    counts = np.zeros(0, dtype=np.int64)
-    for first in range(0, len(index), chunk):
-        times = [token_times[i] for i in index[first:first + chunk].tolist()]
-        times = [np.asarray(t, dtype=float) for t in times if t is not None]
-        if not times:
-            continue
-        part = np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
-        if len(part) > len(counts):
-            counts = np.concatenate((counts, np.zeros(len(part) - len(counts), dtype=np.int64)))
-        counts[:len(part)] += part
+    counts = tokens_per_second(token_times, index, start, chunk)
     if not counts.sum():
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     second = int(counts.argmax())
