@@ -98,10 +98,11 @@ class Policy:
             n = self.chunk(state, req, budget, num_cached)
         if n <= 0:
             return None
-        if (state.config.scheduler_reserve_full_isl
-                and not state.kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
+        kv = state.kv
+        if (state.config.scheduler_reserve_full_isl and not self._fit_is_allocations(kv, req, n, num_cached)
+                and not kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
             return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
-        if state.kv.allocate(req, n, cached_blocks) is None:
+        if kv.allocate(req, n, cached_blocks) is None:
             return None
         state.waiting.popleft()
         req.num_computed_tokens = num_cached
@@ -112,6 +113,14 @@ class Policy:
         out.admitted.append(req)
         out.scheduled.append((req, n))
         return n
+
+    @staticmethod
+    def _fit_is_allocations(kv: KVCacheManager, req: Request, n: int, num_cached: int) -> bool:
+        """Whether `kv.can_fit` for `req`'s whole sequence would ask what allocating its `n` tokens
+        asks (the plain manager's blocks for computed + cached + new tokens against the free ones):
+        the chunk is its whole sequence, from nothing computed."""
+        return (n == req.num_tokens - num_cached and not req.num_computed_tokens
+                and type(kv).can_fit is KVCacheManager.can_fit and type(kv).allocate is KVCacheManager.allocate)
 
     def admit_waiting(self, state: EngineState, budget: int, out: SchedulerOutput,
                       whole_prompt: bool) -> int:
