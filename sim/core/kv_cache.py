@@ -122,9 +122,14 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hashes = self._hashes(req, max_blocks)
+        hashes = self.req_hashes.get(req)
+        if hashes is None or len(hashes) < max_blocks:
+            hashes = self._hashes(req, max_blocks)
+        cached = self.cached
+        if not max_blocks or hashes[0] not in cached:
+            return [], 0  # no hit (the usual case without shared prefixes)
         hits = []
-        for block in map(self.cached.get, islice(hashes, max_blocks)):
+        for block in map(cached.get, islice(hashes, max_blocks)):
             if block is None:
                 break
             hits.append(block)
