@@ -53,6 +53,10 @@ class KVCacheManager:
         self.max_model_len: int | None = None
         #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
+        #: `registers_at` (this class registers and drops blocks as the plain manager does)
+        self._registers_at = (enable_prefix_caching and type(self).cache_full_blocks is KVCacheManager.cache_full_blocks
+                              and type(self)._cache_blocks is KVCacheManager._cache_blocks
+                              and type(self)._drop_owner is KVCacheManager._drop_owner)
         #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
         self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
         #: int32 token bytes cut into blocks' bytes (1-tuples), in one C loop
@@ -97,9 +101,7 @@ class KVCacheManager:
         manager raises it only to the next block's end when it registers, and zeroes it when it drops
         the request's blocks. (A registration made elsewhere, e.g. a leap's, only leaves it lower:
         an exact check then, which refreshes it.)"""
-        return (self.enable_prefix_caching and type(self).cache_full_blocks is KVCacheManager.cache_full_blocks
-                and type(self)._cache_blocks is KVCacheManager._cache_blocks
-                and type(self)._drop_owner is KVCacheManager._drop_owner)
+        return self._registers_at
 
     def take_next_block(self, blocks: list[int], total: int) -> bool:
         """`allocate`'s growth by one block, inlined by callers where `grows_in_place`: a running

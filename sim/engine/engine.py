@@ -280,6 +280,7 @@ class Engine:
         caching = async_ and kv.enable_prefix_caching
         every_row = not self.plan_registers
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
+        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
@@ -304,7 +305,7 @@ class Engine:
                     finished.append(req)
                 continue
             output.append(token)
-            if caching and (every_row or not in_flight):
+            if caching and (every_row or not in_flight) and (req.num_computed_tokens >= req.kv_register_at or exact):
                 known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
                 written = req.num_computed_tokens - in_flight
                 if written < known:
