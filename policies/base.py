@@ -98,10 +98,11 @@ class Policy:
             n = self.chunk(state, req, budget, num_cached)
         if n <= 0:
             return None
-        if (state.config.scheduler_reserve_full_isl
-                and not state.kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
+        kv = state.kv
+        if (state.config.scheduler_reserve_full_isl and not self._fit_is_allocations(kv, req, n, num_cached)
+                and not kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
             return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
-        if state.kv.allocate(req, n, cached_blocks) is None:
+        if kv.allocate(req, n, cached_blocks) is None:
             return None
         state.waiting.popleft()
         req.num_computed_tokens = num_cached
@@ -112,6 +113,14 @@ class Policy:
         out.admitted.append(req)
         out.scheduled.append((req, n))
         return n
+
+    @staticmethod
+    def _fit_is_allocations(kv: KVCacheManager, req: Request, n: int, num_cached: int) -> bool:
+        """Whether `kv.can_fit` for `req`'s whole sequence would ask what allocating its `n` tokens
+        asks (the plain manager's blocks for computed + cached + new tokens against the free ones):
+        the chunk is its whole sequence, from nothing computed."""
+        return (n == req.num_tokens - num_cached and not req.num_computed_tokens
+                and type(kv).can_fit is KVCacheManager.can_fit and type(kv).allocate is KVCacheManager.allocate)
 
     def admit_waiting(self, state: EngineState, budget: int, out: SchedulerOutput,
                       whole_prompt: bool) -> int:
@@ -148,28 +157,37 @@ class Policy:
 
     def _decode_in_place(self, state: EngineState, budget: int, out: SchedulerOutput, rows: list) -> int:
         """`decode_running` where the budget holds every row and `KVCacheManager.allocate`'s hot path
-        is inlined: growth within the blocks a request holds or by one free block."""
+        is inlined: growth within the blocks a request holds or by one free block. The budget is
+        settled at the end and around each row that takes `_decode_allocating`: the rows scheduled
+        in between are the in-place ones, one token each."""
         kv, running = state.kv, RequestStatus.RUNNING
-        schedule = out.scheduled.append  # (a preemption deletes from the same list)
+        scheduled = out.scheduled  # (a preemption deletes from the same list)
+        schedule = scheduled.append
         blocks_of, block_size, caching = kv.req_blocks.get, kv.block_size, kv.enable_prefix_caching
-        hashed_get = kv.num_hashed_blocks.get
+        hashed_get, take_next_block = kv.num_hashed_blocks.get, kv.take_next_block
+        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
+        mark = len(scheduled)  # the rows after it are in-place rows
         for req in rows:
             if req.status is not running:
                 continue  # preempted earlier in this step
             blocks = blocks_of(req)
             total = req.num_computed_tokens + 1
-            if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
-                if caching:
+            if blocks is not None and (total <= len(blocks) * block_size or take_next_block(blocks, total)):
+                if caching and (total >= req.kv_register_at or exact):
                     target = req.num_prompt_tokens + len(req.output_token_ids)
                     if total < target:
                         target = total
-                    if target // block_size > hashed_get(req, 0):
+                    done = hashed_get(req, 0)
+                    if target // block_size > done:
                         kv.cache_full_blocks(req, target)
+                    else:
+                        req.kv_register_at = (done + 1) * block_size
                 schedule((req, 1))
-                budget -= 1
                 continue
+            budget -= len(scheduled) - mark
             budget += self._decode_allocating(state, req, out)
-        return budget
+            mark = len(scheduled)
+        return budget - (len(scheduled) - mark)
 
     def _decode_allocating(self, state: EngineState, req: Request, out: SchedulerOutput) -> int:
         """Schedule one token for `req` if `allocate_or_preempt` keeps it; the change to the budget."""

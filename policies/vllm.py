@@ -56,6 +56,7 @@ class VllmV1Policy(Policy):
         in_place = kv.grows_in_place
         req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
         hashed = kv.num_hashed_blocks
+        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         threshold = self._threshold
         i = 0
         while i < len(running) and budget > 0:
@@ -84,10 +85,13 @@ class VllmV1Policy(Policy):
                 blocks = req_blocks.get(req)
                 total = computed + n
                 if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
-                    if caching:
+                    if caching and (total >= req.kv_register_at or exact):
                         target = total if total < num_tokens else num_tokens
-                        if target // block_size > hashed.get(req, 0):
+                        done = hashed.get(req, 0)
+                        if target // block_size > done:
                             kv.cache_full_blocks(req, target)
+                        else:
+                            req.kv_register_at = (done + 1) * block_size
                     scheduled.append((req, n))
                     budget -= n
                     i += 1

@@ -4,7 +4,12 @@
   step planned next (async scheduling, the plain KV manager: that plan registered all the row could);
   making the check for every row (`plan_registers = False`) registers nothing more.
 - `Policy.decode_running` inlines the KV manager's growth in place where the budget holds every row;
-  with a manager that does not allow it, every row goes through `allocate_or_preempt`."""
+  with a manager that does not allow it, every row goes through `allocate_or_preempt`.
+- The inlined decode paths skip the exact check for a full block to register below `req.kv_register_at`
+  tokens; with a manager that does not allow it (`registers_at` False) every row checks, registering
+  nothing more, and the bound never passes the true one.
+- `Policy.try_admit` skips `can_fit` where allocating the whole sequence asks the same; asking it too
+  changes no record."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +30,31 @@ class NoInlineKV(KVCacheManager):
     """The plain manager, but callers may not inline its growth (`grows_in_place` False)."""
 
     grows_in_place = False
+
+
+class NoHintKV(KVCacheManager):
+    """The plain manager, but callers check every row for a block to register (`registers_at` False)."""
+
+    registers_at = False
+
+
+class BoundCheckingKV(KVCacheManager):
+    """The plain manager checking, at every registration, that no request's `kv_register_at` passes
+    the token count at which its next block is full (so no skipped check missed a registration)."""
+
+    def cache_full_blocks(self, req, num_tokens=None) -> None:
+        for other in self.req_blocks:
+            assert other.kv_register_at <= (self.num_hashed_blocks.get(other, 0) + 1) * self.block_size
+        super().cache_full_blocks(req, num_tokens)
+
+    registers_at = True  # (overriding cache_full_blocks would turn it off)
+
+
+class CanFitAlwaysKV(KVCacheManager):
+    """The plain manager whose `can_fit` the policies may not skip (a subclass's own)."""
+
+    def can_fit(self, req, num_new_tokens, cached_blocks=()) -> bool:
+        return super().can_fit(req, num_new_tokens, cached_blocks)
 
 
 def _run(specs, config, plan_registers: bool = True, kv=None):
@@ -74,3 +104,31 @@ def test_decoding_through_allocate_changes_no_record(specs, config, policy, asyn
     kv = NoInlineKV(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
                     get_scheduler_profile(config.scheduler_profile).free_uncached_first)
     assert _run(specs, config) == _run(specs, config, kv=kv)
+
+
+def _kv(kind, config):
+    return kind(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
+                get_scheduler_profile(config.scheduler_profile).free_uncached_first)
+
+
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.booleans(),
+       st.sampled_from(["fast", "step"]))
+def test_registering_below_the_bound_changes_no_record(specs, config, policy, async_scheduling, mode):
+    config = dataclasses.replace(config, async_scheduling=async_scheduling, enable_prefix_caching=True,
+                                 policy=policy, mode=mode)
+    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
+        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
+                                                                        config.max_model_len))
+    hinted = _run(specs, config)
+    assert hinted == _run(specs, config, kv=_kv(NoHintKV, config))
+    assert hinted == _run(specs, config, kv=_kv(BoundCheckingKV, config))
+
+
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.booleans())
+def test_admitting_without_can_fit_changes_no_record(specs, config, policy, async_scheduling):
+    config = dataclasses.replace(config, async_scheduling=async_scheduling, policy=policy, mode="step",
+                                 scheduler_reserve_full_isl=True)
+    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
+        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
+                                                                        config.max_model_len))
+    assert _run(specs, config) == _run(specs, config, kv=_kv(CanFitAlwaysKV, config))

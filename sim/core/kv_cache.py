@@ -53,6 +53,10 @@ class KVCacheManager:
         self.max_model_len: int | None = None
         #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
+        #: `registers_at` (this class registers and drops blocks as the plain manager does)
+        self._registers_at = (enable_prefix_caching and type(self).cache_full_blocks is KVCacheManager.cache_full_blocks
+                              and type(self)._cache_blocks is KVCacheManager._cache_blocks
+                              and type(self)._drop_owner is KVCacheManager._drop_owner)
         #: one block's token ids as native int32 bytes (the bytes `_int32_bytes` gives), from ints
         self._pack_block = struct.Struct(f"{block_size}{_INT32}").pack
         #: int32 token bytes cut into blocks' bytes (1-tuples), in one C loop
@@ -90,6 +94,15 @@ class KVCacheManager:
         return (self._plain_growth and not self.num_lookahead_tokens
                 and type(self).allocate is KVCacheManager.allocate)
 
+    @property
+    def registers_at(self) -> bool:
+        """Whether callers inlining `allocate`'s growth (`grows_in_place`) may skip the check for a
+        full block to register while a request's tokens stay below `req.kv_register_at`: this
+        manager raises it only to the next block's end when it registers, and zeroes it when it drops
+        the request's blocks. (A registration made elsewhere, e.g. a leap's, only leaves it lower:
+        an exact check then, which refreshes it.)"""
+        return self._registers_at
+
     def take_next_block(self, blocks: list[int], total: int) -> bool:
         """`allocate`'s growth by one block, inlined by callers where `grows_in_place`: a running
         request holding `blocks` needs one more block for `total` tokens and a free one exists (no
@@ -111,9 +124,14 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hashes = self._hashes(req, max_blocks)
+        hashes = self.req_hashes.get(req)
+        if hashes is None or len(hashes) < max_blocks:
+            hashes = self._hashes(req, max_blocks)
+        cached = self.cached
+        if not max_blocks or hashes[0] not in cached:
+            return [], 0  # no hit (the usual case without shared prefixes)
         hits = []
-        for block in map(self.cached.get, islice(hashes, max_blocks)):
+        for block in map(cached.get, islice(hashes, max_blocks)):
             if block is None:
                 break
             hits.append(block)
@@ -302,6 +320,7 @@ class KVCacheManager:
             else:
                 self.cached[h] = block
         self.num_hashed_blocks[req] = num_full
+        req.kv_register_at = (num_full + 1) * bs
 
     def _cache_blocks(self, req: Request, done: int, num_full: int) -> None:
         """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
@@ -314,11 +333,13 @@ class KVCacheManager:
                 if claim(h, block) != block:  # another block holds it already (it stays first)
                     self.more_holders.setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
+        req.kv_register_at = (num_full + 1) * self.block_size
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
         """Forget that `req` holds blocks (and, with `forget`, its memoised hashes); its blocks."""
         blocks = self.req_blocks.pop(req, None)
         self.num_hashed_blocks.pop(req, None)
+        req.kv_register_at = 0
         if forget:
             self.req_hashes.pop(req, None)
         return blocks

@@ -57,6 +57,7 @@ class Request:
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
         "num_spec_tokens",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens", "client_finished",
+        "kv_register_at",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -83,6 +84,10 @@ class Request:
         self.num_in_flight_tokens = 0     # tokens scheduled in steps whose results are not applied
         self.num_stale_tokens = 0         # in-flight tokens of a step planned before a preemption
         self.client_finished = False      # the front end found a stop string; the engine's abort follows
+        #: a lower bound the KV manager keeps on the token count at which this request's next block
+        #: is full (to register in the prefix cache): below it a hot path skips the exact check
+        #: (`KVCacheManager.registers_at`)
+        self.kv_register_at = 0
 
     @property
     def num_tokens(self) -> int:

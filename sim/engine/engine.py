@@ -168,11 +168,11 @@ class Engine:
             self._deliver_frontend_aborts(now)
             return None
         scheduled = plan.scheduled
-        new = [n for _, n in scheduled]
         if self.hooks:  # a hook reads the rows before they advance
+            new = [n for _, n in scheduled]
             context, samples = self._rows(scheduled)
         else:
-            context, samples = self._rows_advanced(scheduled)
+            new, context, samples = self._rows_advanced(scheduled)
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
@@ -198,12 +198,14 @@ class Engine:
                    for c, (r, n) in zip(context, scheduled)]
         return context, samples
 
-    def _rows_advanced(self, scheduled: list) -> tuple[list, list]:
-        """`_rows` and `_advance` in one pass over the rows (the plain engine's hot path)."""
-        context, samples = [], []
-        to_context, to_samples = context.append, samples.append
+    def _rows_advanced(self, scheduled: list) -> tuple[list, list, list]:
+        """The rows' new tokens, then `_rows` and `_advance`, in one pass over the rows (the plain
+        engine's hot path)."""
+        new, context, samples = [], [], []
+        to_new, to_context, to_samples = new.append, context.append, samples.append
         async_ = self.is_async
         for req, n in scheduled:
+            to_new(n)
             computed = req.num_computed_tokens
             to_context(computed)
             req.num_computed_tokens = computed = computed + n
@@ -214,7 +216,7 @@ class Engine:
                     req.num_output_placeholders += 1
             else:
                 to_samples(False)
-        return context, samples
+        return new, context, samples
 
     def _deliver_frontend_aborts(self, now: float) -> None:
         """The front end's aborts for stop strings it found reach the engine while the next step runs
@@ -278,6 +280,7 @@ class Engine:
         caching = async_ and kv.enable_prefix_caching
         every_row = not self.plan_registers
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
+        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
@@ -302,7 +305,7 @@ class Engine:
                     finished.append(req)
                 continue
             output.append(token)
-            if caching and (every_row or not in_flight):
+            if caching and (every_row or not in_flight) and (req.num_computed_tokens >= req.kv_register_at or exact):
                 known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
                 written = req.num_computed_tokens - in_flight
                 if written < known:
