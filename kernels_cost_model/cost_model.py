@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels_cost_model.batch import BatchShape
@@ -47,6 +47,10 @@ CPU_SOURCE = _MEASURED_CPU.source
 BREAKDOWN_KEYS = ("qkv_proj", "o_proj", "mlp", "moe_routing", "prefill_attention", "decode_attention",
                   "norms_activations", "lm_head", "all_reduce", "cpu")
 
+
+
+STEP_MEMO_ROWS = 4      # batches of at most this many rows are priced once per distinct batch
+STEP_MEMO_SIZE = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +117,30 @@ class RooflineCostModel:
     #: FA2 decodes beside a prefill chunk as units of the chunk's launch (mixed_launch.py): (L2 bytes, s per
     #: byte of DRAM re-reads); () = the measured mixed-batch rates price them (attention_backend.py).
     mixed_launch: tuple = ()
+    #: Prices of small batches that are not pure decodes, by their rows (a prefill step's few rows
+    #: recur: prompt lengths and prefix hits repeat); cleared past STEP_MEMO_SIZE entries.
+    step_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- public API -------------------------------------------------------------------------
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one engine step (GPU forward + engine CPU time); a pure function of the batch.
-        A pure-decode batch is priced from terms kept per batch size (decode_stretch.py, same result)."""
+        A pure-decode batch is priced from terms kept per batch size (decode_stretch.py, same result),
+        a batch of up to STEP_MEMO_ROWS other rows once per distinct batch (`step_memo`)."""
         new = batch.num_new_tokens
         n = len(new)
         if n and batch.num_sampled == n and SEQUENTIAL_SUM and new.count(1) == n:
             ctx = batch.num_context_tokens
             return decode_step_time(self, n, sum(ctx), max(ctx))
-        return sum(self._terms(batch))
+        if n > STEP_MEMO_ROWS:
+            return sum(self._terms(batch))
+        key = (*new, *batch.num_context_tokens, batch.num_sampled)  # (its length tells the rows apart)
+        memo = self.step_memo
+        price = memo.get(key)
+        if price is None:
+            if len(memo) >= STEP_MEMO_SIZE:
+                memo.clear()
+            price = memo[key] = sum(self._terms(batch))
+        return price
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per operator family; the values add up to `step_time(batch)`."""

@@ -60,3 +60,20 @@ def test_step_time_equals_its_general_path(setup, rows, unsampled):
 def test_some_setup_has_a_measured_imbalance():
     """The imbalance branch is exercised (a GPU with measured decode imbalance is among the setups)."""
     assert any(model.decode_imbalance is not None for model in MODELS.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(setup=st.sampled_from(SETUPS),
+       rows=st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 8000)), min_size=1, max_size=4),
+       sampled=st.integers(0, 4))
+def test_small_batches_priced_once_give_their_own_price(setup, rows, sampled):
+    """A small batch's memoised price is its general path's, the second time too, and a model made
+    from another by `dataclasses.replace` keeps a memo of its own."""
+    import dataclasses
+    model = MODELS[setup]
+    batch = BatchShape([k for k, _ in rows], [c for _, c in rows], min(sampled, len(rows)))
+    want = sum(model._terms(batch))
+    assert model.step_time(batch) == want and model.step_time(batch) == want
+    other = dataclasses.replace(model, async_scheduling=not model.async_scheduling)
+    assert other.step_memo is not model.step_memo
+    assert other.step_time(batch) == sum(other._terms(batch))

@@ -147,7 +147,7 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int 
         mask[chosen] = True
         return _add_counts(*(tokens_per_second(times, np.flatnonzero(picked), start, chunk)
                              for times, picked in token_times.split(mask)))
-    parts = []
+    total = np.zeros(0, dtype=np.int64)
     if isinstance(token_times, TokenTimes):
         store = token_times.store
         simple = view(store.offsets, np.int64)[chosen] >= 0
@@ -160,15 +160,28 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int 
                 low, high = int(first.min()), int(last.max()) + 1
                 tokens = np.cumsum(np.bincount(first - low, minlength=high - low + 1)
                                    - np.bincount(last + 1 - low, minlength=high - low + 1))[:-1]
-                bins = np.floor(starts[low:high] - start).astype(int).clip(min=0)
-                parts.append(np.bincount(bins, weights=tokens).astype(np.int64))  # exact: counts below 2**53
+                total = _count_into(total, np.floor(starts[low:high] - start).astype(int).clip(min=0), tokens)
         chosen = chosen[~simple]
     for lo in range(0, len(chosen), chunk):
         times = [token_times[i] for i in chosen[lo:lo + chunk].tolist()]
         times = [np.asarray(t, dtype=float) for t in times if t is not None]
         if times:
-            parts.append(np.bincount(np.floor(np.concatenate(times) - start).astype(int).clip(min=0)))
-    return _add_counts(*parts)
+            total = _count_into(total, np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
+    return total
+
+
+def _count_into(total: np.ndarray, bins: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """`total` (int64 counts per bin) with `bins` counted in (`weights`: a count each; exact below
+    2**53), over the span of bins they cover only; grown where they pass its end."""
+    if not len(bins):
+        return total
+    low = int(bins.min())
+    part = np.bincount(bins - low, weights=weights)
+    high = low + len(part)
+    if high > len(total):
+        total = np.concatenate((total, np.zeros(high - len(total), dtype=np.int64)))
+    total[low:high] += part.astype(np.int64) if weights is not None else part
+    return total
 
 
 def _add_counts(*parts: np.ndarray) -> np.ndarray:
