@@ -1,6 +1,8 @@
 """Drives the pure-core Engine step by step (no SimPy) and logs what each step did."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +69,16 @@ def scripted_specs(draw, max_requests: int = 8, max_prompt: int = 120):
         specs.append(RequestSpec(t, prompt, output_token_ids=tuple(stream), sampling_params=params,
                                  request_id=f"r{i}"))
     return specs
+
+
+def for_policy(config, policy: str, **changes):
+    """`config` under `policy` (and `changes`), its budget raised to hold the longest prompt where
+    the policy schedules whole prompts (every policy but vLLM V1's and Sarathi's chunking)."""
+    config = dataclasses.replace(config, policy=policy, **changes)
+    if policy in ("vllm", "sarathi"):
+        return config
+    return dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
+                                                                  config.max_model_len))
 
 
 @st.composite

@@ -3,11 +3,9 @@ hook it reads them, lets the hook see them, then advances them (`Engine._rows`, 
 A hook that does nothing must not change a run: both paths give the same records."""
 from __future__ import annotations
 
-import dataclasses
-
 from hypothesis import given, strategies as st
 
-from tests.engine_harness import engine_configs, scripted_specs
+from tests.engine_harness import engine_configs, for_policy, scripted_specs
 from sim.core.cost import LinearCostModel
 from sim.core.hooks import EngineHook
 from sim.engine.simulation import run_engine
@@ -24,9 +22,5 @@ def _records(specs, config, hooks=()) -> str:
 
 @given(scripted_specs(), engine_configs(), st.booleans(), st.sampled_from(["vllm", "vllm-v0"]))
 def test_a_do_nothing_hook_changes_no_record(specs, config, async_scheduling, policy):
-    config = dataclasses.replace(config, async_scheduling=async_scheduling, policy=policy, mode="step",
-                                 check_invariants=False)
-    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
-        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                        config.max_model_len))
+    config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step", check_invariants=False)
     assert _records(specs, config) == _records(specs, config, hooks=[EngineHook()])

@@ -12,13 +12,12 @@
   changes no record."""
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import simpy
 from hypothesis import given, strategies as st
 
-from tests.engine_harness import engine_configs, scripted_specs
+from tests.engine_harness import engine_configs, for_policy, scripted_specs
 from sim.core.cost import LinearCostModel
 from sim.core.kv_cache import KVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
@@ -83,11 +82,7 @@ def _run(specs, config, plan_registers: bool = True, kv=None):
 
 @given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.sampled_from(["fast", "step"]))
 def test_checking_every_row_registers_nothing_more(specs, config, policy, mode):
-    config = dataclasses.replace(config, async_scheduling=True, enable_prefix_caching=True, policy=policy,
-                                 mode=mode)
-    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
-        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                        config.max_model_len))
+    config = for_policy(config, policy, async_scheduling=True, enable_prefix_caching=True, mode=mode)
     skipping, _ = _run(specs, config, plan_registers=True)
     checking, late = _run(specs, config, plan_registers=False)
     assert not late
@@ -97,10 +92,7 @@ def test_checking_every_row_registers_nothing_more(specs, config, policy, mode):
 @given(scripted_specs(), engine_configs(), st.sampled_from(["vllm-v0", "orca", "sarathi", "static"]),
        st.booleans())
 def test_decoding_through_allocate_changes_no_record(specs, config, policy, async_scheduling):
-    config = dataclasses.replace(config, async_scheduling=async_scheduling, policy=policy, mode="step")
-    if policy != "sarathi":  # whole prompts: the budget holds the longest
-        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                        config.max_model_len))
+    config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step")
     kv = NoInlineKV(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching,
                     get_scheduler_profile(config.scheduler_profile).free_uncached_first)
     assert _run(specs, config) == _run(specs, config, kv=kv)
@@ -114,11 +106,8 @@ def _kv(kind, config):
 @given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.booleans(),
        st.sampled_from(["fast", "step"]))
 def test_registering_below_the_bound_changes_no_record(specs, config, policy, async_scheduling, mode):
-    config = dataclasses.replace(config, async_scheduling=async_scheduling, enable_prefix_caching=True,
-                                 policy=policy, mode=mode)
-    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
-        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                        config.max_model_len))
+    config = for_policy(config, policy, async_scheduling=async_scheduling, enable_prefix_caching=True,
+                        mode=mode)
     hinted = _run(specs, config)
     assert hinted == _run(specs, config, kv=_kv(NoHintKV, config))
     assert hinted == _run(specs, config, kv=_kv(BoundCheckingKV, config))
@@ -126,9 +115,6 @@ def test_registering_below_the_bound_changes_no_record(specs, config, policy, as
 
 @given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.booleans())
 def test_admitting_without_can_fit_changes_no_record(specs, config, policy, async_scheduling):
-    config = dataclasses.replace(config, async_scheduling=async_scheduling, policy=policy, mode="step",
-                                 scheduler_reserve_full_isl=True)
-    if policy == "vllm-v0":  # whole prompts: the budget holds the longest
-        config = dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                        config.max_model_len))
+    config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step",
+                        scheduler_reserve_full_isl=True)
     assert _run(specs, config) == _run(specs, config, kv=_kv(CanFitAlwaysKV, config))
