@@ -136,13 +136,11 @@ class StretchKV:
 
     def _replay_events(self, used: list, cached: list) -> None:
         """The events' moves, in order, recording the counters of each unit before the last
-        event's: a pop takes the free queue's head, a registration does what
-        `kv.cache_full_blocks(req, target)` does on a plain manager with prefix caching on (inline:
-        a stretch registers a block per row every `block_size` steps)."""
+        event's: a pop takes the free queue's head, a registration is `kv.cache_full_blocks` up to
+        the row's target (`_target`, inline)."""
         kv, rows, bases, skips = self.kv, self.rows, self.bases, self.skips
-        block_size, hashed, req_hashes, req_blocks = kv.block_size, kv.num_hashed_blocks, kv.req_hashes, kv.req_blocks
-        block_hash, kv_cached, pack, free_queue = kv.block_hash, kv.cached, kv._pack_block, kv.free_queue
-        total, pop_free = kv.num_gpu_blocks - 1, kv._pop_free
+        req_blocks, kv_cached, free_queue = kv.req_blocks, kv.cached, kv.free_queue
+        total, pop_free, register = kv.num_gpu_blocks - 1, kv._pop_free, kv.cache_full_blocks
         unit = 0  # the unit whose events are being made; the units before it are recorded
         for u, r, kind in self.events:
             if u != unit:   # units before u ended with the counters as they are now
@@ -150,28 +148,7 @@ class StretchKV:
                 used.extend([total - len(free_queue)] * gap)
                 cached.extend([len(kv_cached)] * gap)
                 unit = u
-            req = rows[r]
             if kind == 0:
-                req_blocks[req].append(pop_free())
-                continue
-            num_full = (bases[r] + u - (skips[r] if u > 1 and skips is not None else 0)) // block_size  # _target
-            done = hashed.get(req, 0)
-            if num_full <= done:
-                continue
-            hashes = req_hashes.get(req)
-            if hashes is None or len(hashes) < num_full:
-                first = (num_full - 1) * block_size - req.num_prompt_tokens
-                if first >= 0 and hashes and len(hashes) == num_full - 1:  # one block of output tokens
-                    hashes.append(hash((hashes[-1], pack(*req.output_token_ids[first:first + block_size]))))
-                else:   # (as `kv._hashes` hashes such a block)
-                    hashes = kv._hashes(req, num_full)
-            blocks = req_blocks[req]
-            for i in range(done, num_full):
-                block = blocks[i]
-                if block_hash[block] is None:
-                    block_hash[block] = h = hashes[i]
-                    if h in kv_cached:
-                        kv._register(h, block)
-                    else:
-                        kv_cached[h] = block
-            hashed[req] = num_full
+                req_blocks[rows[r]].append(pop_free())
+            else:
+                register(rows[r], bases[r] + u - (skips[r] if u > 1 and skips is not None else 0))
