@@ -83,18 +83,23 @@ def _append_distinct(chunks: list, values: np.ndarray) -> None:
 def _run_chunks(token_times: TokenTimes, chosen: np.ndarray, chunks: list) -> np.ndarray:
     """Chunks of the chosen requests kept as runs with no other times; returns the rest."""
     store = token_times.store
-    simple = view(store.offsets, np.int64)[chosen] >= 0
-    if store.others:
-        simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
+    picked, rest = _kept_as_runs(store, chosen)
     starts = view(store.steps.start_time, np.float64)
     spanning = np.zeros(max(len(starts) - 1, 0), dtype=np.uint8)  # runs spanning the gap after each step
-    picked = chosen[simple]
     for lo in range(0, len(picked), REQUESTS):
         spanning = _add_spans(spanning, *_runs_of(store, picked[lo:lo + REQUESTS], starts, chunks))
     for lo in range(0, len(spanning), CHUNK):  # the gaps themselves are read from the steps when needed
         if spanning[lo:lo + CHUNK].any():
             chunks.append(StepGaps(starts, lo, spanning[lo:lo + CHUNK]))
-    return chosen[~simple]
+    return rest
+
+
+def _kept_as_runs(store, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The chosen requests split into those kept as runs with no other times, and the rest."""
+    simple = view(store.offsets, np.int64)[chosen] >= 0
+    if store.others:
+        simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
+    return chosen[simple], chosen[~simple]
 
 
 def _add_spans(spanning: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
@@ -150,10 +155,8 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int 
     total = np.zeros(0, dtype=np.int64)
     if isinstance(token_times, TokenTimes):
         store = token_times.store
-        simple = view(store.offsets, np.int64)[chosen] >= 0
-        if store.others:
-            simple &= ~np.isin(chosen, np.fromiter(store.others, dtype=np.int64))
-        starts, picked = view(store.steps.start_time, np.float64), chosen[simple]
+        picked, chosen = _kept_as_runs(store, chosen)
+        starts = view(store.steps.start_time, np.float64)
         for lo in range(0, len(picked), chunk):
             _, first, last = run_positions(store, picked[lo:lo + chunk])
             if len(first):
@@ -161,7 +164,6 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int 
                 tokens = np.cumsum(np.bincount(first - low, minlength=high - low + 1)
                                    - np.bincount(last + 1 - low, minlength=high - low + 1))[:-1]
                 total = _count_into(total, np.floor(starts[low:high] - start).astype(int).clip(min=0), tokens)
-        chosen = chosen[~simple]
     for lo in range(0, len(chosen), chunk):
         times = [token_times[i] for i in chosen[lo:lo + chunk].tolist()]
         times = [np.asarray(t, dtype=float) for t in times if t is not None]
