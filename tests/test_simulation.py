@@ -1,6 +1,10 @@
 """The engine inside SimPy: arrivals, idling, aborts, bad input, determinism (issue 3)."""
 from __future__ import annotations
 
+import contextlib
+import gc
+from unittest import mock
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,6 +12,7 @@ import pytest
 from sim import SimulationConfig, simulate
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
+from sim.core.hooks import EngineHook
 from kernels_cost_model.errors import ConfigError
 from sim.core.sampling_params import SamplingParams
 from sim.engine.simulation import run_engine
@@ -167,3 +172,45 @@ def test_simulate_uses_a_given_cost_model_and_refuses_it_for_data_parallel():
                                                       enable_expert_parallel=True))
     with pytest.raises(ConfigError, match="cost_model"):
         simulate(dp, workload=specs, cost_model=slow)
+
+
+class _CollectorProbe(EngineHook):
+    """Records whether Python's cyclic garbage collector was on at each step's end."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, engine, now: float) -> None:
+        self.seen.append(gc.isenabled())
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_during_a_run_and_restored_after(enabled):
+    probe = _CollectorProbe()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        run_engine([_spec(0.0), _spec(0.5)], EngineConfig(num_gpu_blocks=64, max_model_len=64), COST,
+                   hooks=[probe])
+        assert probe.seen and not any(probe.seen)
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_the_collector_is_restored_when_a_run_fails():
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="sorted"):
+        run_engine([_spec(1.0), _spec(0.0)], EngineConfig(num_gpu_blocks=64, max_model_len=64), COST)
+    assert gc.isenabled()
+
+
+def test_a_paused_collector_gives_the_same_records():
+    """Only speed may depend on the collector: a run with it on throughout gives the same records."""
+    workload = poisson_workload(rate=20.0, num_requests=60, lengths="conversation")
+    cfg = EngineConfig(num_gpu_blocks=400, max_model_len=4096, max_num_seqs=16)
+    paused = run_engine(workload, cfg, COST, seed=3)
+    with mock.patch("sim.engine.simulation.collector_paused", contextlib.nullcontext):
+        running = run_engine(workload, cfg, COST, seed=3)
+    assert paused.steps.columns() == running.steps.columns()
+    assert paused.requests.columns() == running.requests.columns()

@@ -15,7 +15,7 @@ import simpy
 from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
-from sim.engine.simulation import start_workload, watch_finishes
+from sim.engine.simulation import run_env, start_workload, watch_finishes
 
 
 def lb_score(engine: Engine) -> int:
@@ -117,7 +117,7 @@ def run_lockstep(engines: list[Engine], cost, workload, *, seed: int = 0, until:
         for engine in engines:
             watch_finishes(env, engine, progress)
     start_workload(env, workload, lockstep.submit, seed)
-    env.run(until=until)
+    run_env(env, until)
     stuck = sum(len(e.by_id) for e in engines)
     if until is None and stuck:
         raise InvariantError(f"{stuck} requests never finished")

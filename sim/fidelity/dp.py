@@ -11,6 +11,7 @@ import simpy
 from sim.api.data_parallel import LockstepDP
 from sim.api.simulator import SimulationConfig, build_cost_model
 from sim.engine.engine import Engine
+from sim.engine.simulation import run_env
 from sim.api.metrics import add_latency_columns
 from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
 
@@ -31,7 +32,7 @@ def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_
     engines = [Engine(e, cost.base, blocks) for _ in range(dp)]
     lockstep = LockstepDP(env, engines, cost)
     env.process(_arrivals(env, specs, lockstep.submit))
-    env.run()
+    run_env(env)
     records = [eng.records(env.now) for eng in engines]
     requests = pd.concat([request_table(add_latency_columns(pd.DataFrame(r.requests.columns())))
                           for r in records], ignore_index=True)

@@ -23,7 +23,7 @@ from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
 from sim.api.results import Results, merge_results  # noqa: F401 - merge_results re-exported
 from sim.planning.routers import make_router
-from sim.engine.simulation import EngineProcess, check_kv_capacity, start_workload
+from sim.engine.simulation import EngineProcess, check_kv_capacity, run_env, start_workload
 
 
 @dataclass
@@ -79,7 +79,7 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
     traffic = workload if workload is not None else config.workload.build(
         config.engine.eos_token_id, config.engine.max_model_len)
     start_workload(env, traffic, submit, config.seed)
-    env.run(until=until)
+    run_env(env, until)
     stuck = sum(len(e.by_id) for e in engines)
     if until is None and stuck:
         raise InvariantError(f"{stuck} requests never finished")

@@ -33,7 +33,7 @@ from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
-from sim.engine.simulation import start_workload
+from sim.engine.simulation import run_env, start_workload
 from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
 from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
@@ -277,7 +277,7 @@ class DisaggregatedCluster:
 
     def run(self, workload, until: float | None = None) -> DisaggResults:
         start_workload(self.env, workload, self.submit, self.config.seed)
-        self.env.run(until=until)
+        run_env(self.env, until)
         if until is None and self.done_events:
             stuck = sorted(self.done_events)[:5]
             raise InvariantError(f"{len(self.done_events)} requests never finished (e.g. {stuck})")

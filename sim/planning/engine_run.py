@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sim.api.results import Results
 from sim.core.invariants import InvariantError
-from sim.engine.simulation import start_workload
+from sim.engine.simulation import run_env, start_workload
 
 
 def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
@@ -12,7 +12,7 @@ def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
     engine, env, e = proc.engine, proc.env, config.engine
     traffic = workload if workload is not None else config.workload.build(e.eos_token_id, e.max_model_len)
     start_workload(env, traffic, proc.submit, config.seed)
-    env.run(until=until)
+    run_env(env, until)
     if until is None and engine.by_id:
         raise InvariantError(f"{len(engine.by_id)} requests never finished")
     return Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)
