@@ -39,10 +39,9 @@ def check_invariants(engine) -> None:
 
 
 def _check_kv(kv) -> None:
-    """Work proportional to the blocks in use (and to the free ones for `sim.core.kv_stack`'s free queue,
-    a list), so it can run after every step."""
+    """Work proportional to the blocks (every free block is read), so it can run after every step."""
     owners = Counter(b for blocks in kv.req_blocks.values() for b in blocks)
-    free = kv.free_queue if isinstance(kv.free_queue, dict) else set(kv.free_queue)  # (a stack: a list)
+    free = set(kv.free_queue)
     _ensure(len(owners) + len(kv.free_queue) == kv.num_usable_blocks,
             f"{len(owners)} owned + {len(kv.free_queue)} free blocks != {kv.num_usable_blocks} usable")
     _ensure(0 not in owners and 0 not in free, "the null block (0) was handed out")

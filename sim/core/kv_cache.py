@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections import OrderedDict
 from itertools import islice
 
+from sim.core.free_queue import FreeBlockQueue
 from sim.core.request import Request
 
 
@@ -64,7 +64,7 @@ class KVCacheManager:
 
     def _new_free_queue(self, num_gpu_blocks: int):
         """Every block but the null block, front first (`sim.core.kv_stack` holds it another way)."""
-        return OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        return FreeBlockQueue(num_gpu_blocks)
 
     # ----- queries -------------------------------------------------------------------------
     @property
@@ -107,7 +107,7 @@ class KVCacheManager:
         """`allocate`'s growth by one block, inlined by callers where `grows_in_place`: a running
         request holding `blocks` needs one more block for `total` tokens and a free one exists (no
         cached blocks, no lookahead). Takes it and returns True; else changes nothing."""
-        if total > (len(blocks) + 1) * self.block_size or not self.free_queue:
+        if total > (len(blocks) + 1) * self.block_size or not self.free_queue.count:
             return False
         blocks.append(self._pop_free())
         return True
@@ -218,7 +218,7 @@ class KVCacheManager:
 
     def _touch(self, block: int) -> None:
         if self.ref_cnt[block] == 0:
-            del self.free_queue[block]
+            self.free_queue.take_out(block)
         self.ref_cnt[block] += 1
 
     def _touch_many(self, blocks) -> None:
@@ -227,15 +227,15 @@ class KVCacheManager:
             for block in blocks:
                 self._touch(block)
             return
-        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        ref_cnt, take_out = self.ref_cnt, self.free_queue.take_out
         for block in blocks:
             count = ref_cnt[block]
             if not count:
-                del free_queue[block]
+                take_out(block)
             ref_cnt[block] = count + 1
 
     def _pop_free(self) -> int:
-        block, _ = self.free_queue.popitem(last=False)
+        block = self.free_queue.pop_front()
         old_hash = self.block_hash[block]
         if old_hash is not None:
             if self.more_holders and old_hash in self.more_holders:
@@ -271,11 +271,10 @@ class KVCacheManager:
         them (one loop: a prompt takes tens of blocks at once)."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
-        free_queue, block_hash, ref_cnt, cached = self.free_queue, self.block_hash, self.ref_cnt, self.cached
+        block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
-        taken = list(islice(free_queue, count))
+        taken = self.free_queue.pop_front_many(count)
         for block in taken:
-            del free_queue[block]
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
                 if more_holders and old_hash in more_holders:
@@ -353,8 +352,8 @@ class KVCacheManager:
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return
-        first = []
-        ref_cnt, block_hash, free_queue = self.ref_cnt, self.block_hash, self.free_queue
+        first, back = [], []
+        ref_cnt, block_hash = self.ref_cnt, self.block_hash
         uncached_first = self.free_uncached_first
         for block in reversed(blocks):
             count = ref_cnt[block] - 1
@@ -363,7 +362,7 @@ class KVCacheManager:
                 if uncached_first and block_hash[block] is None:
                     first.append(block)
                 else:
-                    free_queue[block] = None
-        for block in reversed(first):
-            free_queue[block] = None
-            free_queue.move_to_end(block, last=False)
+                    back.append(block)
+        self.free_queue.push_back(back)
+        if first:
+            self.free_queue.push_front(first)
