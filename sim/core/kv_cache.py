@@ -26,8 +26,6 @@ def _int32_bytes(tokens: list[int]) -> bytes:
 
 
 _INT32 = next(code for code in "ilh" if array(code).itemsize == 4)
-#: Stale prefix-cache entries (see `KVCacheManager.lazy_eviction`) kept at most, per block of the cache.
-STALE_HASHES_PER_BLOCK = 4
 
 
 class KVCacheManager:
@@ -43,14 +41,9 @@ class KVCacheManager:
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.free_queue = self._new_free_queue(num_gpu_blocks)
         #: block hash -> the block holding it that a prefix hit takes (the first registered); further
-        #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first. Under
-        #: `lazy_eviction` an entry whose block no longer holds its hash is stale: no holder.
+        #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
         self.cached: dict = {}
         self.more_holders: dict = {}
-        #: a block allocated afresh leaves its hash's entry in `cached` behind (stale) instead of deleting
-        #: it, where every reader of `cached` checks the entry (this class's own methods)
-        self.lazy_eviction = type(self) is KVCacheManager
-        self._num_cached = 0  # hashes with a holder (`num_cached_blocks`)
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
@@ -87,16 +80,6 @@ class KVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_gpu_blocks - 1 - len(self.free_queue)
-
-    @property
-    def num_cached_blocks(self) -> int:
-        """Distinct prefixes the cache holds: hashes with a holder (stale entries left out)."""
-        return self._num_cached if self.lazy_eviction else len(self.cached)
-
-    def holds(self, block_hash) -> int | None:
-        """The block a prefix hit on `block_hash` takes, or None."""
-        block = self.cached.get(block_hash)
-        return block if block is not None and self.block_hash[block] == block_hash else None
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -148,10 +131,8 @@ class KVCacheManager:
         if not max_blocks or hashes[0] not in cached:
             return [], 0  # no hit (the usual case without shared prefixes)
         hits = []
-        block_hash = self.block_hash
-        for h in islice(hashes, max_blocks):
-            block = cached.get(h)
-            if block is None or block_hash[block] != h:  # (a stale entry: no holder)
+        for block in map(cached.get, islice(hashes, max_blocks)):
+            if block is None:
                 break
             hits.append(block)
         return hits, len(hits) * self.block_size
@@ -259,39 +240,21 @@ class KVCacheManager:
         if old_hash is not None:
             if self.more_holders and old_hash in self.more_holders:
                 self._evict(old_hash, block)
-            elif self.lazy_eviction:  # it was the only holder: its entry turns stale
-                self._num_cached -= 1
-                self._drop_stale_hashes()
-            else:
+            else:  # the usual case: it was the only holder
                 del self.cached[old_hash]
             self.block_hash[block] = None
         self.ref_cnt[block] = 1
         return block
 
     def _register(self, block_hash, block: int) -> None:
-        """Record that `block` holds `block_hash` (a prefix hit keeps taking the first holder); before
-        `block_hash[block]` is set (a stale entry may name `block` itself)."""
-        holder = self.cached.get(block_hash)
-        if holder is None or self.block_hash[holder] != block_hash:  # no holder (none, or a stale entry)
-            self.cached[block_hash] = block
-            self._num_cached += 1
-        else:
+        """Record that `block` holds `block_hash` (a prefix hit keeps taking the first holder)."""
+        if block_hash in self.cached:
             self.more_holders.setdefault(block_hash, {})[block] = None
-
-    def _drop_stale_hashes(self) -> None:
-        """Drop `cached`'s stale entries once they exceed STALE_HASHES_PER_BLOCK per block (in place: a
-        caller may hold the dict)."""
-        cached = self.cached
-        if len(cached) - self._num_cached <= STALE_HASHES_PER_BLOCK * self.num_gpu_blocks:
-            return
-        block_hash = self.block_hash
-        live = [(h, b) for h, b in cached.items() if block_hash[b] == h]
-        cached.clear()
-        cached.update(live)
+        else:
+            self.cached[block_hash] = block
 
     def _evict(self, block_hash, block: int) -> None:
-        """`block` no longer holds `block_hash`: the next holder, if any, takes its place (a hash with
-        further holders has a live entry: eviction is lazy only for a hash's only holder)."""
+        """`block` no longer holds `block_hash`: the next holder, if any, takes its place."""
         more = self.more_holders.get(block_hash)
         if more is None:
             del self.cached[block_hash]
@@ -309,23 +272,17 @@ class KVCacheManager:
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
-        more_holders, lazy = self.more_holders, self.lazy_eviction
+        more_holders = self.more_holders
         taken = self.free_queue.pop_front_many(count)
-        evicted = 0
         for block in taken:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
                 if more_holders and old_hash in more_holders:
                     self._evict(old_hash, block)
-                elif lazy:  # the usual case: it was the only holder (its entry turns stale)
-                    evicted += 1
-                else:
+                else:  # the usual case: it was the only holder
                     del cached[old_hash]
                 block_hash[block] = None
             ref_cnt[block] = 1
-        if evicted:
-            self._num_cached -= evicted
-            self._drop_stale_hashes()
         return taken
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -356,13 +313,11 @@ class KVCacheManager:
             hashes.append(h)
         block = self.req_blocks[req][done]
         if self.block_hash[block] is None:
-            holder = self.cached.get(h)
-            if holder is None or self.block_hash[holder] != h:  # no holder yet (or a stale entry)
-                self.cached[h] = block
-                self._num_cached += 1
-            else:  # another block holds it already (the first holder stays first)
-                self.more_holders.setdefault(h, {})[block] = None
             self.block_hash[block] = h
+            if h in self.cached:  # another block holds it already (the first holder stays first)
+                self._register(h, block)
+            else:
+                self.cached[h] = block
         self.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * bs
 
@@ -370,20 +325,12 @@ class KVCacheManager:
         """`cache_full_blocks` for blocks `done` to `num_full` (exclusive) of the request."""
         hashes = self._hashes(req, num_full)
         blocks = self.req_blocks[req]
-        block_hash, cached, claim = self.block_hash, self.cached, self.cached.setdefault
-        added = 0
+        block_hash, claim = self.block_hash, self.cached.setdefault
         for block, h in zip(islice(blocks, done, num_full), islice(hashes, done, num_full)):
             if block_hash[block] is None:
-                holder = claim(h, block)
-                if holder is block:
-                    added += 1
-                elif block_hash[holder] != h:  # a stale entry (its block, maybe this one, holds no h)
-                    cached[h] = block
-                    added += 1
-                else:  # another block holds it already (it stays first)
-                    self.more_holders.setdefault(h, {})[block] = None
                 block_hash[block] = h
-        self._num_cached += added
+                if claim(h, block) != block:  # another block holds it already (it stays first)
+                    self.more_holders.setdefault(h, {})[block] = None
         self.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * self.block_size
 

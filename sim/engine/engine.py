@@ -461,7 +461,7 @@ class Engine:
         decode = step.num_decode
         self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
                                len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
-                               kv.num_used_blocks, kv.num_cached_blocks, kv.num_free_blocks, len(state.running),
+                               kv.num_used_blocks, len(kv.cached), kv.num_free_blocks, len(state.running),
                                len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:
