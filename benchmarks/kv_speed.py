@@ -45,7 +45,7 @@ def make_requests(num: int, seed: int = 0) -> list[tuple[Request, list[int]]]:
 
 MANAGERS = {  # name: a fresh manager
     "prefix caching": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True),
-    "no prefix caching, OrderedDict queue": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, False),
+    "no prefix caching, free queue": lambda: KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, False),
 }
 if StackedKVCacheManager is not None:
     MANAGERS["no prefix caching, stack (kv_stack)"] = lambda: StackedKVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
@@ -123,7 +123,7 @@ def main() -> None:
               f" total {sum(b.values()):.3f} s; checksum {checks[name]:08x}")
     if StackedKVCacheManager is not None:
         plain, stack = (sum(best[n].values()) for n in list(MANAGERS)[1:])
-        print(f"stack vs OrderedDict queue (no prefix caching): x{plain / stack:.2f},"
+        print(f"stack vs free queue (no prefix caching): x{plain / stack:.2f},"
               f" same blocks: {checks[list(MANAGERS)[1]] == checks[list(MANAGERS)[2]]}")
     print(f"one decode row's block registered (cache_full_blocks, prefix caching):"
           f" {min(one_block_registration() for _ in range(args.repeat)):.3f} us")

@@ -187,7 +187,7 @@ def test_blocks_filled_by_decode_rows_hash_as_prompt_blocks(prompt, outputs, blo
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.booleans()), min_size=1, max_size=40),
        st.integers(1, 4))
 def test_stacked_free_queue_hands_out_the_plain_managers_blocks(ops, block_size):
-    """Without prefix caching, the stack (sim.core.kv_stack) gives the blocks the OrderedDict queue gives,
+    """Without prefix caching, the stack (sim.core.kv_stack) gives the blocks the plain free queue gives,
     in the same order, and leaves the same free queue, through admissions, growth, preemptions, frees."""
     plain = KVCacheManager(24, block_size, enable_prefix_caching=False)
     stacked = StackedKVCacheManager(24, block_size)

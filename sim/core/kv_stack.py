@@ -3,8 +3,8 @@
 Without prefix caching no block keeps a hash, so under `free_uncached_first` (vLLM 0.33) every freed
 block goes to the front of the free queue, tail block first, and allocation takes from the front: the
 queue is a stack. Held as a list whose end is the queue's front, a prompt's blocks come off in one slice
-and a finished request's go back in one `extend`, where the `OrderedDict` queue inserts each block and
-moves it to the front. The blocks handed out, and their order, are the plain manager's.
+and a finished request's go back in one `extend`, where the plain manager's queue (`sim.core.free_queue`)
+pops and pushes each block. The blocks handed out, and their order, are the plain manager's.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sim.core.request import Request
 
 
 class FreeBlockStack:
-    """The free queue as a stack: `blocks[-1]` is its front. Reads as the `OrderedDict` queue does:
+    """The free queue as a stack: `blocks[-1]` is its front. Reads as the plain manager's queue does:
     length, iteration front first, membership, and deletion (a block taken back out of the queue)."""
 
     __slots__ = ("blocks",)
