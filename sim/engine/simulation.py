@@ -97,6 +97,7 @@ class EngineProcess:
             engine.finish_step(step, env.now)
             step = following
 
+
 def run_env(env: simpy.Environment, until: float | None = None) -> None:
     """`env.run(until=until)` with Python's cyclic garbage collector paused (`collector_paused`)."""
     with collector_paused():
