@@ -14,6 +14,8 @@ priority self-preemption. Under async scheduling a request whose in-flight step 
 """
 from __future__ import annotations
 
+from itertools import islice
+
 from policies.base import EngineState, Policy, SchedulerOutput
 from sim.core.request import RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
@@ -46,25 +48,63 @@ class VllmV1Policy(Policy):
     def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput,
                          self_preemption_continues: bool) -> int:
         running, scheduled = state.running, out.scheduled
-        max_model_len = state.config.max_model_len
         resumes = self_preemption_continues and state.config.scheduling == "priority"
-        kv = state.kv
-        # the hot path, inlined: Policy.chunk's sizing, and KVCacheManager.allocate's growth within
-        # the blocks a request holds or by one free block (fits, nobody preempted)
-        plain_chunk = (type(self).chunk is Policy.chunk
-                       and type(self).prefill_threshold is VllmV1Policy.prefill_threshold)
-        in_place = kv.grows_in_place
-        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
-        hashed = kv.num_hashed_blocks
-        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
-        threshold = self._threshold
+        in_place = state.kv.grows_in_place
         i = 0
         while i < len(running) and budget > 0:
+            if in_place:  # the rows that grow within their blocks or by one free block: the hot path
+                i, budget = self._grow_in_place(state, i, budget, scheduled)
+                if i >= len(running) or budget <= 0:
+                    break
             req = running[i]
-            placeholders = req.num_output_placeholders
-            computed, prompt = req.num_computed_tokens, req.num_prompt_tokens
-            max_tokens = req.sampling_params.max_tokens or max_model_len - prompt
-            if placeholders and computed + 2 - placeholders >= prompt + max_tokens:
+            n = self._tokens_for(state, req, budget)
+            if n <= 0:
+                i += 1  # nothing to compute, or its in-flight step already samples its last token
+                continue
+            num_preempted = len(out.preempted)
+            later = running[i + 1:] if resumes else None  # only a priority self-preemption reads it
+            fits, refund = self.allocate_or_preempt(state, req, n, out)
+            budget += refund
+            if not fits:
+                if resumes and req.status == RequestStatus.PREEMPTED:
+                    i = self._position_of_first(running, later)
+                    continue  # the requests after it are more important and may fit now
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
+        return budget
+
+    def _tokens_for(self, state: EngineState, req, budget: int) -> int:
+        """Tokens running request `req` computes now: what it lacks (`Policy.chunk`), short of
+        max_model_len; 0 where its step in flight (async) already samples its last token."""
+        max_model_len = state.config.max_model_len
+        placeholders, computed = req.num_output_placeholders, req.num_computed_tokens
+        prompt = req.num_prompt_tokens
+        if placeholders and computed + 2 - placeholders >= prompt + (req.sampling_params.max_tokens
+                                                                    or max_model_len - prompt):
+            return 0
+        return min(self.chunk(state, req, budget), max_model_len - 1 - computed)
+
+    def _grow_in_place(self, state: EngineState, start: int, budget: int, scheduled: list) -> tuple[int, int]:
+        """Schedule the running requests from `start` on while each fits within the blocks it holds or
+        one more free block (`KVCacheManager.allocate`'s growth, inlined with `_tokens_for`: this runs
+        for every row of every step). Returns (the first request it left for the caller, the budget
+        left); it never preempts, so the running list does not change under it."""
+        kv, max_model_len, threshold = state.kv, state.config.max_model_len, self._threshold
+        plain_chunk = (type(self).chunk is Policy.chunk
+                       and type(self).prefill_threshold is VllmV1Policy.prefill_threshold)
+        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
+        hashed, take_next_block = kv.num_hashed_blocks, kv.take_next_block
+        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
+        i = start
+        for req in (islice(state.running, start, None) if start else state.running):
+            if budget <= 0:
+                break
+            placeholders, computed = req.num_output_placeholders, req.num_computed_tokens
+            prompt = req.num_prompt_tokens
+            if placeholders and computed + 2 - placeholders >= prompt + (req.sampling_params.max_tokens
+                                                                        or max_model_len - prompt):
                 i += 1  # its in-flight step already samples its last token
                 continue
             num_tokens = prompt + len(req.output_token_ids)
@@ -81,34 +121,21 @@ class VllmV1Policy(Policy):
             if n <= 0:
                 i += 1
                 continue
-            if in_place:
-                blocks = req_blocks.get(req)
-                total = computed + n
-                if blocks is not None and (total <= len(blocks) * block_size or kv.take_next_block(blocks, total)):
-                    if caching and (total >= req.kv_register_at or exact):
-                        target = total if total < num_tokens else num_tokens
-                        done = hashed.get(req, 0)
-                        if target // block_size > done:
-                            kv.cache_full_blocks(req, target)
-                        else:
-                            req.kv_register_at = (done + 1) * block_size
-                    scheduled.append((req, n))
-                    budget -= n
-                    i += 1
-                    continue
-            num_preempted = len(out.preempted)
-            later = running[i + 1:] if resumes else None  # only a priority self-preemption reads it
-            fits, refund = self.allocate_or_preempt(state, req, n, out)
-            budget += refund
-            if not fits:
-                if resumes and req.status == RequestStatus.PREEMPTED:
-                    i = self._position_of_first(running, later)
-                    continue  # the requests after it are more important and may fit now
-                break
+            blocks = req_blocks.get(req)
+            total = computed + n
+            if blocks is None or (total > len(blocks) * block_size and not take_next_block(blocks, total)):
+                break  # it needs `allocate` (or a preemption)
+            if caching and (total >= req.kv_register_at or exact):
+                target = total if total < num_tokens else num_tokens
+                done = hashed.get(req, 0)
+                if target // block_size > done:
+                    kv.cache_full_blocks(req, target)
+                else:
+                    req.kv_register_at = (done + 1) * block_size
             scheduled.append((req, n))
             budget -= n
-            i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
-        return budget
+            i += 1
+        return i, budget
 
     @staticmethod
     def _position_of_first(running: list, candidates: list) -> int:
