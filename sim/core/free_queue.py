@@ -93,15 +93,3 @@ class FreeBlockQueue:
         self.entries = deque(list(self))
         self.stale = [0] * len(self.stale)
         self.num_stale = 0
-
-    # ----- the OrderedDict moves a subclass of the manager may still make ----------------
-    def __setitem__(self, block: int, _value) -> None:
-        """`queue[block] = None`: put a freed block at the back."""
-        self.push_back([block])
-
-    def __delitem__(self, block: int) -> None:
-        self.take_out(block)
-
-    def front(self) -> int:
-        """The front block, left in place."""
-        return next(iter(self))

@@ -142,7 +142,7 @@ class HybridKVCacheManager(KVCacheManager):
     def _release(self, block: int) -> None:
         self.ref_cnt[block] -= 1
         if self.ref_cnt[block] == 0:
-            self.free_queue[block] = None
+            self.free_queue.push_back([block])
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         if not self.enable_prefix_caching or self.has_state:
