@@ -180,15 +180,15 @@ class Leaper:
                 or (in_flight is None) != (lag == 0)
                 or len(running) > state.config.max_num_batched_tokens):
             return None
+        if in_flight is not None and now + in_flight.duration >= horizon:
+            return None  # the step in flight itself ends at or after the next event
+        if state.waiting and head_may_enter(state, len(running), self.admission_first):
+            return None  # (before the pass over the step in flight: after an arrival, the usual refusal)
         flying = None
         if in_flight is not None:
-            if now + in_flight.duration >= horizon:
-                return None  # the step in flight itself ends at or after the next event
             flying = flying_rows(in_flight, running)
             if flying is None:
                 return None
-        if state.waiting and head_may_enter(state, len(running), self.admission_first):
-            return None
         rows = rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
                              self.skips_last_token, least_units(len(running)))
         return False if rows is None else rows  # (or the row near its length rule)
