@@ -1,0 +1,41 @@
+"""benchmarks/loop_breakdown.py: its timers change no record, time every part they name and leave no
+method wrapped behind them."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("scenario,mode", [("issue-light", "fast"), ("issue-2x", "step"), ("busy", "fast")])
+def test_timed_run_has_the_records_of_an_untimed_one(scenario, mode, capsys):
+    breakdown, sim_speed = _load("loop_breakdown"), _load("sim_speed")
+    methods = {(owner, name): owner.__dict__.get(name)
+               for _, owner, name in breakdown.PARTS + breakdown.ACROSS}
+    plain = sim_speed.fingerprint(sim_speed.run_once(scenario, 150, mode)[1])
+    with breakdown.Timers() as timers:
+        total, records = sim_speed.run_once(scenario, 150, mode)
+    assert sim_speed.fingerprint(records) == plain
+    assert {(owner, name): owner.__dict__.get(name) for owner, name in methods} == methods  # unwrapped
+    top = [(owner, name) for label, owner, name in breakdown.PARTS if not label.startswith(" ")]
+    plan, finish, leap = top[:3]
+    assert timers.calls[plan] and timers.calls[finish]
+    assert sum(timers.seconds[key] for key in top) <= total
+    # every leap attempt timed and classified in fast mode; none in step mode
+    assert sum(timers.outcomes.values()) == timers.calls[leap] and bool(timers.calls[leap]) == (mode == "fast")
+    breakdown.report(timers, total, records, 150)
+    out = capsys.readouterr().out
+    assert "the rest (loop, SimPy, workload generation)" in out and "per row-step" in out
