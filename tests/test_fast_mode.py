@@ -419,7 +419,7 @@ def test_only_a_plain_arrival_into_this_engine_may_land_inside_a_tail(case):
     env = simpy.Environment()
     engine = Engine(EngineConfig(num_gpu_blocks=100, max_model_len=1024), LinearCostModel(), 100)
     submit = object()
-    leaper = make_leaper(engine, env, submit)
+    leaper = make_leaper(engine, env, (submit,))
     spec = RequestSpec(1.0, np.arange(4, dtype=np.int32), output_len=5,
                        abort_time_s=2.0 if case == "abort timer" else None)
     arrival = ArrivalTimeout(env, 1.0, spec, object() if case == "another engine" else submit,

@@ -214,3 +214,47 @@ def test_a_paused_collector_gives_the_same_records():
         running = run_engine(workload, cfg, COST, seed=3)
     assert paused.steps.columns() == running.steps.columns()
     assert paused.requests.columns() == running.requests.columns()
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_open_loop_arrivals_make_no_done_events(mode):
+    """Open-loop arrivals hand requests over with `EngineProcess.enqueue` (nothing waits on them, so
+    no event for their end): the same records as arrivals through `submit`, whose events a caller
+    that waits still gets; an abort timer and a rejected request go through either way."""
+    import simpy
+    from sim.engine.engine import Engine
+    from sim.engine.simulation import EngineProcess, run_env, start_workload
+
+    specs = [_spec(0.0, out=30, rid="a"), _spec(0.01, rid="b", abort=0.05, out=50), _spec(0.02, rid="c"),
+             _spec(0.03, prompt_len=5000, rid="too-long")]
+
+    class CountingEnvironment(simpy.Environment):
+        scheduled = 0
+
+        def schedule(self, event, priority=1, delay=0):
+            self.scheduled += 1
+            super().schedule(event, priority, delay)
+
+    scheduled = []
+
+    def run(through_enqueue: bool):
+        env = CountingEnvironment()
+        config = EngineConfig(num_gpu_blocks=64, max_model_len=256, mode=mode)
+        proc = EngineProcess(env, Engine(config, COST, 64))
+        start_workload(env, specs, proc.submit, 0, proc.enqueue if through_enqueue else None)
+        waited = proc.submit(_spec(0.0, rid="waited"))
+        run_env(env)
+        assert waited.triggered and waited.value.request_id == "waited"
+        assert not proc.done_events
+        scheduled.append(env.scheduled)
+        return proc.engine.records(env.now)
+
+    events, no_events = run(False), run(True)
+    assert scheduled[0] - scheduled[1] == len(specs)  # one done event each, rejected request included
+    assert repr(no_events.requests.columns()) == repr(events.requests.columns())
+    assert repr(no_events.steps.columns()) == repr(events.steps.columns())
+    columns = no_events.requests.columns()
+    reasons = dict(zip(columns["request_id"], columns["finish_reason"]))
+    assert reasons["b"] == "abort" and reasons["a"] == "length"
+    assert [rid for rid, rejected in zip(columns["request_id"], no_events.requests.rejected) if rejected] == \
+        ["too-long"]

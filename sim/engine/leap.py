@@ -52,23 +52,23 @@ FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 
-def make_leaper(engine: Engine, env=None, submit=None) -> "Leaper | None":
+def make_leaper(engine: Engine, env=None, submits: tuple = ()) -> "Leaper | None":
     """A Leaper for `engine`, or None where leaping is not supported (hooks, custom KV managers,
-    policies other than vLLM V1's and V0's, invariant checks after every step). `env` and `submit`
-    (the SimPy environment and the function arrivals hand this engine's requests to) let a stretch
+    policies other than vLLM V1's and V0's, invariant checks after every step). `env` and `submits`
+    (the SimPy environment and the functions arrivals hand this engine's requests to) let a stretch
     end inside the step a plain arrival lands in."""
     if (engine.hooks or type(engine.state.kv) not in PLAIN_KV or engine.config.check_invariants
             or type(engine.policy) not in ADMISSION_FIRST or engine.state.kv.num_lookahead_tokens):
         return None
-    return Leaper(engine, env, submit)
+    return Leaper(engine, env, submits)
 
 
 class Leaper:
     """Finds and applies quiet stretches for one engine."""
 
-    def __init__(self, engine: Engine, env=None, submit=None):
+    def __init__(self, engine: Engine, env=None, submits: tuple = ()):
         self.engine = engine
-        self.env, self.submit = env, submit
+        self.env, self.submits = env, submits
         self.tail = None                                # the stretch whose last unit ends after the leap
         self.lag = 1 if engine.config.is_async else 0  # steps planned ahead of the one finishing
         self.steps_leapt = 0                            # steps done by leaps so far
@@ -150,7 +150,7 @@ class Leaper:
         if due is None or len(due) != 1:
             return False
         when, event = due[0]
-        return (type(event) is ArrivalTimeout and start < when < end and event.submit == self.submit
+        return (type(event) is ArrivalTimeout and start < when < end and event.submit in self.submits
                 and event.spec.abort_time_s is None and event.next_arrival > end)
 
     def take_planned(self) -> Step | None:

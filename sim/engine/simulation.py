@@ -30,21 +30,29 @@ class EngineProcess:
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
         engine.on_finish = self._on_finish
-        self.leaper = make_leaper(engine, env, self.submit) if engine.config.mode == "fast" else None
+        self.leaper = (make_leaper(engine, env, (self.submit, self.enqueue)) if engine.config.mode == "fast"
+                       else None)
         env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
         """Hand a request to the engine now; the event succeeds when it finishes."""
         done = self.env.event()
-        req = self.engine.add_request(spec, self.env.now)
+        req = self.enqueue(spec)
         if req.is_finished:
             done.succeed(req)
         else:
             self.done_events[req] = done
+        return done
+
+    def enqueue(self, spec):
+        """Hand a request to the engine now, with no event for its end (open-loop arrivals wait on
+        none: SimPy then has one event fewer to process per request). Returns the request."""
+        req = self.engine.add_request(spec, self.env.now)
+        if not req.is_finished:
             if spec.abort_time_s is not None:
                 self.env.process(self._abort_at(req.request_id, spec.abort_time_s))
             self._wake()
-        return done
+        return req
 
     def _abort_at(self, request_id: str, when: float):
         yield self.env.timeout(max(0.0, when - self.env.now))
@@ -141,17 +149,19 @@ def arrivals(env: simpy.Environment, specs: Iterable, submit):
         spec = following
 
 
-def start_workload(env: simpy.Environment, workload, submit, seed: int) -> None:
-    """Start the process feeding `workload` (a list of specs, open- or closed-loop) into `submit`."""
+def start_workload(env: simpy.Environment, workload, submit, seed: int, enqueue=None) -> None:
+    """Start the process feeding `workload` (a list of specs, open- or closed-loop) into `submit`
+    (closed-loop clients wait on the event it returns); open-loop arrivals, which wait on nothing,
+    use `enqueue` where given (`EngineProcess.enqueue`)."""
     from workloads.base import is_closed_loop
     from workloads.rng import make_rng
     rng = make_rng(seed, "workload")
     if is_closed_loop(workload):
         env.process(workload.process(env, submit, rng))
     elif hasattr(workload, "iter_requests"):
-        env.process(arrivals(env, workload.iter_requests(rng), submit))
+        env.process(arrivals(env, workload.iter_requests(rng), enqueue or submit))
     else:
-        env.process(arrivals(env, workload, submit))
+        env.process(arrivals(env, workload, enqueue or submit))
 
 
 def watch_finishes(env: simpy.Environment, engine: Engine, progress) -> None:
@@ -197,7 +207,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     proc = EngineProcess(env, engine)
     if progress is not None:
         watch_finishes(env, engine, progress)
-    start_workload(env, workload, proc.submit, seed)
+    start_workload(env, workload, proc.submit, seed, proc.enqueue)
     run_env(env, until)
     if until is None and engine.by_id:
         stuck = sorted(engine.by_id)[:5]
