@@ -127,7 +127,8 @@ def report(timers: Timers, total: float, records, num_requests: int) -> None:
     print(f"total {total:.3f} CPU-s, {num_requests / total:,.0f} requests per CPU-s (timers included)")
     _print_parts(timers, PARTS, total)
     timed = sum(timers.seconds[(o, n)] for label, o, n in PARTS if not label.startswith(" "))
-    print(f"  {'the rest (loop, SimPy, workload generation)':54s} {total - timed:7.3f} s {(total - timed) / total:6.1%}")
+    rest = total - timed
+    print(f"  {'the rest (loop, SimPy, workload generation)':54s} {rest:7.3f} s {rest / total:6.1%}")
     _print_parts(timers, ACROSS, total)
     row_steps = int(sum(records.steps.columns()["batch_size"]))
     passes = sum(timers.seconds[(o, n)] for _, o, n in PARTS if n in ROW_PASSES)

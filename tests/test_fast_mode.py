@@ -16,6 +16,7 @@ from sim.core.cost import LinearCostModel
 from sim.core.sampling_params import SamplingParams
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
+from sim.engine.leap_steady import quiet_horizon
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
 from workloads.spec import RequestSpec
@@ -190,7 +191,6 @@ def test_fast_mode_identical_with_closed_loop_clients_and_until(async_scheduling
 def test_quiet_horizon_passes_only_events_nothing_waits_on():
     """A succeeded event with no callbacks (an open-loop request's `done`) does nothing when SimPy
     processes it: a leap may pass it; a timeout a process waits on, or a failed event, it may not."""
-    from sim.engine.leap_steady import quiet_horizon
     env = simpy.Environment()
     assert quiet_horizon(env) == float("inf")
     env.event().succeed()                      # at 0, nothing waits on it
@@ -265,7 +265,6 @@ def test_quiet_horizon_is_the_first_event_anything_waits_on(events):
     or earlier (never later) when many that nothing waits on come first."""
     from simpy.events import Initialize
 
-    from sim.engine.leap_steady import quiet_horizon
     env = simpy.Environment()
 
     def waiter(timeout):
@@ -310,11 +309,11 @@ def _checking_leap(checked: list):
     import sim.engine.leap as leap
     original = leap.Leaper.leap
 
-    def leap_checked(leaper, in_flight, now, horizon):
+    def leap_checked(leaper, in_flight, now):
         if not leaper.cooldown and leaper.watch is not None and leaper._still_blocked():
-            assert type(leaper._steady_rows(in_flight, now, horizon)) is not tuple
+            assert type(leaper._steady_rows(in_flight, now, quiet_horizon(leaper.env))) is not tuple
             checked.append(len(leaper.watch))
-        return original(leaper, in_flight, now, horizon)
+        return original(leaper, in_flight, now)
     return leap_checked
 
 

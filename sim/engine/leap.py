@@ -36,8 +36,8 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_kv import StretchKV, head_may_enter
-from sim.engine.leap_steady import (MAX_UNITS, ArrivalTimeout, events_due, flying_rows, least_units, plan_stop,
-                                    rows_at_rest, rows_near_stop, watch_refuses)
+from sim.engine.leap_steady import (MAX_UNITS, MIN_UNITS, ArrivalTimeout, events_due, flying_rows, least_units,
+                                    plan_stop, quiet_horizon, rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
 from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_rows, synthetic_spans
 
@@ -80,15 +80,18 @@ class Leaper:
         self.admission_first = ADMISSION_FIRST[type(engine.policy)]
         self.skips_last_token = type(engine.policy) is VllmV1Policy  # (async: see _rows_at_rest)
 
-    def leap(self, in_flight: Step | None, now: float, horizon: float):
+    def leap(self, in_flight: Step | None, now: float):
         """From the loop's point "step k finished at `now`" (`in_flight`: step k+1 under async),
-        apply a quiet stretch of U >= `least_units` steps if there is one before `horizon` (the next
-        event due in SimPy). Returns (the step now in flight, delays to wait) or None."""
+        apply a quiet stretch of U >= `least_units` steps if there is one before the horizon (the next
+        event due in SimPy that does anything, `quiet_horizon`). Returns (the step now in flight,
+        delays to wait) or None."""
         if self.cooldown:
             self.cooldown -= 1
             return None
         if self.watch is not None and self._still_blocked():
+            self._back_off()
             return None  # a watched row is near its length rule: the pass would refuse
+        horizon = quiet_horizon(self.env)
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
             return None  # (refused by the cheap checks: no back-off)
@@ -98,11 +101,10 @@ class Leaper:
                 self.watch = rows_near_stop(engine.state.running, engine.quick_stop, self.lag,
                                             engine.config.max_model_len, self.skips_last_token,
                                             least_units(len(engine.state.running)) + WATCH_UNITS)
-                return None
-            # refused by the pass over the rows (a row near its end, a row mid-prefill): when that
-            # keeps happening (big batches under overload, where some row always is), back off
-            self.row_misses += 1
-            self.cooldown = min(self.row_misses // ROW_MISSES_FREE, MAX_COOLDOWN)
+            # refused by the pass over the rows (a row near its end or its length rule, a row
+            # mid-prefill): when that keeps happening (big batches under overload, where some row
+            # always is), back off
+            self._back_off()
             return None
         self.row_misses = 0
         plan = _StretchPlan(self, *steady, in_flight, now)
@@ -124,6 +126,15 @@ class Leaper:
         if plan.tail:
             self.tail = plan
         return step, delays
+
+    def _back_off(self) -> None:
+        """One more refusal by the rows in a row: skip the next attempts, one turn per
+        `ROW_MISSES_FREE` such refusals (at most `MAX_COOLDOWN`), in a batch big enough that a
+        stretch worth a leap is several steps long (there some row is nearly always near its end)."""
+        if least_units(len(self.engine.state.running)) == MIN_UNITS:
+            return
+        self.row_misses += 1
+        self.cooldown = min(self.row_misses // ROW_MISSES_FREE, MAX_COOLDOWN)
 
     def finish_tail(self, now: float) -> None:
         """After the leap's timeouts, at `now`: end its tail as `Engine.finish_step` would: run the

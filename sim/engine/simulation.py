@@ -16,7 +16,7 @@ from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
-from sim.engine.leap_steady import ArrivalTimeout, quiet_horizon
+from sim.engine.leap_steady import ArrivalTimeout
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
 
@@ -80,7 +80,7 @@ class EngineProcess:
         step = None
         while True:
             if self.leaper is not None and (step is None) != ahead:
-                leapt = self.leaper.leap(step, env.now, quiet_horizon(env))
+                leapt = self.leaper.leap(step, env.now)
                 if leapt is not None:
                     step, delays = leapt
                     for delay in delays:
