@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 import numpy as np
 
@@ -429,31 +429,10 @@ class _StretchPlan(StretchKV):
         """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
         step in flight afterwards (async) or None."""
         units, rows = self.units, self.rows
-        self._append_tokens(units)
-        snapshots = self._replay_kv()
-        times = self.times
-        finish_times = times[1:]
-        token_times = self.engine.requests.token_times
-        if self.skips is None:
-            for req in rows:
-                req.num_computed_tokens += units
-                column = token_times[req.index]
-                if column is not None:
-                    column.extend(finish_times)
-        else:
-            for req, skip in zip(rows, self.skips):
-                req.num_computed_tokens += units
-                column = token_times[req.index]
-                if column is not None:
-                    column.extend(finish_times[skip:])
-        self._record_steps(snapshots)
+        self._advance_rows()
+        self._record_steps(self._replay_kv())  # (the hashes read the tokens appended)
         if not self.lag:
             return self._plan_next() if self.half else None
-        first_token = self.engine.requests.first_token_time
-        for req, o in zip(rows, self.outputs):
-            req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
-            if not o:
-                first_token[req.index] = times[1]  # sampled its first token at the end of unit 1
         for r in self.left:  # (not in the step now in flight)
             req = rows[r]
             req.num_computed_tokens -= 1
@@ -465,6 +444,29 @@ class _StretchPlan(StretchKV):
         if self.half:
             self.next_step = self._plan_next()
         return in_flight
+
+    def _advance_rows(self) -> None:
+        """Per row, in one pass: append the tokens it samples in units 1..U (one fewer for a row
+        that skips unit 1) and their times, count its computed tokens; under async scheduling, count
+        the step now in flight's token (in flight, a placeholder) and a first token's time (the end
+        of unit 1)."""
+        units, times = self.units, self.times
+        if self.tokens is None:
+            self._read_synthetic(units)
+        finish_times = times[1:]
+        requests = self.engine.requests
+        token_times, first_token = requests.token_times, requests.first_token_time
+        lag = self.lag
+        for req, row, o, skip in zip(self.rows, self.tokens, self.outputs, self.skips or repeat(0)):
+            req.output_token_ids.extend(row[:units - skip])
+            req.num_computed_tokens += units
+            column = token_times[req.index]
+            if column is not None:
+                column.extend(finish_times[skip:] if skip else finish_times)
+            if lag:
+                req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
+                if not o:
+                    first_token[req.index] = times[1]
 
     def _decode_step(self, unit: int) -> Step:
         """The step planned at `unit` (1-based): every row 1 token, sampling (but the rows left out

@@ -23,13 +23,17 @@ def waiting_head(state, num_rows: int, admission_first: bool):
 
 def head_may_enter(state, num_rows: int, admission_first: bool) -> bool:
     """Whether the waiting head could be admitted at the next step as the KV cache is now: always
-    without `scheduler_reserve_full_isl`, else when blocks for its whole sequence fit."""
+    without `scheduler_reserve_full_isl`, else when blocks for its whole sequence fit (at once where
+    they fit with no prefix hit: a waiting request holds no blocks, and a hit saves a fresh block or
+    revives a free one; the leap's managers take no lookahead)."""
     head = waiting_head(state, num_rows, admission_first)
     if head is None:
         return False
     if not state.config.scheduler_reserve_full_isl:
         return True
     kv = state.kv
+    if -(-head.num_tokens // kv.block_size) <= len(kv.free_queue):
+        return True
     cached_blocks, num_cached = kv.lookup_prefix(head)
     return kv.can_fit(head, head.num_tokens - num_cached, cached_blocks)
 
