@@ -18,7 +18,7 @@ import numpy as np
 from kernels_cost_model.errors import ConfigError
 
 from .collectives import CollectiveCurve, measured_all_reduce
-from .derived_defaults import derived_coeffs, shipped_defaults
+from .derived_defaults import derivation, derived_coeffs, shipped_defaults
 from .roofline import (FAMILIES, OPTIONAL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs, operator_cost,
                        operator_keys, operator_rows, operator_seqs, single_token_prefill)
 from .roofline_fit import fit_family, fit_tiled_or_not
@@ -99,9 +99,18 @@ def uncalibrated(gpu, derived: bool = True) -> Calibration:
     measured_ar = {"all_reduce": coeffs["all_reduce"]} if measured_all_reduce(gpu.name) else {}
     coeffs.update(derived_coeffs(gpu, defaults))
     coeffs.update(measured_ar)
-    return Calibration(gpu.name, coeffs, {"kind": "uncalibrated roofline",
-                                          "efficiencies": f"derived from calibrated {gpu.architecture or 'other'} "
-                                                          "GPUs (data/derived_defaults.json)"})
+    efficiencies = {f: derivation(gpu, defaults, f) for f in FAMILIES}
+    if measured_ar:
+        efficiencies["all_reduce"] = "measured all-reduce of this GPU (data/collectives.csv)"
+    return Calibration(gpu.name, coeffs, {"kind": "uncalibrated roofline", "efficiencies": efficiencies})
+
+
+def derived_from(cal: Calibration, family: str = "matmul") -> str | None:
+    """For an uncalibrated roofline with derived efficiencies, where `family`'s come from
+    ("derived default (ada GPUs: l40s, rtx-4090)"); else None."""
+    source = cal.provenance.get("efficiencies")
+    found = source.get(family) if isinstance(source, dict) else None
+    return found if isinstance(found, str) else None
 
 
 # ---- fitting ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from . import mixed_launch as _ml
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
-from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
+from .calibration import Calibration, derived_from, load_calibration, shipped_calibration, uncalibrated
 from .hardware import GPU, get_gpu
 from .expert_sharding import expert_sharded
 from .interconnect import host_gpu
@@ -396,6 +396,14 @@ def link_all_reduce(host: GPU) -> Coeffs:
     return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
 
 
+def _efficiency_source(cal: Calibration) -> str:
+    """'efficiencies derived from calibrated GPUs (matmul from ada GPUs: l40s, rtx-4090)'."""
+    source = derived_from(cal)
+    if source is None:
+        return "typical efficiencies (no derived defaults shipped)"
+    return f"efficiencies derived from calibrated GPUs (matmul from {source.removeprefix('derived default (')}"
+
+
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
     if isinstance(calibration, Calibration):
         return calibration
@@ -404,9 +412,11 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
     if str(calibration) == "default":
         cal = shipped_calibration(gpu.name)
         if cal is None:
-            warnings.warn(f"no calibration shipped for GPU {gpu.name!r}; using the uncalibrated roofline "
-                          "(datasheet peaks x default efficiencies)", stacklevel=3)
-            return uncalibrated(gpu)
+            cal = uncalibrated(gpu)
+            warnings.warn(f"no calibration shipped for GPU {gpu.name!r}: priced at its datasheet peaks with "
+                          f"{_efficiency_source(cal)}; docs/cost_model.md, 'GPUs with no calibration', gives "
+                          "the error to expect", stacklevel=3)
+            return cal
         return cal
     named = shipped_calibration(str(calibration)) if "@" in str(calibration) else None
     if named is not None:  # a named shipped variant, e.g. rtx-pro-6000@vllm-0.19

@@ -151,6 +151,15 @@ def derived_coeffs(gpu, defaults: dict, families=(*FAMILIES, *OPTIONAL_FAMILIES)
     return out
 
 
+def derivation(gpu, defaults: dict, family: str) -> str:
+    """Where `gpu`'s derived `family` coefficients come from, as `derived_coeffs` picks them: its
+    group's calibrated GPUs, else all calibrated GPUs (a group none of them is in, e.g. an AMD GPU)."""
+    group = group_of(gpu, family)
+    entry = defaults["groups"].get(group, {}).get(family)
+    label = f"{group} GPUs" if entry else "all calibrated GPUs"
+    return f"derived default ({label}: {', '.join((entry or defaults['all'][family])['from'])})"
+
+
 @lru_cache(maxsize=1)
 def shipped_defaults() -> dict:
     """The derived defaults shipped in data/derived_defaults.json ({} when none is shipped)."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .aiconfigurator_tables import LICENCE as AIC_LICENCE
 from .aiconfigurator_tables import SYSTEMS, read_system
-from .derived_defaults import derive_defaults, derived_coeffs, group_of, shipped_defaults
+from .derived_defaults import derivation, derive_defaults, derived_coeffs, shipped_defaults
 from .calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors,
                           shipped_calibration, uncalibrated)
 from .hardware import get_gpu
@@ -136,10 +136,7 @@ def with_derived_families(cal: Calibration, gpu, defaults: dict) -> Calibration:
     if not missing:
         return cal
     coeffs = {**cal.coeffs, **derived_coeffs(gpu, defaults, families=missing, shapes=False)}
-    provenance = {**cal.provenance, "unfitted_families": {
-        f: f"derived default ({group_of(gpu, f)} GPUs: "
-           f"{', '.join((defaults['groups'].get(group_of(gpu, f), {}).get(f) or defaults['all'][f])['from'])})"
-        for f in missing}}
+    provenance = {**cal.provenance, "unfitted_families": {f: derivation(gpu, defaults, f) for f in missing}}
     return Calibration(cal.device, coeffs, provenance, cal.curves)
 
 

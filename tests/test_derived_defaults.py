@@ -48,8 +48,21 @@ def test_uncalibrated_gpus_use_the_shipped_derived_defaults():
     cal = uncalibrated(gpu)
     hopper = shipped_defaults()["groups"]["hopper"]["matmul"]
     assert to_efficiency(cal.coeffs["matmul"], gpu, "matmul")["compute"] == pytest.approx(hopper["compute"])
-    assert "derived" in cal.provenance["efficiencies"]
+    assert cal.provenance["efficiencies"]["matmul"] == "derived default (hopper GPUs: h100-sxm, h200)"
     assert uncalibrated(gpu, derived=False).provenance["efficiencies"]["matmul"] == (0.70, 0.80, 6e-6)
+
+
+def test_an_uncalibrated_gpu_names_the_gpus_its_efficiencies_come_from():
+    """A GPU in no calibrated group (an AMD one) takes every calibrated GPU's figures, and says so,
+    in its provenance and in the warning a plain run gives."""
+    if not shipped_defaults():
+        pytest.skip("no derived defaults shipped")
+    defaults = shipped_defaults()
+    source = uncalibrated(get_gpu("mi300x")).provenance["efficiencies"]
+    assert source["matmul"] == f"derived default (all calibrated GPUs: {', '.join(defaults['all']['matmul']['from'])})"
+    assert source["decode_attention"].startswith("derived default (all calibrated GPUs: ")
+    with pytest.warns(UserWarning, match=r"'l4'.*\(matmul from ada GPUs: l40s, rtx-4090\)"):
+        make_cost_model("llama-3.1-8b", "l4")
 
 
 def test_capture_sizes_follow_vllm_defaults():

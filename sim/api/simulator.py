@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
+from kernels_cost_model.calibration import derived_from
 from kernels_cost_model.errors import ConfigError, require
 from sim.api.client import ClientConfig
 from sim.api.memory import keep_large_blocks_apart, release_freed_memory
@@ -429,7 +430,9 @@ def describe_cost_model(cost_model) -> str:
         name = "linear" if isinstance(cost_model, LinearCostModel) else type(cost_model).__name__
         return f"{name} cost model"
     if calibration.provenance.get("kind") == "uncalibrated roofline":
-        return "uncalibrated roofline cost model (datasheet peaks)"
+        derived = derived_from(calibration) is not None
+        return ("uncalibrated roofline cost model (datasheet peaks"
+                + (", efficiencies derived from calibrated GPUs)" if derived else ")"))
     return f"roofline cost model calibrated on {calibration.device} kernels"
 
 
