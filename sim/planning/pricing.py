@@ -1,6 +1,6 @@
 """GPU prices ($ per GPU-hour) for deployment search, with their sources.
 
-The defaults (sim/gpu_prices.csv) are public cloud list prices: provider, instance, region, price
+The defaults (sim/planning/gpu_prices.csv) are public cloud list prices: provider, instance, region, price
 type and date in each row. Prices move; pass your own with `load_prices(overrides={"h100": 2.99})`
 or a CSV with the same `gpu,usd_per_gpu_hour` columns.
 """
