@@ -157,7 +157,10 @@ def derivation(gpu, defaults: dict, family: str) -> str:
     group = group_of(gpu, family)
     entry = defaults["groups"].get(group, {}).get(family)
     label = f"{group} GPUs" if entry else "all calibrated GPUs"
-    return f"derived default ({label}: {', '.join((entry or defaults['all'][family])['from'])})"
+    entry = entry or defaults["all"].get(family)
+    if entry is None:
+        return "typical efficiency (no calibrated GPU measured this family)"
+    return f"derived default ({label}: {', '.join(entry['from'])})"
 
 
 @lru_cache(maxsize=1)
