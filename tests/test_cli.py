@@ -42,6 +42,12 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--rate", "-1"], "servesim: error: workload.rate=-1.0: must be > 0"),
     (["--tp", "0"], "servesim: error: deployment.tensor_parallel_size=0: must be an integer >= 1"),
     (["--model", "gpt-17"], "servesim: error: deployment.model='gpt-17': unknown model"),
+    # (an unknown model leaves the unchunked step budget, its max_model_len, unresolved; with PP or a
+    # CPU tier the model, not their flags, is named)
+    (["--model", "gpt-17", "--no-chunked-prefill"], "servesim: error: deployment.model='gpt-17': unknown model"),
+    (["--model", "gpt-17", "--pipeline-parallel-size", "2"],
+     "servesim: error: deployment.model='gpt-17': unknown model"),
+    (["--model", "gpt-17", "--kv-offloading-size", "8"], "servesim: error: deployment.model='gpt-17': unknown model"),
     (["--gpu", "tpu-v9"], "servesim: error: deployment.gpu='tpu-v9': unknown GPU"),
     (["--policy", "nope"], "servesim: error: engine.policy='nope': unknown"),
     (["--num-gpu-blocks", "3"], "servesim: error: engine.num_gpu_blocks=3:"),

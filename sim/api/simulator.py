@@ -353,8 +353,8 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     """
     config = config or SimulationConfig()
     check_names(config.engine)
-    check_step_budget(config.engine)
     check_model_limits(config)
+    check_step_budget(config.engine)
     traffic = workload
     if traffic is None:
         with within("workload"):

@@ -174,7 +174,10 @@ def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=N
 def check_step_budget(engine) -> None:
     """A step budget of at least one token per batched request (vLLM's SchedulerConfig refuses less).
     Checked where users configure a run (simulate, servesim run/disagg), not on bare engines, whose
-    tests drive budgets below max_num_seqs on purpose."""
+    tests drive budgets below max_num_seqs on purpose. An unresolved budget (None: an unknown model left
+    max_model_len, which it defaults to, unset) is not compared: `check_model_limits` names the model."""
+    if engine.max_num_batched_tokens is None:
+        return
     require(engine.max_num_batched_tokens >= engine.max_num_seqs, "engine.max_num_batched_tokens",
             engine.max_num_batched_tokens, f"must be >= max_num_seqs={engine.max_num_seqs} (each running request"
             " needs a token of the step's budget; vLLM refuses to start otherwise): raise it or lower max_num_seqs")

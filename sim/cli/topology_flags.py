@@ -84,10 +84,11 @@ def simulate_from_args(config, args, progress=None):
     workload or the --conversations replay."""
     from sim.api.simulator import simulate
     from sim.planning.instances import simulate_instance
-    from sim.api.validation import check_step_budget
+    from sim.api.validation import check_model_limits, check_step_budget
     shape, workload = instance_shape(args), conversation_workload(args, config)
     if shape is None:
         return simulate(config, workload=workload, progress=progress)
+    check_model_limits(config)  # (an unknown model is the deployment's error, not the PP or tier flag's)
     check_step_budget(config.engine)
     if shape.offload is not None:
         require(config.engine.enable_prefix_caching, "--kv-offloading-size", args.kv_offloading_size,
