@@ -173,7 +173,7 @@ class RooflineCostModel:
         if n_dec:
             longest = (max(c for k, c in zip(new, ctx) if k == 1) if n_dec < n else max(ctx)) + 1
             if self.decode_waves[0] and not n_pf:  # FA2, decodes alone: the split-KV units' waves
-                longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / (n_dec * longest))
+                longest = decode_path(n_dec, longest, *self.decode_launch(n_dec), raw_keys / n_dec)
         mixed = None
         if n_pf and n_dec and self.mixed_launch and self.prefill.s_per_key:  # FA2 path form (prefill_waves.py)
             mixed = self._mixed_launch(new, ctx, pf_rows, pf_keys, n_dec, raw_keys)
@@ -220,7 +220,7 @@ class RooflineCostModel:
             dec_keys = raw_keys + alpha * (n * top - raw_keys)
         longest = top
         if self.decode_waves[0]:
-            longest = decode_path(n, top, *self.decode_launch(n), raw_keys / (n * top))
+            longest = decode_path(n, top, *self.decode_launch(n), raw_keys / n)
         pf, dec = self._attention(n, dec_keys, 0, 0, 0, 0, 0, (0, longest))
         return self.layers * pf, self.layers * dec
 

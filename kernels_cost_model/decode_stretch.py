@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .attention_backend import imbalance_alpha
-from .prefill_waves import decode_units
+from .prefill_waves import decode_split_count, decode_units
 
 VECTOR_FROM = 48   # steps from which the stretch is priced in numpy rather than in a Python loop
 
@@ -110,10 +110,12 @@ def _fixed(model, n: int) -> _Fixed:
                   waves=(n, *model.decode_launch(n)) if model.decode_waves[0] else None)
 
 
-def _units(waves: tuple, blocks: int) -> tuple[int, int]:
-    """(waves, key blocks a unit walks) of an FA2 pure-decode step whose longest row holds `blocks`."""
+def _units(waves: tuple, blocks: int) -> tuple[int, int, int]:
+    """(waves, key blocks a unit walks, splits) of an FA2 pure-decode step whose longest row holds
+    `blocks` (prefill_waves.decode_path)."""
     n, heads, kv, sms, block, decided_at = waves
-    return decode_units(n, blocks, heads, kv, sms, decided_at)
+    return (*decode_units(n, blocks, heads, kv, sms, decided_at),
+            decode_split_count(n, blocks, heads, kv, sms, decided_at))
 
 
 def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> list[float]:
@@ -140,7 +142,8 @@ def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> l
             units = memo.get(blocks)
             if units is None:
                 units = memo[blocks] = _units(waves, blocks)
-            critical = (1.0 + (units[0] - 1) * (dec_keys / (rows * longest))) * (units[1] * block)
+            mean = -(-max(math.ceil(dec_keys / rows / block), 1) // units[2])  # (mean_unit_blocks)
+            critical = float(((units[0] - 1) * mean + units[1]) * block)
         path = critical * s_per_key
         total = (compute if compute > memory else memory) + (overhead + (pf_path if pf_path > path else path))
         if (c_dec if c_dec > m_dec else m_dec) > 0.0:  # share 0.0: step_time's two halves add 0.0, then total
@@ -165,8 +168,9 @@ def _steps(f: _Fixed, n: int, dec_keys: np.ndarray, longest: np.ndarray) -> np.n
         block = f.waves[4]
         blocks, where = np.unique(np.maximum(-(-longest // block), 1), return_inverse=True)
         units = np.array([_units(f.waves, int(b)) for b in blocks.tolist()], dtype=np.int64)[where]
-        ratio = dec_keys / (f.waves[0] * longest)
-        longest = (1.0 + (units[:, 0] - 1) * ratio) * (units[:, 1] * block)
+        mean_blocks = np.maximum(np.ceil(dec_keys / f.waves[0] / block), 1.0).astype(np.int64)
+        mean = -(-mean_blocks // units[:, 2])
+        longest = (((units[:, 0] - 1) * mean + units[:, 1]) * block).astype(np.float64)
     path = longest * f.s_per_key
     total = np.where(compute > memory, compute, memory) + (f.overhead + np.where(f.pf_path > path, f.pf_path, path))
     alone = np.where(c_dec > m_dec, c_dec, m_dec)

@@ -194,7 +194,8 @@ def batch_path_keys(new: list[int], ctx: list[int], heads: float, sms: int, bloc
 # key blocks; the SMs take the units in ceil(units / SMs) waves. With as many KV heads as query heads
 # there is no swap and no split: a unit per (sequence, head) walks all its keys. With rows of different
 # lengths the waves before the last run units of the mean length and the last ends on the longest (as
-# a prefill sequence's waves, sequence_path): exact when all rows are alike, as in the profiles.
+# a prefill sequence's waves, sequence_path), the mean row's keys cut into the same splits: exact when
+# all rows are alike, as in the profiles.
 # Decodes beside a prefill chunk are not swapped: they are 64-row units of the chunk's launch
 # (mixed_launch.py), not this path.
 
@@ -226,23 +227,40 @@ def decode_units(batch: float, blocks: int, heads: float, kv_heads: float, sms: 
     `blocks` key blocks; `decided_at`: (rows, key blocks) the split count was decided at (a captured
     graph's capture size and max_model_len blocks), None = this launch's own. Splits past the longest
     row's last block hold no unit."""
+    splits = decode_split_count(batch, blocks, heads, kv_heads, sms, decided_at)
     if heads > kv_heads:
-        rows, at_blocks = decided_at if decided_at is not None else (batch, blocks)
-        s = num_splits(int(rows * kv_heads), 2 * sms, max(int(at_blocks), 1))
-        per_unit = -(-blocks // s)
+        per_unit = -(-blocks // splits)
         units = int(batch * kv_heads) * -(-blocks // per_unit)
     else:
         units, per_unit = batch * heads, blocks
     return math.ceil(units / sms), per_unit
 
 
+def decode_split_count(batch: float, blocks: int, heads: float, kv_heads: float, sms: int,
+                       decided_at: tuple | None = None) -> int:
+    """The splits each row's keys are cut into in such a launch (`decode_units`; 1 unswapped)."""
+    if heads <= kv_heads:
+        return 1
+    rows, at_blocks = decided_at if decided_at is not None else (batch, blocks)
+    return num_splits(int(rows * kv_heads), 2 * sms, max(int(at_blocks), 1))
+
+
+def mean_unit_blocks(mean_keys: float, block: int, splits: int) -> int:
+    """Key blocks a unit of the mean row walks: its blocks cut into `splits` (as the longest row's)."""
+    return -(-max(math.ceil(mean_keys / block), 1) // splits)
+
+
 def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int,
-                decided_at: tuple | None = None, mean_ratio: float = 1.0) -> float:
+                decided_at: tuple | None = None, mean_keys: float | None = None) -> float:
     """Keys one SM walks in a launch of `batch` decodes alone whose longest reads `keys` keys and whose
-    mean row reads `mean_ratio` x that (see above; decode_units for the rest)."""
+    mean row reads `mean_keys` (default: as many): the waves before the last run units of the mean
+    row, the last ends on the longest row's (see above; decode_units for the rest). Never shorter when
+    a row reads more keys at the same waves."""
     blocks = max(math.ceil(keys / block), 1)
     waves, per_unit = decode_units(batch, blocks, heads, kv_heads, sms, decided_at)
-    return (1.0 + (waves - 1) * mean_ratio) * (per_unit * block)
+    mean = per_unit if mean_keys is None else mean_unit_blocks(
+        mean_keys, block, decode_split_count(batch, blocks, heads, kv_heads, sms, decided_at))
+    return float(((waves - 1) * mean + per_unit) * block)
 
 
 def decode_splits(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int) -> int:

@@ -55,7 +55,12 @@ def test_uniform_decodes_are_priced_as_before():
 
 @given(st.lists(st.integers(0, 8000), min_size=1, max_size=40), st.integers(0, 8000))
 def test_a_longer_decode_context_never_shortens_the_step(ctxs, extra):
-    m = make_cost_model("llama-3.1-8b", "rtx-pro-6000")
+    """The imbalance term never makes a longer row cheaper. (FA2's split-KV units are left out here: a
+    longer row can take fewer units, fewer waves and a shorter step, as the kernel does; at the same
+    waves its path never shortens either, tests/test_decode_splits.py.)"""
+    import dataclasses
+    m = dataclasses.replace(make_cost_model("llama-3.1-8b", "rtx-pro-6000"), decode_waves=(0, 0.0, 0.0, 0, 0))
+    assert m.decode_imbalance is not None
     longer = [ctxs[0] + extra] + ctxs[1:]
     assert (m.step_time(BatchShape([1] * len(ctxs), longer, len(ctxs)))
             >= m.step_time(BatchShape([1] * len(ctxs), ctxs, len(ctxs))) - 1e-12)

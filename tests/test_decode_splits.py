@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError
-from kernels_cost_model.prefill_waves import decode_path, decode_units, num_splits
+from kernels_cost_model.prefill_waves import decode_path, decode_split_count, decode_units, num_splits
 
 SLOTS = 2 * 188  # RTX PRO 6000: 188 SMs, two 128-thread split-KV blocks each
 
@@ -86,12 +86,32 @@ def test_rows_alike_walk_whole_waves_of_units(batch, keys):
     assert mha == (math.ceil(batch * 32 / 188), blocks)
 
 
-@given(st.integers(2, 300), st.integers(1, 40000), st.floats(0.01, 1.0))
-def test_shorter_rows_shorten_the_waves_before_the_last(batch, keys, ratio):
-    full = decode_path(batch, keys, 32.0, 32.0, 188, 128)
-    mixed = decode_path(batch, keys, 32.0, 32.0, 188, 128, None, ratio)
-    unit = max(math.ceil(keys / 128), 1) * 128
+@given(st.integers(2, 300), st.integers(1, 40000), st.floats(0.01, 1.0), st.sampled_from([8.0, 32.0]))
+def test_shorter_rows_shorten_the_waves_before_the_last(batch, keys, ratio, kv_heads):
+    full = decode_path(batch, keys, 32.0, kv_heads, 188, 128)
+    mixed = decode_path(batch, keys, 32.0, kv_heads, 188, 128, None, ratio * keys)
+    unit = decode_units(batch, max(math.ceil(keys / 128), 1), 32.0, kv_heads, 188)[1] * 128
     assert unit <= mixed <= full
+
+
+@given(st.integers(2, 300), st.integers(1, 40000), st.integers(0, 4000), st.floats(0.01, 1.0),
+       st.sampled_from([8.0, 32.0]), st.sampled_from([None, (256, 256)]))
+def test_a_row_reading_more_keys_never_shortens_the_path_at_the_same_waves(batch, keys, extra, ratio, kv_heads,
+                                                                             decided_at):
+    """The longest row grows by `extra` keys (the mean by extra / batch): where the split count and the
+    waves stay, the path never falls (the mean row's unit is its keys cut into the longest row's
+    splits, rounded up to whole blocks, not the longest row's rounded unit scaled down). Fewer waves
+    (splits past a row's last block hold no unit) or more splits (an eager launch's heuristic) may
+    shorten it, as in the kernel."""
+    def launch(k):
+        blocks = max(math.ceil(k / 128), 1)
+        return (decode_units(batch, blocks, 32.0, kv_heads, 188, decided_at)[0],
+                decode_split_count(batch, blocks, 32.0, kv_heads, 188, decided_at))
+    mean = ratio * keys
+    before = decode_path(batch, keys, 32.0, kv_heads, 188, 128, decided_at, mean)
+    after = decode_path(batch, keys + extra, 32.0, kv_heads, 188, 128, decided_at, mean + extra / batch)
+    if launch(keys + extra) == launch(keys):
+        assert after >= before
 
 
 def test_max_model_len_must_be_a_positive_integer():
