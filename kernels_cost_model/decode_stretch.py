@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .attention_backend import imbalance_alpha
-from .prefill_waves import decode_split_count, decode_units
+from .prefill_waves import decode_launch_units
 
 VECTOR_FROM = 48   # steps from which the stretch is priced in numpy rather than in a Python loop
 
@@ -114,8 +114,7 @@ def _units(waves: tuple, blocks: int) -> tuple[int, int, int]:
     """(waves, key blocks a unit walks, splits) of an FA2 pure-decode step whose longest row holds
     `blocks` (prefill_waves.decode_path)."""
     n, heads, kv, sms, block, decided_at = waves
-    return (*decode_units(n, blocks, heads, kv, sms, decided_at),
-            decode_split_count(n, blocks, heads, kv, sms, decided_at))
+    return decode_launch_units(n, blocks, heads, kv, sms, decided_at)
 
 
 def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> list[float]:

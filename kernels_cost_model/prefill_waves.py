@@ -227,22 +227,18 @@ def decode_units(batch: float, blocks: int, heads: float, kv_heads: float, sms: 
     `blocks` key blocks; `decided_at`: (rows, key blocks) the split count was decided at (a captured
     graph's capture size and max_model_len blocks), None = this launch's own. Splits past the longest
     row's last block hold no unit."""
-    splits = decode_split_count(batch, blocks, heads, kv_heads, sms, decided_at)
-    if heads > kv_heads:
-        per_unit = -(-blocks // splits)
-        units = int(batch * kv_heads) * -(-blocks // per_unit)
-    else:
-        units, per_unit = batch * heads, blocks
-    return math.ceil(units / sms), per_unit
+    return decode_launch_units(batch, blocks, heads, kv_heads, sms, decided_at)[:2]
 
 
-def decode_split_count(batch: float, blocks: int, heads: float, kv_heads: float, sms: int,
-                       decided_at: tuple | None = None) -> int:
-    """The splits each row's keys are cut into in such a launch (`decode_units`; 1 unswapped)."""
+def decode_launch_units(batch: float, blocks: int, heads: float, kv_heads: float, sms: int,
+                        decided_at: tuple | None = None) -> tuple[int, int, int]:
+    """`decode_units` and the splits each row's keys are cut into (1 unswapped)."""
     if heads <= kv_heads:
-        return 1
+        return math.ceil(batch * heads / sms), blocks, 1
     rows, at_blocks = decided_at if decided_at is not None else (batch, blocks)
-    return num_splits(int(rows * kv_heads), 2 * sms, max(int(at_blocks), 1))
+    splits = num_splits(int(rows * kv_heads), 2 * sms, max(int(at_blocks), 1))
+    per_unit = -(-blocks // splits)
+    return math.ceil(int(batch * kv_heads) * -(-blocks // per_unit) / sms), per_unit, splits
 
 
 def mean_unit_blocks(mean_keys: float, block: int, splits: int) -> int:
@@ -257,9 +253,8 @@ def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: i
     row, the last ends on the longest row's (see above; decode_units for the rest). Never shorter when
     a row reads more keys at the same waves."""
     blocks = max(math.ceil(keys / block), 1)
-    waves, per_unit = decode_units(batch, blocks, heads, kv_heads, sms, decided_at)
-    mean = per_unit if mean_keys is None else mean_unit_blocks(
-        mean_keys, block, decode_split_count(batch, blocks, heads, kv_heads, sms, decided_at))
+    waves, per_unit, splits = decode_launch_units(batch, blocks, heads, kv_heads, sms, decided_at)
+    mean = per_unit if mean_keys is None else mean_unit_blocks(mean_keys, block, splits)
     return float(((waves - 1) * mean + per_unit) * block)
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError
-from kernels_cost_model.prefill_waves import decode_path, decode_split_count, decode_units, num_splits
+from kernels_cost_model.prefill_waves import decode_launch_units, decode_path, decode_units, num_splits
 
 SLOTS = 2 * 188  # RTX PRO 6000: 188 SMs, two 128-thread split-KV blocks each
 
@@ -105,8 +105,8 @@ def test_a_row_reading_more_keys_never_shortens_the_path_at_the_same_waves(batch
     shorten it, as in the kernel."""
     def launch(k):
         blocks = max(math.ceil(k / 128), 1)
-        return (decode_units(batch, blocks, 32.0, kv_heads, 188, decided_at)[0],
-                decode_split_count(batch, blocks, 32.0, kv_heads, 188, decided_at))
+        waves, _, splits = decode_launch_units(batch, blocks, 32.0, kv_heads, 188, decided_at)
+        return waves, splits
     mean = ratio * keys
     before = decode_path(batch, keys, 32.0, kv_heads, 188, 128, decided_at, mean)
     after = decode_path(batch, keys + extra, 32.0, kv_heads, 188, 128, decided_at, mean + extra / batch)

@@ -75,7 +75,21 @@ def test_kv_cache_too_small_for_one_request_is_a_clear_error():
         run_engine([_spec(0.0)], EngineConfig(max_model_len=64), COST, num_gpu_blocks=2)
 
 
-@pytest.mark.parametrize("field,value", [("max_num_seqs", 0), ("block_size", -1), ("scheduling", "lifo"),
+@pytest.mark.parametrize("policy", ["vllm", "vllm-v0", "static"])
+def test_a_request_that_outgrows_the_usable_blocks_is_a_clear_error(policy):
+    """vLLM's size check counts the null block, so a cache of 6 blocks of 16 passes for max_model_len 96
+    while only 5 hold tokens: a request grown past 80 tokens is preempted and can never run again.
+    The run names the cache instead of ending with a request that never finished."""
+    cfg = EngineConfig(num_gpu_blocks=6, block_size=16, max_model_len=96, policy=policy,
+                       max_num_batched_tokens=96)
+    spec = RequestSpec(0.0, np.full(70, 7, dtype=np.int32), sampling_params=SamplingParams(max_tokens=20,
+                                                                                           ignore_eos=True))
+    with pytest.raises(ConfigError, match=r"num_gpu_blocks=6: request 'req-0' grew to 81 tokens.* 5 usable"):
+        run_engine([spec], cfg, COST)
+
+
+@pytest.mark.parametrize("field,value", [("max_num_seqs", 0), ("block_size", -1), ("block_size", 2**63),
+                                         ("scheduling", "lifo"),
                                          ("long_prefill_token_threshold", -5), ("policy", "nope")])
 def test_out_of_range_settings_are_named(field, value):
     with pytest.raises(ConfigError, match=field):

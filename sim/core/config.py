@@ -14,6 +14,9 @@ ENGINE_MODES = ("fast", "step")
 MAX_NUM_GPU_BLOCKS = 2**22
 """Largest KV cache the engine keeps books for: about 0.7 GiB of per-block state. Twice the largest
 cache in the catalog (Qwen2.5-0.5B on 8 MI300X at block_size 16: 1.98M blocks)."""
+MAX_BLOCK_SIZE = 2**16
+"""Largest block the engine keeps (tokens): vLLM's run from 1 to 256, and to a few thousand where a
+hybrid model's attention pages are aligned to its state pages; a block's tokens are hashed as one."""
 DEFAULT_MAX_MODEL_LEN = 8192
 """max_model_len of an engine run with no model to take its maximum from (engine-level tests)."""
 
@@ -100,6 +103,7 @@ class EngineConfig:
         check_types(self)
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             at_least(name, getattr(self, name), 1, optional=True)
+        in_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE, optional=True)
         in_range("num_gpu_blocks", self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS, optional=True,
                  why="KV bookkeeping is kept per block; use a larger block_size for a larger cache")
         in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID, optional=True)
