@@ -78,14 +78,24 @@ def test_kv_cache_too_small_for_one_request_is_a_clear_error():
 @pytest.mark.parametrize("policy", ["vllm", "vllm-v0", "static"])
 def test_a_request_that_outgrows_the_usable_blocks_is_a_clear_error(policy):
     """vLLM's size check counts the null block, so a cache of 6 blocks of 16 passes for max_model_len 96
-    while only 5 hold tokens: a request grown past 80 tokens is preempted and can never run again.
-    The run names the cache instead of ending with a request that never finished."""
+    while only 5 hold tokens: a request grown past 80 tokens would preempt itself and never run again
+    (or, with chunked prefill, be readmitted for ever). The run names the cache instead."""
     cfg = EngineConfig(num_gpu_blocks=6, block_size=16, max_model_len=96, policy=policy,
                        max_num_batched_tokens=96)
     spec = RequestSpec(0.0, np.full(70, 7, dtype=np.int32), sampling_params=SamplingParams(max_tokens=20,
                                                                                            ignore_eos=True))
-    with pytest.raises(ConfigError, match=r"num_gpu_blocks=6: request 'req-0' grew to 81 tokens.* 5 usable"):
+    with pytest.raises(ConfigError, match=r"num_gpu_blocks=6: request 'req-0' needs 6 blocks of 16 tokens for 81 tokens.* 5 usable"):
         run_engine([spec], cfg, COST)
+
+
+def test_a_prefill_that_outgrows_the_usable_blocks_is_a_clear_error_not_a_livelock():
+    """Chunked 16 tokens a step into 2 blocks of 32 (one usable), a 48-token prompt preempts itself at
+    its second block and, readmitted from scratch, would do so for ever (bounded here by `until`)."""
+    cfg = EngineConfig(num_gpu_blocks=2, block_size=32, max_model_len=64, max_num_batched_tokens=16,
+                       long_prefill_token_threshold=1, scheduler_reserve_full_isl=False)
+    spec = RequestSpec(0.0, np.full(48, 7, dtype=np.int32), sampling_params=SamplingParams(max_tokens=1))
+    with pytest.raises(ConfigError, match=r"num_gpu_blocks=2: request 'req-0' needs 2 blocks of 32 tokens"):
+        run_engine([spec], cfg, COST, until=1000.0)
 
 
 @pytest.mark.parametrize("field,value", [("max_num_seqs", 0), ("block_size", -1), ("block_size", 2**63),

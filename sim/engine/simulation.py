@@ -14,6 +14,7 @@ import simpy
 
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
+from policies.base import require_ever_fits
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
 from sim.engine.leap_steady import ArrivalTimeout
@@ -188,21 +189,11 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
     return num_gpu_blocks
 
 
-def check_outgrown(engine: Engine, num_gpu_blocks: int) -> None:
-    """A clear error where a request left unfinished holds more tokens than the KV cache's usable
-    blocks: block 0 is vLLM's null block, which vLLM's size check (and `check_kv_capacity`, as vLLM's)
-    counts, so a request within a block of max_model_len can outgrow the cache, be preempted and never
-    be scheduled again (vLLM stalls the same way)."""
-    block_size = engine.config.block_size
-    usable = num_gpu_blocks - 1
+def check_outgrown(engine: Engine) -> None:
+    """A named error where a request left unfinished has more tokens than the cache's usable blocks
+    hold (`policies.base.require_ever_fits`): one waiting for its whole sequence to fit never starts."""
     for req in sorted(engine.by_id.values(), key=lambda r: r.index):
-        need = -(-req.num_tokens // block_size)
-        if need > usable:
-            raise ConfigError("num_gpu_blocks", num_gpu_blocks,
-                              f"request {req.request_id!r} grew to {req.num_tokens} tokens, which need {need} "
-                              f"blocks of {block_size}; the cache has {usable} usable blocks (block 0 is the "
-                              f"null block), so it could never be scheduled again: raise num_gpu_blocks or "
-                              f"lower max_model_len to {usable * block_size}")
+        require_ever_fits(engine.state.kv, req, req.num_tokens)
 
 
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
@@ -227,7 +218,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     start_workload(env, workload, proc.submit, seed, proc.enqueue)
     run_env(env, until)
     if until is None and engine.by_id:
-        check_outgrown(engine, blocks)
+        check_outgrown(engine)
         stuck = sorted(engine.by_id)[:5]
         raise InvariantError(f"{len(engine.by_id)} requests never finished (e.g. {stuck})")
     if until is None and engine.state.kv.num_used_blocks:
