@@ -57,6 +57,8 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--no-chunked-prefill", "--max-num-batched-tokens", "100"],
      "servesim: error: engine.max_num_batched_tokens=100: must be >= max_model_len=131072"),
     (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
+    (["--burstiness", "1e-9"], "servesim: error: --burstiness=1e-09: must be in [1e-06, 1e+06]"),
+    (["--workload", "gamma", "--cv", "1e-300"], "servesim: error: workload.cv=1e-300: must be in [0.001, 1000.0]"),
     (["--max-num-batched-tokens", "10"],
      "servesim: error: engine.max_num_batched_tokens=10: must be >= max_num_seqs=256"),
 ])

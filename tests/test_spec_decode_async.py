@@ -54,7 +54,10 @@ def drive_async(engine: Engine, specs, max_steps: int = 100_000) -> int:
 class AsyncChecks(EngineHook):
     """Every planned row stays below max_model_len; after every step placeholders are never
     negative and a running request holds no more blocks than its tokens, its placeholders, the
-    next step's 1 + k and the lookahead need (rejected slots are reused, not piled up)."""
+    next step's 1 + k, the lookahead and k more need: rejected slots are reused, not piled up. (The
+    k more: a plan made while a step was in flight allocated for that step's drafts as if accepted,
+    as vLLM's `num_tokens_with_spec + num_output_placeholders` does; once they are rejected the blocks
+    stay, and with one-token blocks the thorough hypothesis profile finds them one block above.)"""
 
     def __init__(self, k: int, lookahead: int):
         self.k, self.lookahead = k, lookahead
@@ -68,7 +71,7 @@ class AsyncChecks(EngineHook):
         kv = engine.state.kv
         for req in engine.state.running:
             assert req.num_output_placeholders >= 0
-            need = req.num_tokens + req.num_output_placeholders + 1 + self.k + self.lookahead
+            need = req.num_tokens + req.num_output_placeholders + 1 + 2 * self.k + self.lookahead
             assert len(kv.blocks_of(req)) <= -(-need // kv.block_size), req
 
 

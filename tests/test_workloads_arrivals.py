@@ -83,6 +83,7 @@ def test_same_seed_same_times():
 
 @pytest.mark.parametrize("build, field", [
     (lambda: Poisson(0), "rate"), (lambda: Poisson(-1.0), "rate"), (lambda: Gamma(1.0, 0), "cv"),
+    (lambda: Gamma(1.0, 1e-300), "cv"), (lambda: Gamma(1.0, 1e300), "cv"),  # (1 / cv^2 over- or underflows)
     (lambda: Constant(float("inf")), "rate"), (lambda: piecewise([1, 2], [1, 1]), "breakpoints_s"),
     (lambda: piecewise([0, 1], [0, 0]), "rates"), (lambda: diurnal(1.0, 1.5), "amplitude"),
     (lambda: TraceTimes([0.0, 2.0, 1.0]), "timestamps_s[2]"), (lambda: make_rng(-1), "seed"),

@@ -16,6 +16,10 @@ from kernels_cost_model.errors import require
 from workloads.traces import read_trace
 
 
+#: Gamma arrivals' coefficients of variation kept (public traces' run from about 1 to 13).
+GAMMA_CV = (1e-3, 1e3)
+
+
 def _positive(field: str, value: float) -> None:
     require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, field, value,
             "must be a finite number > 0")
@@ -44,6 +48,9 @@ class Gamma:
     def __post_init__(self) -> None:
         _positive("rate", self.rate)
         _positive("cv", self.cv)
+        require(GAMMA_CV[0] <= self.cv <= GAMMA_CV[1], "cv", self.cv,
+                f"must be in [{GAMMA_CV[0]}, {GAMMA_CV[1]}] (the gaps' shape is 1 / cv^2; for evenly spaced"
+                " arrivals use kind = \"constant\")")
 
     def sample(self, rng: np.random.Generator, n: int, start_s: float = 0.0) -> np.ndarray:
         shape = 1.0 / self.cv**2

@@ -10,6 +10,7 @@ from pathlib import Path
 from sim.cli.output import add_output_flags, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
+from workloads.arrivals import GAMMA_CV
 
 DESCRIPTION = """\
 Simulate one serving configuration and print a summary table.
@@ -204,8 +205,9 @@ def config_from_args(args):
             sections.setdefault(section, {})[name] = value
     burstiness = getattr(args, "burstiness", None)
     if burstiness is not None and burstiness != 1.0:  # vLLM's gamma shape; 1.0 is its Poisson process
-        if burstiness <= 0:
-            raise ConfigError("--burstiness", burstiness, "must be > 0")
+        low, high = (cv ** -2 for cv in reversed(GAMMA_CV))  # the gamma CVs kept, as shapes
+        if not low <= burstiness <= high:
+            raise ConfigError("--burstiness", burstiness, f"must be in [{low:g}, {high:g}] (gamma shape 1 / cv^2)")
         sections.setdefault("workload", {}).update(kind="gamma", cv=burstiness ** -0.5)
     if getattr(args, "trace", None):
         sections["workload"]["kind"] = "trace"
