@@ -263,7 +263,9 @@ def require_ever_fits(kv: KVCacheManager, req: Request, tokens: int) -> None:
     if type(kv) is HybridKVCacheManager:
         return
     usable, size = kv.num_usable_blocks, kv.block_size
-    need = -(-(tokens + kv.num_lookahead_tokens) // size)
+    ahead = tokens + kv.num_lookahead_tokens
+    tokens = max(tokens, min(ahead, kv.max_model_len or ahead))  # lookahead slots, capped as the manager caps
+    need = -(-tokens // size)
     require(need <= usable, "num_gpu_blocks", kv.num_gpu_blocks,
             f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache has"
             f" {usable} usable blocks (block 0 is the null block), so it could never run: raise num_gpu_blocks"
