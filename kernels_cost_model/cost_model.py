@@ -23,7 +23,8 @@ from . import mixed_launch as _ml
 from .collectives import CollectiveCurve
 from .cuda_graph import capture_sizes
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
-from .calibration import Calibration, derived_from, load_calibration, shipped_calibration, uncalibrated
+from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
+from .derived_defaults import derived_coeffs, donors, shipped_defaults
 from .hardware import GPU, get_gpu
 from .expert_sharding import expert_sharded
 from .interconnect import host_gpu
@@ -392,16 +393,15 @@ def _mixed_launch_of(hw: GPU, mixed_decode: tuple) -> tuple:
 def link_all_reduce(host: GPU) -> Coeffs:
     """All-reduce on a host whose link is not the catalog's: the measured efficiency of calibrated GPUs
     on that kind of link (derived_defaults.py groups), at the link's rate."""
-    from .derived_defaults import derived_coeffs, shipped_defaults
     return derived_coeffs(host, shipped_defaults(), families=("all_reduce",), shapes=False)["all_reduce"]
 
 
-def _efficiency_source(cal: Calibration) -> str:
+def _efficiency_source(gpu: GPU) -> str:
     """'efficiencies derived from calibrated GPUs (matmul from ada GPUs: l40s, rtx-4090)'."""
-    source = derived_from(cal)
-    if source is None:
+    found = donors(gpu, shipped_defaults(), "matmul") if shipped_defaults() else None
+    if found is None:
         return "typical efficiencies (no derived defaults shipped)"
-    return f"efficiencies derived from calibrated GPUs (matmul from {source.removeprefix('derived default (')}"
+    return f"efficiencies derived from calibrated GPUs (matmul from {found})"
 
 
 def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None) -> Calibration:
@@ -414,7 +414,7 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
         if cal is None:
             cal = uncalibrated(gpu)
             warnings.warn(f"no calibration shipped for GPU {gpu.name!r}: priced at its datasheet peaks with "
-                          f"{_efficiency_source(cal)}; docs/cost_model.md, 'GPUs with no calibration', gives "
+                          f"{_efficiency_source(gpu)}; docs/cost_model.md, 'GPUs with no calibration', gives "
                           "the error to expect", stacklevel=3)
             return cal
         return cal

@@ -141,8 +141,11 @@ def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> l
             units = memo.get(blocks)
             if units is None:
                 units = memo[blocks] = _units(waves, blocks)
-            mean = -(-max(math.ceil(dec_keys / rows / block), 1) // units[2])  # (mean_unit_blocks)
-            critical = float(((units[0] - 1) * mean + units[1]) * block)
+            if units[0] == 1:
+                critical = float(units[1] * block)
+            else:
+                mean = -(-max(math.ceil(dec_keys / rows / block), 1) // units[2])  # (mean_unit_blocks)
+                critical = float(((units[0] - 1) * mean + units[1]) * block)
         path = critical * s_per_key
         total = (compute if compute > memory else memory) + (overhead + (pf_path if pf_path > path else path))
         if (c_dec if c_dec > m_dec else m_dec) > 0.0:  # share 0.0: step_time's two halves add 0.0, then total

@@ -151,16 +151,22 @@ def derived_coeffs(gpu, defaults: dict, families=(*FAMILIES, *OPTIONAL_FAMILIES)
     return out
 
 
-def derivation(gpu, defaults: dict, family: str) -> str:
-    """Where `gpu`'s derived `family` coefficients come from, as `derived_coeffs` picks them: its
-    group's calibrated GPUs, else all calibrated GPUs (a group none of them is in, e.g. an AMD GPU)."""
+def donors(gpu, defaults: dict, family: str) -> str | None:
+    """The calibrated GPUs `gpu`'s derived `family` coefficients come from, as `derived_coeffs` picks
+    them: "ada GPUs: l40s, rtx-4090", else "all calibrated GPUs: ..." (a group none of them is in, e.g.
+    an AMD GPU); None where none measured the family."""
     group = group_of(gpu, family)
     entry = defaults["groups"].get(group, {}).get(family)
     label = f"{group} GPUs" if entry else "all calibrated GPUs"
     entry = entry or defaults["all"].get(family)
-    if entry is None:
-        return "typical efficiency (no calibrated GPU measured this family)"
-    return f"derived default ({label}: {', '.join(entry['from'])})"
+    return None if entry is None else f"{label}: {', '.join(entry['from'])}"
+
+
+def derivation(gpu, defaults: dict, family: str) -> str:
+    """`donors` as a calibration's provenance states it."""
+    found = donors(gpu, defaults, family)
+    return "typical efficiency (no calibrated GPU measured this family)" if found is None else \
+        f"derived default ({found})"
 
 
 @lru_cache(maxsize=1)

@@ -254,8 +254,9 @@ def decode_path(batch: float, keys: float, heads: float, kv_heads: float, sms: i
     a row reads more keys at the same waves."""
     blocks = max(math.ceil(keys / block), 1)
     waves, per_unit, splits = decode_launch_units(batch, blocks, heads, kv_heads, sms, decided_at)
-    mean = per_unit if mean_keys is None else mean_unit_blocks(mean_keys, block, splits)
-    return float(((waves - 1) * mean + per_unit) * block)
+    if waves == 1 or mean_keys is None:
+        return float(waves * per_unit * block)
+    return float(((waves - 1) * mean_unit_blocks(mean_keys, block, splits) + per_unit) * block)
 
 
 def decode_splits(batch: float, keys: float, heads: float, kv_heads: float, sms: int, block: int) -> int:

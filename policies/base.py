@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import require
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_groups import HybridKVCacheManager
 from sim.core.request import Request, RequestStatus
 
 UNLIMITED = 1 << 62
@@ -247,26 +246,9 @@ class Policy:
         refund = 0
         while state.kv.allocate(req, n) is None:
             victim = self.pick_victim(state)
-            if victim is req:
-                require_ever_fits(state.kv, req, req.num_computed_tokens + n)
+            if victim is req:  # (a request the cache can never hold is named, not readmitted for ever)
+                state.kv.require_ever_fits(req, req.num_computed_tokens + n)
+                return False, refund + self.preempt(state, victim, out)
             refund += self.preempt(state, victim, out)
-            if victim is req:
-                return False, refund
         return True, refund
 
-
-def require_ever_fits(kv: KVCacheManager, req: Request, tokens: int) -> None:
-    """A named error, before `req` preempts itself, where its `tokens` (and the manager's lookahead
-    slots) need more blocks than the cache has besides the null block: vLLM's size check counts that
-    block, so a request within a block of max_model_len passes it and would preempt itself and be
-    readmitted for ever. (The plain block count; a hybrid manager budgets per layer group.)"""
-    if type(kv) is HybridKVCacheManager:
-        return
-    usable, size = kv.num_usable_blocks, kv.block_size
-    ahead = tokens + kv.num_lookahead_tokens
-    tokens = max(tokens, min(ahead, kv.max_model_len or ahead))  # lookahead slots, capped as the manager caps
-    need = -(-tokens // size)
-    require(need <= usable, "num_gpu_blocks", kv.num_gpu_blocks,
-            f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache has"
-            f" {usable} usable blocks (block 0 is the null block), so it could never run: raise num_gpu_blocks"
-            f" or lower max_model_len to {usable * size}")

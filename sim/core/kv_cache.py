@@ -16,6 +16,7 @@ import struct
 from array import array
 from itertools import islice
 
+from kernels_cost_model.errors import require
 from sim.core.free_queue import FreeBlockQueue
 from sim.core.request import Request
 
@@ -171,13 +172,29 @@ class KVCacheManager:
         """(fresh blocks to allocate, cached free blocks to revive) for `num_new_tokens` more tokens
         after `cached_blocks` prefix hits (whole blocks)."""
         held = len(self.req_blocks.get(req, ()))
-        total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        if self.num_lookahead_tokens:
-            total = max(total, min(total + self.num_lookahead_tokens, self.max_model_len or total))
+        total = self._with_lookahead(req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens)
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
         ref_cnt = self.ref_cnt
         revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
         return fresh, revived
+
+    def _with_lookahead(self, total: int) -> int:
+        """`total` tokens and the lookahead slots past them, capped at max_model_len."""
+        if not self.num_lookahead_tokens:
+            return total
+        return max(total, min(total + self.num_lookahead_tokens, self.max_model_len or total))
+
+    def require_ever_fits(self, req: Request, tokens: int) -> None:
+        """A named error where `req`'s `tokens` (and the lookahead slots) need more blocks than the cache
+        has besides the null block: vLLM's size check counts that block, so a request within a block of
+        max_model_len passes it and would preempt itself and be readmitted, or wait, for ever."""
+        usable, size = self.num_usable_blocks, self.block_size
+        tokens = self._with_lookahead(tokens)
+        need = -(-tokens // size)
+        require(need <= usable, "num_gpu_blocks", self.num_gpu_blocks,
+                f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache"
+                f" has {usable} usable blocks (block 0 is the null block), so it could never run: raise"
+                f" num_gpu_blocks or lower max_model_len to {usable * size}")
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
         """Whether `num_new_tokens` more tokens (after `cached_blocks` hits) would fit now."""

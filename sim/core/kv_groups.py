@@ -34,6 +34,9 @@ class HybridKVCacheManager(KVCacheManager):
         self.req_tables: dict[Request, list[list[int | None]]] = {}
 
     # ----- per group rules ---------------------------------------------------------------------
+    def require_ever_fits(self, req: Request, tokens: int) -> None:
+        """(Budgeted per layer group, not checked here.)"""
+
     def first_needed_block(self, group: KVCacheGroupSpec, num_computed: int) -> int:
         """Index of the first block the next tokens still attend to (earlier ones can be freed)."""
         if group.kind == SLIDING:

@@ -14,7 +14,6 @@ import simpy
 
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import ConfigError
-from policies.base import require_ever_fits
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
 from sim.engine.leap_steady import ArrivalTimeout
@@ -191,9 +190,9 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
 
 def check_outgrown(engine: Engine) -> None:
     """A named error where a request left unfinished has more tokens than the cache's usable blocks
-    hold (`policies.base.require_ever_fits`): one waiting for its whole sequence to fit never starts."""
+    hold (`KVCacheManager.require_ever_fits`): one waiting for its whole sequence to fit never starts."""
     for req in sorted(engine.by_id.values(), key=lambda r: r.index):
-        require_ever_fits(engine.state.kv, req, req.num_tokens)
+        engine.state.kv.require_ever_fits(req, req.num_tokens)
 
 
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
