@@ -198,7 +198,8 @@ def _moe(path: Path, raw: dict, kind: str, system: str) -> dict | None:
     tp, ep = _number(path, raw, "moe_tp_size", 1), _number(path, raw, "moe_ep_size", 1)
     return {"operator": "moe", "m": _number(path, raw, "num_tokens", 1), "n": _number(path, raw, "hidden_size", 1),
             "k": _number(path, raw, "inter_size", 1) / tp, "num_experts": _number(path, raw, "num_experts", 1) / ep,
-            "top_k": _number(path, raw, "topk", 1) / ep, "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}
+            "top_k": _number(path, raw, "topk", 1) / ep, "dtype": "bfloat16", "routing": "balanced",
+            "measured_s": _latency_s(path, raw)}
 
 
 def read_system(root: str | Path, system: str) -> list[dict]:

@@ -33,7 +33,7 @@ DELTA_RULE_FLOPS_PER_ELEMENT = 6.0
 
 def _like(m, k: float, n: float):
     """A weight matmul [k x n] with the coefficients of `m` (cost_model._Matmul)."""
-    return type(m)(k * n, k + n, m.s_per_flop, m.s_per_byte, m.overhead_s, m.tile_rows)
+    return dataclasses.replace(m, weight=k * n, width=k + n)
 
 
 def _scaled(m, flop: float, byte: float):

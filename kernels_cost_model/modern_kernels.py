@@ -39,7 +39,8 @@ def load_modern(gpu_name: str) -> dict | None:
     fits = {kind: {variant: {k: Coeffs(**c) for k, c in fit["coeffs"].items()}
                    for variant, fit in raw.get(kind, {}).items()} for kind in ("mla", "gemm", "moe", "gdn")}
     scopes = {variant: fit["scope"] for variant, fit in raw["mla"].items()}
-    return {**fits, "scope": scopes, "_raw": raw}
+    row_steps = {variant: float(fit.get("row_step", 0)) for variant, fit in raw.get("gemm", {}).items()}
+    return {**fits, "scope": scopes, "row_step": row_steps, "_raw": raw}
 
 
 def weight_variant(spec) -> str:
@@ -55,14 +56,17 @@ def gemm_op(gpu_name: str, variant: str, like: MatmulOp, n: float, k: float) -> 
     Block-scaled ("fp8_block") weights are priced at the per-tensor "fp8" fit: the fp8_block rows were
     timed eagerly, without a CUDA graph (kernel_profiles README), so at small batches they hold ~50 us of
     launch latency per GEMM that vLLM's graphs remove (h200, n=512, k=7168, m=1: 59 us eager against
-    10 us graph-captured fp8). Their fit is shipped for reference only.
+    10 us graph-captured fp8); modern_fit does not fit them. The kernel computes its rows padded to its
+    M tile (the fit's `row_step`, operators.padded_rows).
     """
     fits = load_modern(gpu_name)
-    table = fits and fits["gemm"].get(GRAPHED_GEMM.get(variant, variant))
+    fitted = GRAPHED_GEMM.get(variant, variant)
+    table = fits and fits["gemm"].get(fitted)
     if not table:
         return None
     c = matmul_coeffs(table, n, k) or table["matmul"]
-    return MatmulOp(like.weight, like.width, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+    return MatmulOp(like.weight, like.width, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows,
+                    fits["row_step"][fitted])
 
 
 def moe_op(gpu_name: str, variant: str, hidden: float, inter: float, experts: float, top_k: float) -> FusedMoE | None:

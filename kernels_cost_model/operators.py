@@ -6,6 +6,7 @@ fused MoE operator where the calibration measured one, and the all-reduce curve 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .calibration import Calibration
@@ -24,11 +25,28 @@ class MatmulOp:
     s_per_byte: float
     overhead_s: float
     tile_rows: float
+    row_step: float = 0.0  # the kernel computes padded_rows(rows, row_step) rows (0: the rows given)
 
     def time(self, rows: float, dtype_bytes: float) -> float:
-        compute = 2.0 * rows * self.weight * self.s_per_flop * (1.0 + self.tile_rows / rows)
+        computed = padded_rows(rows, self.row_step) if self.row_step else rows
+        compute = 2.0 * computed * self.weight * self.s_per_flop * (1.0 + self.tile_rows / computed)
         memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
         return (compute if compute > memory else memory) + self.overhead_s
+
+
+#: The smallest M tile of vLLM's CUTLASS scaled-mm dispatch (its kernel for batches of up to 16 rows).
+MIN_ROW_TILE = 16
+
+
+def padded_rows(rows: float, step: float) -> float:
+    """Rows a GEMM whose kernel pads the token dimension to its M tile computes for `rows` rows.
+
+    vLLM's CUTLASS scaled-mm (FP8) dispatch picks a kernel by batch size: small batches go to kernels
+    whose M tile is the next power of two from 16, up to `step`, and larger ones to a `step`-row tile,
+    so 257 rows cost as much compute as 512 at step 256. `step` is per GPU (modern_fit.ROW_STEPS)."""
+    if rows <= step:
+        return float(max(MIN_ROW_TILE, 2 ** math.ceil(math.log2(rows)))) if rows > 0 else rows
+    return math.ceil(rows / step) * step
 
 
 def matmul_operator(cal: Calibration, op: str, k: float, n: float) -> MatmulOp:

@@ -10,6 +10,7 @@ Columns (blank where an operator does not use one):
 | num_heads, num_kv_heads, head_dim | attention heads on this GPU |
 | tp, size_bytes | all-reduce: GPUs in the group and message bytes |
 | num_experts, top_k | moe: experts on this GPU and experts per token (m tokens, n hidden, k intermediate per GPU) |
+| routing | moe: how the measurement routed tokens: blank (uniform random) or balanced (spread evenly over the experts) |
 | dtype | float16, bfloat16, float32, float8 |
 | measured_s | measured seconds (one kernel call) |
 | device | the GPU catalog name, or e.g. "cpu" |
@@ -27,7 +28,10 @@ from kernels_cost_model.errors import ConfigError
 from .roofline import OPERATOR_FAMILY
 
 COLUMNS = ("operator", "m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads",
-           "head_dim", "tp", "size_bytes", "num_experts", "top_k", "dtype", "measured_s", "device", "source")
+           "head_dim", "tp", "size_bytes", "num_experts", "top_k", "dtype", "measured_s", "device", "source",
+           "routing")
+#: MoE `routing` values: uniform random (blank) or AIConfigurator's balanced distribution.
+ROUTINGS = ("", "balanced")
 NUMERIC = ("m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads", "head_dim",
            "tp", "size_bytes", "num_experts", "top_k")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
@@ -85,6 +89,9 @@ def validate_row(raw: dict, origin: str = "<profile>", line: int = 0) -> dict:
     if not row["device"]:
         raise _fail(origin, line, "device", row["device"], "required")
     row["source"] = str(raw.get("source") or "").strip()
+    row["routing"] = str(raw.get("routing") or "").strip()
+    if row["routing"] not in ROUTINGS:
+        raise _fail(origin, line, "routing", row["routing"], "expected blank (uniform random) or 'balanced'")
     return row
 
 

@@ -148,15 +148,31 @@ def experts_hit(tokens: float, experts: float, top_k: float) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
+def balanced_experts_hit(tokens: float, experts: float, top_k: float) -> float:
+    """Distinct experts touched when routing spreads the `tokens` x `top_k` rows evenly over the experts
+    (the "balanced" distribution of AIConfigurator's MoE tables)."""
+    return min(experts, tokens * top_k)
+
+
+def routed_experts(row: dict) -> float:
+    """Distinct experts a MoE profile row's tokens touched, as its measurement routed them (its
+    `routing`: "balanced", or blank for uniform random routing)."""
+    hit = balanced_experts_hit if row.get("routing") == "balanced" else experts_hit
+    return hit(row["m"], row["num_experts"], row["top_k"])
+
+
 def moe(tokens: float, hidden: float, inter: float, experts: float, top_k: float,
-        dtype_bytes: int) -> tuple[float, float]:
+        dtype_bytes: int, active: float | None = None) -> tuple[float, float]:
     """Fused MoE experts on one GPU: gate/up ([h x 2i]) and down ([i x h]) for each routed token.
 
-    Bytes: the weights of every expert hit, the tokens in and out, the routed rows' intermediates.
+    Bytes: the weights of every expert hit (`active`; default: uniform routing's expectation), the
+    tokens in and out, the routed rows' intermediates.
     """
     rows = tokens * top_k
     flops = 2.0 * rows * 3.0 * hidden * inter
-    weights = experts_hit(tokens, experts, top_k) * 3.0 * hidden * inter
+    if active is None:
+        active = experts_hit(tokens, experts, top_k)
+    weights = active * 3.0 * hidden * inter
     return flops, dtype_bytes * (weights + 2.0 * tokens * hidden + 3.0 * rows * inter)
 
 
@@ -169,7 +185,7 @@ def operator_rows(row: dict) -> float:
     if family in PREFILL_FAMILIES:
         return max(row["chunk"], 1.0)
     if family == "moe":
-        return max(row["m"] * row["top_k"] / experts_hit(row["m"], row["num_experts"], row["top_k"]), 1.0)
+        return max(row["m"] * row["top_k"] / routed_experts(row), 1.0)
     return 1.0  # decode attention: one query row per request (its tile factor is a constant)
 
 
@@ -230,5 +246,5 @@ def operator_cost(row: dict) -> tuple[float, float]:
         return decode_attention(row["context"], row["batch"], row["num_heads"], row["num_kv_heads"],
                                 row["head_dim"], d)
     if family == "moe":
-        return moe(row["m"], row["n"], row["k"], row["num_experts"], row["top_k"], d)
+        return moe(row["m"], row["n"], row["k"], row["num_experts"], row["top_k"], d, routed_experts(row))
     return all_reduce(row["size_bytes"], row["tp"])

@@ -121,6 +121,19 @@ def test_malformed_profile_names_file_line_and_column(tmp_path, bad, column):
     assert err.value.field == f"{path}:3:{column}"
 
 
+def test_moe_rows_are_costed_with_the_experts_their_routing_touched(tmp_path):
+    from kernels_cost_model.roofline import operator_cost, operator_rows
+    moe = dict(GOOD, operator="moe", m=16, n=2048, k=768, num_experts=128, top_k=8)
+    uniform, balanced = (validate_row(dict(moe, routing=r)) for r in ("", "balanced"))
+    weights = 3 * 2048 * 768 * 2  # gate/up and down of one expert, bf16
+    extra = operator_cost(balanced)[1] - operator_cost(uniform)[1]
+    assert extra == pytest.approx(weights * (128 - 128 * (1 - (1 - 8 / 128) ** 16)))  # 128 vs ~81 experts
+    assert operator_rows(balanced) == 1.0 < operator_rows(uniform)
+    with pytest.raises(ConfigError) as err:
+        read_profile(write_csv(tmp_path / "r.csv", [GOOD, dict(moe, routing="skewed")]))
+    assert err.value.field.endswith(":3:routing") and err.value.value == "skewed"
+
+
 def test_profile_missing_columns_or_rows(tmp_path):
     with pytest.raises(ConfigError, match="header lacks"):
         read_profile(write_csv(tmp_path / "h.csv", [GOOD], header=["operator", "m"]))

@@ -2,6 +2,7 @@
 method wrapped behind them."""
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,13 +28,15 @@ def test_timed_run_has_the_records_of_an_untimed_one(scenario, mode, capsys):
                for _, owner, name in breakdown.PARTS + breakdown.ACROSS}
     plain = sim_speed.fingerprint(sim_speed.run_once(scenario, 150, mode)[1])
     with breakdown.Timers() as timers:
+        start = time.perf_counter()
         total, records = sim_speed.run_once(scenario, 150, mode)
+        wall = time.perf_counter() - start  # the timers' clock (`total` is CPU time: less on a busy machine)
     assert sim_speed.fingerprint(records) == plain
     assert {(owner, name): owner.__dict__.get(name) for owner, name in methods} == methods  # unwrapped
     top = [(owner, name) for label, owner, name in breakdown.PARTS if not label.startswith(" ")]
     plan, finish, leap = top[:3]
     assert timers.calls[plan] and timers.calls[finish]
-    assert sum(timers.seconds[key] for key in top) <= total
+    assert sum(timers.seconds[key] for key in top) <= wall
     # every leap attempt timed and classified in fast mode; none in step mode
     assert sum(timers.outcomes.values()) == timers.calls[leap] and bool(timers.calls[leap]) == (mode == "fast")
     breakdown.report(timers, total, records, 150)

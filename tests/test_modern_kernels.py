@@ -13,7 +13,8 @@ from kernels_cost_model import get_model, make_cost_model, mla
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.model_shapes import attention_params
-from kernels_cost_model.modern_kernels import DATA_DIR, load_modern, mla_kernels, weight_variant
+from kernels_cost_model.modern_kernels import DATA_DIR, gemm_op, load_modern, mla_kernels, weight_variant
+from kernels_cost_model.operators import MatmulOp, padded_rows
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kernel_profiles"
 needs_profiles = pytest.mark.skipif(not (PROFILES / "aiconfigurator").is_dir(), reason="../shared data absent")
@@ -42,6 +43,48 @@ def test_hopper_mla_fits_are_accurate_on_held_out_shapes():
         raw = load_modern(gpu)["_raw"]["mla"]
         for phase in ("context", "generation"):
             assert raw[f"{phase}/bfloat16/fp8_block"]["holdout_error"]["median"] < 0.08
+
+
+# ----- FP8 GEMMs: rows padded to the kernel's M tile ---------------------------------------------------
+def test_fp8_gemm_kernels_compute_their_rows_padded_to_the_m_tile():
+    assert [padded_rows(m, 256) for m in (1, 16, 17, 64, 65, 129, 256, 257, 513)] == \
+        [16, 16, 32, 64, 128, 256, 256, 512, 768]
+    assert (padded_rows(129, 128), padded_rows(200, 64), padded_rows(0.5, 64)) == (256, 256, 16)
+
+
+@given(rows=st.floats(0.01, 20000), extra=st.floats(0, 5000), step=st.sampled_from([0, 64, 128, 256]))
+def test_a_padded_gemm_never_gets_cheaper_with_more_rows(rows, extra, step):
+    op = MatmulOp(4096 * 4096, 8192, 1e-15, 3e-13, 5e-6, 30.0, step)
+    assert op.time(rows + extra, 1.0) >= op.time(rows, 1.0)
+
+
+def test_every_fp8_gemm_fit_records_its_row_step_and_no_block_scaled_fit_ships():
+    for path in sorted(DATA_DIR.glob("*.json")):
+        raw = json.loads(path.read_text())
+        assert "fp8_block" not in raw["gemm"] and "fp8_block" in raw["provenance"]["gemm_not_fitted"]
+        for fit in raw["gemm"].values():
+            errors = fit["row_step_fit_error"]
+            assert fit["row_step"] in (0, 64, 128, 256)
+            assert errors[str(fit["row_step"])] == min(errors.values()) == fit["fit_error"]["median"]
+
+
+def test_an_fp8_gemm_one_row_past_a_tile_costs_the_next_tile_on_h100():
+    like = MatmulOp(4096 * 14336, 4096 + 14336, 1e-15, 3e-13, 0.0, 0.0)
+    op = gemm_op("h100-sxm", "fp8", like, 14336, 4096)
+    step = load_modern("h100-sxm")["row_step"]["fp8"]
+    assert op.row_step == step > 0
+    assert op.time(step + 1, 1.0) > 1.3 * op.time(step, 1.0)  # compute-bound: 2x the rows computed
+    assert op.time(2 * step, 1.0) == op.time(step + 1, 1.0)
+
+
+@needs_profiles
+def test_h100_fp8_gemm_refits_to_its_recorded_held_out_error():
+    from kernels_cost_model.aiconfigurator_modern import gemm_rows
+    from kernels_cost_model.modern_fit import _fit_gemm_rows
+    shipped = load_modern("h100-sxm")["_raw"]["gemm"]["fp8"]
+    refit = _fit_gemm_rows(list(gemm_rows(PROFILES, "h100_sxm", "fp8")), shipped["row_step"])
+    assert refit["holdout_error"] == shipped["holdout_error"] and refit["coeffs"] == shipped["coeffs"]
+    assert shipped["holdout_error"]["median"] < 0.05
 
 
 # ----- MLA cost terms --------------------------------------------------------------------------------
