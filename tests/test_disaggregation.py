@@ -212,3 +212,11 @@ def test_bad_pool_pp_and_cpu_tier_are_named_errors(pool, field):
         simulate_disaggregated(SimulationConfig(deployment=LINEAR), DisaggConfig.from_dict({"decode": pool}),
                                workload=[])
     assert str(err.value).startswith(field)
+
+
+def test_speculative_decoding_with_disaggregation_is_a_named_error():
+    config = _config(EngineConfig()).replace(speculative_config={"method": "ngram"})
+    with pytest.raises(ConfigError) as err:
+        DisaggregatedCluster(config, DisaggConfig())
+    assert err.value.field == "speculative_config.method" and err.value.value == "ngram"
+    assert "[disaggregation]" in err.value.reason

@@ -22,6 +22,7 @@ from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
+from sim.api.spec_setup import speculation_hooks
 from sim.core.hooks import EngineHook
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
@@ -89,7 +90,7 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     link, model, tp = get_link(offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                          e.check_invariants)
-    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[hook], kv=kv)
+    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*speculation_hooks(config), hook], kv=kv)
     proc = EngineProcess(simpy.Environment(), engine)
     results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
     results.summary.update(tier_summary(kv, hook, results.requests["num_prompt_tokens"].sum()))

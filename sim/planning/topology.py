@@ -159,7 +159,17 @@ def topologies(search: dict, base: SimulationConfig) -> tuple[Topology, ...]:
         require("disaggregated" in kinds, f"search.{key}", search[key],
                 'sets a pool of disaggregated candidates: add "disaggregated" to search.topologies')
         out += _per_pool(search, base, ratios, shared)
+    _check_speculation(base, out)
     return tuple(out)
+
+
+def _check_speculation(base: SimulationConfig, candidates: list) -> None:
+    """Speculative decoding is simulated on aggregated instances without PP: other candidates are plan errors."""
+    spec = base.speculative_config
+    for t in candidates if spec is not None else ():
+        pp = max(t.pool("prefill")[1], t.pool("decode")[1])
+        require(not t.disaggregated and pp == 1, "speculative_config.method", spec.method,
+                f"not simulated with candidate {t.label!r} (disaggregated or pipeline_parallel_size > 1)")
 
 
 def _per_pool(search: dict, base: SimulationConfig, ratios: list, shared: dict) -> list:
