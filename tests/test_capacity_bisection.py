@@ -65,6 +65,17 @@ def test_bracket_and_bisect_on_a_known_threshold():
     assert bracket_and_bisect(lambda r: True, 1.0, max_steps=5) == (32.0, math.inf)
 
 
+def test_bisection_stops_whatever_the_tolerance():
+    calls = []
+    for rel_tol in (0.0, -1.0):
+        lo, hi = bracket_and_bisect(lambda r: calls.append(r) or r < 7.3, 5.0, rel_tol)
+        assert lo < 7.3 <= hi and len(calls) < 100
+        calls.clear()
+    with pytest.raises(ConfigError) as err:
+        max_sustainable_rate(SimulationConfig(), CapacityTarget(ttft_p99_s=1.0), rel_tol=math.nan)
+    assert err.value.field == "rel_tol"
+
+
 def test_spread_over_seeds_is_a_t_interval():
     cap = summarize_seeds([{"seed": s, "rate": r, "fail_rate": r + 1, "runs": []} for s, r in enumerate([9, 10, 11])])
     assert cap.rate == 10 and cap.low == pytest.approx(10 - 4.303 / math.sqrt(3)) and "± " in str(cap)

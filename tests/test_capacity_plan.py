@@ -1,5 +1,6 @@
 """Deployment search, plan.toml, prices, the capacity/sweep CLI and the plots."""
 import argparse
+import math
 import sys
 
 import matplotlib.colors
@@ -8,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sim.cli.main import build_parser
-from sim.cli.capacity import add_capacity_parser, add_sweep_parser, main, recommended
+from sim.cli.capacity import add_capacity_parser, add_sweep_parser, load_sweep, main, recommended
 from sim.planning.capacity import CapacityTarget
 from sim.plots.capacity import attainment_vs_rate, pareto_front, save_capacity_plots, throughput_latency
 from sim.planning.deployments import search_deployments
@@ -85,6 +86,41 @@ def test_bad_plans_name_field_and_value(tmp_path, edit, field):
     assert err.value.field == field
 
 
+@pytest.mark.parametrize("edit, field, value", [
+    (("rel_tol = 0.1", "rel_tol = 0.0"), "search.rel_tol", 0.0),
+    (("rel_tol = 0.1", "rel_tol = -0.5"), "search.rel_tol", -0.5),
+    (("rel_tol = 0.1", "rel_tol = nan"), "search.rel_tol", math.nan),
+    (("rel_tol = 0.1", "rel_tol = 5.0"), "search.rel_tol", 5.0),
+    (("rel_tol = 0.1", 'rel_tol = "5%"'), "search.rel_tol", "5%"),
+    (("seeds = [0]", "seeds = 3"), "search.seeds", 3),
+    (("seeds = [0]", "seeds = [true]"), "search.seeds", (True,)),
+    (("curve_points = [0.5, 1.0]", 'curve_points = "all"'), "search.curve_points", "all"),
+    (("curve_points = [0.5, 1.0]", "curve_points = [-1.0, 0.5]"), "search.curve_points", (-1.0, 0.5)),
+    (("curve_points = [0.5, 1.0]", "curve_points = [nan]"), "search.curve_points", (math.nan,)),
+    (("rate = 10.0\nttft", 'rate = "5"\nttft'), "target.rate", "5"),
+    (("rate = 10.0\nttft", "rate = inf\nttft"), "target.rate", math.inf),
+    (("ttft_p99_s = 0.5", 'ttft_p99_s = "2s"'), "target.ttft_p99_s", "2s"),
+    (("ttft_p99_s = 0.5", "ttft_p99_s = inf"), "target.ttft_p99_s", math.inf),
+    (('gpus = ["h100", "a100"]', 'candidates = "h100"'), "search.candidates", "h100"),
+    (('gpus = ["h100", "a100"]', 'candidates = ["h100"]'), "search.candidates", "h100"),
+    (('gpus = ["h100", "a100"]', 'candidates = [{ gpu = "h100", tensor_paralel = 2 }]'),
+     "search.candidates.tensor_paralel", 2),
+])
+def test_wrong_types_and_values_in_a_plan_are_named(tmp_path, edit, field, value):
+    text = TINY_PLAN.replace(*edit)
+    if "candidates" in edit[1]:
+        text = text.replace("tensor_parallel_sizes = [1]\n", "")
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, text))
+    assert err.value.field == field and repr(err.value.value) == repr(value)
+
+
+def test_a_price_for_an_unknown_gpu_names_the_prices_key():
+    with pytest.raises(ConfigError) as err:
+        load_prices(overrides={"h1000": 2.0})
+    assert err.value.field == "prices.h1000" and err.value.value == 2.0 and "unknown GPU" in err.value.reason
+
+
 def test_prices_have_sources_and_missing_price_is_named():
     table = load_prices()
     assert {"provider", "price_date", "source"} <= set(table.columns) and table["source"].notna().all()
@@ -109,6 +145,29 @@ def test_cli_sweep_writes_table_and_bad_config_exits_2(tmp_path, capsys):
     assert main(["sweep", "--config", str(bad), "--out", str(out)]) == 2
     assert "workload.rate" in capsys.readouterr().err
     assert main(["capacity", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+@pytest.mark.parametrize("sweep, field, value", [
+    ('[sweep]\nconfigs = "a"\n', "sweep.configs", "a"),
+    ('[sweep]\nconfigs = ["a"]\n', "sweep.configs", ["a"]),
+    ("[sweep]\nseeds = 3\nrate = [2]\n", "sweep.seeds", 3),
+    ("[sweep]\nseeds = [true]\nrate = [2]\n", "sweep.seeds", [True]),
+    ("[sweep]\nconfigs = [{workload = {rate = 5.0}}]\nrate = [5, 10]\n", "sweep.configs",
+     [{"workload": {"rate": 5.0}}]),
+])
+def test_bad_sweep_tables_are_named(tmp_path, sweep, field, value):
+    path = write(tmp_path, TINY_PLAN.split("[target]")[0] + sweep, "sweep.toml")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert err.value.field == field and err.value.value == value
+    if field == "sweep.configs" and "rate" in sweep:
+        assert "cannot be combined with axes ['rate']" in err.value.reason
+
+
+def test_a_sweep_that_is_not_a_table_shows_its_value(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_sweep(write(tmp_path, "sweep = 5\n" + TINY_PLAN.split("[target]")[0], "sweep.toml"))
+    assert err.value.field == "sweep" and err.value.value == 5 and "must be a table" in err.value.reason
 
 
 def test_sweep_progress_only_on_a_terminal_unless_asked(monkeypatch, tmp_path):

@@ -176,6 +176,7 @@ def test_deployment_file_and_calibration_flag(capsys, tmp_path):
 @pytest.mark.parametrize("toml, message", [
     ('[workload]\nrate = 3.0\n', "--deployment="),
     ('[deployment]\nspeed = 3\n', "deployment.speed=3: unknown setting"),
+    ('[deployment]\ncollective_scale = 1e300\n', "deployment.collective_scale=1e+300: must be in (0, 100]"),
     ('[deployment]\ngpu = "h100"\ncalibration = "rtx-pro-6000@vllm-0.19"\n', "not of h100"),
 ])
 def test_bad_deployment_files_exit_2_with_one_line(capsys, tmp_path, toml, message):

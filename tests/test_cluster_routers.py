@@ -57,3 +57,12 @@ def test_cluster_is_deterministic(sessions):
     a = simulate_cluster(sessions, 3, "least_kv").summary
     b = simulate_cluster(sessions, 3, "least_kv").summary
     assert a == b
+
+
+def test_replicas_speculate_as_simulate_does():
+    spec = {"method": "eagle3", "num_speculative_tokens": 3}
+    config = SimulationConfig().replace(workload={"num_requests": 20}, speculative_config=spec)
+    alone = simulate(config).summary
+    one = simulate_cluster(config, 1).summary
+    assert one["mean_tpot_ms"] == alone["mean_tpot_ms"] and one["spec_decode_num_draft_tokens"] > 0
+    assert one["mean_tpot_ms"] < 0.7 * simulate(config.replace(speculative_config=None)).summary["mean_tpot_ms"]

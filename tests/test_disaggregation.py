@@ -206,9 +206,23 @@ def test_link_catalog_prices_transfers_with_cited_figures():
     ({"kv_offloading_size": 1e-6}, "disaggregation.decode.kv_offloading_size=1e-06"),             # < one block
     ({"kv_offloading_size": 1, "engine": {"enable_prefix_caching": False}}, "disaggregation.decode.kv_offloading_size"),
     ({"kv_offloading_size": 1, "kv_offloading_link": "tin-can"}, "disaggregation.decode.kv_offloading_link"),
+    ({"kv_offloading_size": float("inf")}, "disaggregation.decode.kv_offloading_size=inf: must be a finite number"),
+    ({"kv_offloading_size": 1e15}, "disaggregation.decode.kv_offloading_size=1000000000000000.0: must be a finite"),
+    ({"kv_offloading_size": True}, "disaggregation.decode.kv_offloading_size=True"),
+    ({"num_instances": True}, "disaggregation.decode.num_instances=True: must be an integer"),
+    ({"tensor_parallel_size": True}, "disaggregation.decode.tensor_parallel_size=True: must be an integer"),
+    ({"pipeline_parallel_size": True}, "disaggregation.decode.pipeline_parallel_size=True: must be an integer"),
 ])
 def test_bad_pool_pp_and_cpu_tier_are_named_errors(pool, field):
     with pytest.raises(ConfigError) as err:
         simulate_disaggregated(SimulationConfig(deployment=LINEAR), DisaggConfig.from_dict({"decode": pool}),
                                workload=[])
     assert str(err.value).startswith(field)
+
+
+def test_speculative_decoding_with_disaggregation_is_a_named_error():
+    config = _config(EngineConfig()).replace(speculative_config={"method": "ngram"})
+    with pytest.raises(ConfigError) as err:
+        DisaggregatedCluster(config, DisaggConfig())
+    assert err.value.field == "speculative_config.method" and err.value.value == "ngram"
+    assert "[disaggregation]" in err.value.reason

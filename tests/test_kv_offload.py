@@ -96,3 +96,15 @@ def test_bad_tiers_are_named_errors():
         OffloadConfig(num_cpu_blocks=4, link="floppy")
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
         CPUOffloadKVCacheManager(64, 16, False, 8)
+
+
+def test_a_cpu_tier_keeps_speculative_decoding():
+    from sim.planning.instances import InstanceShape, simulate_instance
+    spec = {"method": "eagle3", "num_speculative_tokens": 3}
+    config = SimulationConfig().replace(workload={"num_requests": 20}, speculative_config=spec)
+    tier = InstanceShape(offload=OffloadConfig(cpu_bytes=10 * 2**30))
+    assert simulate_instance(config, tier).summary["mean_tpot_ms"] == simulate(config).summary["mean_tpot_ms"]
+    out = simulate_offload(_config().replace(speculative_config=spec), OffloadConfig(num_cpu_blocks=1000),
+                           workload=_specs())            # invariants checked every step
+    assert out.summary["spec_decode_num_draft_tokens"] > 0
+    assert out.requests.set_index("request_id").loc["again", "num_cached_tokens"] == 496

@@ -71,3 +71,11 @@ def test_a_pipeline_size_not_dividing_the_layers_is_a_named_error():
         simulate_pipeline(_config(), PipelineConfig(3))
     with pytest.raises(ConfigError, match="pipeline.link"):
         PipelineConfig(2, link="tin-can")
+
+
+def test_speculative_decoding_under_pp_is_a_named_error():
+    spec = _config().replace(speculative_config={"method": "eagle3", "num_speculative_tokens": 3})
+    with pytest.raises(ConfigError) as err:
+        simulate_pipeline(spec, PipelineConfig(2))
+    assert err.value.field == "speculative_config.method" and err.value.value == "eagle3"
+    assert "pipeline_parallel_size=2" in err.value.reason

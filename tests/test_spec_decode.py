@@ -133,9 +133,9 @@ def test_presets_and_named_errors():
 # ----- config and CLI ------------------------------------------------------------------------
 @pytest.mark.parametrize("data, field", [
     ({"method": "medusa"}, "speculative_config.method"),
-    ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+    ({"method": "eagle3", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
     ({"method": "draft_model"}, "speculative_config.model"),
-    ({"acceptance_rates": [1.5]}, "speculative_config.acceptance_rates"),
+    ({"method": "eagle3", "acceptance_rates": [1.5]}, "speculative_config.acceptance_rates"),
     ({"num_spec_tokens": 3}, "speculative_config.num_spec_tokens"),
 ])
 def test_bad_speculative_config_names_the_field(data, field):
@@ -165,6 +165,20 @@ def test_cli_flag_takes_vllm_json(capsys):
     assert 0 < summary["spec_decode_acceptance_rate"] < 1
     assert main(["run", "--speculative-config", "{method: eagle3}"]) == 2
     assert "speculative_config" in capsys.readouterr().err
+
+
+def test_a_speculative_config_without_a_method_is_an_error_not_eagle3(tmp_path, capsys):
+    from sim.api.simulator import SimulationConfig
+    from sim.cli.main import main
+    path = tmp_path / "c.toml"
+    path.write_text("[speculative_config]\n")
+    for build in (lambda: SimulationConfig.from_toml(path), lambda: SimulationConfig(speculative_config={}),
+                  lambda: SpeculativeConfig.from_json('{"num_speculative_tokens": 2}')):
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert err.value.field == "speculative_config.method" and "eagle3" in err.value.reason
+    assert main(["run", "--speculative-config", "{}"]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: speculative_config.method=None: give a method")
 
 
 # ----- cost and metrics ------------------------------------------------------------------------

@@ -58,6 +58,10 @@ def test_the_printed_summary_shows_the_cpu_tier(capsys):
     (["--kv-offloading-size", "1e-9"], "--kv-offloading-size=1e-09"),  # smaller than one block
     (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "--kv-offloading-size=4.0"),
     (["--kv-offloading-size", "4", "--kv-offloading-link", "smoke-signals"], "--kv-offloading-link"),
+    (["--kv-offloading-size", "inf"], "--kv-offloading-size=inf: must be a finite number of GiB in (0, 100000]"),
+    (["--kv-offloading-size", "1e12"], "--kv-offloading-size=1000000000000.0: must be a finite number of GiB"),
+    (["-pp", "2", "--speculative-config", '{"method": "eagle3"}'],
+     "speculative_config.method='eagle3': not simulated with pipeline_parallel_size=2"),
     (["--conversations", "/nonexistent/trace.jsonl"], "--conversations"),
     (["-pp", "2", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10: must be >= max_num_seqs"),
     (["--kv-offloading-size", "4", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10"),

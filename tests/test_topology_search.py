@@ -174,3 +174,12 @@ def test_per_pool_axes_need_disaggregated_candidates(tmp_path):
     text = PER_POOL.replace('topologies = ["aggregated", "disaggregated"]', 'topologies = ["aggregated"]')
     with pytest.raises(ConfigError, match="search.decode_"):
         plan_from(tmp_path, text)
+
+
+def test_speculative_decoding_with_pp_or_disaggregated_candidates_is_a_plan_error(tmp_path):
+    spec = '[speculative_config]\nmethod = "eagle3"\n'
+    with pytest.raises(ConfigError) as err:
+        plan_from(tmp_path, TINY + spec)
+    assert err.value.field == "speculative_config.method" and "candidate 'h100 TP1 1P:1D'" in err.value.reason
+    aggregated = TINY.replace('["aggregated", "disaggregated"]', '["aggregated"]').replace("[1, 2]", "[1]")
+    assert len(plan_from(tmp_path, aggregated + spec).topologies) == 2

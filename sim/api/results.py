@@ -13,6 +13,7 @@ import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
 from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, kv_occupancy, summarize
+from sim.api.spec_metrics import spec_decode_summary
 from sim.api.step_table import StepTable
 from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
 from sim.api.version import __version__
@@ -194,7 +195,8 @@ def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:
     """Global Results of engines run side by side (cluster replicas, DP ranks): requests and steps of
     all of them (column `replica`), requests by arrival.
 
-    KV occupancy in the global summary is the block-weighted mean of the replicas'.
+    KV occupancy in the global summary is the block-weighted mean of the replicas'; spec-decoding
+    counters are summed over all their steps.
     """
     requests = pd.concat([p.requests.assign(replica=i) for i, p in enumerate(parts)], ignore_index=True)
     order = np.argsort(requests["arrival_time"].to_numpy(), kind="stable")
@@ -205,6 +207,7 @@ def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:
     summary = summarize(requests, steps.iloc[0:0], tokens, sum(blocks), slo)
     for key in ("kv_occupancy_mean", "kv_occupancy_peak", "kv_time_above_90pct"):
         summary[key] = float(np.average([p.summary[key] for p in parts], weights=blocks))
+    summary.update(spec_decode_summary(steps, float(requests["num_output_tokens"].sum())))
     meta = dict(meta, num_gpu_blocks=sum(blocks), block_size=parts[0].meta["block_size"],
                 end_time=max(p.meta["end_time"] for p in parts), slo=slo)
     return Results(requests, steps, tokens, summary, meta)

@@ -44,7 +44,8 @@ class DeploymentConfig:
     cpu_gpu_overlap: the engine's CPU work for the next step hides behind this step's GPU work, so a step
         lasts max(GPU, CPU) rather than GPU + CPU (None: as the engine schedules, overlapped under vLLM's
         async scheduling, its default; `engine.async_scheduling` decides the schedule itself).
-    collective_scale: multiplier on collective times (1 = the measured microbenchmarks; roofline only).
+    collective_scale: multiplier on collective times, in (0, 100] (1 = the measured microbenchmarks;
+        roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
     cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: vLLM releases that

@@ -53,6 +53,12 @@ def build_spec_decoder(spec: SpeculativeConfig, deployment, seed: int) -> SpecDe
     return SpecDecoder(spec, acceptance, proposer_cost(spec, deployment))
 
 
+def speculation_hooks(config) -> list:
+    """[the spec decoder] of a SimulationConfig with a speculative_config, else []."""
+    spec = config.speculative_config
+    return [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []
+
+
 def proposer_cost(spec: SpeculativeConfig, deployment):
     """ProposerCost with the drafter priced by the deployment's kind of cost model."""
     from kernels_cost_model import get_model, make_cost_model

@@ -18,6 +18,8 @@ MAX_SECONDS = 1e9
 """Longest time-like setting (think time, SLO), for the same reason."""
 MAX_NUM_REQUESTS = 10_000_000
 """Largest run: per-request records of more would not fit in a typical machine's memory."""
+MAX_COLLECTIVE_SCALE = 100.0
+"""Largest multiplier on measured collective times (hosts fitted so far need 1-3.5)."""
 
 _COMMON = {"kind", "num_requests", "max_tokens", "ignore_eos"}
 USED_BY_KIND = {
@@ -52,7 +54,8 @@ def check_deployment(d) -> None:
     require(0 < d.gpu_memory_utilization <= 1, "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization, "must be in (0, 1]")
     one_of("deployment.cost_model", d.cost_model, ("roofline", "linear"))
-    positive("deployment.collective_scale", d.collective_scale)
+    require(0 < d.collective_scale <= MAX_COLLECTIVE_SCALE, "deployment.collective_scale", d.collective_scale,
+            f"must be in (0, {MAX_COLLECTIVE_SCALE:g}] (a multiplier on measured collective times)")
     require(d.cpu_per_request_s is None or 0 <= d.cpu_per_request_s < 1, "deployment.cpu_per_request_s",
             d.cpu_per_request_s, "must be null or a number of seconds in [0, 1)")
     one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))

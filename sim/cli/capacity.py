@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim.api.simulator import read_toml
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import is_int
 from sim.planning.executors import EXECUTORS
 
 TABLE_COLUMNS = ["rank", "candidate", "replicas", "num_gpus", "usd_per_hour", "usd_per_million_output_tokens",
@@ -140,14 +141,20 @@ def load_sweep(path: str | Path):
     from sim.planning.sweep import grid, points
     data = read_toml(path)
     sweep = data.pop("sweep", None)
-    if not isinstance(sweep, dict):
-        raise ConfigError("sweep", sweep, "missing [sweep] table of axes")
     base = SimulationConfig.from_dict(data)
+    require(sweep is not None, "sweep", sweep, "missing [sweep] table of axes")
+    require(isinstance(sweep, dict), "sweep", sweep, "must be a table of axes")
     seeds = sweep.pop("seeds", [base.seed])
+    require(isinstance(seeds, list) and seeds and all(is_int(s) and s >= 0 for s in seeds), "sweep.seeds", seeds,
+            "must be a non-empty list of integers >= 0")
     configs = sweep.pop("configs", None)
-    if configs is not None:
-        return points(base, [flatten(c) for c in configs]), seeds
-    return grid(base, flatten(sweep)), seeds
+    if configs is None:
+        return grid(base, flatten(sweep)), seeds
+    require(isinstance(configs, list) and configs and all(isinstance(c, dict) for c in configs), "sweep.configs",
+            configs, "must be a non-empty list of tables like { workload = { rate = 5.0 } }")
+    require(not sweep, "sweep.configs", configs,
+            f"cannot be combined with axes {sorted(flatten(sweep))}: give a list of configs or axes, not both")
+    return points(base, [flatten(c) for c in configs]), seeds
 
 
 def flatten(table: dict, prefix: str = "") -> dict:

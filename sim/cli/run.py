@@ -213,7 +213,7 @@ def config_from_args(args):
         sections["workload"]["kind"] = "trace"
     if getattr(args, "seed", None) is not None:
         sections["seed"] = args.seed
-    if getattr(args, "speculative_config", None):
+    if getattr(args, "speculative_config", None) is not None:
         from sim.core.speculative import SpeculativeConfig
         sections["speculative_config"] = SpeculativeConfig.from_json(args.speculative_config)
     try:

@@ -21,7 +21,7 @@ def add_topology_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-link", metavar="LINK", default="nvlink4",
                    help="link between stages (kernels_cost_model/data/links.csv; default nvlink4)")
     g.add_argument("--kv-offloading-size", type=float, metavar="GIB",
-                   help="CPU KV tier of GIB GiB of host memory (vLLM's flag; needs prefix caching)")
+                   help="CPU KV tier of GIB GiB of host memory, at most 1e5 (vLLM's flag; needs prefix caching)")
     g.add_argument("--kv-offloading-link", metavar="LINK", default="pcie5",
                    help="host-to-GPU link of the CPU tier (default pcie5)")
     g.add_argument("--conversations", metavar="PATH",
@@ -34,13 +34,14 @@ def add_topology_flags(p: argparse.ArgumentParser) -> None:
 def instance_shape(args):
     """The InstanceShape the flags ask for, or None for the plain engine."""
     from sim.planning.instances import InstanceShape
-    from sim.planning.offload import OffloadConfig
+    from sim.planning.offload import OffloadConfig, check_offloading_size
     from sim.planning.pipeline import PipelineConfig
     pp, size = getattr(args, "pp", None), getattr(args, "kv_offloading_size", None)
     if (pp is None or pp == 1) and size is None:
         return None
     require(pp is None or pp >= 1, "--pipeline-parallel-size", pp, "must be an integer >= 1")
-    require(size is None or size > 0, "--kv-offloading-size", size, "must be > 0 GiB")
+    if size is not None:
+        check_offloading_size("--kv-offloading-size", size)
     try:
         pipeline = PipelineConfig(pp, args.pipeline_link) if pp and pp > 1 else None
     except ConfigError as exc:

@@ -112,7 +112,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SpeculativeConfig | None":
-        """From a TOML table or parsed JSON; unknown keys are named errors. None stays None."""
+        """From a TOML table or parsed JSON; unknown keys and a missing method are named errors. None stays None."""
         if data is None or isinstance(data, SpeculativeConfig):
             return data
         if not isinstance(data, dict):
@@ -122,6 +122,7 @@ class SpeculativeConfig:
             if key not in known:
                 raise ConfigError(f"speculative_config.{key}", data[key],
                                   f"unknown setting; known: {sorted(known)}")
+        require("method" in data, "speculative_config.method", None, f"give a method, one of {SPEC_METHODS}")
         tree = data.get("speculative_token_tree")
         if tree is not None and "num_speculative_tokens" not in data:
             data = {**data, "num_speculative_tokens": len(TokenTree.parse(tree))}

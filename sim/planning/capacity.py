@@ -20,7 +20,11 @@ import pandas as pd
 from sim.api.metrics import latency_key
 from sim.api.simulator import SimulationConfig, simulate
 from kernels_cost_model.errors import require
+from sim.core.fields import is_number
 from sim.planning.executors import make_executor
+
+MAX_BISECTIONS = 60
+"""Hard stop for bisection: 2**-60 of a bracket is finer than any tolerance a float rate can honour."""
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -44,9 +48,9 @@ class CapacityTarget:
         require(self.percentile in (50, 90, 99), "percentile", self.percentile, "must be 50, 90 or 99")
         for name in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s"):
             value = getattr(self, name)
-            require(value is None or value > 0, name, value, "must be > 0 or None")
-        require(self.min_attainment is None or 0 < self.min_attainment <= 1, "min_attainment",
-                self.min_attainment, "must be in (0, 1]")
+            require(value is None or (is_number(value) and value > 0), name, value, "must be a number > 0 or None")
+        require(self.min_attainment is None or (is_number(self.min_attainment) and 0 < self.min_attainment <= 1),
+                "min_attainment", self.min_attainment, "must be in (0, 1]")
         require(any(getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name != "percentile"),
                 "target", self, "give at least one bound")
 
@@ -107,7 +111,9 @@ def evaluate(config: SimulationConfig, rate: float, replicas: int = 1, router: s
 def bracket_and_bisect(holds, start: float, rel_tol: float = 0.02, max_steps: int = 12) -> tuple[float, float]:
     """(lo, hi): lo the highest rate seen to hold (0 if none), hi the lowest seen to fail (inf if none)."""
     lo, hi = bracket(holds, start, max_steps)
-    while lo > 0 and hi < math.inf and hi - lo > rel_tol * hi:
+    for _ in range(MAX_BISECTIONS):
+        if not (lo > 0 and hi < math.inf and hi - lo > rel_tol * hi):
+            break
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     return lo, hi
@@ -152,7 +158,7 @@ def max_sustainable_rate(config: SimulationConfig, target: CapacityTarget, seeds
     """
     seeds = list(seeds)
     require(len(seeds) > 0, "seeds", seeds, "give at least one seed")
-    require(0 < rel_tol < 1, "rel_tol", rel_tol, "must be in (0, 1)")
+    require(is_number(rel_tol) and 0 < rel_tol < 1, "rel_tol", rel_tol, "must be a number in (0, 1)")
     start = start_rate if start_rate is not None else (config.workload.target_rate or config.workload.rate)
     set_rate(config, start)
     tasks = [seed_task(config, target, s, replicas, router, workload, start, rel_tol, max_steps) for s in seeds]

@@ -18,6 +18,7 @@ import simpy
 
 from sim.api.data_parallel import single_rank_only
 from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_groups, resolve_num_gpu_blocks
+from sim.api.spec_setup import speculation_hooks
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
@@ -93,4 +94,5 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 def _engine(config: SimulationConfig) -> Engine:
     single_rank_only(config.deployment, "a cluster of replicas")
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
-    return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks, kv_groups=resolve_kv_groups(config))
+    return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks,
+                  hooks=speculation_hooks(config), kv_groups=resolve_kv_groups(config))

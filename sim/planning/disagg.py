@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import simpy
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from sim.api.simulator import SimulationConfig, check_names
 from sim.core.hooks import EngineHook
@@ -121,6 +121,9 @@ class DisaggregatedCluster:
     """Prefill and decode instances in one SimPy environment, the routers and the transfer ports."""
 
     def __init__(self, config: SimulationConfig, disagg: DisaggConfig):
+        spec = config.speculative_config
+        require(spec is None, "speculative_config.method", spec and spec.method,
+                "not simulated with [disaggregation] pools; drop one of the two")
         self.config, self.disagg = config, disagg
         self.env = env = simpy.Environment()
         prefill_cfg = pool_config(disagg, config, "prefill")

@@ -30,7 +30,8 @@ from sim.api.simulator import SimulationConfig, _section as section, read_toml, 
 from sim.planning.disagg_aborts import ABORT_IN_TRANSFER
 from sim.planning.first_token import FIRST_TOKEN
 from sim.planning.instances import InstanceShape
-from sim.planning.offload import OffloadConfig
+from sim.core.fields import is_int
+from sim.planning.offload import OffloadConfig, check_offloading_size
 from sim.planning.pipeline import PipelineConfig
 from sim.planning.routers import ROUTERS
 
@@ -52,9 +53,9 @@ class PoolConfig:
     kv_offloading_link: str = "pcie5"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.num_instances, int) and self.num_instances >= 1, "num_instances",
+        require(is_int(self.num_instances) and self.num_instances >= 1, "num_instances",
                 self.num_instances, "must be an integer >= 1")
-        require(self.tensor_parallel_size is None or (isinstance(self.tensor_parallel_size, int)
+        require(self.tensor_parallel_size is None or (is_int(self.tensor_parallel_size)
                                                       and self.tensor_parallel_size >= 1),
                 "tensor_parallel_size", self.tensor_parallel_size, "must be an integer >= 1")
         require(self.router in ROUTERS, "router", self.router, f"must be one of {ROUTERS}")
@@ -62,7 +63,7 @@ class PoolConfig:
         for key in SHARED_ENGINE_KEYS:
             require(key not in self.engine, f"engine.{key}", self.engine.get(key),
                     "is shared by both pools; set it in [engine]")
-        require(isinstance(self.pipeline_parallel_size, int) and self.pipeline_parallel_size >= 1,
+        require(is_int(self.pipeline_parallel_size) and self.pipeline_parallel_size >= 1,
                 "pipeline_parallel_size", self.pipeline_parallel_size, "must be an integer >= 1")
         self.shape   # links and offload size checked now
 
@@ -75,7 +76,7 @@ class PoolConfig:
         if self.kv_offloading_size is None:
             return InstanceShape(pipeline, None)
         size = self.kv_offloading_size
-        require(isinstance(size, (int, float)) and size > 0, "kv_offloading_size", size, "must be > 0 GiB")
+        check_offloading_size("kv_offloading_size", size)
         try:
             return InstanceShape(pipeline, OffloadConfig(cpu_bytes=float(size) * 2**30, link=self.kv_offloading_link))
         except ConfigError as exc:

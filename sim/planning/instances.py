@@ -22,13 +22,14 @@ from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
                                resolve_num_gpu_blocks, within)
+from sim.api.spec_setup import speculation_hooks
 from sim.core.kv_offload import CPUOffloadKVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
 from sim.planning.offload import OffloadConfig, ReloadPricing, tier_summary
-from sim.planning.pipeline import PipelineConfig, PipelineProcess
+from sim.planning.pipeline import PipelineConfig, PipelineProcess, check_no_speculation
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,12 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, reload], kv=kv), reload
 
 
+def instance_hooks(config: SimulationConfig, shape: InstanceShape) -> list:
+    """The spec decoder of config.speculative_config, if any (not simulated under PP)."""
+    check_no_speculation(config, shape.pipeline_parallel_size)
+    return speculation_hooks(config)
+
+
 def make_process(env: simpy.Environment, engine: Engine, config: SimulationConfig,
                  shape: InstanceShape) -> EngineProcess:
     """The SimPy process running `engine`: a PP batch queue when PP > 1, the plain loop otherwise."""
@@ -89,7 +96,7 @@ def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workloa
                       until: float | None = None) -> Results:
     """One instance of `shape` serving config.workload (or `workload`)."""
     config = shape.config(config)
-    engine, reload = build_engine(config, shape)
+    engine, reload = build_engine(config, shape, instance_hooks(config, shape))
     proc = make_process(simpy.Environment(), engine, config, shape)
     meta = {"config": _plain(config), "cost_model_description": describe_cost_model(engine.cost_model),
             "pipeline_parallel_size": shape.pipeline_parallel_size,

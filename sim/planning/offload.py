@@ -22,11 +22,23 @@ from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
+from sim.api.spec_setup import speculation_hooks
+from sim.core.fields import is_number
 from sim.core.hooks import EngineHook
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity
+
+
+MAX_KV_OFFLOADING_GIB = 1e5
+"""Largest CPU KV tier, GiB of host memory per instance: beyond what any one server holds (a few TiB)."""
+
+
+def check_offloading_size(field: str, size) -> None:
+    """ConfigError naming `field` unless `size` (GiB) is a finite number in (0, MAX_KV_OFFLOADING_GIB]."""
+    require(is_number(size) and 0 < size <= MAX_KV_OFFLOADING_GIB, field, size,
+            f"must be a finite number of GiB in (0, {MAX_KV_OFFLOADING_GIB:g}]")
 
 
 @dataclass(frozen=True)
@@ -40,7 +52,9 @@ class OffloadConfig:
     def __post_init__(self) -> None:
         require((self.cpu_bytes is None) != (self.num_cpu_blocks is None), "offload.cpu_bytes",
                 self.cpu_bytes, "give exactly one of cpu_bytes and num_cpu_blocks")
-        require(self.cpu_bytes is None or self.cpu_bytes > 0, "offload.cpu_bytes", self.cpu_bytes, "must be > 0")
+        most = MAX_KV_OFFLOADING_GIB * 2**30
+        require(self.cpu_bytes is None or (is_number(self.cpu_bytes) and 0 < self.cpu_bytes <= most), "offload.cpu_bytes",
+                self.cpu_bytes, f"must be a finite number of bytes in (0, {MAX_KV_OFFLOADING_GIB:g} GiB]")
         with within("offload"):
             get_link(self.link)
 
@@ -89,7 +103,7 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     link, model, tp = get_link(offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                          e.check_invariants)
-    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[hook], kv=kv)
+    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*speculation_hooks(config), hook], kv=kv)
     proc = EngineProcess(simpy.Environment(), engine)
     results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
     results.summary.update(tier_summary(kv, hook, results.requests["num_prompt_tokens"].sum()))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from kernels_cost_model.errors import require
 from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.data_parallel import single_rank_only
@@ -99,6 +100,13 @@ class PipelineProcess(EngineProcess):
         self._wake()
 
 
+def check_no_speculation(config: SimulationConfig, pipeline_parallel_size: int) -> None:
+    """Speculative decoding is not simulated under PP (the batch queue plans steps ahead of their drafts)."""
+    spec = config.speculative_config
+    require(spec is None or pipeline_parallel_size == 1, "speculative_config.method", spec and spec.method,
+            f"not simulated with pipeline_parallel_size={pipeline_parallel_size}; drop one of the two")
+
+
 def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
                       until: float | None = None) -> Results:
     """One TP x PP engine serving config.workload (or `workload`)."""
@@ -106,6 +114,7 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
     config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
     check_names(config.engine)
     d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
+    check_no_speculation(config, pp)
     with within("pipeline"):
         check_pipeline_size(d.model, pp)
     blocks = e.num_gpu_blocks

@@ -17,6 +17,7 @@ from sim.api.simulator import SimulationConfig
 from sim.planning.capacity import CapacityTarget
 from sim.api.simulator import read_toml
 from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import is_int, is_number
 from sim.planning.executors import EXECUTORS
 from sim.planning.routers import ROUTERS
 from sim.planning.sweep import make_point
@@ -25,6 +26,8 @@ from sim.planning.topology import TOPOLOGY_KEYS, topologies as topology_candidat
 SEARCH_KEYS = {"gpus", "tensor_parallel_sizes", "candidates", "engine", "max_replicas", "router", "seeds",
                "rel_tol", "executor", "workers", "curve_points"} | TOPOLOGY_KEYS
 TARGET_KEYS = {"rate", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "min_attainment", "percentile"}
+CANDIDATE_KEYS = {"gpu", "tensor_parallel_size", "tp"}
+CANDIDATE_SHAPE = 'a table like { gpu = "h100", tensor_parallel_size = 1 }'
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,21 @@ class Plan:
     topologies: tuple = ()     # sim.planning.topology.Topology candidates; empty: aggregated candidates only
 
     def __post_init__(self) -> None:
-        require(self.target_rate > 0, "target.rate", self.target_rate, "must be > 0")
+        require(is_number(self.target_rate) and self.target_rate > 0, "target.rate", self.target_rate,
+                "must be a finite number > 0")
         require(len(self.candidates) > 0, "search", self.candidates, "no candidate deployments")
-        require(isinstance(self.max_replicas, int) and self.max_replicas >= 1, "search.max_replicas",
+        require(is_int(self.max_replicas) and self.max_replicas >= 1, "search.max_replicas",
                 self.max_replicas, "must be an integer >= 1")
         require(self.router in ROUTERS, "search.router", self.router, f"must be one of {ROUTERS}")
         require(self.executor in EXECUTORS, "search.executor", self.executor, f"must be one of {EXECUTORS}")
+        require(isinstance(self.seeds, (tuple, list)) and all(is_int(s) and s >= 0 for s in self.seeds),
+                "search.seeds", self.seeds, "must be a list of integers >= 0")
         require(len(self.seeds) > 0, "search.seeds", self.seeds, "give at least one seed")
+        require(is_number(self.rel_tol) and 0 < self.rel_tol < 1, "search.rel_tol", self.rel_tol,
+                "must be a number in (0, 1)")
+        points = self.curve_points
+        require(isinstance(points, (tuple, list)) and all(is_number(f) and f > 0 for f in points),
+                "search.curve_points", self.curve_points, "must be a list of fractions of capacity > 0")
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "Plan":
@@ -95,7 +106,7 @@ class Plan:
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()
                   if k not in {"gpus", "tensor_parallel_sizes", "candidates", "engine"} | TOPOLOGY_KEYS}
         shapes = topology_candidates(search, base) if TOPOLOGY_KEYS & set(search) else ()
-        return cls(base, rate, CapacityTarget(**target), candidates(search, base), prices=prices,
+        return cls(base, rate, _target(target), candidates(search, base), prices=prices,
                    prices_path=path, topologies=shapes, **kwargs)
 
 
@@ -106,7 +117,9 @@ def candidates(search: dict, base: SimulationConfig) -> tuple[Candidate, ...]:
         require(isinstance(values, list) and values, f"search.engine.{key}", values, "must be a non-empty list")
     flags = [tuple(zip(engine, combo)) for combo in itertools.product(*engine.values())] or [()]
     if "candidates" in search:
-        shapes = [(c.get("gpu"), c.get("tensor_parallel_size", c.get("tp", 1))) for c in search["candidates"]]
+        listed = search["candidates"]
+        require(isinstance(listed, list), "search.candidates", listed, f"must be a list, each {CANDIDATE_SHAPE}")
+        shapes = [_shape(c) for c in listed]
     else:
         gpus = search.get("gpus", [base.deployment.gpu])
         tps = search.get("tensor_parallel_sizes", [base.deployment.tensor_parallel_size])
@@ -117,6 +130,22 @@ def candidates(search: dict, base: SimulationConfig) -> tuple[Candidate, ...]:
     for c in out:
         _check_candidate(c, base)
     return out
+
+
+def _shape(candidate) -> tuple:
+    """(gpu, tensor_parallel_size) of one [[search.candidates]] entry."""
+    require(isinstance(candidate, dict), "search.candidates", candidate, f"each candidate must be {CANDIDATE_SHAPE}")
+    _known(candidate, CANDIDATE_KEYS, "search.candidates")
+    return candidate.get("gpu"), candidate.get("tensor_parallel_size", candidate.get("tp", 1))
+
+
+def _target(target: dict) -> CapacityTarget:
+    """The [target] bounds; a bad one is named as the plan's field (target.ttft_p99_s)."""
+    try:
+        return CapacityTarget(**target)
+    except ConfigError as exc:
+        name = exc.field if exc.field.startswith("target") else f"target.{exc.field}"
+        raise ConfigError(name, exc.value, exc.reason) from None
 
 
 def _check_candidate(c: Candidate, base: SimulationConfig) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import is_number
 
 DEFAULT_PRICES = Path(__file__).resolve().parent / "gpu_prices.csv"
 
@@ -32,9 +33,17 @@ def load_prices(path: str | Path | None = None, overrides: dict[str, float] | No
     table["gpu"] = [_canonical(g) for g in table["gpu"]]
     table = table.set_index("gpu")
     for gpu, price in (overrides or {}).items():
-        require(isinstance(price, (int, float)) and price > 0, f"prices.{gpu}", price, "must be a number > 0")
-        table.loc[_canonical(gpu), ["usd_per_gpu_hour", "source"]] = [float(price), "user override"]
+        require(is_number(price) and price > 0, f"prices.{gpu}", price, "must be a number > 0")
+        table.loc[_override_name(gpu, price), ["usd_per_gpu_hour", "source"]] = [float(price), "user override"]
     return table
+
+
+def _override_name(gpu: str, price: float) -> str:
+    """The canonical name of a [prices] key; an unknown GPU is named as prices.<key>."""
+    try:
+        return _canonical(gpu)
+    except ConfigError as exc:
+        raise ConfigError(f"prices.{gpu}", price, exc.reason) from None
 
 
 def price_per_gpu_hour(prices: pd.DataFrame, gpu: str) -> float:

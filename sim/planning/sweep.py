@@ -23,6 +23,7 @@ import pandas as pd
 from sim.api.table_io import write_text
 from sim.api.simulator import SimulationConfig, simulate
 from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import is_int
 from sim.planning.executors import make_executor
 from sim.api.progress import Progress
 from sim.planning.routers import ROUTERS
@@ -143,7 +144,7 @@ def run_sweep(sweep_points: list[SweepPoint], seeds=(0,), *, executor: str = "po
     """
     require(len(sweep_points) > 0, "sweep", sweep_points, "empty grid: nothing to run")
     seeds = list(seeds)
-    require(len(seeds) > 0 and all(isinstance(s, int) and s >= 0 for s in seeds), "seeds", seeds,
+    require(len(seeds) > 0 and all(is_int(s) and s >= 0 for s in seeds), "seeds", seeds,
             "must be a non-empty list of integers >= 0")
     jobs = [(i, p, s) for i, p in enumerate(sweep_points) for s in seeds]
     store = ResultStore(out_dir)

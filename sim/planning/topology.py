@@ -41,7 +41,7 @@ from sim.planning.disagg import simulate_disaggregated
 from sim.planning.disagg_config import DisaggConfig, PoolConfig
 from sim.planning.executors import make_executor
 from sim.planning.instances import InstanceShape, simulate_instance
-from sim.planning.offload import OffloadConfig
+from sim.planning.offload import OffloadConfig, check_offloading_size
 from sim.planning.pipeline import PipelineConfig
 from sim.planning.pricing import load_prices, price_per_gpu_hour
 
@@ -159,7 +159,17 @@ def topologies(search: dict, base: SimulationConfig) -> tuple[Topology, ...]:
         require("disaggregated" in kinds, f"search.{key}", search[key],
                 'sets a pool of disaggregated candidates: add "disaggregated" to search.topologies')
         out += _per_pool(search, base, ratios, shared)
+    _check_speculation(base, out)
     return tuple(out)
+
+
+def _check_speculation(base: SimulationConfig, candidates: list) -> None:
+    """Speculative decoding is simulated on aggregated instances without PP: other candidates are plan errors."""
+    spec = base.speculative_config
+    for t in candidates if spec is not None else ():
+        pp = max(t.pool("prefill")[1], t.pool("decode")[1])
+        require(not t.disaggregated and pp == 1, "speculative_config.method", spec.method,
+                f"not simulated with candidate {t.label!r} (disaggregated or pipeline_parallel_size > 1)")
 
 
 def _per_pool(search: dict, base: SimulationConfig, ratios: list, shared: dict) -> list:
@@ -203,9 +213,7 @@ def _describe(tp: int, pp: int, offload: bool) -> str:
 
 def _check_shared(shared: dict) -> None:
     """The CPU tier's size and the links, each named by its [search] key."""
-    size = shared.get("kv_offloading_size", 1.0)
-    require(isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0,
-            "search.kv_offloading_size", size, "must be > 0 (GiB)")
+    check_offloading_size("search.kv_offloading_size", shared.get("kv_offloading_size", 1.0))
     for key in ("kv_offloading_link", "pipeline_link", "kv_transfer_link"):
         if key in shared:
             try:
