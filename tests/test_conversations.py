@@ -88,6 +88,42 @@ def test_files_without_genai_model_calls_are_named_errors(tmp_path):
         otel_genai_conversations(path)
 
 
+def _one_call(**usage) -> dict:
+    return {"resourceSpans": [{"scopeSpans": [{"spans": [_span("t", "s1", "chat", 0, 1, **usage)]}]}]}
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"resourceSpans": 5}', "resourceSpans must be a list of objects, not 5"),
+    ('{"resourceSpans": [5]}', r"resourceSpans must be a list of objects, not \[5\]"),
+    ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": "x"}]}]}]}',
+     "attributes must be a list of objects, not 'x'"),
+    ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "s1", "attributes": [{"value": {}}]}]}]}]}',
+     "span 's1': attribute {'value': {}} must be"),
+    (json.dumps(_one_call(input_tokens=99999999999, output_tokens=10)),
+     "span 's1': gen_ai.usage.input_tokens='99999999999' must be an integer in \\[1, 16777216\\]"),
+    (json.dumps(_one_call(input_tokens=10, output_tokens=2**24 + 1)),
+     "span 's1': gen_ai.usage.output_tokens='16777217' must be an integer in \\[0, 16777216\\]"),
+    (json.dumps(_one_call(input_tokens="1.5", output_tokens=10)), "span 's1': gen_ai.usage.input_tokens='1.5' must be"),
+    (json.dumps(_one_call(output_tokens=10)), "span 's1': missing 'gen_ai.usage.input_tokens'"),
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        _span("t", "s1", "chat", 0, 1, input_tokens=5, output_tokens=1),
+        _span("t", "s2", "chat", 0, 2e12, input_tokens=5, output_tokens=1)]}]}]}),
+     "span 's2' ends 2e\\+09 s after the first call starts; at most 1e\\+09 s"),
+])
+def test_malformed_otel_files_are_errors_naming_file_span_and_value(tmp_path, content, message):
+    path = tmp_path / "spans.json"
+    path.write_text(content)
+    with pytest.raises(TraceFormatError, match=f"^{path}:1: {message}"):
+        otel_genai_conversations(path)
+
+
+def test_otel_bytes_that_are_not_utf8_name_the_line(tmp_path):
+    path = tmp_path / "spans.json"
+    path.write_bytes(b'{"resourceSpans": []}\n\xff\xfe\x00')
+    with pytest.raises(TraceFormatError, match=f"^{path}:2: not UTF-8 text \\(byte 0xff\\)"):
+        otel_genai_conversations(path)
+
+
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="Mooncake trace not present")
 def test_the_mooncake_conversation_trace_has_multi_turn_conversations():
     conversations = mooncake_conversations(MOONCAKE, max_requests=2000)

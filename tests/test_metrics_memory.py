@@ -79,6 +79,29 @@ def test_peak_rate_counted_in_chunks_equals_all_at_once(run, chunk):
     assert peak_output_rate(done, token_times, chunk=chunk) == plain_peak(done, token_times)
 
 
+def test_peak_rate_memory_does_not_grow_with_idle_time():
+    """Tokens 1e8 s apart (a think time inside its documented range): a count over every second of
+    the span would take gigabytes; the peak counts only the seconds that hold tokens."""
+    import tracemalloc
+    token_times = [array("d", [0.1, 0.2, 0.3]), array("d", [1e8 + 0.5, 1e8 + 0.6])]
+    done = pd.DataFrame({"arrival_time": [0.0, 1e8], "finish_time": [0.3, 1e8 + 0.6]})
+    tracemalloc.start()
+    try:
+        peak = peak_output_rate(done, token_times)
+        assert tracemalloc.get_traced_memory()[1] < 2**20
+    finally:
+        tracemalloc.stop()
+    assert peak == {"max_output_tokens_per_s": 3.0, "max_concurrent_requests": 1}
+
+
+def test_a_closed_loop_with_a_long_think_time_summarizes():
+    from sim.api.simulator import SimulationConfig, simulate
+    config = SimulationConfig().replace(deployment={"cost_model": "linear"}, workload={
+        "kind": "closed_loop", "num_users": 2, "think_time_s": 1e9, "num_requests": 6, "lengths": "sharegpt"})
+    summary = simulate(config).summary
+    assert summary["completed"] == 6 and summary["max_output_tokens_per_s"] > 0
+
+
 @given(st.lists(st.tuples(st.integers(0, 500), st.floats(0.0, 2.0, allow_nan=False)), min_size=1, max_size=60))
 def test_kv_occupancy_in_place_equals_the_plain_formula(rows):
     from sim.api.metrics import kv_occupancy

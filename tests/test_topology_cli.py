@@ -70,17 +70,76 @@ def test_bad_topology_flags_are_named_errors(capsys, argv, named):
     assert named in error(capsys, *argv)
 
 
-def test_conversations_replay_a_mooncake_trace(capsys, tmp_path):
+CONVERSATION_RUN = ["run", "--cost-model", "linear", "--json"]
+
+
+def _mooncake_file(tmp_path):
     rows = [{"timestamp": 0, "input_length": 1800, "output_length": 20, "hash_ids": [0, 1, 2, 3]},
             {"timestamp": 500, "input_length": 900, "output_length": 10, "hash_ids": [0, 7]},
             {"timestamp": 4000, "input_length": 2600, "output_length": 30, "hash_ids": [0, 1, 2, 4, 5, 6]}]
     path = tmp_path / "mc.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    s = summary(capsys, "--conversations", str(path))
+    return path
+
+
+def conversations(capsys, *argv) -> dict:
+    assert main([*CONVERSATION_RUN, *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_conversations_replay_a_mooncake_trace(capsys, tmp_path):
+    path = _mooncake_file(tmp_path)
+    s = conversations(capsys, "--conversations", str(path))
     assert s["num_requests"] == s["completed"] == 3 and s["total_output_tokens"] == 60
     assert s["prefix_cache_hit_rate"] > 0      # the third request continues the first's conversation
-    capped = summary(capsys, "--conversations", str(path), "--num-prompts", "2")
+    capped = conversations(capsys, "--conversations", str(path), "--num-prompts", "2")
     assert capped["num_requests"] == 2
+
+
+def test_the_header_and_saved_config_name_the_conversation_file(capsys, tmp_path):
+    path = _mooncake_file(tmp_path)
+    assert main(["run", "--cost-model", "linear", "--conversations", str(path), "--out", str(tmp_path / "out")]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("llama"))
+    assert f"conversations {path} (closed loop)" in header and "poisson" not in header
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())["meta"]["config"]["workload"]
+    assert saved == {"kind": "conversations", "path": str(path), "num_requests": 3, "ignore_eos": True,
+                     "time_scale": 1.0}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trace", "x.csv"], "cannot be combined with --trace"),
+    (["--request-rate", "50"], "cannot be combined with --request-rate"),
+    (["--workload", "closed_loop", "--num-users", "3"], "cannot be combined with --workload, --num-users"),
+    (["--max-tokens", "5"], "cannot be combined with --max-tokens"),
+])
+def test_conversations_reject_the_workload_flags_they_would_ignore(capsys, tmp_path, argv, message):
+    path = _mooncake_file(tmp_path)
+    assert main([*CONVERSATION_RUN, "--conversations", str(path), *argv]) == 2
+    assert f"--conversations='{path}': replays the file's own traffic; it {message}" in capsys.readouterr().err
+
+
+def test_conversations_reject_a_config_workload_they_would_ignore(capsys, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[workload]\nkind = "closed_loop"\nnum_users = 2\n')
+    assert main([*CONVERSATION_RUN, "--config", str(config), "--conversations", str(_mooncake_file(tmp_path))]) == 2
+    assert "the config's [workload] settings {'kind': 'closed_loop', 'num_users': 2}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "-1", "nan", "0"])
+def test_conversation_time_scale_must_be_finite_and_positive(capsys, tmp_path, value):
+    path = _mooncake_file(tmp_path)
+    assert main([*CONVERSATION_RUN, "--conversations", str(path), "--conversation-time-scale", value]) == 2
+    assert f"--conversation-time-scale={float(value)}: must be a finite number > 0" in capsys.readouterr().err
+
+
+def test_conversation_time_scale_needs_a_mooncake_conversation_file(capsys, tmp_path):
+    assert main([*CONVERSATION_RUN, "--conversation-time-scale", "2"]) == 2
+    assert "--conversation-time-scale=2.0: applies only with --conversations" in capsys.readouterr().err
+    spans = tmp_path / "spans.json"
+    spans.write_text(json.dumps({"resourceSpans": []}))
+    for flag in ("--conversation-time-scale", "--num-prompts"):
+        assert main([*CONVERSATION_RUN, "--conversations", str(spans), flag, "2"]) == 2
+        assert f"{flag}=2" in capsys.readouterr().err
 
 
 TOPOLOGY_PLAN = """

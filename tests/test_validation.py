@@ -74,6 +74,23 @@ def test_rejecting_requests_warns_loudly():
         simulate(config)
 
 
+def test_outputs_cut_at_max_model_len_warn(tmp_path, capsys):
+    import warnings
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,5000\n0,100,10\n")
+    config = SimulationConfig().replace(engine={"max_model_len": 1024}, deployment=LINEAR,
+                                        workload={"kind": "trace", "path": str(trace)})
+    with pytest.warns(UserWarning, match=r"^1 of 2 requests \(50%\) had their output cut at "
+                                         r"engine.max_model_len=1024 \(prompt \+ output tokens\)"):
+        simulate(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        simulate(config.replace(engine={"max_model_len": 8192}))
+    assert main(["run", "--trace", str(trace), "--max-model-len", "1024", "--cost-model", "linear", "--json"]) == 0
+    assert "servesim: warning: 1 of 2 requests (50%) had their output cut at engine.max_model_len=1024" \
+        in capsys.readouterr().err
+
+
 def test_out_onto_a_file_fails_before_the_run(tmp_path, capsys):
     target = tmp_path / "taken"
     target.write_text("not a folder")

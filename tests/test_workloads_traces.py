@@ -1,5 +1,6 @@
 """Trace readers and replay: the public traces' published statistics, prefix ids, bad input."""
 import inspect
+import re
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,53 @@ def test_burstgpt_skips_failed_requests_and_tags_model(tmp_path):
     with pytest.raises(TraceFormatError, match="burst.csv:3: 0 generated tokens"):
         list(TraceWorkload(path, zero_output="error").iter_requests(make_rng(0)))
     assert [s.output_len for s in TraceWorkload(path, zero_output="one").iter_requests(make_rng(0))] == [18, 1, 276]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("g.csv", "arrival_s,prompt_tokens,output_tokens\n0,100,0\n1,100,0\n"),
+    ("burst.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                  "0,ChatGPT,100,0,100,Conversation log\n5,ChatGPT,100,0,100,Conversation log\n"),
+])
+def test_a_trace_of_only_failed_requests_is_an_error_not_an_empty_run(tmp_path, capsys, name, text):
+    from sim.cli.main import main
+    path = write(tmp_path, name, text)
+    message = f"{path}:1: no requests left: all 2 row(s) have 0 generated tokens (failed requests) and were skipped"
+    with pytest.raises(TraceFormatError, match=re.escape(message)):
+        list(TraceWorkload(path).iter_requests(make_rng(0)))
+    assert main(["run", "--trace", str(path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+def test_target_rate_needs_arrivals_that_span_some_time(tmp_path, capsys):
+    from sim.cli.main import main
+    path = write(tmp_path, "g.csv", "arrival_s,prompt_tokens,output_tokens\n0,100,10\n0,100,10\n0,100,10\n")
+    with pytest.raises(ConfigError, match=r"target_rate=10.0: the trace's 3 arrivals span 0 s"):
+        TraceWorkload(path, target_rate=10.0).scale()
+    assert main(["run", "--trace", str(path), "--target-rate", "10"]) == 2
+    assert "servesim: error: workload.target_rate=10.0: the trace's 3 arrivals span 0 s" in capsys.readouterr().err
+    one = write(tmp_path, "one.csv", "arrival_s,prompt_tokens,output_tokens\n0,100,10\n")
+    assert TraceWorkload(one, target_rate=10.0).scale() == 1.0
+
+
+@pytest.mark.parametrize("name, row, message", [
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": true, "output_tokens": 10}', "prompt_tokens=true must be a JSON integer"),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": "100", "output_tokens": 10}',
+     'prompt_tokens="100" must be a JSON integer'),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": false}', "output_tokens=false must be"),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1, "priority": "1"}', 'priority="1" must be'),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1, "hash_ids": [1], "block_size": "16"}',
+     'block_size="16" must be'),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": "10", "output_tokens": 1, "hash_ids": [1]}',
+     'prompt_tokens="10" must be'),
+    ("g.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1, "session_id": {"a": 1}}',
+     "session_id={'a': 1} must be a string or a number"),
+    ("mc.jsonl", '{"timestamp": 0, "input_length": true, "output_length": 3, "hash_ids": [0]}',
+     "input_length=true must be a JSON integer"),
+])
+def test_jsonl_token_counts_must_be_json_integers(tmp_path, name, row, message):
+    path = write(tmp_path, name, row + "\n")
+    with pytest.raises(TraceFormatError, match=re.escape(f"{path}:1: {message}")):
+        list(read_trace(path))
 
 
 def test_generic_schema_prefixes_sessions_and_scaling(tmp_path):

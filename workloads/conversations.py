@@ -16,6 +16,7 @@ Importers:
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def mooncake_conversations(path: str | Path, max_requests: int | None = None, ig
                            time_scale: float = 1.0) -> list[Conversation]:
     """Conversations from a Mooncake prefix-hash trace (first `max_requests` rows). `time_scale`
     stretches start times and gaps (10: a tenth of the trace's traffic, e.g. one of ten instances)."""
-    require(time_scale > 0, "time_scale", time_scale, "must be > 0")
+    require(math.isfinite(time_scale) and time_scale > 0, "time_scale", time_scale, "must be a finite number > 0")
     rows = list(itertools.islice(read_mooncake(path), max_requests))
     chains: list[list] = []                  # rows of each conversation
     tip: dict[tuple, int] = {}               # hash ids of a conversation's last turn -> conversation

@@ -22,6 +22,7 @@ from workloads.conversations import Conversation, Turn
 from workloads.errors import TraceFormatError
 from workloads.spec import RequestSpec
 from workloads.tokens import hashed_tokens
+from workloads.traces import MAX_TRACE_SECONDS, MAX_TRACE_TOKENS
 
 MODEL_CALLS = ("chat", "text_completion", "generate_content")
 CONTEXT_SALT = 0x6E4A1
@@ -35,6 +36,10 @@ def otel_genai_conversations(path: str | Path, ignore_eos: bool = True) -> list[
         raise TraceFormatError(path, 1, "no GenAI model-call spans (gen_ai.operation.name chat/"
                                         "text_completion/generate_content with gen_ai.usage.*_tokens)")
     origin = min(c["start"] for c in calls)
+    last = max(calls, key=lambda c: c["end"])
+    if last["end"] - origin > MAX_TRACE_SECONDS:
+        raise TraceFormatError(path, last["line"], f"span {last['span']!r} ends {last['end'] - origin:.6g} s after "
+                                                   f"the first call starts; at most {MAX_TRACE_SECONDS:g} s")
     groups: dict[str, list] = {}
     for call in sorted(calls, key=lambda c: (c["start"], c["span"])):
         groups.setdefault(call["conversation"], []).append(call)
@@ -42,7 +47,7 @@ def otel_genai_conversations(path: str | Path, ignore_eos: bool = True) -> list[
 
 
 def _documents(path: Path):
-    text = path.read_text()
+    text = _text(path)
     try:
         yield 1, json.loads(text)
         return
@@ -56,29 +61,80 @@ def _documents(path: Path):
                 raise TraceFormatError(path, line, f"not JSON: {exc.msg}") from None
 
 
+def _text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise TraceFormatError(path, line, f"not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+
+
 def _model_calls(path: Path, line: int, doc: dict):
     if not isinstance(doc, dict) or "resourceSpans" not in doc:
         raise TraceFormatError(path, line, "not an OTLP JSON document (no resourceSpans)")
-    for resource in doc["resourceSpans"]:
-        for scope in resource.get("scopeSpans", []):
-            for span in scope.get("spans", []):
-                attrs = {a["key"]: _value(a.get("value", {})) for a in span.get("attributes", [])}
+    for resource in _objects(path, line, doc, "resourceSpans"):
+        for scope in _objects(path, line, resource, "scopeSpans"):
+            for span in _objects(path, line, scope, "spans"):
+                attrs = _attributes(path, line, span)
                 if attrs.get("gen_ai.operation.name") not in MODEL_CALLS:
                     continue
                 yield _call(path, line, span, attrs)
 
 
+def _objects(path: Path, line: int, parent: dict, key: str) -> list[dict]:
+    """parent[key], a list of JSON objects (absent: none)."""
+    items = parent.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise TraceFormatError(path, line, f"{key} must be a list of objects, not {_short(items)}")
+    return items
+
+
+def _attributes(path: Path, line: int, span: dict) -> dict:
+    attrs = {}
+    for attr in _objects(path, line, span, "attributes"):
+        key, value = attr.get("key"), attr.get("value", {})
+        if not isinstance(key, str) or not isinstance(value, dict):
+            raise TraceFormatError(path, line, f"span {span.get('spanId')!r}: attribute {_short(attr)} must be "
+                                               '{"key": "...", "value": {"stringValue"|"intValue"|...: ...}}')
+        attrs[key] = _value(value)
+    return attrs
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _call(path: Path, line: int, span: dict, attrs: dict) -> dict:
+    where = f"span {span.get('spanId')!r}"
+    inputs = _tokens(path, line, where, attrs, "gen_ai.usage.input_tokens", 1)
+    outputs = _tokens(path, line, where, attrs, "gen_ai.usage.output_tokens", 0)
     try:
-        inputs, outputs = int(attrs["gen_ai.usage.input_tokens"]), int(attrs["gen_ai.usage.output_tokens"])
         start, end = int(span["startTimeUnixNano"]) / 1e9, int(span["endTimeUnixNano"]) / 1e9
-    except (KeyError, ValueError, TypeError) as exc:
-        raise TraceFormatError(path, line, f"span {span.get('spanId')!r}: missing or bad {exc}") from None
-    if inputs < 1 or outputs < 0 or end < start:
-        raise TraceFormatError(path, line, f"span {span.get('spanId')!r}: {inputs} input / {outputs} output "
-                                           f"tokens, start {start} end {end}")
+    except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        raise TraceFormatError(path, line, f"{where}: missing or bad {exc}") from None
+    if end < start:
+        raise TraceFormatError(path, line, f"{where}: ends ({end} s) before it starts ({start} s)")
     return {"conversation": str(attrs.get("gen_ai.conversation.id") or span.get("traceId")),
-            "span": str(span.get("spanId")), "start": start, "end": end, "input": inputs, "output": outputs}
+            "span": str(span.get("spanId")), "start": start, "end": end, "input": inputs, "output": outputs,
+            "line": line}
+
+
+def _tokens(path: Path, line: int, where: str, attrs: dict, key: str, minimum: int) -> int:
+    """A token count: an integer (OTLP JSON writes intValue as a string) in [minimum, MAX_TRACE_TOKENS]."""
+    if key not in attrs:
+        raise TraceFormatError(path, line, f"{where}: missing {key!r}")
+    value, number = attrs[key], None
+    if isinstance(value, float) and value.is_integer() or isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            number = int(value)
+        except ValueError:
+            pass
+    if number is None or not minimum <= number <= MAX_TRACE_TOKENS:
+        raise TraceFormatError(path, line, f"{where}: {key}={value!r} must be an integer in "
+                                           f"[{minimum}, {MAX_TRACE_TOKENS}]")
+    return number
 
 
 def _value(value: dict):

@@ -64,14 +64,20 @@ class TraceWorkload:
         return islice(self._filtered(), self.max_requests)
 
     def _filtered(self) -> Iterator[TraceRow]:
+        kept = skipped = 0
         for row in read_trace(self.path, self.format):
             if row.output_len == 0:
                 if self.zero_output == "skip":
+                    skipped += 1
                     continue
                 if self.zero_output == "error":
                     raise TraceFormatError(self.path, row.line, "0 generated tokens (zero_output='error')")
                 row = row._replace(output_len=1)
+            kept += 1
             yield row
+        if kept == 0:
+            raise TraceFormatError(self.path, 1, f"no requests left: all {skipped} row(s) have 0 generated tokens "
+                                                 "(failed requests) and were skipped")
 
     def scale(self) -> float:
         """The factor applied to trace times (a streaming pass when target_rate is set)."""
@@ -81,7 +87,11 @@ class TraceWorkload:
         for row in self.rows():
             n, first, last = n + 1, row.arrival_s if first is None else first, row.arrival_s
         span = last - (first or 0.0)
-        return 1.0 if span <= 0 else (n / span) / self.target_rate
+        if n == 1:
+            return 1.0
+        require(span > 0, "target_rate", self.target_rate, f"the trace's {n} arrivals span 0 s; cannot rescale "
+                                                           "them to a rate")
+        return (n / span) / self.target_rate
 
     def iter_requests(self, rng: np.random.Generator) -> Iterator[RequestSpec]:
         """Arrival-sorted specs "req-0", ...; times rebased so the first request arrives at 0."""

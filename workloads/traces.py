@@ -96,6 +96,13 @@ def _int(value, path: Path, line: int, name: str, minimum: int, maximum: int = M
     return int(number)
 
 
+def _json_int(value, path: Path, line: int, name: str, minimum: int, maximum: int = MAX_TRACE_TOKENS) -> int:
+    """_int of a JSON field, which must be a JSON number (not a string or true/false)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceFormatError(path, line, f"{name}={json.dumps(value)} must be a JSON integer")
+    return _int(value, path, line, name, minimum, maximum)
+
+
 def _text_lines(path: Path) -> Iterator[str]:
     """The file's lines as text; a line that is not UTF-8 is a TraceFormatError naming it."""
     with path.open("rb") as f:
@@ -159,7 +166,7 @@ def read_mooncake(path: str | Path) -> Iterator[TraceRow]:
     path, clock = Path(path), _Clock(Path(path))
     for line, row in _jsonl_rows(path, ["timestamp", "input_length", "output_length", "hash_ids"]):
         yield _hashed_row(path, line, row, clock.rebase(line, _number(row["timestamp"], path, line) / 1000),
-                          row["input_length"], row["output_length"], 512)
+                          ("input_length", "output_length"), 512)
 
 
 def read_burstgpt(path: str | Path) -> Iterator[TraceRow]:
@@ -183,21 +190,23 @@ def read_generic(path: str | Path) -> Iterator[TraceRow]:
     for line, row in rows:
         t = clock.rebase(line, _number(row["arrival_s"], path, line))
         opt = lambda key: row.get(key) if row.get(key) not in ("", None) else None
-        prefix_id = opt("prefix_id")
-        extra = dict(session_id=_str(opt("session_id")), tenant=_str(opt("tenant")),
-                     priority=_int(opt("priority") or 0, path, line, "priority", -2**31, 2**31 - 1),
-                     prefix_id=_str(prefix_id),
-                     prefix_len=_int(opt("prefix_tokens") or 0, path, line, "prefix_tokens", 0))
+        integer = _json_int if jsonl else _int
+        text = lambda key: _str(opt(key), path, line, key)
+        extra = dict(session_id=text("session_id"), tenant=text("tenant"),
+                     priority=integer(opt("priority") or 0, path, line, "priority", -2**31, 2**31 - 1),
+                     prefix_id=text("prefix_id"),
+                     prefix_len=integer(opt("prefix_tokens") or 0, path, line, "prefix_tokens", 0))
         if jsonl and row.get("hash_ids") is not None:
-            block = _int(row.get("block_size", 512), path, line, "block_size", 1, 2**16)
-            yield _hashed_row(path, line, row, t, row["prompt_tokens"], row["output_tokens"], block)._replace(**extra)
+            block = _json_int(row.get("block_size", 512), path, line, "block_size", 1, 2**16)
+            yield _hashed_row(path, line, row, t, ("prompt_tokens", "output_tokens"), block)._replace(**extra)
             continue
-        yield TraceRow(line, t, _int(row["prompt_tokens"], path, line, "prompt_tokens", 1),
-                       _int(row["output_tokens"], path, line, "output_tokens", 0), **extra)
+        yield TraceRow(line, t, integer(row["prompt_tokens"], path, line, "prompt_tokens", 1),
+                       integer(row["output_tokens"], path, line, "output_tokens", 0), **extra)
 
 
-def _hashed_row(path: Path, line: int, row: dict, t: float, prompt, output, block: int) -> TraceRow:
-    p, o = _int(prompt, path, line, "input_length", 1), _int(output, path, line, "output_length", 0)
+def _hashed_row(path: Path, line: int, row: dict, t: float, keys: tuple[str, str], block: int) -> TraceRow:
+    """A JSONL row with hash_ids; keys name its prompt and output token counts."""
+    p, o = (_json_int(row[key], path, line, key, minimum) for key, minimum in zip(keys, (1, 0)))
     ids = row["hash_ids"]
     if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64
                                             for h in ids):
@@ -217,7 +226,9 @@ def _number(value, path: Path, line: int) -> float:
     return number
 
 
-def _str(value) -> str | None:
+def _str(value, path: Path, line: int, name: str) -> str | None:
+    if isinstance(value, (dict, list)):
+        raise TraceFormatError(path, line, f"{name}={value!r} must be a string or a number")
     return None if value is None else str(value)
 
 

@@ -142,17 +142,19 @@ def run_positions(store, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return owner, (end - length)[keep], end[keep] - 1
 
 
-def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int = REQUESTS) -> np.ndarray:
-    """Output tokens of the chosen requests (indices) per second from `start`: bin b counts the
-    times t with floor(t - start) = b (clipped at 0). Requests kept as runs are counted per step
-    position (each of a run's steps holds one of its tokens), the rest from their times; `chunk`
-    requests at a time."""
+def tokens_per_second(token_times, chosen: np.ndarray, start: float,
+                      chunk: int = REQUESTS) -> tuple[np.ndarray, np.ndarray]:
+    """Output tokens of the chosen requests (indices) per second from `start`, as (seconds, counts):
+    the seconds b, ascending, that hold tokens (times t with floor(t - start) = b, clipped at 0) and
+    how many each holds, so memory follows the tokens, not the span of time. Requests kept as runs
+    are counted per step position (each of a run's steps holds one of its tokens), the rest from
+    their times; `chunk` requests at a time."""
     if isinstance(token_times, MergedTokenTimes):
         mask = np.zeros(len(token_times), dtype=bool)
         mask[chosen] = True
         return _add_counts(*(tokens_per_second(times, np.flatnonzero(picked), start, chunk)
                              for times, picked in token_times.split(mask)))
-    total = np.zeros(0, dtype=np.int64)
+    total = _NO_COUNTS
     if isinstance(token_times, TokenTimes):
         store = token_times.store
         picked, chosen = _kept_as_runs(store, chosen)
@@ -172,26 +174,32 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float, chunk: int 
     return total
 
 
-def _count_into(total: np.ndarray, bins: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """`total` (int64 counts per bin) with `bins` counted in (`weights`: a count each; exact below
-    2**53), over the span of bins they cover only; grown where they pass its end."""
+_NO_COUNTS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _count_into(total: tuple, bins: np.ndarray, weights: np.ndarray | None = None) -> tuple:
+    """`total` (seconds, int64 counts) with `bins` counted in (`weights`: a count each; exact below
+    2**53); a second whose count stays 0 is left out. Bins spread over more seconds than there are
+    bins are counted sorted, not in an array over their span."""
     if not len(bins):
         return total
     low = int(bins.min())
-    part = np.bincount(bins - low, weights=weights)
-    high = low + len(part)
-    if high > len(total):
-        total = np.concatenate((total, np.zeros(high - len(total), dtype=np.int64)))
-    total[low:high] += part.astype(np.int64) if weights is not None else part
-    return total
+    if int(bins.max()) - low < 2 * len(bins):
+        dense = np.bincount(bins - low, weights=weights).astype(np.int64)
+        seconds = np.flatnonzero(dense)
+        return _add_counts(total, (seconds + low, dense[seconds]))
+    seconds, inverse = np.unique(bins, return_inverse=True)
+    counts = np.bincount(inverse, weights=weights).astype(np.int64)
+    return _add_counts(total, (seconds[counts > 0], counts[counts > 0]))
 
 
-def _add_counts(*parts: np.ndarray) -> np.ndarray:
-    """Per-bin counts added up (the longest sets the length)."""
-    total = np.zeros(max((len(p) for p in parts), default=0), dtype=np.int64)
-    for part in parts:
-        total[:len(part)] += part
-    return total
+def _add_counts(*parts: tuple) -> tuple:
+    """(seconds, counts) parts added up, second by second."""
+    seconds = np.unique(np.concatenate([part[0] for part in parts] or [_NO_COUNTS[0]]))
+    counts = np.zeros(len(seconds), dtype=np.int64)
+    for part_seconds, part_counts in parts:
+        counts[np.searchsorted(seconds, part_seconds)] += part_counts  # a part's seconds are distinct
+    return seconds.astype(np.int64), counts
 
 
 class StepGaps:

@@ -128,13 +128,14 @@ def peak_output_rate(done: pd.DataFrame, token_times, chunk: int = REQUESTS) -> 
     index = done.index.to_numpy()
     index = index[index < len(token_times)]
     start = float(done["arrival_time"].min()) if len(done) else 0.0
-    counts = tokens_per_second(token_times, index, start, chunk)
+    seconds, counts = tokens_per_second(token_times, index, start, chunk)
     if not counts.sum():
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
-    second = int(counts.argmax())
+    busiest = int(counts.argmax())  # the first of equal maxima, as over every second in order
+    second = int(seconds[busiest])
     lo, hi = start + second, start + second + 1
     in_flight = (done["arrival_time"] < hi) & (done["finish_time"] >= lo)
-    return {"max_output_tokens_per_s": float(counts[second]), "max_concurrent_requests": int(in_flight.sum())}
+    return {"max_output_tokens_per_s": float(counts[busiest]), "max_concurrent_requests": int(in_flight.sum())}
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, token_times, num_gpu_blocks: int,

@@ -42,8 +42,9 @@ def describe_setup(meta: dict) -> str:
     kind = wl.get("kind")
     traffic = {"trace": f"trace {wl.get('path')}",
                "closed_loop": f"closed loop, {wl.get('num_users')} users",
-               "sessions": f"chat sessions starting at {wl.get('rate')}/s"}.get(kind, f"{kind} {wl.get('rate')} req/s")
-    if kind not in ("trace", "sessions"):
+               "sessions": f"chat sessions starting at {wl.get('rate')}/s",
+               "conversations": f"conversations {wl.get('path')} (closed loop)"}.get(kind, f"{kind} {wl.get('rate')} req/s")
+    if kind not in ("trace", "sessions", "conversations"):
         traffic += f", {wl.get('lengths')} lengths"
     pools = meta.get("pools")
     hardware = f"{meta.get('num_gpus')} GPUs ({pools})" if pools else f"{_gpus(meta, dep)} {dep.get('gpu')}"

@@ -27,7 +27,8 @@ from sim.api.results import Results
 from sim.api.version import __version__
 from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
                                 check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
-                                switch_kind, unresolved_engine_values, warn_rejections)
+                                switch_kind, unresolved_engine_values, warn_length_cuts,
+                                warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
@@ -114,8 +115,11 @@ class WorkloadConfig:
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
             require(Path(self.path).is_file(), "workload.path", self.path, "trace file not found")
-            return w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
-                                   max_requests=self.num_requests, **common)
+            trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
+                                    max_requests=self.num_requests, **common)
+            if self.target_rate is not None:
+                trace.scale()  # a trace that cannot be rescaled is this section's error, before the run
+            return trace
         if self.kind == "closed_loop":
             return w.ClosedLoopClients(self.num_users, self.num_requests, self.lengths,
                                        think_time=self.think_time_s, **common)
@@ -378,6 +382,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
             **kv_capacity_meta(config, blocks)}
     results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta).with_client_latency(config.client)
     warn_rejections(results.requests, config.engine.max_model_len)
+    warn_length_cuts(results.requests, config.engine.max_model_len)
     return results
 
 
@@ -419,6 +424,7 @@ def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, pro
     results.summary.update(num_gpus=meta["num_gpus"], data_parallel_size=dp)
     results = results.with_client_latency(config.client)
     warn_rejections(results.requests, config.engine.max_model_len)
+    warn_length_cuts(results.requests, config.engine.max_model_len)
     return results
 
 

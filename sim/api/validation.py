@@ -208,3 +208,16 @@ def warn_rejections(requests, max_model_len: int) -> None:
         warnings.warn(f"{rejected} of {len(requests)} requests ({rejected / len(requests):.0%}) were rejected:"
                       f" prompt longer than engine.max_model_len={max_model_len}; their latencies are not in the summary",
                       stacklevel=3)
+
+
+def warn_length_cuts(requests, max_model_len: int) -> None:
+    """A warning when outputs ended at max_model_len (prompt + output), short of what was asked."""
+    import warnings
+    if not len(requests):
+        return
+    full = requests["num_prompt_tokens"] + requests["num_output_tokens"] >= max_model_len
+    cut = int(((requests["finish_reason"] == "length") & ~requests["rejected"].astype(bool) & full).sum())
+    if cut:
+        warnings.warn(f"{cut} of {len(requests)} requests ({cut / len(requests):.0%}) had their output cut at "
+                      f"engine.max_model_len={max_model_len} (prompt + output tokens), short of their "
+                      "max_tokens / output length", stacklevel=3)

@@ -180,7 +180,8 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--burstiness", type=float, metavar="B",
                    help="vllm bench serve's gamma shape: 1 is Poisson, below 1 burstier (cv = 1/sqrt(B))")
     g.add_argument("--num-users", type=int, metavar="N", help="closed loop: concurrent clients")
-    g.add_argument("--max-tokens", type=int, metavar="N", help="cap every request's output")
+    g.add_argument("--max-tokens", type=int, metavar="N", help="every request's max_tokens: with --ignore-eos "
+                   "(the default) each output is exactly N tokens, else at most N (never past --max-model-len)")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="generate each request's full output length (default on)")
     g.add_argument("--shared-prefix-len", type=int, metavar="N", help="tokens of a common prompt prefix")
@@ -258,7 +259,7 @@ def run(args) -> int:
     if args.out:
         check_output_folder(args.out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    known = config.workload.kind in ("poisson", "gamma", "closed_loop")
+    known = config.workload.kind in ("poisson", "gamma", "closed_loop") and not args.conversations
     progress = Progress(config.workload.num_requests if known else None) if show else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -8,7 +8,9 @@ sim.planning.instances.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 from kernels_cost_model.errors import ConfigError, require
@@ -26,9 +28,17 @@ def add_topology_flags(p: argparse.ArgumentParser) -> None:
                    help="host-to-GPU link of the CPU tier (default pcie5)")
     g.add_argument("--conversations", metavar="PATH",
                    help="replay multi-turn conversations closed-loop: a Mooncake prefix-hash JSONL "
-                        "trace or OpenTelemetry GenAI spans (OTLP JSON); --num-prompts caps Mooncake rows")
-    g.add_argument("--conversation-time-scale", type=float, default=1.0, metavar="X",
-                   help="stretch a Mooncake trace's start times and gaps by X (default 1)")
+                        "trace or OpenTelemetry GenAI spans (OTLP JSON), in place of the workload flags; "
+                        "--num-prompts caps Mooncake rows")
+    g.add_argument("--conversation-time-scale", type=float, metavar="X",
+                   help="stretch a Mooncake --conversations trace's start times and gaps by X (default 1)")
+
+
+WORKLOAD_FLAGS = {"workload": "--workload", "rate": "--request-rate", "lengths": "--lengths", "cv": "--cv",
+                  "burstiness": "--burstiness", "num_users": "--num-users", "max_tokens": "--max-tokens",
+                  "shared_prefix_len": "--shared-prefix-len", "trace": "--trace", "trace_format": "--trace-format",
+                  "target_rate": "--target-rate"}
+"""Flag dests of the traffic settings a --conversations replay replaces, and their flags."""
 
 
 def instance_shape(args):
@@ -54,27 +64,55 @@ def instance_shape(args):
 
 
 def conversation_workload(args, config):
-    """The ConversationReplay of --conversations, or None."""
-    path = getattr(args, "conversations", None)
+    """The ConversationReplay of --conversations, or None (ConfigError on a setting it would ignore)."""
+    path, scale = getattr(args, "conversations", None), getattr(args, "conversation_time_scale", None)
     if path is None:
+        require(scale is None, "--conversation-time-scale", scale, "applies only with --conversations")
         return None
     from workloads.conversations import ConversationReplay, mooncake_conversations
     from workloads.otel_genai import otel_genai_conversations
     path = Path(path)
     if not path.is_file():
         raise ConfigError("--conversations", str(path), "file not found")
+    require(scale is None or math.isfinite(scale) and scale > 0, "--conversation-time-scale", scale,
+            "must be a finite number > 0")
+    _check_replaced_workload(args, config, path)
     ignore_eos = config.workload.ignore_eos
     if _is_mooncake(path):
         return ConversationReplay(mooncake_conversations(path, getattr(args, "num_requests", None), ignore_eos,
-                                                         args.conversation_time_scale))
+                                                         scale or 1.0))
+    for dest, flag in (("num_requests", "--num-prompts"), ("conversation_time_scale", "--conversation-time-scale")):
+        require(getattr(args, dest, None) is None, flag, getattr(args, dest, None),
+                "applies to a Mooncake conversation trace; OpenTelemetry GenAI spans replay whole, as recorded")
     return ConversationReplay(otel_genai_conversations(path, ignore_eos))
 
 
+def _check_replaced_workload(args, config, path: Path) -> None:
+    """--conversations brings its own traffic: a workload flag or [workload] setting it would ignore is an error."""
+    flags = [flag for dest, flag in WORKLOAD_FLAGS.items() if getattr(args, dest, None) is not None]
+    require(not flags, "--conversations", str(path), f"replays the file's own traffic; it cannot be combined "
+                                                     f"with {', '.join(flags)}")
+    default = type(config.workload)()
+    changed = {f.name: getattr(config.workload, f.name) for f in dataclasses.fields(config.workload)
+               if f.name not in ("num_requests", "ignore_eos")
+               and getattr(config.workload, f.name) != getattr(default, f.name)}
+    require(not changed, "--conversations", str(path), f"replays the file's own traffic; the config's [workload] "
+                                                       f"settings {changed} would be ignored: remove them")
+
+
+def describe_conversations(results, args, workload) -> None:
+    """Name the conversation file as the run's workload in results.meta (the header, summary.json)."""
+    scale = getattr(args, "conversation_time_scale", None)
+    results.meta["config"]["workload"] = {
+        "kind": "conversations", "path": str(args.conversations), "num_requests": workload.num_requests,
+        "ignore_eos": results.meta["config"]["workload"]["ignore_eos"], "time_scale": scale or 1.0}
+
+
 def _is_mooncake(path: Path) -> bool:
-    with path.open() as f:
+    with path.open("rb") as f:
         first = f.readline()
     try:
-        row = json.loads(first)
+        row = json.loads(first.decode("utf-8", errors="replace"))
     except ValueError:
         return False
     return isinstance(row, dict) and "hash_ids" in row
@@ -83,10 +121,17 @@ def _is_mooncake(path: Path) -> bool:
 def simulate_from_args(config, args, progress=None):
     """Results of `servesim run`: the plain engine, or one with PP / a CPU tier, on the config's
     workload or the --conversations replay."""
+    shape, workload = instance_shape(args), conversation_workload(args, config)
+    results = _simulate_shape(config, args, shape, workload, progress)
+    if workload is not None:
+        describe_conversations(results, args, workload)
+    return results
+
+
+def _simulate_shape(config, args, shape, workload, progress):
     from sim.api.simulator import simulate
     from sim.planning.instances import simulate_instance
     from sim.api.validation import check_model_limits, check_step_budget
-    shape, workload = instance_shape(args), conversation_workload(args, config)
     if shape is None:
         return simulate(config, workload=workload, progress=progress)
     check_model_limits(config)  # (an unknown model is the deployment's error, not the PP or tier flag's)
