@@ -32,11 +32,35 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, help="measured profile CSV (schema: docs/cost_model.md)")
     p.add_argument("--device", default="cpu", help="torch backend device: cpu or cuda[:index]")
     p.add_argument("--model", default="", help="model whose shapes the torch backend measures")
-    p.add_argument("--gpu", default="", help="catalog GPU the fit is for (default: the profile's device)")
+    p.add_argument("--gpu", default="", help="catalog GPU the fit is for (default: the profile's device, which"
+                   " must then be a catalog GPU or cpu)")
     p.add_argument("--out", type=Path, help="calibration JSON to write (default calibration-<device>.json)")
     p.add_argument("--quick", action="store_true", help="torch backend: a small grid (well under a minute)")
     p.set_defaults(func=run_calibrate)
     return p
+
+
+NON_GPU_DEVICES = ("cpu",)
+"""Devices a fit may be for besides the catalog's GPUs (the torch backend's CPU)."""
+
+
+def _fit_device(args, rows: list[dict]) -> str:
+    """The device the fit is for: --gpu, else the profile's one device; a catalog GPU (or cpu), else a
+    ConfigError listing the known GPUs."""
+    devices = sorted({r["device"] for r in rows})
+    device = args.gpu or (devices[0] if len(devices) == 1 else "")
+    if not device:
+        raise ConfigError("--gpu", None, f"profile mixes devices {devices}; pick one with --gpu")
+    if device.lower() in NON_GPU_DEVICES:
+        return device
+    try:
+        get_gpu(device)
+    except ConfigError as exc:
+        if args.gpu:
+            raise ConfigError("--gpu", device, exc.reason) from None
+        why = f"{exc.reason}; or name the GPU the fit is for with --gpu"
+        raise ConfigError("profile device", device, why) from None
+    return device
 
 
 def _fallback(device: str) -> tuple[str, Calibration]:
@@ -71,9 +95,7 @@ def run_calibrate(args) -> int:
     try:
         rows = _rows(args)
         devices = sorted({r["device"] for r in rows})
-        device = args.gpu or (devices[0] if len(devices) == 1 else "")
-        if not device:
-            raise ConfigError("--gpu", None, f"profile mixes devices {devices}; pick one with --gpu")
+        device = _fit_device(args, rows)
         if args.gpu and len(devices) > 1:
             rows = [r for r in rows if r["device"] in (args.gpu, get_gpu(args.gpu).name)]
         name, fallback = _fallback(device)

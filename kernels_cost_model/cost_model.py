@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import ConfigError, require
 
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
@@ -426,7 +426,19 @@ def _resolve_calibration(gpu: GPU, calibration: str | Path | Calibration | None)
     require(Path(calibration).is_file(), "calibration", str(calibration),
             "neither a shipped calibration nor a calibration JSON file (give default, one of the shipped variants:"
             f" {', '.join(shipped_variants())}, or a file written by servesim calibrate)")
-    return load_calibration(calibration)
+    cal = load_calibration(calibration)
+    if _gpu_name(cal.device) != gpu.name:
+        warnings.warn(f"calibration={str(calibration)!r} was fitted on {cal.device}, not {gpu.name}: step times"
+                      f" follow {cal.device}'s kernels", stacklevel=3)
+    return cal
+
+
+def _gpu_name(device: str) -> str:
+    """The catalog name of a calibration's device ("h100" -> "h100-sxm"); the name itself if not a GPU."""
+    try:
+        return get_gpu(device).name
+    except ConfigError:
+        return device
 
 
 def shipped_variants() -> list[str]:

@@ -12,7 +12,7 @@ Columns (blank where an operator does not use one):
 | num_experts, top_k | moe: experts on this GPU and experts per token (m tokens, n hidden, k intermediate per GPU) |
 | routing | moe: how the measurement routed tokens: blank (uniform random) or balanced (spread evenly over the experts) |
 | dtype | float16, bfloat16, float32, float8 |
-| measured_s | measured seconds (one kernel call) |
+| measured_s | measured seconds (one kernel call), in [1e-9, 3600] |
 | device | the GPU catalog name, or e.g. "cpu" |
 | source | where the measurement came from (file, tool, commit) |
 """
@@ -34,6 +34,9 @@ COLUMNS = ("operator", "m", "n", "k", "batch", "chunk", "context", "num_heads", 
 ROUTINGS = ("", "balanced")
 NUMERIC = ("m", "n", "k", "batch", "chunk", "context", "num_heads", "num_kv_heads", "head_dim",
            "tp", "size_bytes", "num_experts", "top_k")
+MIN_MEASURED_S, MAX_MEASURED_S = 1e-9, 3600.0
+"""Range of one kernel call's time (s): no launch takes under a nanosecond, none an hour; outside it a
+value is a unit slip (ns or ms read as s), and the fit's linear algebra would not converge."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
 REQUIRED = {
     "matmul": ("m", "n", "k"),
@@ -83,8 +86,9 @@ def validate_row(raw: dict, origin: str = "<profile>", line: int = 0) -> dict:
         row["measured_s"] = float(raw.get("measured_s"))
     except (TypeError, ValueError):
         raise _fail(origin, line, "measured_s", raw.get("measured_s"), "not a number") from None
-    if not (math.isfinite(row["measured_s"]) and row["measured_s"] > 0):
-        raise _fail(origin, line, "measured_s", raw.get("measured_s"), "must be a finite number > 0")
+    if not MIN_MEASURED_S <= row["measured_s"] <= MAX_MEASURED_S:
+        raise _fail(origin, line, "measured_s", raw.get("measured_s"),
+                    f"must be a number of seconds in [{MIN_MEASURED_S:g}, {MAX_MEASURED_S:g}]")
     row["device"] = str(raw.get("device") or "").strip()
     if not row["device"]:
         raise _fail(origin, line, "device", row["device"], "required")

@@ -1,5 +1,6 @@
 """The servesim CLI: exit codes, one-line error messages, outputs, --help."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +187,59 @@ def test_bad_deployment_files_exit_2_with_one_line(capsys, tmp_path, toml, messa
     assert code == 2 and message in err and err.count("\n") == 1
     code, _, err = run_cli(capsys, "run", *FAST, "--deployment", str(tmp_path / "none.toml"))
     assert code == 2 and "--deployment=" in err and "file not found" in err
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    assert main(["run", *FAST, "--out", str(folder), "--format", "csv", "--plot-format", "none",
+                 "--no-progress"]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("summary.json", "{bad", "not valid JSON (line 1, column 2); not a servesim summary"),
+    ("summary.json", "[]", "not a servesim summary (an object with 'summary' and 'meta' objects)"),
+    ("requests.csv", "a,b\n", "missing column(s) ['request_id', 'tenant', 'session_id', 'priority',"
+                              " 'num_prompt_tokens'] and 15 more"),
+    ("requests.csv", "", "not a table servesim wrote (No columns to parse from file)"),
+])
+def test_plot_and_report_of_a_damaged_run_folder_name_the_file(capsys, tmp_path, saved_run, name, content, message):
+    import shutil
+    folder = tmp_path / "broken"
+    shutil.copytree(saved_run, folder)
+    (folder / name).write_text(content)
+    for command in ("plot", "report"):
+        code, _, err = run_cli(capsys, command, str(folder))
+        assert code == 2 and err == f"servesim: error: {name}='{folder / name}': {message}\n"
+
+
+def test_output_paths_name_the_flag_and_what_is_wrong(capsys, tmp_path, saved_run):
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    not_folder = "exists and is not a folder; choose a folder path\n"
+    plan = Path(__file__).resolve().parents[1] / "examples" / "plan.toml"
+    cases = [
+        (["run", *FAST, "--save-result", "--result-dir", str(taken)], f"--result-dir='{taken}': {not_folder}"),
+        (["plot", str(saved_run), "--out", str(taken)], f"--out='{taken}': {not_folder}"),
+        (["capacity", "--config", str(plan), "--out", str(taken)], f"--out='{taken}': {not_folder}"),
+        (["report", str(saved_run), "--out", str(tmp_path)], f"--out='{tmp_path}': is a folder; give a file path\n"),
+        (["report", str(saved_run), "--out", str(tmp_path / "no" / "r.html")],
+         f"--out='{tmp_path / 'no' / 'r.html'}': folder {tmp_path / 'no'} does not exist\n"),
+        (["run", *FAST, "--save-result", "--result-dir", str(tmp_path), "--result-filename", "a/b.json"],
+         f"--result-filename='a/b.json': folder {tmp_path / 'a'} does not exist\n"),
+        (["calibrate", "--from-run", str(taken)], f"--from-run='{taken}': not a folder (give a measured run's"
+                                                  " folder, with meta.json and requests.jsonl)\n"),
+    ]
+    for argv, message in cases:
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and err == f"servesim: error: {message}", argv
+
+
+def test_an_output_folder_that_cannot_be_created_is_named(capsys, tmp_path, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "x"))
+    assert code == 2
+    assert err == f"servesim: error: --out='{tmp_path / 'x'}': cannot create folder: Operation not permitted\n"

@@ -99,6 +99,15 @@ def test_profile_round_trip_and_calibration_file(tmp_path):
     assert cm.calibration.coeffs["matmul"] == cal.coeffs["matmul"]
 
 
+def test_a_calibration_file_of_another_gpu_warns_naming_both(tmp_path):
+    path = save_calibration(fit_profile(synthetic_rows(), "h100-sxm"), tmp_path / "cal.json")
+    with pytest.warns(UserWarning, match=r"calibration='.*cal.json' was fitted on h100-sxm, not a100-sxm-80gb"):
+        make_cost_model("llama-3.1-8b", "a100", calibration=path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_cost_model("llama-3.1-8b", "h100", calibration=path)
+
+
 def write_csv(path, rows, header=COLUMNS):
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore")

@@ -37,6 +37,29 @@ def test_calibrate_errors_are_exit_code_2(tmp_path, capsys):
     assert captured.out == "" and captured.err.count("servesim: error: ") == 2
 
 
+@pytest.mark.parametrize("measured_s", ["1e300", "1e-300", "inf"])
+def test_calibrate_names_a_measured_time_out_of_range(tmp_path, capsys, measured_s):
+    rows = [dict(r, measured_s=measured_s) if i == 1 else r for i, r in enumerate(synthetic_rows())]
+    profile = write_profile(rows, tmp_path / "p.csv")
+    assert main(["calibrate", "--profile", str(profile), "--out", str(tmp_path / "c.json")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {profile}:3:measured_s='{measured_s}': must be a number"
+                                       " of seconds in [1e-09, 3600]\n")
+
+
+def test_calibrate_names_an_unknown_gpu(tmp_path, capsys):
+    profile = write_profile(synthetic_rows(), tmp_path / "p.csv")
+    out = tmp_path / "c.json"
+    assert main(["calibrate", "--profile", str(profile), "--gpu", "h900", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: --gpu='h900': unknown GPU; known: a100-pcie-40gb")
+    unknown = write_profile([dict(r, device="h900") for r in synthetic_rows()], tmp_path / "u.csv")
+    assert main(["calibrate", "--profile", str(unknown), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: profile device='h900': unknown GPU; known:") and "--gpu" in err
+    assert not out.exists()
+    assert main(["calibrate", "--profile", str(unknown), "--gpu", "h100", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["device"] == "h100-sxm"
+
+
 def test_torch_backend_quick_cpu_profile_calibrates(tmp_path):
     pytest.importorskip("torch")
     from kernels_cost_model import make_cost_model

@@ -165,3 +165,133 @@ def test_trace_line_ends_found_by_the_fuzz(tmp_path, capsys):
     old_mac = tmp_path / "cr.csv"  # \r alone ends every line
     old_mac.write_bytes(header + b"\r2023-11-16 18:17:03.97,374,44\r2023-11-16 18:17:04.5,90,12\r")
     assert main(["run", "--trace", str(old_mac), "--cost-model", "linear", "--no-progress", "--json"]) == 0
+
+
+@pytest.mark.parametrize("kwargs, field, reason", [
+    ({"engine": None}, "engine", "must be EngineConfig(...) or a dict of its settings"),
+    ({"workload": "poisson"}, "workload", "must be WorkloadConfig(...) or a dict"),
+    ({"deployment": "h100"}, "deployment", "must be DeploymentConfig(...) or a dict"),
+    ({"slo": {"ttft_s": -1}}, "slo.ttft_s", "must be a duration in (0,"),
+    ({"client": {"ttft_s": -5.0}}, "client.ttft_s", "must be a duration in [0,"),
+    ({"client": {"ttfx": 5.0}}, "client.ttfx", "unknown setting"),
+])
+def test_sections_of_the_wrong_type_are_named_at_construction(kwargs, field, reason):
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig(**kwargs)
+    assert info.value.field == field and reason in info.value.reason
+
+
+def test_a_section_given_as_a_dict_is_built_as_from_dict_builds_it():
+    config = SimulationConfig(engine={"max_num_seqs": 4}, slo={"ttft_s": 0.5}, client={"ttft_s": 0.01})
+    assert config.engine.max_num_seqs == 4 and config.engine.max_model_len == 131072
+    assert config.slo.ttft_s == 0.5 and config.client.ttft_s == 0.01
+
+
+@pytest.mark.parametrize("sections, field, reason", [
+    ({"slo": None}, "slo", "must be SLOConfig(...) or a dict"),
+    ({"client": None}, "client", "must be ClientConfig(...) or a dict"),
+    ({"engine": 5}, "engine", "must be EngineConfig(...) or a dict"),
+    ({"deployment": "h100"}, "deployment", "must be DeploymentConfig(...) or a dict"),
+    ({"engin": {"max_num_seqs": 4}}, "engin", "unknown section; known: ['engine', 'deployment'"),
+])
+def test_replace_names_a_bad_section(sections, field, reason):
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig().replace(**sections)
+    assert info.value.field == field and reason in info.value.reason
+
+
+@pytest.mark.parametrize("call, value", [
+    (lambda: SimulationConfig.from_toml(None), None),
+    (lambda: SimulationConfig.from_toml(5), 5),
+    (lambda: SimulationConfig.from_dict(None), None),
+    (lambda: SimulationConfig.from_dict([1, 2]), [1, 2]),
+])
+def test_from_toml_and_from_dict_name_an_argument_of_the_wrong_type(call, value):
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert info.value.field == "config" and info.value.value == value
+
+
+def test_a_toml_file_with_a_utf8_bom_is_read(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[workload]\nrate = 7.0\n")
+    assert SimulationConfig.from_toml(path).workload.rate == 7.0
+
+
+def test_numpy_integers_count_as_integers_and_are_stored_as_python_ints():
+    import dataclasses
+    import json
+    import numpy as np
+    config = SimulationConfig(seed=np.int64(3)).replace(workload={"num_requests": np.int64(20)},
+                                                        engine={"max_num_seqs": np.int32(8)})
+    assert (config.seed, config.workload.num_requests, config.engine.max_num_seqs) == (3, 20, 8)
+    assert type(config.seed) is int and type(config.workload.num_requests) is int
+    assert type(config.engine.max_num_seqs) is int
+    json.dumps(dataclasses.asdict(config))
+    with pytest.raises(ConfigError, match=r"workload.num_requests=np.True_: must be an integer"):
+        config.replace(workload={"num_requests": np.bool_(True)})
+
+
+SMALL = SimulationConfig().replace(deployment=LINEAR, engine={"num_gpu_blocks": 2000, "max_model_len": 16384},
+                                   workload={"num_requests": 5})
+
+
+@pytest.mark.parametrize("workload, field, reason", [
+    ("poisson", "workload", "must be a workload object (with iter_requests or process) or a list of RequestSpec"),
+    (5, "workload", "must be a workload object"),
+    ([], "workload", "has no requests"),
+    ([{"arrival_time_s": 0}], "workload[0]", "must be a RequestSpec, not a dict"),
+])
+def test_simulate_names_a_bad_workload_before_the_run(workload, field, reason):
+    with pytest.raises(ConfigError) as info:
+        simulate(SMALL, workload=workload)
+    assert info.value.field == field and reason in info.value.reason
+
+
+def test_simulate_names_a_bad_progress_or_config():
+    with pytest.raises(ConfigError, match=r"progress=5: must be an object with update\(now\)"):
+        simulate(SMALL, progress=5)
+    with pytest.raises(ConfigError, match="config=.*must be a SimulationConfig"):
+        simulate({"workload": {"num_requests": 5}})
+
+
+@pytest.fixture(scope="module")
+def small_results():
+    return simulate(SMALL)
+
+
+@pytest.mark.parametrize("ttft_s, reason", [
+    (-1, "must be a duration in (0,"), (0, "must be a duration in (0,"),
+    (float("nan"), "must be a number"), ("500ms", "must be a number"),
+])
+def test_with_slo_checks_targets_as_slo_config_does(small_results, ttft_s, reason):
+    with pytest.raises(ConfigError) as info:
+        small_results.with_slo(ttft_s=ttft_s)
+    assert info.value.field == "slo.ttft_s" and reason in info.value.reason
+
+
+@pytest.mark.parametrize("percentiles, value", [
+    ([101], 101), ([-5], -5), ([0], 0), (["p99"], "p99"), ("99", "99"), ([50, float("nan")], None),
+])
+def test_with_percentiles_names_a_bad_percentile(small_results, percentiles, value):
+    with pytest.raises(ConfigError) as info:
+        small_results.with_percentiles(percentiles)
+    assert info.value.field == "percentiles" and "(0, 100)" in info.value.reason
+    assert value is None or info.value.value == value
+
+
+def test_with_percentiles_takes_a_bare_number_and_numpy_numbers(small_results):
+    import numpy as np
+    assert "p99.9_ttft_ms" in small_results.with_percentiles(99.9).summary
+    summary = small_results.with_percentiles(np.array([50.0, 95.0])).summary
+    assert "p95_ttft_ms" in summary
+
+
+def test_run_engine_errors_name_the_engine_section(capsys, tmp_path):
+    path = tmp_path / "linear.toml"
+    path.write_text('[deployment]\ncost_model = "linear"\n[engine]\nnum_gpu_blocks = 10\n')
+    assert main(["run", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: engine.num_gpu_blocks=10: KV cache holds 160 tokens")
+    argv = ["run", "--num-requests", "20", "--num-gpu-blocks", "100", "--max-model-len", "1600", "--no-progress"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: engine.num_gpu_blocks=100: request 'req-")

@@ -41,6 +41,20 @@ def describe(values, name: str, scale: float = 1.0) -> dict[str, float]:
     return out
 
 
+def check_percentiles(percentiles) -> tuple:
+    """`percentiles` as a tuple of numbers in (0, 100) (a bare number is one percentile), or a ConfigError."""
+    from kernels_cost_model.errors import ConfigError
+    from sim.core.fields import is_number
+    items = (percentiles,) if is_number(percentiles) else percentiles
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        raise ConfigError("percentiles", percentiles, "must be a list of numbers in (0, 100), e.g. [50, 99.9]")
+    items = tuple(items)
+    for p in items:
+        if not (is_number(p) and 0 < p < 100):
+            raise ConfigError("percentiles", p, "must be a number in (0, 100)")
+    return tuple(p.item() if isinstance(p, np.generic) else p for p in items)
+
+
 def percentile_word(p: float) -> str:
     """99 -> '99', 99.9 -> '99.9' (how vLLM spells a percentile in a key)."""
     p = float(p)

@@ -12,10 +12,12 @@ import numpy as np
 import pandas as pd
 
 from kernels_cost_model.errors import ConfigError
-from sim.api.metrics import METRIC_PERCENTILES, Summary, add_latency_columns, kv_occupancy, summarize
+from sim.api.metrics import (METRIC_PERCENTILES, Summary, add_latency_columns, check_percentiles, kv_occupancy,
+                             summarize)
+from sim.api.slo import SLOConfig
 from sim.api.spec_metrics import spec_decode_summary
 from sim.api.step_table import StepTable
-from sim.api.table_io import check_output_folder, column_types, read_table, write_table, write_text
+from sim.api.table_io import column_types, make_output_folder, read_table, write_table, write_text
 from sim.api.version import __version__
 from sim.core.records import RunRecords, as_numpy
 from sim.core.token_runs import MergedTokenTimes
@@ -57,13 +59,14 @@ class Results:
 
     def with_slo(self, ttft_s: float | None = None, tpot_s: float | None = None,
                  e2e_s: float | None = None) -> "Results":
-        """The same run summarised against other SLOs."""
-        slo = {k: v for k, v in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2e_s", e2e_s)) if v is not None}
+        """The same run summarised against other SLOs (checked as `SLOConfig` checks them)."""
+        slo = SLOConfig(ttft_s=ttft_s, tpot_s=tpot_s, e2e_s=e2e_s).as_dict()
         return self._resummarized(slo, self.meta.get("percentiles", METRIC_PERCENTILES))
 
     def with_percentiles(self, percentiles) -> "Results":
-        """The same run summarised with other percentiles beside mean, median and std (e.g. 50, 99.9)."""
-        return self._resummarized(self.meta.get("slo") or {}, tuple(percentiles))
+        """The same run summarised with other percentiles beside mean, median and std: numbers in (0, 100),
+        e.g. [50, 99.9]; a bare number (99) is a list of one."""
+        return self._resummarized(self.meta.get("slo") or {}, check_percentiles(percentiles))
 
     def _resummarized(self, slo: dict, percentiles) -> "Results":
         summary = summarize(self.requests, self._steps, self.token_times, self.meta["num_gpu_blocks"], slo,
@@ -109,8 +112,7 @@ class Results:
         if fmt == "parquet" and not parquet_available():
             raise ConfigError("format", fmt, "Parquet needs pyarrow (pip install pyarrow); or use csv")
         fmt = fmt or ("parquet" if parquet_available() else "csv")
-        out = check_output_folder(directory, "directory")
-        out.mkdir(parents=True, exist_ok=True)
+        out = make_output_folder(directory, "directory")
         (out / "summary.json").unlink(missing_ok=True)
         tables = {"requests": self.requests, "steps": self.steps, "tokens": self.tokens()}
         for name, table in tables.items():
@@ -129,7 +131,7 @@ class Results:
         summary_path = src / "summary.json"
         if not summary_path.exists():
             raise FileNotFoundError(f"{summary_path}: no summary.json; is this a servesim output folder?")
-        doc = json.loads(summary_path.read_text())
+        doc = read_summary_json(summary_path)
         if "format" not in doc and "ratio" in (doc.get("meta") or {}):
             raise FileNotFoundError(f"{src}: a servesim disagg folder (its plots are in it already); plot and report"
                                     " read the folders of servesim run --out")
@@ -146,6 +148,22 @@ class Results:
         if "completed" not in summary:  # saved before vLLM's names: summarise the tables again
             summary = summarize(requests, steps, token_times, meta["num_gpu_blocks"], meta.get("slo"))
         return cls(requests, steps, token_times, summary, meta)
+
+
+def read_summary_json(path: Path) -> dict:
+    """The document `Results.save` wrote to summary.json; a damaged one is a ConfigError naming the file."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError("summary.json", str(path), f"not a text file (byte {exc.start} is not UTF-8)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError("summary.json", str(path), f"not valid JSON (line {exc.lineno}, column {exc.colno});"
+                          " not a servesim summary") from None
+    ok = isinstance(doc, dict) and isinstance(doc.get("summary"), dict) and isinstance(doc.get("meta"), dict)
+    if not ok:
+        raise ConfigError("summary.json", str(path), "not a servesim summary (an object with 'summary' and"
+                          " 'meta' objects)")
+    return doc
 
 
 def _get_steps(self) -> pd.DataFrame:

@@ -12,6 +12,7 @@ TOML file with the same section and key names (`SimulationConfig.from_toml`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,10 +25,11 @@ from kernels_cost_model.errors import ConfigError, require
 from sim.api.client import ClientConfig
 from sim.api.memory import keep_large_blocks_apart, release_freed_memory
 from sim.api.results import Results
+from sim.api.slo import SLOConfig
 from sim.api.version import __version__
-from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
-                                check_simulation, check_slo, check_step_budget, check_workload, resolve_engine,
-                                switch_kind, unresolved_engine_values, warn_length_cuts,
+from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits, check_progress,
+                                check_simulation, check_step_budget, check_traffic, check_workload,
+                                resolve_engine, switch_kind, unresolved_engine_values, warn_length_cuts,
                                 warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.api.data_parallel import check_data_parallel, run_lockstep
@@ -129,23 +131,9 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
-class SLOConfig:
-    """Latency targets for goodput and SLO attainment (None: not constrained)."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-
-    def __post_init__(self) -> None:
-        check_slo(self)
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-
-@dataclass(frozen=True)
 class SimulationConfig:
-    """Everything one simulation needs. Same config and seed give identical results."""
+    """Everything one simulation needs. Same config and seed give identical results. Each section is its
+    dataclass or a dict of its settings, keyed as in TOML (`SimulationConfig(slo={"ttft_s": 0.5})`)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
@@ -156,9 +144,12 @@ class SimulationConfig:
     client: ClientConfig = field(default_factory=ClientConfig)  # HTTP client's added latency (results only)
 
     def __post_init__(self) -> None:
+        for name, kind in SECTIONS.items():
+            object.__setattr__(self, name, _as_section(name, kind, getattr(self, name)))
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         object.__setattr__(self, "engine", resolve_engine(self.engine, self.deployment))
         check_simulation(self)
+        object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
         check_mtp_layers(self.speculative_config, self.deployment)
         check_data_parallel(self.deployment, self.speculative_config)
@@ -166,13 +157,12 @@ class SimulationConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":
         """Build from nested dicts keyed like the dataclasses; unknown keys are named errors."""
-        sections = {"engine": EngineConfig, "deployment": DeploymentConfig,
-                    "workload": WorkloadConfig, "slo": SLOConfig, "client": ClientConfig}
-        unknown = set(data) - set(sections) - {"seed", "speculative_config"}
+        require(isinstance(data, dict), "config", data, "must be a dict of sections (engine, workload, ...)")
+        unknown = set(data) - set(SECTIONS) - {"seed", "speculative_config"}
         if unknown:
             raise ConfigError(sorted(unknown)[0], data[sorted(unknown)[0]],
-                              f"unknown section; expected {sorted(sections)}, speculative_config or seed")
-        kwargs = {name: _section(name, kind, data.get(name, {})) for name, kind in sections.items()}
+                              f"unknown section; expected {sorted(SECTIONS)}, speculative_config or seed")
+        kwargs = {name: _section(name, kind, data.get(name, {})) for name, kind in SECTIONS.items()}
         return cls(**kwargs, seed=data.get("seed", 0),
                    speculative_config=SpeculativeConfig.from_dict(data.get("speculative_config")))
 
@@ -184,7 +174,9 @@ class SimulationConfig:
     def replace(self, **sections) -> "SimulationConfig":
         """A copy with some sections or fields replaced, e.g. replace(workload={"rate": 20})."""
         updates = {}
+        known = [f.name for f in dataclasses.fields(self)]
         for name, value in sections.items():
+            require(name in known, name, value, f"unknown section; known: {known}")
             current = getattr(self, name)
             if name == "speculative_config":
                 base = dataclasses.asdict(current) if current is not None and isinstance(value, dict) else {}
@@ -204,10 +196,12 @@ class SimulationConfig:
 
 
 def read_toml(path: str | Path) -> dict:
-    """A TOML file as a dict; a missing, unreadable, binary, malformed or empty file is a ConfigError."""
+    """A TOML file as a dict; a missing, unreadable, binary, malformed or empty file is a ConfigError.
+    A leading UTF-8 byte order mark (as some Windows editors write) is skipped."""
+    require(isinstance(path, (str, os.PathLike)), "config", path, "must be a path to a TOML file")
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
         raise ConfigError("config", str(path), "file not found") from None
     except IsADirectoryError:
@@ -222,6 +216,20 @@ def read_toml(path: str | Path) -> dict:
         raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
     require(len(data) > 0, "config", str(path), "sets nothing (the file is empty); give at least one setting")
     return data
+
+
+SECTIONS = {"engine": EngineConfig, "deployment": DeploymentConfig, "workload": WorkloadConfig,
+            "slo": SLOConfig, "client": ClientConfig}
+"""SimulationConfig's sections: each given as its dataclass or as a dict of its settings."""
+
+
+def _as_section(name: str, kind: type, value):
+    """`value` as section `kind`: the dataclass itself, or built from a dict of its settings."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, dict):
+        return _section(name, kind, value)
+    raise ConfigError(name, value, f"must be {kind.__name__}(...) or a dict of its settings")
 
 
 def _section(name: str, kind: type, values: dict):
@@ -349,7 +357,8 @@ def check_names(engine: EngineConfig) -> None:
 
 def simulate(config: SimulationConfig | None = None, *, workload=None, token_text=None,
              until: float | None = None, progress=None, cost_model=None) -> Results:
-    """Run one simulation. `workload` overrides config.workload (any workload object or spec list).
+    """Run one simulation. `workload` overrides config.workload (any workload object, or a non-empty list
+    of RequestSpecs).
     `cost_model`: a step-time model built by the caller, used instead of the deployment's (single
     replica only; the deployment still sizes the KV cache).
 
@@ -357,6 +366,10 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     (`sim.api.progress.Progress` prints simulated time and requests done to stderr).
     """
     config = config or SimulationConfig()
+    require(isinstance(config, SimulationConfig), "config", config,
+            "must be a SimulationConfig (SimulationConfig.from_dict builds one from a dict)")
+    check_traffic(workload)
+    check_progress(progress)
     check_names(config.engine)
     check_model_limits(config)
     check_step_budget(config.engine)

@@ -58,15 +58,34 @@ def write_table(df: pd.DataFrame, path: Path, fmt: str) -> None:
 
 
 def read_table(path: Path, fmt: str, types: dict[str, str] | None) -> pd.DataFrame:
-    """Read a table `write_table` wrote; with `types` (recorded at save) the dtypes come back exact."""
-    if fmt == "parquet":
-        df = pd.read_parquet(path)
-    elif types is None:
-        df = pd.read_csv(path)
-    else:
-        text = {n: "str" for n, kind in types.items() if kind in (JSON_CELLS, "str", "object")}
-        df = pd.read_csv(path, dtype=text)
-    return df if types is None else decode(df, types)
+    """Read a table `write_table` wrote; with `types` (recorded at save) the dtypes come back exact.
+    A damaged table (unreadable, or without the columns `types` names) is a ConfigError naming the file."""
+    path = Path(path)
+    try:
+        if fmt == "parquet":
+            df = pd.read_parquet(path)
+        elif types is None:
+            df = pd.read_csv(path)
+        else:
+            text = {n: "str" for n, kind in types.items() if kind in (JSON_CELLS, "str", "object")}
+            df = pd.read_csv(path, dtype=text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(path.name, str(path), f"not a table servesim wrote ({_first_line(exc)})") from None
+    if types is None:
+        return df
+    missing = [name for name in types if name not in df.columns]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ConfigError(path.name, str(path), f"missing column(s) {missing[:5]}{more}")
+    try:
+        return decode(df, types)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(path.name, str(path),
+                          f"a column does not hold its recorded type ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def write_text(path: Path, text: str) -> None:
@@ -97,6 +116,30 @@ def check_output_folder(path: str | Path, what: str = "--out") -> Path:
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(what, str(path), f"cannot write there ({parent} is not a writable folder)")
+    return path
+
+
+def make_output_folder(path: str | Path, what: str = "--out") -> Path:
+    """`path` checked as `check_output_folder` does, then created; a refusal (a read-only or virtual file
+    system) is a ConfigError naming `what` and the path."""
+    path = check_output_folder(path, what)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(what, str(path), f"cannot create folder: {exc.strerror or exc}") from None
+    return path
+
+
+def check_output_file(path: str | Path, what: str = "--out") -> Path:
+    """Fail before the work, not after it, when `path` cannot be written as a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(what, str(path), "is a folder; give a file path")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ConfigError(what, str(path), f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(what, str(path), f"cannot write there ({folder} is not a writable folder)")
     return path
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_cost_model.errors import ConfigError, require
-from sim.core.fields import at_least, check_types, in_range, one_of, positive
+from sim.core.fields import at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
 MIN_RATE = 1e-6
@@ -111,8 +111,7 @@ def check_slo(slo) -> None:
 
 def check_simulation(config) -> None:
     """The seed, and what one section implies for another."""
-    require(not isinstance(config.seed, bool) and isinstance(config.seed, int) and config.seed >= 0,
-            "seed", config.seed, "must be an integer >= 0")
+    require(is_int(config.seed) and config.seed >= 0, "seed", config.seed, "must be an integer >= 0")
     engine, workload = config.engine, config.workload
     require(engine.max_model_len is None or workload.shared_prefix_len <= engine.max_model_len,
             "workload.shared_prefix_len", workload.shared_prefix_len,
@@ -129,13 +128,13 @@ def resolve_engine(engine, deployment):
     (vLLM's rule). An unknown model is left for simulate() to name."""
     from kernels_cost_model import get_model
     from kernels_cost_model.max_model_len import resolve_max_model_len
-    if _model_unused(deployment, engine):
-        return engine.resolved()
     try:
-        spec = get_model(deployment.model)
-    except ConfigError:
-        return engine
-    try:
+        if _model_unused(deployment, engine):
+            return engine.resolved()
+        try:
+            spec = get_model(deployment.model)
+        except ConfigError:
+            return engine
         length = resolve_max_model_len(spec, engine.max_model_len)
         return engine if length == engine.max_model_len else dataclasses.replace(engine, max_model_len=length)
     except ConfigError as exc:
@@ -221,3 +220,29 @@ def warn_length_cuts(requests, max_model_len: int) -> None:
         warnings.warn(f"{cut} of {len(requests)} requests ({cut / len(requests):.0%}) had their output cut at "
                       f"engine.max_model_len={max_model_len} (prompt + output tokens), short of their "
                       "max_tokens / output length", stacklevel=3)
+
+
+def check_traffic(workload) -> None:
+    """simulate()'s `workload` override: a workload object (with `iter_requests` or `process`) or
+    RequestSpecs (a non-empty list, or an iterable read as the run goes); anything else is named before
+    the run starts."""
+    from collections.abc import Iterable
+    from workloads.base import is_closed_loop
+    from workloads.spec import RequestSpec
+    if workload is None or is_closed_loop(workload) or hasattr(workload, "iter_requests"):
+        return
+    require(isinstance(workload, Iterable) and not isinstance(workload, (str, bytes, dict)), "workload", workload,
+            "must be a workload object (with iter_requests or process) or a list of RequestSpec")
+    if not isinstance(workload, (list, tuple)):
+        return
+    require(len(workload) > 0, "workload", workload, "has no requests; give at least one RequestSpec")
+    bad = next((i for i, spec in enumerate(workload) if not isinstance(spec, RequestSpec)), None)
+    if bad is not None:
+        item = workload[bad]
+        raise ConfigError(f"workload[{bad}]", item, f"must be a RequestSpec, not a {type(item).__name__}")
+
+
+def check_progress(progress) -> None:
+    """simulate()'s `progress`: None or an object with `update(now)` (sim.api.progress.Progress)."""
+    require(progress is None or callable(getattr(progress, "update", None)), "progress", progress,
+            "must be an object with update(now), such as sim.api.progress.Progress")

@@ -25,8 +25,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_from_run(args) -> int:
+    from kernels_cost_model.errors import require
     from sim.fidelity.from_run import HELD_OUT_RULE, fit_from_run, write_deployment
     from sim.fidelity.real_runs import read_run
+    require(args.from_run.is_dir(), "--from-run", str(args.from_run),
+            "not a folder (give a measured run's folder, with meta.json and requests.jsonl)"
+            if args.from_run.exists() else "folder not found")
     run = read_run(args.from_run)
     fit = fit_from_run(run)
     out = args.out or Path(f"deployment-{run.name}.toml")

@@ -68,7 +68,9 @@ def run_capacity(args) -> int:
     from sim.planning.deployments import search_deployments
     from sim.planning.plan import Plan
     from sim.planning.topology import search_topologies
+    from sim.api.table_io import check_output_folder, make_output_folder
     try:
+        check_output_folder(args.out)
         plan = Plan.from_toml(args.config)
         if args.executor or args.workers:
             import dataclasses
@@ -77,8 +79,7 @@ def run_capacity(args) -> int:
     except ConfigError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_folder(args.out)
     report.table.to_csv(out / "deployments.csv", index=False)
     report.curves.to_csv(out / "curves.csv", index=False)
     print(format_table(report.table, plan.target_rate))
@@ -172,10 +173,10 @@ def show_progress(flag: bool | None) -> bool:
 
 
 def run_sweep_cmd(args) -> int:
-    from sim.api.table_io import atomic_path, check_output_folder
+    from sim.api.table_io import atomic_path, make_output_folder
     from sim.planning.sweep import run_sweep
     try:
-        check_output_folder(args.out)
+        make_output_folder(args.out)
         sweep_points, seeds = load_sweep(args.config)
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
                        out_dir=args.out, progress=show_progress(args.progress))

@@ -34,8 +34,11 @@ def run_disagg(args) -> int:
     from sim.api.results import summary_json
     from sim.planning.disagg import simulate_disaggregated
     from sim.planning.disagg_config import load_disaggregated
+    from sim.api.table_io import check_output_folder
     config, disagg = load_disaggregated(args.config)
     check_pool_budgets(config, disagg)
+    if args.out:
+        check_output_folder(args.out)
     if args.seed is not None:
         config = config.replace(seed=args.seed)
     if args.first_token:
@@ -74,8 +77,9 @@ def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:
 
 
 def save(out, folder: Path, summary_json) -> Path:
+    from sim.api.table_io import make_output_folder
     from sim.plots.topology import plot_pool_kv_occupancy, plot_transfer_queue
-    folder.mkdir(parents=True, exist_ok=True)
+    make_output_folder(folder)
     out.requests.to_csv(folder / "requests.csv", index=False)
     out.transfers.to_csv(folder / "transfers.csv", index=False)
     (folder / "summary.json").write_text(json.dumps({"summary": summary_json(out.summary),

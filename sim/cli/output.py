@@ -94,6 +94,8 @@ def save_outputs(args, results, table: str, status: bool) -> None:
 def save_run(results, out: Path, fmt: str | None, plot_format: str, table: str, status: bool = False) -> None:
     """Tables, summary and plots of one run into `out`; `status` says on stderr what is being written."""
     from sim.api.results import parquet_available
+    from sim.api.table_io import make_output_folder
+    make_output_folder(out, "--out")
     fmt = fmt or ("parquet" if parquet_available() else "csv")
     if status:
         print(f"servesim: writing {fmt} tables to {out} ...", file=sys.stderr, flush=True)
@@ -117,8 +119,32 @@ def save_result(results, args) -> Path:
     doc = bench_serve_result(results, args.percentile_metrics or ("ttft", "tpot", "itl", "e2el"),
                              args.metric_percentiles or (99.0,), label=args.label, metadata=metadata,
                              detailed=args.save_detailed)
-    folder = args.result_dir or args.out or Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
+    from sim.api.table_io import make_output_folder
+    folder = make_output_folder(*result_folder(args))
     path = folder / (args.result_filename or result_filename(doc, args.label))
     path.write_text(json.dumps(doc, indent=2))
     return path
+
+
+def result_folder(args) -> tuple[Path, str]:
+    """Where --save-result writes, and the flag that chose it."""
+    if args.result_dir:
+        return args.result_dir, "--result-dir"
+    return (args.out, "--out") if args.out else (Path("."), "--result-dir")
+
+
+def check_result_path(args) -> None:
+    """Before the run: the --save-result folder can be made, and --result-filename's own folder exists."""
+    from kernels_cost_model.errors import ConfigError
+    from sim.api.table_io import check_output_folder
+    if not args.save_result:
+        return
+    folder = check_output_folder(*result_folder(args))
+    if not args.result_filename:
+        return
+    path = folder / args.result_filename
+    if path.is_dir():
+        raise ConfigError("--result-filename", args.result_filename, f"{path} is a folder; give a file name")
+    if Path(args.result_filename).parent != Path(".") and not path.parent.is_dir():
+        raise ConfigError("--result-filename", args.result_filename,
+                          f"folder {path.parent.absolute()} does not exist")

@@ -21,8 +21,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def plot(args) -> int:
     """Handler of `servesim plot`."""
     from sim.api.results import Results
+    from sim.api.table_io import make_output_folder
     from sim.plots.run_plots import save_plots
     results = Results.load(args.dir)
-    for path in save_plots(results, args.out or args.dir / "plots", args.plot_format):
+    out = make_output_folder(args.out, "--out") if args.out else args.dir / "plots"
+    for path in save_plots(results, out, args.plot_format):
         print(path)
     return 0

@@ -21,6 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def report(args) -> int:
     """Handler of `servesim report`."""
+    from sim.api.table_io import check_output_file
     from sim.plots.html_report import write_report
+    if args.out:
+        check_output_file(args.out, "--out")
     print(write_report(args.dir, args.out))
     return 0

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from sim.cli.output import add_output_flags, save_outputs, summary_options
+from sim.cli.output import add_output_flags, check_result_path, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
 from workloads.arrivals import GAMMA_CV
@@ -258,6 +258,7 @@ def run(args) -> int:
     metrics, percentiles = summary_options(args)
     if args.out:
         check_output_folder(args.out)
+    check_result_path(args)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     known = config.workload.kind in ("poisson", "gamma", "closed_loop") and not args.conversations
     progress = Progress(config.workload.num_requests if known else None) if show else None

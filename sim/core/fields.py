@@ -3,11 +3,14 @@
 Types come from each dataclass field's annotation ("int", "float | None", "bool", "str"): no bool
 where an int belongs (`seed = true`), no string where a bool belongs (`enable_prefix_caching =
 "false"`), no NaN or infinity where a number belongs. Ranges are checked by `at_least` / `within`.
+numpy scalars (a sweep built with np.arange) count as the Python numbers they hold.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 
 from kernels_cost_model.errors import ConfigError
 
@@ -18,13 +21,13 @@ _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "st
 
 
 def is_int(value: object) -> bool:
-    """An integer that is not a bool (True is an int to Python, not to a config)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer that is not a bool (True is an int to Python, not to a config); numpy integers count."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, np.integer)
 
 
 def is_number(value: object) -> bool:
-    """A finite int or float, bools excluded."""
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    """A finite int or float, bools excluded; numpy numbers count."""
+    return (is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(value)
 
 
 def _matches(kind: str, value: object) -> bool:
@@ -40,7 +43,8 @@ def _matches(kind: str, value: object) -> bool:
 def check_types(obj, prefix: str = "") -> None:
     """ConfigError unless every simple field of dataclass `obj` holds a value of its annotated type.
 
-    Fields annotated with other types (sections, tuples, objects) are left to their own checks.
+    Fields annotated with other types (sections, tuples, objects) are left to their own checks. A numpy
+    scalar that passes is stored as the Python number it holds (so the config dumps as plain JSON).
     """
     for f in dataclasses.fields(obj):
         kinds = [k.strip() for k in str(f.type).split("|")]
@@ -54,6 +58,8 @@ def check_types(obj, prefix: str = "") -> None:
         if not _matches(kinds[0], value):
             what = _KINDS[kinds[0]] + (" or null (unset)" if optional else "")
             raise ConfigError(prefix + f.name, value, f"must be {what}")
+        if isinstance(value, np.generic):
+            object.__setattr__(obj, f.name, value.item())
 
 
 def at_least(field: str, value, low, *, optional: bool = False) -> None:

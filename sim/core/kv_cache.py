@@ -191,7 +191,7 @@ class KVCacheManager:
         usable, size = self.num_usable_blocks, self.block_size
         tokens = self._with_lookahead(tokens)
         need = -(-tokens // size)
-        require(need <= usable, "num_gpu_blocks", self.num_gpu_blocks,
+        require(need <= usable, "engine.num_gpu_blocks", self.num_gpu_blocks,
                 f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache"
                 f" has {usable} usable blocks (block 0 is the null block), so it could never run: raise"
                 f" num_gpu_blocks or lower max_model_len to {usable * size}")

@@ -179,10 +179,10 @@ def watch_finishes(env: simpy.Environment, engine: Engine, progress) -> None:
 def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
     """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
     if num_gpu_blocks is None:
-        raise ConfigError("num_gpu_blocks", None, "not set; give a number or size it from the GPU")
+        raise ConfigError("engine.num_gpu_blocks", None, "not set; give a number or size it from the GPU")
     config = config.resolved()
     if num_gpu_blocks * config.block_size < config.max_model_len:
-        raise ConfigError("num_gpu_blocks", num_gpu_blocks,
+        raise ConfigError("engine.num_gpu_blocks", num_gpu_blocks,
                           f"KV cache holds {num_gpu_blocks * config.block_size} tokens, less than one "
                           f"max_model_len={config.max_model_len} request")
     return num_gpu_blocks
