@@ -1,5 +1,4 @@
 """The two-GPU collective cross-check: independent RTX PRO 6000 measurements against the shipped sweep."""
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,7 @@ import pytest
 
 from kernels_cost_model import (Calibration, Coeffs, fit_profile, load_calibration, make_cost_model, read_profile,
                                 save_calibration, write_profile)
-from kernels_cost_model.calibration import (fit_family, holdout_split, predict, relative_errors,
+from kernels_cost_model.calibration import (fit_family, holdout_split, predict,
                                             shipped_calibration, uncalibrated)
 from kernels_cost_model.hardware import get_gpu
 from kernels_cost_model.profile_schema import COLUMNS, validate_row

@@ -10,7 +10,6 @@ from hypothesis import given, strategies as st
 from kernels_cost_model.kv_layout import KVCacheGroupSpec
 from kernels_cost_model.model_shapes import CHUNKED, FULL, LINEAR, SLIDING
 from sim.core.cost import LinearCostModel
-from sim.core.invariants import check_invariants
 from sim.core.kv_groups import HybridKVCacheManager
 from sim.core.request import Request
 from sim.engine.engine import Engine

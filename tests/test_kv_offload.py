@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link, kv_transfer_bytes
-from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.api.simulator import SimulationConfig, simulate
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.scheduler_profiles import get_scheduler_profile

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
-from sim.core.fields import MAX_TOKEN_ID, is_int as _is_int
+from sim.core.fields import is_int as _is_int
 
 
 def _as_tuple(value, field: str) -> tuple:
