@@ -79,3 +79,14 @@ def test_speculative_decoding_under_pp_is_a_named_error():
         simulate_pipeline(spec, PipelineConfig(2))
     assert err.value.field == "speculative_config.method" and err.value.value == "eagle3"
     assert "pipeline_parallel_size=2" in err.value.reason
+
+
+def test_an_instance_runs_a_hybrid_model_as_simulate_does_and_pp_says_what_it_approximates():
+    from sim.planning.instances import InstanceShape, simulate_instance
+    config = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100"),
+                              workload={"num_requests": 30, "rate": 20.0})
+    plain = simulate(config)
+    instance = simulate_instance(config, InstanceShape())  # the topology search's and the pools' path
+    assert instance.requests["finish_time"].tolist() == plain.requests["finish_time"].tolist()
+    with pytest.warns(UserWarning, match="gpt-oss-20b.*pipeline_parallel_size > 1.*hybrid KV manager"):
+        simulate_instance(config, InstanceShape(pipeline=PipelineConfig(2)))

@@ -12,6 +12,7 @@ the step) and the KV cache is sized for 1/PP of the weights and layers per GPU.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import simpy
@@ -21,7 +22,7 @@ from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_b
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
-                               resolve_num_gpu_blocks, within)
+                               resolve_kv_groups, resolve_num_gpu_blocks, within)
 from sim.api.spec_setup import speculation_hooks
 from sim.core.kv_offload import CPUOffloadKVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
@@ -66,14 +67,29 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     check_names(config.engine)
     e = config.engine
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)
+    groups = _kv_groups(config, shape)
     if shape.offload is None:
-        return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks)), None
+        return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks), kv_groups=groups), None
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     link, model, tp = get_link(shape.offload.link), config.deployment.model, config.deployment.tensor_parallel_size
     reload = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
                            e.check_invariants)
     return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, reload], kv=kv), reload
+
+
+def _kv_groups(config: SimulationConfig, shape: InstanceShape):
+    """The model's KV layer groups for the hybrid manager, as `simulate()` runs it; None (one group of
+    full-attention layers) with PP or a CPU tier, which size and move KV per token of every layer:
+    a warning says so for a model with sliding-window or linear-attention layers."""
+    groups = resolve_kv_groups(config)
+    if groups is None or (shape.pipeline_parallel_size == 1 and shape.offload is None):
+        return groups
+    what = "pipeline_parallel_size > 1" if shape.pipeline_parallel_size > 1 else "a CPU KV tier"
+    warnings.warn(f"deployment.model={config.deployment.model!r}: with {what} its sliding-window and linear-"
+                  "attention layers hold KV as full-attention layers do (the hybrid KV manager is not simulated"
+                  " there), so KV capacity is understated for long requests", stacklevel=3)
+    return None
 
 
 def instance_hooks(config: SimulationConfig, shape: InstanceShape) -> list:
