@@ -89,6 +89,9 @@ def test_outputs_cut_at_max_model_len_warn(tmp_path, capsys):
     assert main(["run", "--trace", str(trace), "--max-model-len", "1024", "--cost-model", "linear", "--json"]) == 0
     assert "servesim: warning: 1 of 2 requests (50%) had their output cut at engine.max_model_len=1024" \
         in capsys.readouterr().err
+    from sim.planning.instances import InstanceShape, simulate_instance  # the topology paths warn too
+    with pytest.warns(UserWarning, match=r"^1 of 2 requests \(50%\) had their output cut"):
+        simulate_instance(config, InstanceShape())
 
 
 def test_out_onto_a_file_fails_before_the_run(tmp_path, capsys):

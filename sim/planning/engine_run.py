@@ -3,6 +3,7 @@ offload and pipeline simulations, which wrap the engine in their own way)."""
 from __future__ import annotations
 
 from sim.api.results import Results
+from sim.api.validation import warn_length_cuts, warn_rejections
 from sim.core.invariants import InvariantError
 from sim.engine.simulation import run_env, start_workload
 
@@ -15,4 +16,7 @@ def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
     run_env(env, until)
     if until is None and engine.by_id:
         raise InvariantError(f"{len(engine.by_id)} requests never finished")
-    return Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)
+    results = Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)
+    warn_rejections(results.requests, e.max_model_len)
+    warn_length_cuts(results.requests, e.max_model_len)
+    return results
