@@ -1,6 +1,7 @@
 """Each value the fuzz campaign found accepted silently, or crashing, is now a named error (or works)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kernels_cost_model.errors import ConfigError
@@ -244,6 +245,8 @@ SMALL = SimulationConfig().replace(deployment=LINEAR, engine={"num_gpu_blocks": 
     (5, "workload", "must be a workload object"),
     ([], "workload", "has no requests"),
     ([{"arrival_time_s": 0}], "workload[0]", "must be a RequestSpec, not a dict"),
+    ([RequestSpec(0.0, np.arange(8), 4, request_id="a"), RequestSpec(0.5, np.arange(8), 4),
+      RequestSpec(1.0, np.arange(8), 4, request_id="a")], "workload[2].request_id", "repeats workload[0]'s"),
 ])
 def test_simulate_names_a_bad_workload_before_the_run(workload, field, reason):
     with pytest.raises(ConfigError) as info:

@@ -240,6 +240,17 @@ def check_traffic(workload) -> None:
     if bad is not None:
         item = workload[bad]
         raise ConfigError(f"workload[{bad}]", item, f"must be a RequestSpec, not a {type(item).__name__}")
+    _check_unique_ids(workload)
+
+
+def _check_unique_ids(specs: list) -> None:
+    """Request ids given in a spec list name one request each (the results are keyed by them)."""
+    first: dict = {}
+    for i, spec in enumerate(specs):
+        if spec.request_id is None:
+            continue
+        j = first.setdefault(spec.request_id, i)
+        require(j == i, f"workload[{i}].request_id", spec.request_id, f"repeats workload[{j}]'s; ids must be unique")
 
 
 def check_progress(progress) -> None:
