@@ -27,7 +27,7 @@ from . import mla
 from .aiconfigurator_modern import MOE_DTYPES, gdn_rows, gemm_rows, mla_rows, moe_rows
 from .modern_kernels import gdn_cost
 from .operators import padded_rows
-from .aiconfigurator_tables import LICENCE, SYSTEMS
+from .aiconfigurator_tables import L2_BYTES, LICENCE, SYSTEMS
 from .models import get_model
 from .roofline import Coeffs, balanced_experts_hit, matmul, moe
 from .roofline_fit import fit_family, predict_arrays
@@ -96,30 +96,46 @@ def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources)
 
 
 def fit_mla(root, system: str) -> dict:
-    """MLA fits keyed '<phase>/<kv dtype>/<gemm dtype>' (scope recorded)."""
+    """MLA fits keyed '<phase>/<kv dtype>/<gemm dtype>' (scope recorded). Generation rows whose latent KV
+    fits in L2 (`_kv_in_l2`) are fitted apart as 'generation_l2/...': the collector replays one layer on
+    the same tensors, so there the KV stays in L2, while serving reads it from DRAM (as
+    aiconfigurator_tables splits decode attention)."""
     spec, out = get_model(MLA_MODEL), {}
     for phase in ("context", "generation"):
         groups: dict[tuple, list] = {}
         for row in mla_rows(root, system, phase):
-            groups.setdefault((row["kv_dtype"], row["gemm"], row["scope"]), []).append(row)
-        for (kv, gemm, scope), rows in sorted(groups.items()):
-            cols = [[], [], [], [], [], [], [], []]
-            for x in rows:
-                kvb, wb = DTYPE_BYTES[kv], DTYPE_BYTES[gemm]
-                if phase == "generation":
-                    fb = mla.generation_cost(spec, x["heads"], x["batch"], x["batch"] * (x["step"] + 1), kvb, wb, scope)
-                    r = x["batch"]
-                else:
-                    tok, isl = x["batch"] * x["isl"], x["isl"]
-                    fb = mla.context_cost(spec, x["heads"], tok, x["batch"] * isl * (isl + 1) / 2, 0.0, kvb, wb, scope)
-                    r = isl
-                for col, v in zip(cols, (*fb, x["seconds"], r, x["batch"], _num(x["heads"]),
-                                         (x["batch"], x["isl"], x["step"]), x["source"])):
-                    col.append(v)
-            fit = _fit("mla", *cols)
+            tier = "generation_l2" if phase == "generation" and _kv_in_l2(spec, row, system) else phase
+            groups.setdefault((tier, row["kv_dtype"], row["gemm"], row["scope"]), []).append(row)
+        for (tier, kv, gemm, scope), rows in sorted(groups.items()):
+            fit = _fit("mla", *_mla_columns(spec, phase, kv, gemm, scope, rows))
             if fit:
-                out[f"{phase}/{kv}/{gemm}"] = {"scope": scope, **fit}
+                out[f"{tier}/{kv}/{gemm}"] = {"scope": scope, **fit}
     return out
+
+
+def _kv_in_l2(spec, row: dict, system: str) -> bool:
+    """Whether a generation row's latent KV (kv_lora_rank + rope dims a key) fits in the GPU's L2."""
+    keys = row["batch"] * (row["step"] + 1)
+    width = spec.kv_lora_rank + spec.qk_rope_head_dim
+    return keys * width * DTYPE_BYTES[row["kv_dtype"]] <= L2_BYTES[system][0]
+
+
+def _mla_columns(spec, phase: str, kv: str, gemm: str, scope: str, rows: list[dict]) -> list[list]:
+    """`_fit`'s columns for MLA rows of one phase and variant."""
+    cols = [[], [], [], [], [], [], [], []]
+    kvb, wb = DTYPE_BYTES[kv], DTYPE_BYTES[gemm]
+    for x in rows:
+        if phase == "generation":
+            fb = mla.generation_cost(spec, x["heads"], x["batch"], x["batch"] * (x["step"] + 1), kvb, wb, scope)
+            r = x["batch"]
+        else:
+            tok, isl = x["batch"] * x["isl"], x["isl"]
+            fb = mla.context_cost(spec, x["heads"], tok, x["batch"] * isl * (isl + 1) / 2, 0.0, kvb, wb, scope)
+            r = isl
+        for col, v in zip(cols, (*fb, x["seconds"], r, x["batch"], _num(x["heads"]),
+                                 (x["batch"], x["isl"], x["step"]), x["source"])):
+            col.append(v)
+    return cols
 
 
 def fit_gemm(root, system: str) -> dict:

@@ -87,6 +87,26 @@ def test_h100_fp8_gemm_refits_to_its_recorded_held_out_error():
     assert shipped["holdout_error"]["median"] < 0.05
 
 
+def test_mla_generation_fits_price_kv_from_dram_and_keep_the_l2_replays_apart():
+    for path in sorted(DATA_DIR.glob("*.json")):
+        mla_fits = json.loads(path.read_text())["mla"]
+        for key, fit in mla_fits.items():
+            if key.startswith("generation/"):
+                assert f"generation_l2/{key.split('/', 1)[1]}" in mla_fits, (path, key)
+                assert fit["holdout_error"]["median"] < 0.05, (path, key)
+
+
+@needs_profiles
+def test_h200_mla_refits_with_its_generation_rows_split_at_the_l2():
+    from kernels_cost_model.modern_fit import fit_mla
+    refit, shipped = fit_mla(PROFILES, "h200_sxm"), load_modern("h200")["_raw"]["mla"]
+    assert {k: v["coeffs"] for k, v in refit.items()} == {k: v["coeffs"] for k, v in shipped.items()}
+    fits = load_modern("h200")["mla"]
+    dram, l2 = fits["generation/bfloat16/bfloat16"]["mla@16"], fits["generation_l2/bfloat16/bfloat16"]["mla@16"]
+    flops, nbytes = mla.generation_cost(DSV3, 16, 8, 8 * 1001, 2, 2, "module")  # 9 MB of latent KV
+    assert dram.time(flops, nbytes, 8, 8) > l2.time(flops, nbytes, 8, 8)  # served from DRAM: slower
+
+
 # ----- MLA cost terms --------------------------------------------------------------------------------
 def test_mla_weights_at_all_heads_are_the_attention_parameters():
     assert mla.weight_elements(DSV3, DSV3.num_heads) == attention_params(DSV3)
