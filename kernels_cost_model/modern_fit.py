@@ -25,7 +25,7 @@ import numpy as np
 
 from . import mla
 from .aiconfigurator_modern import MOE_DTYPES, gdn_rows, gemm_rows, mla_rows, moe_rows
-from .modern_kernels import gdn_cost
+from .modern_kernels import GDN_STATE_BYTES, gdn_cost
 from .operators import padded_rows
 from .aiconfigurator_tables import L2_BYTES, LICENCE, SYSTEMS
 from .models import get_model
@@ -181,11 +181,14 @@ def fit_moe(root, system: str) -> dict:
 
 
 def fit_gdn(root, system: str) -> dict:
-    """Gated DeltaNet layer fits per phase, per (key heads, value heads) shape (modern_kernels.gdn_cost)."""
+    """Gated DeltaNet layer fits per phase, per (key heads, value heads) shape (modern_kernels.gdn_cost).
+    Decode rows whose recurrent states fit in L2 are fitted apart ("generation_l2"): the collector
+    replays one layer, so there the states stay in L2, while serving reads them from DRAM."""
     out = {}
     rows = gdn_rows(root, system)
-    for phase in ("context", "generation"):
-        sel = [x for x in rows if x["phase"] == phase]
+    l2 = L2_BYTES[system][0]
+    for phase in ("context", "generation", "generation_l2"):
+        sel = [x for x in rows if _gdn_tier(x, l2) == phase]
         costs = [gdn_cost(x["batch"] * x["seq_len"], x["batch"], x["k_heads"], x["k_dim"], x["v_heads"], x["v_dim"])
                  for x in sel]
         fit = _fit("gdn", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in sel],
@@ -195,6 +198,15 @@ def fit_gdn(root, system: str) -> dict:
         if fit:
             out[phase] = fit
     return out
+
+
+def _gdn_tier(row: dict, l2_bytes: float) -> str:
+    """A GDN row's fit: "context", or "generation" / "generation_l2" by whether the batch's recurrent
+    states (fp32 in the tables: GDN_STATE_BYTES) fit in L2."""
+    if row["phase"] == "context":
+        return "context"
+    states = row["batch"] * row["v_heads"] * row["k_dim"] * row["v_dim"] * GDN_STATE_BYTES
+    return "generation_l2" if states <= l2_bytes else "generation"
 
 
 def fit_system(root, system: str) -> dict:
