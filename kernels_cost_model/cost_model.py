@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, is_int, is_number, require
 
 from .attention_backend import imbalance_alpha
 from .derived_mechanisms import decode_imbalance_for, mixed_decode_for
@@ -448,6 +448,12 @@ def shipped_variants() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if "@" in p.name and p.name.endswith(".json"))
 
 
+def _check_switches(**switches) -> None:
+    """make_cost_model's on/off arguments: each True or False (a string such as "no" would read as on)."""
+    for name, value in switches.items():
+        require(isinstance(value, bool), name, value, "must be true or false")
+
+
 def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parallel_size: int = 1, *,
                     calibration: str | Path | Calibration | None = "default",
                     cpu_overhead: bool = True, async_scheduling: bool = False,
@@ -470,14 +476,21 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     enable_expert_parallel: shard a MoE model's experts over the TP ranks (expert_sharding.py).
     interconnect: "auto" (the catalog's link), "nvlink" or "pcie": the host's link (interconnect.py).
     """
-    require(collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
+    require(is_number(collective_scale) and collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
-    require(0 <= cpu_per_request_s < 1, "cpu_per_request_s", cpu_per_request_s, "must be in [0, 1) seconds")
-    require(max_model_len is None or (isinstance(max_model_len, int) and max_model_len >= 1), "max_model_len",
+    require(is_number(cpu_per_request_s) and 0 <= cpu_per_request_s < 1, "cpu_per_request_s", cpu_per_request_s,
+            "must be in [0, 1) seconds")
+    require(max_model_len is None or (is_int(max_model_len) and max_model_len >= 1), "max_model_len",
             max_model_len, "must be an integer >= 1 (or None: the model's own maximum)")
+    _check_switches(cpu_overhead=cpu_overhead, async_scheduling=async_scheduling, enforce_eager=enforce_eager,
+                    enable_expert_parallel=enable_expert_parallel)
+    require(is_int(max_num_seqs) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs, "must be an integer >= 1")
+    require(kv_cache_dtype in ("auto", "fp8"), "kv_cache_dtype", kv_cache_dtype, "must be one of auto, fp8")
+    require(calibration is None or isinstance(calibration, (str, Path, Calibration)), "calibration", calibration,
+            "must be \"default\", None, a shipped variant name, a calibration JSON path or a Calibration")
     spec, hw = get_model(model), get_gpu(gpu)
     tp = tensor_parallel_size
-    require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
+    require(is_int(tp) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
     require(spec.num_heads % tp == 0, "tensor_parallel_size", tp,
             f"must divide num_heads={spec.num_heads} of {spec.name}")
     require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
@@ -527,8 +540,6 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
         mixed_launch=_mixed_launch_of(hw, mixed_decode),
     )
-    require(enable_expert_parallel in (True, False), "enable_expert_parallel", enable_expert_parallel,
-            "must be true or false")
     if enable_expert_parallel:
         plain = expert_sharded(plain)
     if spec.is_plain:

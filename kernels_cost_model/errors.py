@@ -2,8 +2,12 @@
 
 Every servesim exception keeps its constructor's arguments as `args`, so `type(exc)(*exc.args)`
 rebuilds it intact: SimPy re-raises a failed process's exception that way, and pickle,
-multiprocessing and Ray do the same when they carry it across processes.
+multiprocessing and Ray do the same when they carry it across processes. `is_int` / `is_number` are
+the type tests every layer's checks share (no bool where a number belongs, no NaN or infinity).
 """
+import math
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -35,6 +39,16 @@ def picklable(value: object) -> object:
     except Exception:  # noqa: BLE001 - any failure to pickle: keep the text instead
         return ShownAs(repr(value))
     return value
+
+
+def is_int(value: object) -> bool:
+    """An integer that is not a bool (True is an int to Python, not to a config); numpy integers count."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, np.integer)
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float, bools excluded; numpy numbers count."""
+    return (is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(value)
 
 
 def require(condition: bool, field: str, value: object, reason: str) -> None:

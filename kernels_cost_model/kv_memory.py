@@ -15,7 +15,7 @@ them out (mxfp4_layout.py), which is what its "Model loading took" lines show.
 """
 from __future__ import annotations
 
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, is_int, is_number, require
 
 from .hardware import get_gpu
 from .kv_layout import KVCacheLayout, kv_cache_layout
@@ -39,7 +39,7 @@ SAMPLER_BYTES_PER_LOGIT = 38.4
 
 
 def _kv_heads_per_gpu(spec, tp: int) -> int:
-    require(isinstance(tp, int) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
+    require(is_int(tp) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
     require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
             f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
     return max(1, spec.num_kv_heads // tp)  # below one head per GPU, heads are replicated
@@ -127,15 +127,13 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
     A user who pins `num_gpu_blocks` (vLLM's `num_gpu_blocks_override`) gets it back, validated.
     """
     if num_gpu_blocks is not None:
-        require(isinstance(num_gpu_blocks, int) and num_gpu_blocks >= 1, "num_gpu_blocks", num_gpu_blocks,
+        require(is_int(num_gpu_blocks) and num_gpu_blocks >= 1, "num_gpu_blocks", num_gpu_blocks,
                 "must be an integer >= 1")
         return num_gpu_blocks
-    require(isinstance(block_size, int) and block_size >= 1, "block_size", block_size, "must be an integer >= 1")
-    require(0.0 < gpu_memory_utilization <= 1.0, "gpu_memory_utilization", gpu_memory_utilization,
-            "must be in (0, 1]")
-    require(max_num_batched_tokens >= 1, "max_num_batched_tokens", max_num_batched_tokens, "must be >= 1")
-    require(cudagraph_memory_bytes >= 0, "cudagraph_memory_gib", cudagraph_memory_bytes / GIB, "must be >= 0")
+    _check_sizing(tensor_parallel_size, block_size, gpu_memory_utilization, max_num_batched_tokens,
+                  max_num_seqs, cudagraph_memory_bytes)
     hw, spec = get_gpu(gpu), get_model(model)
+    _kv_heads_per_gpu(spec, tensor_parallel_size)
     free = kv_cache_memory_bytes(spec, hw.name, tensor_parallel_size, gpu_memory_utilization,
                                  max_num_batched_tokens, max_num_seqs, cudagraph_memory_bytes)
     if free <= 0:
@@ -146,3 +144,18 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
     if spec.is_plain and kv_cache_dtype == "auto":
         return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
     return int(free // kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype).block_bytes)
+
+
+def _check_sizing(tp, block_size, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                  cudagraph_memory_bytes) -> None:
+    """kv_cache_blocks' numeric arguments: types and ranges, each named."""
+    require(is_int(tp) and tp >= 1, "tensor_parallel_size", tp, "must be an integer >= 1")
+    require(is_int(block_size) and block_size >= 1, "block_size", block_size, "must be an integer >= 1")
+    require(is_number(gpu_memory_utilization) and 0.0 < gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+            gpu_memory_utilization, "must be in (0, 1]")
+    require(is_int(max_num_batched_tokens) and max_num_batched_tokens >= 1, "max_num_batched_tokens",
+            max_num_batched_tokens, "must be an integer >= 1")
+    require(is_int(max_num_seqs) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs, "must be an integer >= 1")
+    require(is_number(cudagraph_memory_bytes) and cudagraph_memory_bytes >= 0, "cudagraph_memory_gib",
+            cudagraph_memory_bytes / GIB if is_number(cudagraph_memory_bytes) else cudagraph_memory_bytes,
+            "must be >= 0")

@@ -96,3 +96,15 @@ def test_target_checks_and_errors(config):
     with pytest.raises(ConfigError) as err:
         set_rate(closed, 1.0)
     assert err.value.field == "workload.kind"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(seeds=3), "seeds"), (dict(seeds=[0, 0]), "seeds"), (dict(start_rate="5"), "start_rate"),
+    (dict(max_steps=0), "max_steps"), (dict(max_steps=1.5), "max_steps"), (dict(replicas=1.5), "replicas"),
+    (dict(router="nope"), "router"), (dict(workload=5), "workload"), (dict(target={"ttft_p99_s": 1.0}), "target"),
+])
+def test_max_sustainable_rate_names_a_bad_argument_before_any_run(kwargs, field):
+    args = {"target": CapacityTarget(ttft_p99_s=1.0), **kwargs}
+    with pytest.raises(ConfigError) as err:
+        max_sustainable_rate(SimulationConfig(), args.pop("target"), **args)
+    assert err.value.field == field

@@ -66,3 +66,17 @@ def test_replicas_speculate_as_simulate_does():
     one = simulate_cluster(config, 1).summary
     assert one["mean_tpot_ms"] == alone["mean_tpot_ms"] and one["spec_decode_num_draft_tokens"] > 0
     assert one["mean_tpot_ms"] < 0.7 * simulate(config.replace(speculative_config=None)).summary["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(replicas=1.5), "replicas"), (dict(replicas=None), "replicas"),
+                                           (dict(replicas=True), "replicas"), (dict(workload="poisson"), "workload"),
+                                           (dict(until=float("nan")), "until")])
+def test_simulate_cluster_names_a_bad_argument_before_the_run(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        simulate_cluster(SimulationConfig().replace(workload={"num_requests": 5}), **kwargs)
+    assert err.value.field == field
+
+
+def test_simulate_cluster_needs_a_simulation_config():
+    with pytest.raises(ConfigError, match=r"config=None: must be a SimulationConfig"):
+        simulate_cluster(None, 2)

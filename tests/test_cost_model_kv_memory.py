@@ -70,3 +70,17 @@ def test_pinned_num_gpu_blocks():
     with pytest.raises(ConfigError) as err:
         kv_cache_blocks("llama-3.1-8b", "h100", num_gpu_blocks=0)
     assert err.value.field == "num_gpu_blocks"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(tensor_parallel_size=0), "tensor_parallel_size"), (dict(tensor_parallel_size=True), "tensor_parallel_size"),
+    (dict(tensor_parallel_size="2"), "tensor_parallel_size"), (dict(block_size=True), "block_size"),
+    (dict(gpu_memory_utilization="0.9"), "gpu_memory_utilization"),
+    (dict(max_num_batched_tokens=1.5), "max_num_batched_tokens"),
+    (dict(max_num_batched_tokens=float("inf")), "max_num_batched_tokens"),
+    (dict(max_num_seqs=0), "max_num_seqs"), (dict(num_gpu_blocks=True), "num_gpu_blocks"),
+])
+def test_kv_cache_blocks_names_a_bad_argument(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        kv_cache_blocks("llama-3.1-8b", "h100", **kwargs)
+    assert err.value.field == field and err.value.value is next(iter(kwargs.values()))

@@ -2,6 +2,7 @@
 import pytest
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
+from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.roofline import FAMILIES, decode_attention, matmul, prefill_attention, roofline
 from kernels_cost_model.batch import BatchShape
 
@@ -115,3 +116,16 @@ def test_empty_batch_costs_only_cpu():
 def test_zero_token_rows_read_nothing():
     cm = model()
     assert cm.step_time(BatchShape([1, 0], [200, 9000], 1)) == cm.step_time(BatchShape([1], [200], 1))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(tensor_parallel_size=True), "tensor_parallel_size"), (dict(collective_scale="1"), "collective_scale"),
+    (dict(collective_scale=float("inf")), "collective_scale"), (dict(cpu_per_request_s="0"), "cpu_per_request_s"),
+    (dict(max_num_seqs=True), "max_num_seqs"), (dict(max_model_len=True), "max_model_len"),
+    (dict(kv_cache_dtype="fp9"), "kv_cache_dtype"), (dict(calibration=5), "calibration"),
+    (dict(cpu_overhead="yes"), "cpu_overhead"), (dict(enforce_eager=1), "enforce_eager"),
+])
+def test_make_cost_model_names_a_bad_argument(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        make_cost_model("llama-3.1-8b", "h100", **kwargs)
+    assert err.value.field == field and err.value.value is next(iter(kwargs.values()))

@@ -62,3 +62,18 @@ def test_progress_silent_on_short_runs():
         progress.update(float(t))
     progress.close()
     assert stream.getvalue() == ""
+
+
+def test_plot_arguments_are_named_when_out_of_range(results):
+    from kernels_cost_model.errors import ConfigError
+    from sim.plots import plot_batch_composition, plot_timeline
+    sweep = pd.DataFrame({"rate": [1, 2], "p99_ttft_ms": [10.0, 20.0]})
+    with pytest.raises(ConfigError, match=r"metrics=\[\]: give at least one metric"):
+        plot_throughput_latency(sweep, metrics=[])
+    with pytest.raises(ConfigError, match=r"slo.p99_ttft_ms='5': must be a number > 0"):
+        plot_throughput_latency(sweep, metrics=["p99_ttft_ms"], slo={"p99_ttft_ms": "5"})
+    with pytest.raises(ConfigError, match=r"bins=0: must be an integer >= 1"):
+        plot_batch_composition(results, bins=0)
+    with pytest.raises(ConfigError, match=r"max_requests=1.5: must be an integer >= 1"):
+        plot_timeline(results, max_requests=1.5)
+    assert isinstance(plot_throughput_latency(sweep, metrics="p99_ttft_ms"), Figure)

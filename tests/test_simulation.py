@@ -282,3 +282,24 @@ def test_open_loop_arrivals_make_no_done_events(mode):
     assert reasons["b"] == "abort" and reasons["a"] == "length"
     assert [rid for rid, rejected in zip(columns["request_id"], no_events.requests.rejected) if rejected] == \
         ["too-long"]
+
+
+@pytest.mark.parametrize("until", [float("nan"), "5", True, 0, -1.0])
+def test_simulate_names_a_bad_until_before_the_run(until):
+    with pytest.raises(ConfigError) as err:
+        simulate(SimulationConfig().replace(workload={"num_requests": 5}), until=until)
+    assert err.value.field == "until" and err.value.value is until
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(config={"max_num_seqs": 4}), "config"), (dict(cost_model="h100"), "cost_model"),
+    (dict(num_gpu_blocks="100"), "engine.num_gpu_blocks"), (dict(num_gpu_blocks=10**12), "engine.num_gpu_blocks"),
+    (dict(workload=5), "workload"), (dict(workload=[{"arrival_time_s": 0}]), "workload[0]"),
+    (dict(workload=None), "workload"), (dict(progress=5), "progress"),
+])
+def test_run_engine_names_a_bad_argument_before_the_run(kwargs, field):
+    args = {"workload": [_spec(0.0)], "config": EngineConfig(num_gpu_blocks=64, max_model_len=64),
+            "cost_model": COST, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        run_engine(args.pop("workload"), args.pop("config"), args.pop("cost_model"), **args)
+    assert err.value.field == field

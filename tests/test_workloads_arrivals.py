@@ -98,3 +98,14 @@ def test_bad_parameters_name_the_field(build, field):
 def test_count_mode_fails_when_schedule_runs_dry():
     with pytest.raises(ConfigError, match="rate is 0 after 10"):
         piecewise([0, 10], [1.0, 0.0]).sample(make_rng(0), 1000)
+
+
+def test_piecewise_and_trace_times_name_values_that_are_not_numbers():
+    with pytest.raises(ConfigError, match=r"breakpoints_s='ab': must be a list of numbers"):
+        piecewise("ab", [1, 2])
+    with pytest.raises(ConfigError, match=r"rates=\['5', '5'\]: must be a list of numbers"):
+        piecewise([0, 60], ["5", "5"])
+    with pytest.raises(ConfigError, match=r"timestamps_s=nan: must be finite"):
+        TraceTimes([0.0, float("nan")])
+    with pytest.raises(ConfigError, match=r"seed=True: must be an integer >= 0"):
+        make_rng(True, "workload")

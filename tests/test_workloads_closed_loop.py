@@ -125,3 +125,24 @@ def test_bad_closed_loop_parameters(build, field):
     with pytest.raises(ConfigError) as err:
         build()
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("kwargs, field, value", [
+    (dict(num_users=True), "num_users", True),
+    (dict(max_tokens=0), "max_tokens", 0),
+    (dict(priority=1.5), "priority", 1.5),
+    (dict(think_time="2"), "think_time", "2"),
+    (dict(lengths=Fixed(5)), "lengths", Fixed(5)),
+])
+def test_closed_loop_clients_name_a_bad_argument_at_construction(kwargs, field, value):
+    with pytest.raises(ConfigError) as err:
+        ClosedLoopClients(**{"num_users": 4, "num_requests": 10, **kwargs})
+    assert err.value.field == field and err.value.value == value
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(num_sessions=True), "num_sessions"), (dict(turns=0), "turns"),
+                                           (dict(session_arrivals=5), "session_arrivals")])
+def test_session_workload_names_a_bad_argument_at_construction(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        SessionWorkload(**{"num_sessions": 2, **kwargs})
+    assert err.value.field == field

@@ -81,3 +81,26 @@ def test_mix_merges_classes_with_slos_and_priorities():
     assert same_specs(specs, list(mix.iter_requests(make_rng(4, "mix"))))
     with pytest.raises(ConfigError, match="unique"):
         Mix([workload_class("a", 1, num_requests=1), workload_class("a", 1, num_requests=1)])
+
+
+@pytest.mark.parametrize("kwargs, field, value", [
+    (dict(num_requests=True), "num_requests", True),
+    (dict(num_requests="5"), "num_requests", "5"),
+    (dict(num_requests=10**12), "num_requests", 10**12),
+    (dict(num_requests=3, shared_prefix_len=1.5), "shared_prefix_len", 1.5),
+    (dict(num_requests=3, tenant=5), "tenant", 5),
+    (dict(num_requests=3, lengths=Fixed(5)), "lengths", Fixed(5)),
+])
+def test_synthetic_workload_names_a_bad_argument_at_construction(kwargs, field, value):
+    with pytest.raises(ConfigError) as err:
+        SyntheticWorkload(Constant(5.0), **{"lengths": "sharegpt", **kwargs})
+    assert err.value.field == field and err.value.value == value
+
+
+def test_a_bool_is_not_a_rate_and_a_lone_distribution_is_not_a_pair():
+    with pytest.raises(ConfigError, match=r"rate=True: must be a finite number > 0"):
+        SyntheticWorkload(Constant(True), "sharegpt", num_requests=3)
+    with pytest.raises(ConfigError, match=r"prompt=5: must be a length distribution"):
+        Independent(5, Fixed(5))
+    with pytest.raises(ConfigError, match=r"classes\[0\]=5: must be a WorkloadClass"):
+        Mix([5])

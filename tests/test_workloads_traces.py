@@ -235,3 +235,19 @@ def test_trace_timestamps_with_preset_lengths():
     assert t[0] == 0 and len(specs) / t[-1] == pytest.approx(5.0)
     with pytest.raises(Exception, match="exceeds the 8819 trace timestamps"):
         list(SyntheticWorkload(times, "sharegpt", num_requests=9000).iter_requests(make_rng(0)))
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(target_rate="5"), "target_rate"), (dict(target_rate=True), "target_rate"),
+                                           (dict(time_scale="2"), "time_scale"), (dict(max_requests=1.5), "max_requests"),
+                                           (dict(max_requests=True), "max_requests"), (dict(tenant=5), "tenant")])
+def test_trace_workload_names_a_bad_argument_at_construction(tmp_path, kwargs, field):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n")
+    with pytest.raises(ConfigError) as err:
+        TraceWorkload(path, **kwargs)
+    assert err.value.field == field and err.value.value == next(iter(kwargs.values()))
+
+
+def test_trace_workload_path_must_be_a_path():
+    with pytest.raises(ConfigError, match=r"path=None: must be a path to a trace file"):
+        TraceWorkload(None)

@@ -6,13 +6,13 @@ Renewal processes (Poisson, gamma, constant) draw i.i.d. gaps; time-varying rate
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import is_int, is_number
 from workloads.traces import read_trace
 
 
@@ -21,8 +21,15 @@ GAMMA_CV = (1e-3, 1e3)
 
 
 def _positive(field: str, value: float) -> None:
-    require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, field, value,
-            "must be a finite number > 0")
+    require(is_number(value) and value > 0, field, value, "must be a finite number > 0")
+
+
+def _numbers(field: str, values) -> np.ndarray:
+    """`values` as a float array; a ConfigError unless it is a list of numbers (no strings or bools)."""
+    items = list(values) if isinstance(values, (list, tuple, np.ndarray)) else None
+    require(items is not None and all(is_int(v) or isinstance(v, (float, np.floating)) for v in items),
+            field, values, "must be a list of numbers")
+    return np.asarray(items, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +122,14 @@ def piecewise(breakpoints_s: Sequence[float], rates: Sequence[float],
 
     breakpoints_s must start at 0 and increase; with `period_s` the schedule repeats.
     """
-    bps, rs = np.asarray(breakpoints_s, float), np.asarray(rates, float)
+    bps, rs = _numbers("breakpoints_s", breakpoints_s), _numbers("rates", rates)
     require(bps.ndim == 1 and bps.size >= 1 and bps.size == rs.size, "rates", list(rates),
             "needs one rate per breakpoint")
     require(bps[0] == 0 and bool(np.all(np.diff(bps) > 0)), "breakpoints_s", list(breakpoints_s),
             "must start at 0 and strictly increase")
     require(bool(np.all(rs >= 0)) and rs.max() > 0, "rates", list(rates),
             "must be >= 0 with at least one > 0")
-    require(period_s is None or period_s > bps[-1], "period_s", period_s,
+    require(period_s is None or (is_number(period_s) and period_s > bps[-1]), "period_s", period_s,
             f"must exceed the last breakpoint {bps[-1]}")
 
     def rate_fn(t: np.ndarray) -> np.ndarray:
@@ -138,7 +145,8 @@ def diurnal(mean_rate: float, amplitude: float = 0.5, period_s: float = 86400.0,
     """A sinusoidal day: rate = mean_rate * (1 + amplitude * cos(2π (t - peak_s) / period_s))."""
     _positive("mean_rate", mean_rate)
     _positive("period_s", period_s)
-    require(0 <= amplitude <= 1, "amplitude", amplitude, "must be in [0, 1]")
+    require(is_number(amplitude) and 0 <= amplitude <= 1, "amplitude", amplitude, "must be in [0, 1]")
+    require(is_number(peak_s), "peak_s", peak_s, "must be a number of seconds")
 
     def rate_fn(t: np.ndarray) -> np.ndarray:
         return mean_rate * (1 + amplitude * np.cos(2 * np.pi * (t - peak_s) / period_s))
@@ -159,6 +167,9 @@ class TraceTimes:
     def __post_init__(self) -> None:
         ts = np.asarray(self.timestamps_s, dtype=float)
         require(ts.ndim == 1 and ts.size >= 1, "timestamps_s", ts.size, "must be a non-empty 1-d array")
+        finite = np.isfinite(ts)
+        require(bool(finite.all()), "timestamps_s", None if finite.all() else float(ts[~finite][0]),
+                "must be finite numbers of seconds")
         bad = np.flatnonzero(np.diff(ts) < 0)
         require(bad.size == 0, f"timestamps_s[{bad[0] + 1 if bad.size else 0}]",
                 ts[bad[0] + 1] if bad.size else None, "goes backwards")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import MAX_NUM_REQUESTS, check_types
 from sim.core.sampling_params import SamplingParams
 from workloads.delays import ThinkTime, as_think_time
 from workloads.presets import resolve_lengths
@@ -38,14 +39,15 @@ class ClosedLoopClients:
     tenant: str = "default"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.num_users, int) and self.num_users >= 1, "num_users", self.num_users,
-                "must be an integer >= 1")
-        require(isinstance(self.num_requests, int) and self.num_requests >= 0, "num_requests",
-                self.num_requests, "must be an integer >= 0")
+        check_types(self)
+        require(self.num_users >= 1, "num_users", self.num_users, "must be an integer >= 1")
+        require(0 <= self.num_requests <= MAX_NUM_REQUESTS, "num_requests", self.num_requests,
+                f"must be an integer in [0, {MAX_NUM_REQUESTS}]")
         require(self.ramp_up_s >= 0, "ramp_up_s", self.ramp_up_s, "must be >= 0")
+        require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens,
+                "must be an integer >= 1 or None")
         object.__setattr__(self, "think_time", as_think_time(self.think_time))
-        if isinstance(self.lengths, str):
-            resolve_lengths(self.lengths)
+        resolve_lengths(self.lengths)
 
     def process(self, env, submit, rng: np.random.Generator):
         """SimPy process: runs the users until all requests have finished."""

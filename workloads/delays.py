@@ -1,12 +1,12 @@
 """Think times: how long a user waits before sending the next request."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import is_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +20,9 @@ class ThinkTime:
     cv: float = 1.0
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.mean_s) and self.mean_s >= 0, "think_time.mean_s", self.mean_s,
+        require(is_number(self.mean_s) and self.mean_s >= 0, "think_time.mean_s", self.mean_s,
                 "must be finite and >= 0")
-        require(math.isfinite(self.cv) and self.cv >= 0, "think_time.cv", self.cv, "must be finite and >= 0")
+        require(is_number(self.cv) and self.cv >= 0, "think_time.cv", self.cv, "must be finite and >= 0")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.mean_s == 0 or self.cv == 0:
@@ -33,4 +33,7 @@ class ThinkTime:
 
 def as_think_time(value) -> ThinkTime:
     """A ThinkTime from a number of seconds (exponential with that mean) or as is."""
-    return value if isinstance(value, ThinkTime) else ThinkTime(float(value))
+    if isinstance(value, ThinkTime):
+        return value
+    require(is_number(value), "think_time", value, "must be a number of seconds or a ThinkTime")
+    return ThinkTime(float(value))

@@ -10,11 +10,12 @@ fraction also asks at any larger one (same seed).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import is_number
 from workloads.base import is_closed_loop
 from workloads.spec import RequestSpec
 
@@ -61,9 +62,11 @@ class _ClosedLoop:
 def with_hidden_states(workload, fraction: float):
     """`workload` (open-loop, closed-loop, or a list of specs) with a `fraction` of its requests
     asking for hidden states."""
-    require(0.0 <= fraction <= 1.0, "fraction", fraction, "must be in [0, 1]")
+    require(is_number(fraction) and 0.0 <= fraction <= 1.0, "fraction", fraction, "must be in [0, 1]")
     if is_closed_loop(workload):
         return _ClosedLoop(workload, fraction)
     if not hasattr(workload, "iter_requests"):
+        require(isinstance(workload, Iterable) and not isinstance(workload, (str, bytes)), "workload", workload,
+                "must be a workload object or a list of RequestSpec")
         workload = tuple(workload)
     return _OpenLoop(workload, fraction)

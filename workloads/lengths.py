@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import is_int
 from workloads.errors import TraceFormatError
 
 
 def _check_bounds(low: int, high: int) -> None:
-    require(isinstance(low, (int, np.integer)) and low >= 1, "low", low, "must be an integer >= 1")
-    require(isinstance(high, (int, np.integer)) and high >= low, "high", high, f"must be >= low={low}")
+    require(is_int(low) and low >= 1, "low", low, "must be an integer >= 1")
+    require(is_int(high) and high >= low, "high", high, f"must be an integer >= low={low}")
 
 
 def _clip_round(x: np.ndarray, low: int, high: int) -> np.ndarray:
@@ -33,7 +34,7 @@ class Fixed:
     value: int
 
     def __post_init__(self) -> None:
-        require(isinstance(self.value, (int, np.integer)) and self.value >= 1, "value", self.value,
+        require(is_int(self.value) and self.value >= 1, "value", self.value,
                 "must be an integer >= 1")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -143,6 +144,12 @@ class Independent:
     prompt: object
     output: object
 
+    def __post_init__(self) -> None:
+        for name in ("prompt", "output"):
+            value = getattr(self, name)
+            require(hasattr(value, "sample") and not isinstance(value, PAIRS), name, value,
+                    "must be a length distribution such as Fixed(128) or Uniform(100, 2000)")
+
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         return self.prompt.sample(rng, n), self.output.sample(rng, n)
 
@@ -216,11 +223,19 @@ class Copula:
 
     def __post_init__(self) -> None:
         require(-1 <= self.rho <= 1, "rho", self.rho, "must be in [-1, 1]")
+        for name in ("prompt", "output"):
+            value = getattr(self, name)
+            require(hasattr(value, "from_normal"), name, value, "must be a LogNormal or a Quantile")
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         z = rng.standard_normal((2, n))
         z2 = self.rho * z[0] + math.sqrt(1 - self.rho**2) * z[1]
         return self.prompt.from_normal(z[0]), self.output.from_normal(z2)
+
+
+SINGLE_COLUMN = (Fixed, Uniform, Normal, LogNormal, Zipf, Empirical, Quantile)
+"""Distributions of one length; a workload's `lengths` pairs two of them (PAIRS)."""
+PAIRS = (Independent, EmpiricalPairs, Copula)
 
 
 def normal_cdf(z: np.ndarray) -> np.ndarray:

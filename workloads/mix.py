@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import check_types
 from workloads.arrivals import Poisson
 from workloads.spec import RequestSpec
 from workloads.synthetic import SyntheticWorkload
@@ -27,6 +28,7 @@ class WorkloadClass:
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name != "", "name", self.name, "must be a non-empty string")
+        check_types(self, f"{self.name}.")
         require(hasattr(self.workload, "iter_requests"), f"{self.name}.workload", self.workload,
                 "must be an open-loop workload (iter_requests)")
         for key in ("ttft_slo_s", "tpot_slo_s"):
@@ -51,6 +53,9 @@ class Mix:
     def __post_init__(self) -> None:
         classes = tuple(self.classes)
         require(len(classes) >= 1, "classes", classes, "needs at least one class")
+        for i, c in enumerate(classes):
+            require(isinstance(c, WorkloadClass), f"classes[{i}]", c,
+                    "must be a WorkloadClass, e.g. workload_class(\"chat\", 5, \"sharegpt\", duration_s=60)")
         names = [c.name for c in classes]
         require(len(set(names)) == len(names), "classes", names, "class names must be unique")
         object.__setattr__(self, "classes", classes)

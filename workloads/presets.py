@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from kernels_cost_model.errors import require
-from workloads.lengths import Copula, LogNormal, Quantile
+from workloads.lengths import SINGLE_COLUMN, Copula, LogNormal, Quantile
 
 PRESET_FILE = Path(__file__).resolve().parent / "data" / "length_presets.json"
 ALIASES = {"chat": "sharegpt", "arxiv": "arxiv_summarization", "summarization": "arxiv_summarization",
@@ -57,4 +57,6 @@ def resolve_lengths(lengths):
         return length_preset(name, shape or "quantile")
     require(hasattr(lengths, "sample"), "lengths", lengths,
             "must be a preset name or a (prompt, output) sampler with .sample(rng, n)")
+    require(not isinstance(lengths, SINGLE_COLUMN), "lengths", lengths,
+            "is one length distribution; pair a prompt and an output one, e.g. Independent(prompt, output)")
     return lengths

@@ -6,6 +6,7 @@ import hashlib
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import is_int
 
 
 def _name_words(name: str) -> list[int]:
@@ -15,6 +16,7 @@ def _name_words(name: str) -> list[int]:
 
 def make_rng(seed: int, name: str = "") -> np.random.Generator:
     """A generator for component `name` under `seed`; different names give independent streams."""
-    require(isinstance(seed, (int, np.integer)) and seed >= 0, "seed", seed, "must be an integer >= 0")
+    require(is_int(seed) and seed >= 0, "seed", seed, "must be an integer >= 0")
+    require(isinstance(name, str), "name", name, "must be a string")
     return np.random.default_rng(np.random.SeedSequence([int(seed), *_name_words(name)]))
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import check_types
 from sim.core.sampling_params import SamplingParams
 from workloads.arrivals import Poisson, arrival_times
 from workloads.delays import ThinkTime, as_think_time
@@ -65,10 +66,14 @@ class SessionWorkload:
     tenant: str = "chat"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.num_sessions, int) and self.num_sessions >= 0, "num_sessions",
-                self.num_sessions, "must be an integer >= 0")
-        require(isinstance(self.eos_token_id, int) and self.eos_token_id >= 0, "eos_token_id",
-                self.eos_token_id, "must be an integer >= 0")
+        check_types(self)
+        require(self.num_sessions >= 0, "num_sessions", self.num_sessions, "must be an integer >= 0")
+        require(self.eos_token_id >= 0, "eos_token_id", self.eos_token_id, "must be an integer >= 0")
+        require(hasattr(self.session_arrivals, "sample"), "session_arrivals", self.session_arrivals,
+                "must be an arrival process such as Poisson(2.0)")
+        for name in ("turns", "first_prompt", "user_text", "output"):
+            value = getattr(self, name)
+            require(hasattr(value, "sample"), name, value, "must be a length distribution such as Uniform(2, 8)")
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", self.max_model_len,
                 "must be >= 2 or None")
         require(self.assumed_ttft_s >= 0, "assumed_ttft_s", self.assumed_ttft_s, "must be >= 0")

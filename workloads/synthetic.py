@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels_cost_model.errors import require
+from sim.core.fields import MAX_NUM_REQUESTS, check_types
 from sim.core.sampling_params import SamplingParams
 from workloads.arrivals import Gamma, Poisson, arrival_times
 from workloads.presets import resolve_lengths
@@ -43,17 +44,17 @@ class SyntheticWorkload:
     shared_prefix_len: int = 0
 
     def __post_init__(self) -> None:
+        check_types(self)
         require((self.num_requests is None) != (self.duration_s is None), "num_requests/duration_s",
                 (self.num_requests, self.duration_s), "give exactly one")
-        require(self.num_requests is None or self.num_requests >= 0, "num_requests", self.num_requests,
-                "must be >= 0")
+        require(self.num_requests is None or 0 <= self.num_requests <= MAX_NUM_REQUESTS, "num_requests",
+                self.num_requests, f"must be in [0, {MAX_NUM_REQUESTS}]")
         require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens,
                 "must be >= 1 or None")
         require(self.shared_prefix_len >= 0, "shared_prefix_len", self.shared_prefix_len, "must be >= 0")
         require(hasattr(self.arrivals, "sample"), "arrivals", self.arrivals,
                 "must be an arrival process with .sample(rng, n)")
-        if isinstance(self.lengths, str):
-            resolve_lengths(self.lengths)  # fails fast on an unknown preset name
+        resolve_lengths(self.lengths)  # fails fast on an unknown preset name or a lone distribution
 
     def iter_requests(self, rng: np.random.Generator) -> Iterator[RequestSpec]:
         """Arrival-sorted specs "req-0", "req-1", ...; the same rng state gives the same specs."""

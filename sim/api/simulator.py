@@ -28,7 +28,7 @@ from sim.api.results import Results
 from sim.api.slo import SLOConfig
 from sim.api.version import __version__
 from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits, check_progress,
-                                check_simulation, check_step_budget, check_traffic, check_workload,
+                                check_simulation, check_step_budget, check_workload,
                                 resolve_engine, switch_kind, unresolved_engine_values, warn_length_cuts,
                                 warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
@@ -36,7 +36,7 @@ from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
-from sim.engine.simulation import run_engine
+from sim.engine.simulation import check_traffic, check_until, run_engine
 
 
 @dataclass(frozen=True)
@@ -369,6 +369,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     require(isinstance(config, SimulationConfig), "config", config,
             "must be a SimulationConfig (SimulationConfig.from_dict builds one from a dict)")
     check_traffic(workload)
+    check_until(until)
     check_progress(progress)
     check_names(config.engine)
     check_model_limits(config)

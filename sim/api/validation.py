@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_cost_model.errors import ConfigError, require
-from sim.core.fields import at_least, check_types, in_range, is_int, one_of, positive
+from sim.core.fields import MAX_NUM_REQUESTS, at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
 MIN_RATE = 1e-6
@@ -16,8 +16,6 @@ MIN_RATE = 1e-6
 clock no longer resolves microseconds and step durations would vanish in rounding."""
 MAX_SECONDS = 1e9
 """Longest time-like setting (think time, SLO), for the same reason."""
-MAX_NUM_REQUESTS = 10_000_000
-"""Largest run: per-request records of more would not fit in a typical machine's memory."""
 MAX_COLLECTIVE_SCALE = 100.0
 """Largest multiplier on measured collective times (hosts fitted so far need 1-3.5)."""
 
@@ -220,37 +218,6 @@ def warn_length_cuts(requests, max_model_len: int) -> None:
         warnings.warn(f"{cut} of {len(requests)} requests ({cut / len(requests):.0%}) had their output cut at "
                       f"engine.max_model_len={max_model_len} (prompt + output tokens), short of their "
                       "max_tokens / output length", stacklevel=3)
-
-
-def check_traffic(workload) -> None:
-    """simulate()'s `workload` override: a workload object (with `iter_requests` or `process`) or
-    RequestSpecs (a non-empty list, or an iterable read as the run goes); anything else is named before
-    the run starts."""
-    from collections.abc import Iterable
-    from workloads.base import is_closed_loop
-    from workloads.spec import RequestSpec
-    if workload is None or is_closed_loop(workload) or hasattr(workload, "iter_requests"):
-        return
-    require(isinstance(workload, Iterable) and not isinstance(workload, (str, bytes, dict)), "workload", workload,
-            "must be a workload object (with iter_requests or process) or a list of RequestSpec")
-    if not isinstance(workload, (list, tuple)):
-        return
-    require(len(workload) > 0, "workload", workload, "has no requests; give at least one RequestSpec")
-    bad = next((i for i, spec in enumerate(workload) if not isinstance(spec, RequestSpec)), None)
-    if bad is not None:
-        item = workload[bad]
-        raise ConfigError(f"workload[{bad}]", item, f"must be a RequestSpec, not a {type(item).__name__}")
-    _check_unique_ids(workload)
-
-
-def _check_unique_ids(specs: list) -> None:
-    """Request ids given in a spec list name one request each (the results are keyed by them)."""
-    first: dict = {}
-    for i, spec in enumerate(specs):
-        if spec.request_id is None:
-            continue
-        j = first.setdefault(spec.request_id, i)
-        require(j == i, f"workload[{i}].request_id", spec.request_id, f"repeats workload[{j}]'s; ids must be unique")
 
 
 def check_progress(progress) -> None:

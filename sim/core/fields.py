@@ -8,26 +8,17 @@ numpy scalars (a sweep built with np.arange) count as the Python numbers they ho
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, is_int, is_number  # noqa: F401 - re-exported
 
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids are int32 (prompt arrays and KV hashes store them so)."""
+MAX_NUM_REQUESTS = 10_000_000
+"""Largest run: per-request records of more would not fit in a typical machine's memory."""
 
 _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-
-
-def is_int(value: object) -> bool:
-    """An integer that is not a bool (True is an int to Python, not to a config); numpy integers count."""
-    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, np.integer)
-
-
-def is_number(value: object) -> bool:
-    """A finite int or float, bools excluded; numpy numbers count."""
-    return (is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(value)
 
 
 def _matches(kind: str, value: object) -> bool:

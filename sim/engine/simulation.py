@@ -12,8 +12,9 @@ from contextlib import contextmanager
 
 import simpy
 
-from sim.core.config import EngineConfig
-from kernels_cost_model.errors import ConfigError
+from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
+from kernels_cost_model.errors import ConfigError, require
+from sim.core.fields import is_int
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
 from sim.engine.leap_steady import ArrivalTimeout
@@ -106,8 +107,15 @@ class EngineProcess:
             step = following
 
 
+def check_until(until) -> None:
+    """A run's `until`: None (run every request to the end) or a simulated time in seconds > 0."""
+    require(until is None or ((is_int(until) or isinstance(until, float)) and until > 0), "until", until,
+            "must be None (run to the end) or a number of simulated seconds > 0")
+
+
 def run_env(env: simpy.Environment, until: float | None = None) -> None:
     """`env.run(until=until)` with Python's cyclic garbage collector paused (`collector_paused`)."""
+    check_until(until)
     with collector_paused():
         env.run(until=until)
 
@@ -149,6 +157,37 @@ def arrivals(env: simpy.Environment, specs: Iterable, submit):
         spec = following
 
 
+def check_traffic(workload, *, empty_ok: bool = False) -> None:
+    """A run's `workload` (simulate()'s override, run_engine's traffic): a workload object (with
+    `iter_requests` or `process`) or RequestSpecs (a list, non-empty unless `empty_ok`, or an iterable
+    read as the run goes); anything else is named before the run starts. None passes (simulate(): the
+    config's)."""
+    from workloads.base import is_closed_loop
+    from workloads.spec import RequestSpec
+    if workload is None or is_closed_loop(workload) or hasattr(workload, "iter_requests"):
+        return
+    require(isinstance(workload, Iterable) and not isinstance(workload, (str, bytes, dict)), "workload", workload,
+            "must be a workload object (with iter_requests or process) or a list of RequestSpec")
+    if not isinstance(workload, (list, tuple)):
+        return
+    require(empty_ok or len(workload) > 0, "workload", workload, "has no requests; give at least one RequestSpec")
+    bad = next((i for i, spec in enumerate(workload) if not isinstance(spec, RequestSpec)), None)
+    if bad is not None:
+        item = workload[bad]
+        raise ConfigError(f"workload[{bad}]", item, f"must be a RequestSpec, not a {type(item).__name__}")
+    _check_unique_ids(workload)
+
+
+def _check_unique_ids(specs: list) -> None:
+    """Request ids given in a spec list name one request each (the results are keyed by them)."""
+    first: dict = {}
+    for i, spec in enumerate(specs):
+        if spec.request_id is None:
+            continue
+        j = first.setdefault(spec.request_id, i)
+        require(j == i, f"workload[{i}].request_id", spec.request_id, f"repeats workload[{j}]'s; ids must be unique")
+
+
 def start_workload(env: simpy.Environment, workload, submit, seed: int, enqueue=None) -> None:
     """Start the process feeding `workload` (a list of specs, open- or closed-loop) into `submit`
     (closed-loop clients wait on the event it returns); open-loop arrivals, which wait on nothing,
@@ -180,6 +219,8 @@ def check_kv_capacity(num_gpu_blocks: int | None, config: EngineConfig) -> int:
     """The KV cache size in blocks, or a clear error if it cannot hold one max_model_len request."""
     if num_gpu_blocks is None:
         raise ConfigError("engine.num_gpu_blocks", None, "not set; give a number or size it from the GPU")
+    require(is_int(num_gpu_blocks) and 1 <= num_gpu_blocks <= MAX_NUM_GPU_BLOCKS, "engine.num_gpu_blocks",
+            num_gpu_blocks, f"must be an integer in [1, {MAX_NUM_GPU_BLOCKS}]")
     config = config.resolved()
     if num_gpu_blocks * config.block_size < config.max_model_len:
         raise ConfigError("engine.num_gpu_blocks", num_gpu_blocks,
@@ -206,6 +247,14 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     `update(now)` is called once per finished request (see sim.api.progress). `kv_groups`: the
     model's KV layer groups (kernels_cost_model.kv_layout); several select the hybrid KV manager.
     """
+    check_until(until)
+    require(workload is not None, "workload", workload, "give a workload object or a list of RequestSpec")
+    check_traffic(workload, empty_ok=True)
+    require(isinstance(config, EngineConfig), "config", config, "must be an EngineConfig")
+    require(callable(getattr(cost_model, "step_time", None)), "cost_model", cost_model,
+            "must be a cost model with step_time(batch), e.g. kernels_cost_model.make_cost_model(...)")
+    require(progress is None or callable(getattr(progress, "update", None)), "progress", progress,
+            "must be an object with update(now), such as sim.api.progress.Progress")
     config = config.resolved()
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)

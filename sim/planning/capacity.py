@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,11 +21,14 @@ import pandas as pd
 from sim.api.metrics import latency_key
 from sim.api.simulator import SimulationConfig, simulate
 from kernels_cost_model.errors import require
-from sim.core.fields import is_number
+from sim.core.fields import is_int, is_number
 from sim.planning.executors import make_executor
+from sim.planning.routers import ROUTERS
 
 MAX_BISECTIONS = 60
 """Hard stop for bisection: 2**-60 of a bracket is finer than any tolerance a float rate can honour."""
+MAX_BRACKET_STEPS = 60
+"""Most doublings (or halvings) of the start rate while bracketing: 2**60 spans any rate worth trying."""
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -90,7 +94,7 @@ class CapacityResult:
 
 def set_rate(config: SimulationConfig, rate: float) -> SimulationConfig:
     """The config with its arrival rate set (trace workloads: their target_rate)."""
-    require(rate > 0, "workload.rate", rate, "must be > 0")
+    require(is_number(rate) and rate > 0, "workload.rate", rate, "must be a number > 0")
     kind = config.workload.kind
     require(kind != "closed_loop", "workload.kind", kind, "a rate search needs an open-loop workload")
     key = "target_rate" if kind == "trace" else "rate"
@@ -156,15 +160,42 @@ def max_sustainable_rate(config: SimulationConfig, target: CapacityTarget, seeds
     workload: optional picklable `rate -> workload` (e.g. constant-rate arrivals); default config.workload.
     executor: run the seeds' searches "serial"ly, on a "pool" or on "ray".
     """
-    seeds = list(seeds)
-    require(len(seeds) > 0, "seeds", seeds, "give at least one seed")
+    seeds = _seed_list(seeds)
     require(is_number(rel_tol) and 0 < rel_tol < 1, "rel_tol", rel_tol, "must be a number in (0, 1)")
+    _check_search(config, target, replicas, router, workload, start_rate, max_steps)
     start = start_rate if start_rate is not None else (config.workload.target_rate or config.workload.rate)
     set_rate(config, start)
     tasks = [seed_task(config, target, s, replicas, router, workload, start, rel_tol, max_steps) for s in seeds]
     with make_executor(executor, workers=workers) as pool:
         results = sorted((r for _, r in pool.map_unordered(search_seed, tasks)), key=lambda r: r["seed"])
     return summarize_seeds(results)
+
+
+def _seed_list(seeds) -> list:
+    """The seeds as a list: at least one, none repeated (the interval treats them as independent runs)."""
+    require(isinstance(seeds, Iterable) and not isinstance(seeds, (str, bytes, dict)), "seeds", seeds,
+            "must be a list of integers >= 0, e.g. [0, 1, 2]")
+    seeds = list(seeds)
+    require(len(seeds) > 0, "seeds", seeds, "give at least one seed")
+    require(len(set(seeds)) == len(seeds), "seeds", seeds, "repeats a seed; give distinct seeds")
+    return seeds
+
+
+def _check_search(config, target, replicas, router, workload, start_rate, max_steps) -> None:
+    """max_sustainable_rate's other arguments, named before any run."""
+    from sim.planning.cluster import replica_configs
+    require(isinstance(config, SimulationConfig), "config", config,
+            "must be a SimulationConfig (SimulationConfig.from_dict builds one from a dict)")
+    require(isinstance(target, CapacityTarget), "target", target,
+            "must be a CapacityTarget, e.g. CapacityTarget(ttft_p99_s=1.0)")
+    replica_configs(config, replicas)
+    require(router in ROUTERS, "router", router, f"must be one of {ROUTERS}")
+    require(workload is None or callable(workload), "workload", workload,
+            "must be None or a picklable function rate -> workload")
+    require(start_rate is None or (is_number(start_rate) and start_rate > 0), "start_rate", start_rate,
+            "must be None (the config's rate) or a number > 0")
+    require(is_int(max_steps) and 1 <= max_steps <= MAX_BRACKET_STEPS, "max_steps", max_steps,
+            f"must be an integer in [1, {MAX_BRACKET_STEPS}]")
 
 
 def seed_task(config, target, seed, replicas, router, workload, start, rel_tol, max_steps) -> dict:

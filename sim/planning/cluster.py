@@ -24,7 +24,8 @@ from kernels_cost_model.errors import require
 from sim.core.invariants import InvariantError
 from sim.api.results import Results, merge_results  # noqa: F401 - merge_results re-exported
 from sim.planning.routers import make_router
-from sim.engine.simulation import EngineProcess, check_kv_capacity, run_env, start_workload
+from sim.core.fields import is_int
+from sim.engine.simulation import EngineProcess, check_kv_capacity, check_traffic, check_until, run_env, start_workload
 
 
 @dataclass
@@ -62,9 +63,11 @@ class RoutedSubmit:
 
 def replica_configs(config: SimulationConfig, replicas: int | list) -> list[SimulationConfig]:
     """One config per replica: `replicas` copies, or one per deployment (dict or DeploymentConfig)."""
-    if isinstance(replicas, int):
+    if is_int(replicas):
         require(replicas >= 1, "replicas", replicas, "must be an integer >= 1")
         return [config] * replicas
+    require(isinstance(replicas, (list, tuple)), "replicas", replicas,
+            "must be an integer >= 1 or a list of deployments (dicts or DeploymentConfig)")
     require(len(replicas) >= 1, "replicas", replicas, "must name at least one deployment")
     return [config.replace(deployment=d) for d in replicas]
 
@@ -72,6 +75,10 @@ def replica_configs(config: SimulationConfig, replicas: int | list) -> list[Simu
 def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router: str = "round_robin", *,
                      workload=None, until: float | None = None) -> ClusterResults:
     """Simulate `replicas` engines behind `router` serving config.workload (or `workload`)."""
+    require(isinstance(config, SimulationConfig), "config", config,
+            "must be a SimulationConfig (SimulationConfig.from_dict builds one from a dict)")
+    check_traffic(workload)
+    check_until(until)
     configs = replica_configs(config, replicas)
     env = simpy.Environment()
     engines = [_engine(c) for c in configs]

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kernels_cost_model.errors import is_int, require
 from sim.api.itl import distinct_counts, itl_chunks, sorted_percentile
 
 PREFILL, DECODE, QUEUE = "#e8743b", "#1f77b4", "#bbbbbb"
@@ -165,6 +166,7 @@ def _binned(steps: pd.DataFrame, columns: list[str], bins: int) -> tuple[np.ndar
 
 def plot_batch_composition(results, bins: int = 120) -> Figure:
     """Prefill vs decode tokens per step, and running vs waiting requests, over time."""
+    require(is_int(bins) and bins >= 1, "bins", bins, "must be an integer >= 1")
     fig, (top, bottom) = new_figure(2, 1, size=(10, 6.5), sharex=True)
     steps = results.steps
     if steps.empty:
@@ -227,6 +229,7 @@ def plot_timeline(results, max_requests: int = 50) -> Figure:
     """Per-request Gantt chart (queued, prefill, decode) of a window of `max_requests` chosen by
     `timeline_window`; preempted requests outlined in red with their count, steps that preempted
     marked along the top."""
+    require(is_int(max_requests) and max_requests >= 1, "max_requests", max_requests, "must be an integer >= 1")
     req, why = timeline_window(results.requests, max_requests)
     fig, (ax,) = new_figure(size=(10, max(3.0, 0.18 * len(req) + 1.5)))
     y = np.arange(len(req))
@@ -300,8 +303,8 @@ PLOTS = {
 def save_plots(results, directory: str | Path, fmt: str = "png", dpi: int = 120) -> list[Path]:
     """Write every plot of PLOTS (and `spec_decode` when it was on) for `results` into `directory` as
     <name>.<fmt>; returns the paths."""
-    if fmt not in ("png", "svg"):
-        raise ValueError(f"fmt={fmt!r}: must be 'png' or 'svg'")
+    require(fmt in ("png", "svg"), "fmt", fmt, "must be 'png' or 'svg'")
+    require(is_int(dpi) and dpi >= 1, "dpi", dpi, "must be an integer >= 1")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

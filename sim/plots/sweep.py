@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kernels_cost_model.errors import is_number, require
 from sim.api.metrics import legacy_key
 
 DEFAULT_METRICS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
@@ -63,8 +64,12 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate", metrics=DEFAUL
 
     hue: column(s) that split lines; default every other axis that varies. slo: {metric: target in
     the metric's unit, e.g. ms}, drawn as a dashed line the y range always includes."""
+    require(isinstance(sweep, pd.DataFrame), "sweep", type(sweep).__name__,
+            "must be a pandas DataFrame with one row per run, e.g. pd.read_csv(\"sweep-out/sweep.csv\")")
+    _check_slo(slo)
     x = resolve_column(sweep, x)
-    metrics = [resolve_column(sweep, m) for m in metrics]
+    metrics = [resolve_column(sweep, m) for m in ([metrics] if isinstance(metrics, str) else metrics)]
+    require(len(metrics) > 0, "metrics", metrics, "give at least one metric column, e.g. [\"p99_ttft_ms\"]")
     hues = ([hue] if isinstance(hue, str) else list(hue)) if hue else varied_axes(sweep, x)
     hues = [resolve_column(sweep, h) for h in hues]
     families = list(dict.fromkeys(metric_label(m)[0] for m in metrics))
@@ -85,6 +90,13 @@ def plot_throughput_latency(sweep: pd.DataFrame, x: str = "rate", metrics=DEFAUL
         _finish_panel(ax, sweep, family, metrics, slo or {}, x_label or _x_label(x))
     fig.suptitle(title + (f" (mean of {seeds} seeds; band: min to max)" if seeds > 1 else ""))
     return fig
+
+
+def _check_slo(slo) -> None:
+    require(slo is None or isinstance(slo, dict), "slo", slo, "must be a dict {metric: target}, e.g. {\"p99_ttft_ms\": 500}")
+    for metric, target in (slo or {}).items():
+        require(target is None or (is_number(target) and target > 0), f"slo.{metric}", target,
+                "must be a number > 0 in the metric's unit (or None)")
 
 
 def line_color(index: int, count: int):
