@@ -27,7 +27,7 @@ from sim.api.memory import keep_large_blocks_apart, release_freed_memory
 from sim.api.results import Results
 from sim.api.slo import SLOConfig
 from sim.api.version import __version__
-from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits, check_progress,
+from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
                                 check_simulation, check_step_budget, check_workload,
                                 resolve_engine, switch_kind, unresolved_engine_values, warn_length_cuts,
                                 warn_rejections)
@@ -36,7 +36,7 @@ from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
-from sim.engine.simulation import check_traffic, check_until, run_engine
+from sim.engine.simulation import check_progress, check_traffic, check_until, run_engine
 
 
 @dataclass(frozen=True)

@@ -218,9 +218,3 @@ def warn_length_cuts(requests, max_model_len: int) -> None:
         warnings.warn(f"{cut} of {len(requests)} requests ({cut / len(requests):.0%}) had their output cut at "
                       f"engine.max_model_len={max_model_len} (prompt + output tokens), short of their "
                       "max_tokens / output length", stacklevel=3)
-
-
-def check_progress(progress) -> None:
-    """simulate()'s `progress`: None or an object with `update(now)` (sim.api.progress.Progress)."""
-    require(progress is None or callable(getattr(progress, "update", None)), "progress", progress,
-            "must be an object with update(now), such as sim.api.progress.Progress")

@@ -178,6 +178,12 @@ def check_traffic(workload, *, empty_ok: bool = False) -> None:
     _check_unique_ids(workload)
 
 
+def check_progress(progress) -> None:
+    """A run's `progress`: None or an object with `update(now)` (sim.api.progress.Progress)."""
+    require(progress is None or callable(getattr(progress, "update", None)), "progress", progress,
+            "must be an object with update(now), such as sim.api.progress.Progress")
+
+
 def _check_unique_ids(specs: list) -> None:
     """Request ids given in a spec list name one request each (the results are keyed by them)."""
     first: dict = {}
@@ -253,8 +259,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     require(isinstance(config, EngineConfig), "config", config, "must be an EngineConfig")
     require(callable(getattr(cost_model, "step_time", None)), "cost_model", cost_model,
             "must be a cost model with step_time(batch), e.g. kernels_cost_model.make_cost_model(...)")
-    require(progress is None or callable(getattr(progress, "update", None)), "progress", progress,
-            "must be an object with update(now), such as sim.api.progress.Progress")
+    check_progress(progress)
     config = config.resolved()
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
