@@ -165,7 +165,7 @@ class ShapedCostModel:
         if self.gdn is not None:
             dec = sum(1 for n in batch.num_new_tokens if n == 1)
             pf = [n for n in batch.num_new_tokens if n > 1]
-            return self.gdn.decode(dec) + self.gdn.prefill(float(sum(pf)), len(pf))
+            return self.gdn.decode(dec) + self.gdn.prefill(pf)
         c = self.base.decode
         rows = sum(1 for n in batch.num_new_tokens if n)
         tokens = sum(batch.num_new_tokens)

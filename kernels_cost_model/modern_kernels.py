@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import mla
+from .l2_cache import l2_bytes
 from .operators import FusedMoE, MatmulOp
 from .roofline import Coeffs
 from .shape_keys import _num, matmul_coeffs, moe_coeffs
@@ -133,6 +134,9 @@ def mla_kernels(gpu_name: str, spec, heads: float, kv_cache_dtype: str = "auto")
 
 #: Bytes per recurrent-state element in AIConfigurator's GDN tables (fp32 state), which the fits use.
 GDN_STATE_BYTES = 4.0
+#: Tokens per chunk of vLLM's chunked delta rule (`chunk_gated_delta_rule`, flash-linear-attention's
+#: kernels as vLLM vendors them in model_executor/layers/fla/ops: chunk_size 64 throughout).
+GDN_CHUNK = 64
 
 
 def gdn_cost(tokens: float, seqs: float, k_heads: float, k_dim: float, v_heads: float, v_dim: float,
@@ -146,21 +150,50 @@ def gdn_cost(tokens: float, seqs: float, k_heads: float, k_dim: float, v_heads: 
     return flops, nbytes
 
 
+def gdn_chunks(tokens: float) -> float:
+    """Chunks one sequence's `tokens` take in the chunked delta rule."""
+    return float(math.ceil(tokens / GDN_CHUNK))
+
+
+def gdn_intermediate_bytes(tokens: float, chunks: float, k_dim: float, v_heads: float, v_dim: float) -> float:
+    """Bytes the chunked delta rule's kernels write for the next one to read, over `tokens` in `chunks`
+    chunks (all sequences): per token and value head the chunk's fp32 K K^T row and its bf16 inverse
+    (`chunk_scaled_dot_kkt_fwd`, `solve_tril`), w, u and the new values (bf16: `recompute_w_u_fwd`,
+    `chunk_gated_delta_rule_fwd_h`), and per chunk and value head the bf16 state `chunk_fwd_o` reads."""
+    per_token = (4 + 2) * GDN_CHUNK + 2 * k_dim + 2 * v_dim + 2 * v_dim
+    return v_heads * (tokens * per_token + chunks * 2.0 * k_dim * v_dim)
+
+
+def gdn_prefill_terms(lengths, k_dim: float, v_heads: float, v_dim: float, l2_bytes: float) -> tuple[float, float]:
+    """(critical-path chunks, bytes spilled beyond L2) of a prefill launch over sequences of `lengths`
+    tokens. `chunk_gated_delta_rule_fwd_h` walks each sequence's chunks one after another (its grid is
+    value blocks x sequences x heads), so the longest sequence's chunks are a serial path; intermediates
+    beyond the L2 go to DRAM and back."""
+    chunks = [gdn_chunks(n) for n in lengths]
+    inter = gdn_intermediate_bytes(float(sum(lengths)), float(sum(chunks)), k_dim, v_heads, v_dim)
+    return max(chunks, default=0.0), max(inter - l2_bytes, 0.0)
+
+
 @dataclass(frozen=True)
 class GDNKernels:
     """One Gated DeltaNet layer on one GPU (conv1d + delta rule), at the measured fits, with the
-    recurrent state at the bytes per element vLLM keeps it in for this model."""
+    recurrent state at the bytes per element vLLM keeps it in for this model; `l2_bytes` of the GPU
+    (the prefill fit prices intermediates beyond it)."""
 
     heads: tuple            # (key heads, key dim, value heads, value dim) on this GPU
     context: Coeffs
     generation: Coeffs
     state_bytes: float = GDN_STATE_BYTES
+    l2_bytes: float = 0.0
 
-    def prefill(self, tokens: float, seqs: int) -> float:
-        if seqs <= 0:
+    def prefill(self, lengths) -> float:
+        """One launch over prefill rows of `lengths` new tokens each."""
+        if not lengths:
             return 0.0
+        tokens, seqs = float(sum(lengths)), len(lengths)
         f, b = gdn_cost(tokens, seqs, *self.heads, self.state_bytes)
-        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
+        path, spilled = gdn_prefill_terms(lengths, self.heads[1], self.heads[2], self.heads[3], self.l2_bytes)
+        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs, path, (0.0, 0.0, 0.0, spilled))
 
     def decode(self, rows: int) -> float:
         if rows <= 0:
@@ -186,4 +219,4 @@ def gdn_kernels(gpu_name: str, spec, tp: int) -> GDNKernels | None:
 
     return GDNKernels((hk, spec.linear_key_head_dim, hv, spec.linear_value_head_dim),
                       pick(fits["gdn"]["context"]), pick(fits["gdn"]["generation"]),
-                      float(spec.ssm_state_dtype_bytes or spec.dtype_bytes))
+                      float(spec.ssm_state_dtype_bytes or spec.dtype_bytes), l2_bytes(gpu_name) or 0.0)

@@ -2,6 +2,7 @@
 (modern_kernels.py, layer_ops.py)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -32,8 +33,8 @@ def test_every_shipped_fit_names_its_source_and_held_out_error():
     for path in files:
         raw = json.loads(path.read_text())
         assert raw["provenance"]["licence"].startswith("measurements: ai-dynamo/aiconfigurator")
-        for kind in ("mla", "gemm", "moe"):
-            for variant, fit in raw[kind].items():
+        for kind in ("mla", "gemm", "moe", "gdn"):
+            for variant, fit in raw.get(kind, {}).items():
                 assert fit["sources"] and all("aiconfigurator" in s and "vLLM" in s for s in fit["sources"])
                 assert fit["holdout_samples"] > 0 and 0 <= fit["holdout_error"]["median"] < 0.5, (path, variant)
 
@@ -235,7 +236,44 @@ def test_qwen3_next_prices_its_linear_layers_from_the_gdn_fits():
     assert make_cost_model("qwen3-next-80b-a3b", "h200", 2, calibration=None).gdn is None
     # decode reads each request's state once, whatever its context: the cost follows requests, not keys
     assert cm.gdn.decode(256) > 4 * cm.gdn.decode(32)
-    assert cm.gdn.prefill(8192, 1) > cm.gdn.prefill(1024, 1)
+    assert cm.gdn.prefill([8192]) > cm.gdn.prefill([1024])
+
+
+def test_gdn_intermediates_match_a_hand_count():
+    from kernels_cost_model.modern_kernels import gdn_intermediate_bytes, gdn_prefill_terms
+    # 64 tokens, one value head of 128 x 128: per token an fp32 and a bf16 row of 64 (K K^T and its
+    # inverse), w, u and the new values (bf16, 128 each); one chunk's bf16 state of 128 x 128
+    assert gdn_intermediate_bytes(64, 1, 128, 1, 128) == 64 * (6 * 64 + 3 * 256) + 2 * 128 * 128
+    # chunks of 64: 65 tokens take two; the longest sequence is the serial path
+    assert gdn_prefill_terms([65, 64, 1], 128, 1, 128, 1e12) == (2.0, 0.0)
+    assert gdn_prefill_terms([64], 128, 1, 128, 100_000) == (1.0, 6_496.0)
+
+
+def test_gdn_prefill_pays_a_long_sequences_serial_chunks_and_spills_beyond_l2():
+    cm = make_cost_model("qwen3-next-80b-a3b", "h200", 2)
+    gdn = cm.gdn
+    assert gdn.context.s_per_key > 0 and gdn.context.s_per_spilled_byte > 0 and gdn.l2_bytes == 50 * 2**20
+    # the same tokens as one sequence take 8x the chunks one after another
+    assert gdn.prefill([8192]) > 1.5 * gdn.prefill([1024] * 8)
+    # L40S (96 MB of L2), 8 key / 16 value heads: AIConfigurator measured 307 us for 4 x 1,024 tokens and
+    # 1,090 us for 8 x 1,024, whose intermediates (218 MB against 109) spill twice as far beyond the L2
+    l40s = make_cost_model("qwen3-next-80b-a3b", "l40s", 2).gdn
+    assert l40s.prefill([1024] * 8) > 2.5 * l40s.prefill([1024] * 4)
+    assert make_cost_model("qwen3-next-80b-a3b", "a100", 2).gdn is None  # no GDN table: the roofline prices it
+
+
+@functools.cache
+def _qwen3_next_gdn(gpu: str):
+    return make_cost_model("qwen3-next-80b-a3b", gpu, 2).gdn
+
+
+@given(lengths=st.lists(st.integers(2, 40_000), min_size=1, max_size=8), row=st.integers(0, 7),
+       extra=st.integers(1, 5_000), gpu=st.sampled_from(["h200", "l40s", "rtx-pro-6000", "b200"]))
+def test_gdn_prefill_never_cheaper_with_more_tokens(lengths, row, extra, gpu):
+    gdn = _qwen3_next_gdn(gpu)
+    longer = list(lengths)
+    longer[row % len(longer)] += extra
+    assert gdn.prefill(longer) >= gdn.prefill(lengths)
 
 
 @needs_profiles
