@@ -27,7 +27,7 @@ from .errors import ConfigError
 #: MLA tables: phase -> (file names tried in order: vLLM 0.24 module table, vLLM 0.14 kernel table).
 MLA_FILES = {"context": ("mla_context_module_perf.parquet", "context_mla_perf.parquet"),
              "generation": ("mla_generation_module_perf.parquet", "generation_mla_perf.parquet")}
-MLA_COLUMNS = ("version", "kv_cache_dtype", "num_heads", "batch_size", "isl", "step", "latency")
+MLA_COLUMNS = ("version", "kernel_source", "kv_cache_dtype", "num_heads", "batch_size", "isl", "step", "latency")
 GEMM_DTYPES = ("fp8", "fp8_block")
 MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "w4a16_mxfp4")
 #: Smallest weight width kept (as aiconfigurator_tables.MIN_MATMUL_WIDTH).
@@ -59,7 +59,8 @@ def mla_path(root: str | Path, system: str, phase: str) -> Path | None:
 
 def mla_rows(root: str | Path, system: str, phase: str) -> Iterator[dict]:
     """MLA rows: heads (per GPU), batch, isl, step, kv_dtype, gemm ("bfloat16"/"fp8_block"), scope
-    ("module": projections included; "kernel": attention only), seconds, source."""
+    ("module": projections included; "kernel": attention only), kernel (the table's kernel_source),
+    seconds, source."""
     path = mla_path(root, system, phase)
     if path is None:
         return
@@ -71,8 +72,8 @@ def mla_rows(root: str | Path, system: str, phase: str) -> Iterator[dict]:
         yield {"heads": _number(path, raw, "num_heads", 1), "batch": _number(path, raw, "batch_size", 1),
                "isl": _number(path, raw, "isl", 1), "step": _number(path, raw, "step"), "kv_dtype": kv,
                "gemm": str(raw["gemm_type"]) if module else "bfloat16",
-               "scope": "module" if module else "kernel", "seconds": _latency_s(path, raw),
-               "source": _source(Path(root), path, raw["version"])}
+               "scope": "module" if module else "kernel", "kernel": str(raw["kernel_source"]),
+               "seconds": _latency_s(path, raw), "source": _source(Path(root), path, raw["version"])}
 
 
 def gemm_rows(root: str | Path, system: str, dtype: str) -> Iterator[dict]:

@@ -12,6 +12,8 @@ r_q x (d_n + d_r), the KV up-projection r x (d_n + d_v) and the output projectio
   cached prefix, which vLLM's chunked MLA prefill re-expands); 2 (d_n + d_r + d_v) FLOPs per
   query-key pair and head.
 `scope` "module" counts the projections (vLLM 0.24 tables), "kernel" the attention alone (vLLM 0.14).
+A module's prefill runs two kinds of kernel, the projection GEMMs and the attention kernel, at rates
+of their own: `split_context` takes the attention FLOPs apart for its fit (s_per_attention_flop).
 """
 from __future__ import annotations
 
@@ -55,3 +57,20 @@ def context_cost(spec, heads: float, tokens: float, pairs: float, cached: float,
         flops += 2.0 * tokens * w
         nbytes += weight_bytes * w + ACT_BYTES * 2.0 * tokens * spec.hidden_size
     return flops, nbytes
+
+
+def context_attention_flops(spec, heads: float, pairs: float) -> float:
+    """FLOPs of a prefill's attention kernel: its score and value products over `pairs` causal
+    query-key pairs per head."""
+    return 2.0 * heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim) * pairs
+
+
+def split_context(spec, heads: float, tokens: float, pairs: float, cached: float, kv_bytes: float,
+                  weight_bytes: float, scope: str = "module") -> tuple[float, float, float]:
+    """`context_cost` as (FLOPs of the rest, bytes, attention kernel FLOPs): a module's attention is
+    taken apart from its projections; a kernel-only fit keeps one rate (attention FLOPs 0)."""
+    flops, nbytes = context_cost(spec, heads, tokens, pairs, cached, kv_bytes, weight_bytes, scope)
+    if scope != "module":
+        return flops, nbytes, 0.0
+    attention = context_attention_flops(spec, heads, pairs)
+    return flops - attention, nbytes, attention

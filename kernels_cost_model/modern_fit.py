@@ -42,6 +42,11 @@ MLA_MODEL = "deepseek-v3"  # the shape the MLA tables were measured at (their `m
 #: (300-900 us for a 7168 x 7168 GEMM of one token on gb300) swamps the kernel, and vLLM serves from
 #: graphs, so block-scaled weights are priced at the per-tensor fit (modern_kernels.GRAPHED_GEMM).
 FITTED_GEMM_DTYPES = ("fp8",)
+#: vLLM's MLA decode backends (their names in the tables' kernel_source) and its MLA prefill backends
+#: in the order its prefill selector tries them on Blackwell (vllm/v1/attention/backends/mla/prefill/
+#: selector.py: FLASH_ATTN, TRTLLM_RAGGED, FLASHINFER; Hopper and older: FLASH_ATTN only).
+MLA_DECODE_KERNELS = ("FLASHMLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "TRITON_MLA")
+MLA_PREFILL_PRIORITY = ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER")
 #: Candidate row steps of the FP8 GEMM kernels' M tiles (operators.padded_rows; 0: no padding).
 ROW_STEPS = (0, 64, 128, 256)
 
@@ -56,19 +61,21 @@ def _coeffs_json(c: Coeffs) -> dict:
     """Five significant digits: far below the fits' error, and a fifth of the file. The path and spill
     terms are written only by the families that fit them."""
     fields = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq")
-    fields += tuple(f for f in ("s_per_key", "s_per_spilled_byte") if getattr(c, f))
+    fields += tuple(f for f in ("s_per_key", "s_per_spilled_byte", "s_per_attention_flop") if getattr(c, f))
     return {f: float(f"{getattr(c, f):.5g}") for f in fields}
 
 
 def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources, path=None,
-         spilled=None) -> dict | None:
+         spilled=None, attention=None) -> dict | None:
     """Coefficients of the family and of each shape (`family@shape`, shape_keys.py's format) with at
     least MIN_SHAPE_SAMPLES kept rows, fitted on the kept rows; scored on the held-out ones (each priced
     at its shape's coefficients where fitted). `path`: a critical path's units (s_per_key), `spilled`:
-    bytes beyond L2 (s_per_spilled_byte), where the family has them. None when too few samples."""
+    bytes beyond L2 (s_per_spilled_byte), `attention`: a module's attention FLOPs, apart from `flops`
+    (s_per_attention_flop), where the family has them. None when too few samples."""
     f, b, t, r = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds, rows))
     s = np.zeros_like(t) if seqs is None else np.asarray(seqs, dtype=float)
     k = None if path is None else np.asarray(path, dtype=float)
+    a = None if attention is None else np.asarray(attention, dtype=float)
     side = None if spilled is None else np.column_stack([np.zeros_like(t)] * 3 + [np.asarray(spilled, dtype=float)])
     out = np.zeros(len(t), dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -80,7 +87,8 @@ def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources,
         return None
     seq = None if seqs is None else s
     pick = lambda x, m: None if x is None else x[m]  # noqa: E731
-    fit = lambda m: fit_family(f[m], b[m], t[m], r[m], pick(seq, m), pick(k, m), side=pick(side, m))  # noqa: E731
+    fit = lambda m: fit_family(f[m], b[m], t[m], r[m], pick(seq, m), pick(k, m), side=pick(side, m),  # noqa: E731
+                               attention=pick(a, m))
     family_c = fit(~out)
     coeffs, pred = {family: family_c}, np.zeros(len(t))
     for shape, idx in groups.items():
@@ -91,7 +99,8 @@ def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources,
             mask = np.zeros(len(t), dtype=bool)
             mask[kept] = True
             c = coeffs[f"{family}@{shape}"] = fit(mask)
-        pred[idx] = predict_arrays(c, f[idx], b[idx], r[idx], pick(seq, idx), pick(k, idx), pick(side, idx))
+        pred[idx] = predict_arrays(c, f[idx], b[idx], r[idx], pick(seq, idx), pick(k, idx), pick(side, idx),
+                                   pick(a, idx))
     err = np.abs(pred / t - 1.0)
     held = err[out]
     return {"coeffs": {k: _coeffs_json(c) for k, c in sorted(coeffs.items())},
@@ -110,14 +119,31 @@ def fit_mla(root, system: str) -> dict:
     spec, out = get_model(MLA_MODEL), {}
     for phase in ("context", "generation"):
         groups: dict[tuple, list] = {}
-        for row in mla_rows(root, system, phase):
+        for row in _served_rows(mla_rows(root, system, phase), phase):
             tier = "generation_l2" if phase == "generation" and _kv_in_l2(spec, row, system) else phase
             groups.setdefault((tier, row["kv_dtype"], row["gemm"], row["scope"]), []).append(row)
         for (tier, kv, gemm, scope), rows in sorted(groups.items()):
-            fit = _fit("mla", *_mla_columns(spec, phase, kv, gemm, scope, rows))
+            columns, attention = _mla_columns(spec, phase, kv, gemm, scope, rows)
+            fit = _fit("mla", *columns, attention=attention)
             if fit:
                 out[f"{tier}/{kv}/{gemm}"] = {"scope": scope, **fit}
     return out
+
+
+def _served_rows(rows, phase: str) -> list[dict]:
+    """The MLA rows of the kernels vLLM serves that phase with. A context table also times short
+    prompts on an MLA decode backend (vLLM runs query rows up to its reorder threshold through the
+    absorbed decode kernel: FlashMLA rows up to 128 tokens, FlashAttention-MLA up to 512, the others at
+    one), which the context fit, priced as the expanded prefill, leaves out; and where two prefill
+    backends timed the same case (B200 class, fp8 KV: FLASH_ATTN and TRTLLM_RAGGED), it keeps the one
+    vLLM's prefill selector tries first (FLASH_ATTN)."""
+    rows = list(rows)
+    if phase != "context":
+        return rows
+    served = [x for x in rows if x["kernel"] not in MLA_DECODE_KERNELS]
+    kernels = {x["kernel"] for x in served}
+    first = next((k for k in MLA_PREFILL_PRIORITY if k in kernels), None)
+    return [x for x in served if first is None or x["kernel"] == first or x["kernel"] not in MLA_PREFILL_PRIORITY]
 
 
 def _kv_in_l2(spec, row: dict, system: str) -> bool:
@@ -127,9 +153,10 @@ def _kv_in_l2(spec, row: dict, system: str) -> bool:
     return keys * width * DTYPE_BYTES[row["kv_dtype"]] <= L2_BYTES[system][0]
 
 
-def _mla_columns(spec, phase: str, kv: str, gemm: str, scope: str, rows: list[dict]) -> list[list]:
-    """`_fit`'s columns for MLA rows of one phase and variant."""
-    cols = [[], [], [], [], [], [], [], []]
+def _mla_columns(spec, phase: str, kv: str, gemm: str, scope: str, rows: list[dict]) -> tuple[list, list | None]:
+    """`_fit`'s columns for MLA rows of one phase and variant, and the attention FLOPs of a module's
+    prefill rows (mla.split_context; None where one rate prices all)."""
+    cols, attention = [[], [], [], [], [], [], [], []], []
     kvb, wb = DTYPE_BYTES[kv], DTYPE_BYTES[gemm]
     for x in rows:
         if phase == "generation":
@@ -137,12 +164,13 @@ def _mla_columns(spec, phase: str, kv: str, gemm: str, scope: str, rows: list[di
             r = x["batch"]
         else:
             tok, isl = x["batch"] * x["isl"], x["isl"]
-            fb = mla.context_cost(spec, x["heads"], tok, x["batch"] * isl * (isl + 1) / 2, 0.0, kvb, wb, scope)
+            *fb, a = mla.split_context(spec, x["heads"], tok, x["batch"] * isl * (isl + 1) / 2, 0.0, kvb, wb, scope)
+            attention.append(a)
             r = isl
         for col, v in zip(cols, (*fb, x["seconds"], r, x["batch"], _num(x["heads"]),
                                  (x["batch"], x["isl"], x["step"]), x["source"])):
             col.append(v)
-    return cols
+    return cols, (attention if any(attention) else None)
 
 
 def fit_gemm(root, system: str) -> dict:

@@ -102,9 +102,11 @@ class MLAKernels:
         """Seconds for `seqs` prefill rows of `tokens` new tokens in all."""
         if seqs <= 0:
             return 0.0
-        f, b = mla.context_cost(self.spec, self.heads, tokens, pairs, cached, self.kv_bytes, self.weight_bytes,
-                                self.scope)
-        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs)
+        f, b, a = mla.split_context(self.spec, self.heads, tokens, pairs, cached, self.kv_bytes,
+                                    self.weight_bytes, self.scope)
+        if not self.context.s_per_attention_flop:  # (a fit with one rate for both)
+            f, a = f + a, 0.0
+        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs, attention_flops=a)
 
     def decode(self, rows: int, keys: float, read_weights: bool = True) -> float:
         """Seconds for `rows` decode rows reading `keys` cached keys in all (without the module's

@@ -51,7 +51,9 @@ class Coeffs:
     per sequence of an attention launch (its work units: query loads, split-KV reductions); seconds per
     key of a causal launch's longest row (its critical path, operator_keys); side terms (SIDE_FAMILIES,
     shape_keys.side_terms): seconds per copy kernel, per combine kernel and per split it merges of an
-    FA2 decode launch, and per byte spilled out of L2 in the L2 benchmark states."""
+    FA2 decode launch, and per byte spilled out of L2 in the L2 benchmark states; seconds per FLOP of the
+    attention kernel inside a fit of a whole module (the MLA module: its score and value products run
+    at another rate than its projection GEMMs, which take `s_per_flop`)."""
 
     s_per_flop: float
     s_per_byte: float
@@ -63,6 +65,7 @@ class Coeffs:
     s_per_combine: float = 0.0
     s_per_split: float = 0.0
     s_per_spilled_byte: float = 0.0
+    s_per_attention_flop: float = 0.0
 
     def __post_init__(self) -> None:
         for name in COEFF_FIELDS:
@@ -70,17 +73,18 @@ class Coeffs:
             require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
 
     def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0,
-             side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> float:
+             side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0), attention_flops: float = 0.0) -> float:
         copies, combines, splits, spilled = side
         return (roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq + keys * self.s_per_key
                 + copies * self.s_per_copy + combines * self.s_per_combine + splits * self.s_per_split
-                + spilled * self.s_per_spilled_byte)
+                + spilled * self.s_per_spilled_byte + attention_flops * self.s_per_attention_flop)
 
 
 #: Coeffs' side-term fields, in the order of shape_keys.side_terms' columns.
 SIDE_FIELDS = ("s_per_copy", "s_per_combine", "s_per_split", "s_per_spilled_byte")
 #: Coeffs' fields, in order.
-COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key", *SIDE_FIELDS)
+COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key", *SIDE_FIELDS,
+                "s_per_attention_flop")
 
 
 def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:

@@ -67,6 +67,20 @@ def test_the_fit_recovers_side_coefficients():
     assert side_kernels(rows, "decode_attention") == {}             # serving's family: its own form
 
 
+def test_the_fit_prices_a_modules_attention_flops_apart():
+    truth = Coeffs(2e-15, 3e-13, 8e-6, 0.0, 0.0, s_per_attention_flop=5e-15)
+    tokens = np.array([16.0, 64, 256, 1024, 4096, 16384] * 3)
+    batch = np.repeat([1.0, 4, 16], 6)
+    flops, nbytes = 2.0 * tokens * batch * 5e7, 1e8 + 4e3 * tokens * batch
+    attention = 2.0 * 128 * 320 * batch * tokens * (tokens + 1) / 2
+    seconds = predict_arrays(truth, flops, nbytes, tokens, None, None, None, attention)
+    assert np.allclose(seconds, [truth.time(f, b, r, attention_flops=a)
+                                 for f, b, r, a in zip(flops, nbytes, tokens, attention)])
+    got = fit_family(flops, nbytes, seconds, tokens, robust=False, attention=attention)
+    assert got.s_per_attention_flop == pytest.approx(truth.s_per_attention_flop, rel=1e-6)
+    assert got.s_per_flop == pytest.approx(truth.s_per_flop, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_only_the_l2_states_carry_side_terms(name):
     cal = shipped_calibration(name)

@@ -46,6 +46,33 @@ def test_hopper_mla_fits_are_accurate_on_held_out_shapes():
             assert raw[f"{phase}/bfloat16/fp8_block"]["holdout_error"]["median"] < 0.08
 
 
+def test_mla_module_prefill_prices_its_attention_kernel_apart_from_its_projections():
+    for gpu in ("h100-sxm", "h200", "b200", "b300", "gb200", "gb300"):
+        for variant, fit in load_modern(gpu)["_raw"]["mla"].items():
+            if variant.startswith("context/"):
+                assert fit["coeffs"]["mla"]["s_per_attention_flop"] > 0, (gpu, variant)
+                assert fit["holdout_error"]["median"] < 0.05, (gpu, variant)
+    kernel_only = load_modern("a100-sxm-80gb")["mla"]["context/bfloat16/bfloat16"]["mla"]
+    assert kernel_only.s_per_attention_flop == 0  # one kernel, one rate
+    # the split: the projections' FLOPs and the attention's add up to the module's
+    flops, nbytes = mla.context_cost(DSV3, 16, 4096, 4096 * 4097 / 2, 0.0, 2, 2, "module")
+    rest, same_bytes, attention = mla.split_context(DSV3, 16, 4096, 4096 * 4097 / 2, 0.0, 2, 2, "module")
+    assert (rest + attention, same_bytes) == (flops, nbytes)
+    assert attention == mla.context_attention_flops(DSV3, 16, 4096 * 4097 / 2) > 0
+    assert mla.split_context(DSV3, 16, 4096, 4096 * 4097 / 2, 0.0, 2, 2, "kernel")[2] == 0.0
+
+
+def test_mla_prefill_is_fitted_on_the_kernel_vllm_serves_it_with():
+    from kernels_cost_model.modern_fit import _served_rows
+    row = dict(batch=1, isl=4096, heads=16)
+    rows = [dict(row, kernel=k) for k in ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHMLA")]
+    assert [x["kernel"] for x in _served_rows(rows, "context")] == ["FLASH_ATTN"]  # the selector's first
+    assert [x["kernel"] for x in _served_rows(rows[1:], "context")] == ["TRTLLM_RAGGED"]
+    assert len(_served_rows(rows, "generation")) == 3
+    assert [x["kernel"] for x in _served_rows([dict(row, kernel="vllm_triton_mla")], "context")] == \
+        ["vllm_triton_mla"]  # a kernel-only table of one kernel (a100) is kept whole
+
+
 # ----- FP8 GEMMs: rows padded to the kernel's M tile ---------------------------------------------------
 def test_fp8_gemm_kernels_compute_their_rows_padded_to_the_m_tile():
     assert [padded_rows(m, 256) for m in (1, 16, 17, 64, 65, 129, 256, 257, 513)] == \
