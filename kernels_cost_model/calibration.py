@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require_path
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derivation, derived_coeffs, shipped_defaults
@@ -251,7 +251,7 @@ def save_calibration(cal: Calibration, path: str | Path) -> Path:
 
 
 def load_calibration(path: str | Path) -> Calibration:
-    path = Path(path)
+    path = require_path("calibration", path, "a calibration JSON file")
     try:
         data = json.loads(path.read_text())
         coeffs = {f: Coeffs(**c) for f, c in data["coeffs"].items()}

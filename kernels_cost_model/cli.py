@@ -31,7 +31,8 @@ def add_calibrate_parser(subparsers) -> argparse.ArgumentParser:
                    help="profile: read --profile CSV; torch: measure kernels on --device now")
     p.add_argument("--profile", type=Path, help="measured profile CSV (schema: docs/cost_model.md)")
     p.add_argument("--device", default="cpu", help="torch backend device: cpu or cuda[:index]")
-    p.add_argument("--model", default="", help="model whose shapes the torch backend measures")
+    p.add_argument("--model", default="", help="model whose shapes the torch backend measures (with --from-run "
+                   "FILE: the served model)")
     p.add_argument("--gpu", default="", help="catalog GPU the fit is for (default: the profile's device, which"
                    " must then be a catalog GPU or cpu)")
     p.add_argument("--out", type=Path, help="calibration JSON to write (default calibration-<device>.json)")

@@ -6,6 +6,8 @@ multiprocessing and Ray do the same when they carry it across processes. `is_int
 the type tests every layer's checks share (no bool where a number belongs, no NaN or infinity).
 """
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 
@@ -55,3 +57,9 @@ def require(condition: bool, field: str, value: object, reason: str) -> None:
     """Raise ConfigError(field, value, reason) unless `condition` holds."""
     if not condition:
         raise ConfigError(field, value, reason)
+
+
+def require_path(field: str, value: object, what: str) -> Path:
+    """`value` as a Path; a ConfigError naming `field` when it is not a path (None, a number, a list)."""
+    require(isinstance(value, (str, os.PathLike)), field, value, f"must be a path to {what}")
+    return Path(value)

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require_path
 
 from .roofline import OPERATOR_FAMILY
 
@@ -101,7 +101,7 @@ def validate_row(raw: dict, origin: str = "<profile>", line: int = 0) -> dict:
 
 def read_profile(path: str | Path) -> list[dict]:
     """Read and validate a profile CSV; errors name the file, line and column."""
-    path = Path(path)
+    path = require_path("profile", path, "a profile CSV file")
     if not path.is_file():
         raise ConfigError("profile", str(path), "no such file")
     with path.open(newline="") as fh:

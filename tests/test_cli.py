@@ -228,8 +228,8 @@ def test_output_paths_name_the_flag_and_what_is_wrong(capsys, tmp_path, saved_ru
          f"--out='{tmp_path / 'no' / 'r.html'}': folder {tmp_path / 'no'} does not exist\n"),
         (["run", *FAST, "--save-result", "--result-dir", str(tmp_path), "--result-filename", "a/b.json"],
          f"--result-filename='a/b.json': folder {tmp_path / 'a'} does not exist\n"),
-        (["calibrate", "--from-run", str(taken)], f"--from-run='{taken}': not a folder (give a measured run's"
-                                                  " folder, with meta.json and requests.jsonl)\n"),
+        (["calibrate", "--from-run", str(taken)], f"--from-run='{taken}': neither a run folder (with meta.json and"
+                                                  " requests.jsonl) nor a vllm bench serve result (.json)\n"),
     ]
     for argv, message in cases:
         code, _, err = run_cli(capsys, *argv)

@@ -56,3 +56,110 @@ def test_fit_from_run_picks_the_grid_value_closest_on_the_fit_split():
     rms = {c: sum(e * e for e in errs.values()) for c, errs in alone.items()}
     assert fit.fitted == ("cpu_per_request_s",) and fit.host.cpu_per_request_s == min(rms, key=rms.get)
     assert abs(fit.held_out_error["tpot_s"]) < 0.05 and fit.held_out_requests == 60
+
+
+# ----- a `vllm bench serve --save-detailed` result as the measured run ------------------------------------
+def _bench_file(tmp_path, cpu_per_request_s=2e-5, **change):
+    """A detailed result file of a known host: servesim's own run written in vllm bench serve's schema."""
+    import json
+    from sim.api.bench_result import bench_serve_result
+    from sim.api.simulator import DeploymentConfig, WorkloadConfig, simulate
+    from sim.core.config import EngineConfig
+    cfg = SimulationConfig(engine=EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192),
+                           deployment=DeploymentConfig(model="llama-3.1-8b", gpu="h100", cpu_gpu_overlap=False,
+                                                       cpu_per_request_s=cpu_per_request_s),
+                           workload=WorkloadConfig(rate=12.0, num_requests=100, lengths="sharegpt", max_tokens=600),
+                           seed=3)
+    doc = {**bench_serve_result(simulate(cfg), detailed=True), **change}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    return path, doc
+
+
+ENGINE = {"model": "llama-3.1-8b", "tensor_parallel_size": 1, "max_num_seqs": 64, "max_num_batched_tokens": 2048,
+          "max_model_len": 8192}
+
+
+def test_a_bench_serve_result_recovers_the_host_it_was_made_with(tmp_path):
+    from sim.fidelity.bench_serve import read_bench_serve
+    path, doc = _bench_file(tmp_path)
+    run = read_bench_serve(path, ENGINE, "h100")
+    assert len(run.workload) == len(doc["input_lens"]) == 100 and run.gpu == "h100"
+    assert list(run.measured["ttft_s"]) == pytest.approx(doc["ttfts"])
+    assert list(run.measured["e2e_s"]) == pytest.approx(doc["latencies"])
+    fit = fit_from_run(run, cpu_grid=(1e-5, 2e-5, 3e-5))
+    assert fit.host.cpu_per_request_s == 2e-5 and fit.fitted == ("cpu_per_request_s",)
+    assert max(abs(e) for e in fit.held_out_error.values()) < 0.01
+    # without end-to-end times, E2E is TTFT plus the streamed gaps: the same figures
+    gaps = read_bench_serve(_bench_file(tmp_path, latencies=None)[0], ENGINE, "h100")
+    assert list(gaps.measured["e2e_s"]) == pytest.approx(doc["latencies"])
+
+
+def test_calibrate_from_a_bench_serve_result_writes_a_deployment_for_that_gpu(tmp_path, capsys):
+    from sim.cli.main import build_parser
+    path, _ = _bench_file(tmp_path)
+    out = tmp_path / "deployment.toml"
+    args = build_parser().parse_args(["calibrate", "--from-run", str(path), "--model", "llama-3.1-8b", "--gpu", "h100",
+                                      "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
+                                      "--max-model-len", "8192", "--out", str(out)])
+    assert args.func(args) == 0
+    cfg = SimulationConfig.from_toml(out)
+    assert cfg.deployment.gpu == "h100" and cfg.deployment.cpu_per_request_s == 2e-5
+    assert cfg.engine.max_num_seqs == 64 and cfg.engine.enable_prefix_caching
+    assert "cpu_per_request_s = 2e-05" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"start_times": None}, r"result.json:start_times=None: missing"),
+    ({"ttfts": [None] * 100}, r"ttfts=None: no request completed"),
+    ({"output_lens": [1] * 99}, r"output_lens=99: must list every request \(100\)"),
+    ({"input_lens": [-1] * 100}, r"input_lens\[0\]=-1: must be a number >= 0"),
+    ({"latencies": None, "itls": None}, r"itls=None: missing, and no latencies or e2els either"),
+])
+def test_a_malformed_bench_serve_result_is_named(tmp_path, change, message):
+    from kernels_cost_model.errors import ConfigError
+    from sim.fidelity.bench_serve import read_bench_serve
+    path, _ = _bench_file(tmp_path, **change)
+    with pytest.raises(ConfigError, match=message):
+        read_bench_serve(path, ENGINE, "h100")
+
+
+def test_failed_requests_are_left_out_with_a_warning(tmp_path):
+    from sim.fidelity.bench_serve import read_bench_serve
+    path, doc = _bench_file(tmp_path, errors=["timeout"] * 3 + [""] * 97)
+    with pytest.warns(UserWarning, match="3 of 100 requests failed"):
+        run = read_bench_serve(path, ENGINE, "h100")
+    assert len(run.workload) == len(run.measured) == 97 and "bench-0" not in set(run.measured["request_id"])
+
+
+def test_calibrate_from_run_names_missing_engine_arguments_and_bad_run_folders(tmp_path):
+    import json
+    from kernels_cost_model.errors import ConfigError
+    from sim.cli.calibrate import measured_run
+    from sim.cli.main import build_parser
+    path, _ = _bench_file(tmp_path)
+    args = build_parser().parse_args(["calibrate", "--from-run", str(path), "--model", "llama-3.1-8b", "--gpu", "h100"])
+    with pytest.raises(ConfigError, match="--max-num-seqs=None: required with a vllm bench serve result"):
+        measured_run(args)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps({"engine_kwargs": {"model": "llama-3.1-8b"}}))
+    with pytest.raises(ConfigError, match=r"engine_kwargs=\['tensor_parallel_size', 'max_num_seqs'"):
+        read_run(folder)
+    (folder / "meta.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not JSON"):
+        read_run(folder)
+
+
+@pytest.mark.parametrize("reader, field", [
+    ("workloads.traces:read_trace", "path"), ("workloads.lengths:read_length_columns", "path"),
+    ("kernels_cost_model.calibration:load_calibration", "calibration"),
+    ("kernels_cost_model.profile_schema:read_profile", "profile"),
+    ("sim.fidelity.real_runs:read_run", "run_dir"), ("sim.fidelity.real_runs:read_workload", "workload")])
+@pytest.mark.parametrize("value", [None, 5, ["a.csv"]])
+def test_file_readers_name_an_argument_that_is_not_a_path(reader, field, value):
+    import importlib
+    from kernels_cost_model.errors import ConfigError
+    module, name = reader.split(":")
+    with pytest.raises(ConfigError, match=rf"^{field}=.*: must be a path to"):
+        getattr(importlib.import_module(module), name)(value)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import require, require_path
 from sim.core.fields import is_int
 from workloads.errors import TraceFormatError
 
@@ -249,7 +249,7 @@ def normal_cdf(z: np.ndarray) -> np.ndarray:
 
 def read_length_columns(path: str | Path, *columns: str) -> list[np.ndarray]:
     """Integer columns of a CSV file, each value checked to be >= 1 (errors name file and line)."""
-    path = Path(path)
+    path = require_path("path", path, "a CSV file")
     cols: list[list[int]] = [[] for _ in columns]
     with path.open(newline="") as f:
         reader = csv.DictReader(f)

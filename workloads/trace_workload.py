@@ -8,7 +8,6 @@ everything else is random from the rng.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import require, require_path
 from sim.core.fields import check_types
 from sim.core.sampling_params import SamplingParams
 from workloads.errors import TraceFormatError
@@ -50,7 +49,7 @@ class TraceWorkload:
     tenant: str = "default"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.path, (str, os.PathLike)), "path", self.path, "must be a path to a trace file")
+        require_path("path", self.path, "a trace file")
         check_types(self)
         require(self.format is None or self.format in READERS, "format", self.format,
                 f"must be one of {sorted(READERS)} or None")

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import require, require_path
 from workloads.errors import TraceFormatError
 
 
@@ -251,9 +251,10 @@ def detect_format(path: str | Path) -> str:
 
 def read_trace(path: str | Path, format: str | None = None) -> Iterator[TraceRow]:
     """Stream the rows of a trace file of `format` (inferred when None)."""
+    path = require_path("path", path, "a trace file")
     fmt = format or detect_format(path)
     require(fmt in READERS, "format", fmt, f"must be one of {sorted(READERS)}")
-    return _at_least_one(READERS[fmt](Path(path)), Path(path))
+    return _at_least_one(READERS[fmt](path), path)
 
 
 def _at_least_one(rows: Iterator[TraceRow], path: Path) -> Iterator[TraceRow]:

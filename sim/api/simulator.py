@@ -12,7 +12,6 @@ TOML file with the same section and key names (`SimulationConfig.from_toml`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from pathlib import Path
 from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.calibration import derived_from
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, require, require_path
 from sim.api.client import ClientConfig
 from sim.api.memory import keep_large_blocks_apart, release_freed_memory
 from sim.api.results import Results
@@ -198,8 +197,7 @@ class SimulationConfig:
 def read_toml(path: str | Path) -> dict:
     """A TOML file as a dict; a missing, unreadable, binary, malformed or empty file is a ConfigError.
     A leading UTF-8 byte order mark (as some Windows editors write) is skipped."""
-    require(isinstance(path, (str, os.PathLike)), "config", path, "must be a path to a TOML file")
-    path = Path(path)
+    path = require_path("config", path, "a TOML file")
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:

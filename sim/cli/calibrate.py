@@ -1,8 +1,11 @@
 """`servesim calibrate`: the cost model's kernel fits (kernels_cost_model.cli), plus `--from-run`.
 
     servesim calibrate --from-run RUN_DIR --out deployment.toml
+    servesim calibrate --from-run result.json --model llama-3.1-8b --gpu h100 --tp 1 \
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --out deployment.toml
 
-fits the host figures of a measured vLLM run with the kernels held at their calibration
+fits the host figures of a measured vLLM run (a run folder in the shared runs' format, or a
+`vllm bench serve --save-result --save-detailed` JSON file) with the kernels held at their calibration
 (sim.fidelity.from_run), prints the fit and the held-out error, and writes a config file that
 `servesim run --config deployment.toml` reads, its fitted figures labelled.
 """
@@ -16,22 +19,52 @@ from kernels_cost_model.cli import add_calibrate_parser
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = add_calibrate_parser(subparsers)
-    p.add_argument("--from-run", type=Path, metavar="RUN_DIR",
-                   help="fit host figures (engine time per request, collective scale) from a measured vLLM run "
-                        "folder (meta.json, requests.jsonl; the shared runs' format) and write a deployment file")
+    p.add_argument("--from-run", type=Path, metavar="RUN",
+                   help="fit host figures (engine time per request, collective scale) from a measured vLLM run and "
+                        "write a deployment file: a run folder in the shared runs' format (meta.json, requests.jsonl) "
+                        "or a `vllm bench serve --save-result --save-detailed` JSON file (give --model, --gpu and the "
+                        "server's engine arguments below)")
+    g = p.add_argument_group("--from-run with a vllm bench serve result (the server's engine arguments)")
+    g.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor parallel size")
+    g.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs (required)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens (required)")
+    g.add_argument("--max-model-len", type=int, help="the server's --max-model-len (default: the model's)")
+    g.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="default 0.9")
+    g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    g.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="the server ran with prefix caching off")
+    g.add_argument("--vllm-version", default="", help="the server's vLLM release (picks a calibration measured "
+                   "under it where one ships, e.g. 0.19)")
     kernels = p.get_default("func")
     p.set_defaults(func=lambda args: run_from_run(args) if args.from_run else kernels(args))
     return p
 
 
-def run_from_run(args) -> int:
+def measured_run(args):
+    """The run `--from-run` names: a run folder, or a vllm bench serve result with the flags' engine."""
     from kernels_cost_model.errors import require
-    from sim.fidelity.from_run import HELD_OUT_RULE, fit_from_run, write_deployment
+    from sim.fidelity.bench_serve import read_bench_serve
     from sim.fidelity.real_runs import read_run
-    require(args.from_run.is_dir(), "--from-run", str(args.from_run),
-            "not a folder (give a measured run's folder, with meta.json and requests.jsonl)"
-            if args.from_run.exists() else "folder not found")
-    run = read_run(args.from_run)
+    path = args.from_run
+    require(path.exists(), "--from-run", str(path), "not found")
+    if path.is_dir():
+        return read_run(path)
+    require(path.suffix == ".json", "--from-run", str(path),
+            "neither a run folder (with meta.json and requests.jsonl) nor a vllm bench serve result (.json)")
+    for flag, value in (("--model", args.model), ("--gpu", args.gpu), ("--max-num-seqs", args.max_num_seqs),
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+        require(bool(value), flag, value, f"required with a vllm bench serve result ({path.name}): the server's")
+    engine = {"model": args.model, "tensor_parallel_size": args.tp, "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
+              "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+              "kv_cache_dtype": args.kv_cache_dtype, "enable_prefix_caching": args.prefix_caching}
+    return read_bench_serve(path, engine, args.gpu, args.vllm_version)
+
+
+def run_from_run(args) -> int:
+    from sim.fidelity.from_run import HELD_OUT_RULE, fit_from_run, write_deployment
+    run = measured_run(args)
     fit = fit_from_run(run)
     out = args.out or Path(f"deployment-{run.name}.toml")
     figures = ", ".join(f"{f} = {getattr(fit.host, f)!r}" for f in fit.fitted)

@@ -93,9 +93,12 @@ def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
         "", "[engine]",
         f"max_num_seqs = {e.max_num_seqs}", f"max_num_batched_tokens = {e.max_num_batched_tokens}",
         f"block_size = {e.block_size}", f"max_model_len = {e.max_model_len}",
+        f"enable_chunked_prefill = {str(e.enable_chunked_prefill).lower()}",
+        f"enable_prefix_caching = {str(e.enable_prefix_caching).lower()}",
         "", "[deployment]",
         f'model = "{d.model}"', f'gpu = "{d.gpu}"', f"tensor_parallel_size = {d.tensor_parallel_size}",
         f"gpu_memory_utilization = {d.gpu_memory_utilization}", f'calibration = "{d.calibration}"',
+        f'kv_cache_dtype = "{d.kv_cache_dtype}"',
         "cpu_gpu_overlap = false  # as fitted: the CPU time added in full",
         f"cpu_per_request_s = {fit.host.cpu_per_request_s!r}  # {label}",
     ]

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kernels_cost_model.errors import ConfigError, require, require_path
 from sim.core.sampling_params import SamplingParams
 from workloads.spec import RequestSpec
 
@@ -26,9 +27,12 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / 
 WORKLOAD_FILES = {"llama": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
                   "qwen": "sharegpt-qwen3-32b-300-sps10.jsonl"}
 
-#: Settings the README gives for every run (vLLM 0.19 defaults where not passed explicitly).
+#: Settings the README gives for every shared run (vLLM 0.19 defaults where not passed explicitly); a
+#: run of your own overrides each in `meta.json`'s `engine_kwargs` (the GPU as `meta["gpu"]`).
 RUN_DEFAULTS = dict(block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True,
                     gpu_memory_utilization=0.9, gpu="rtx-pro-6000")
+#: engine_kwargs every run must give.
+REQUIRED_ENGINE_KWARGS = ("model", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,16 @@ class RealRun:
     @property
     def engine_kwargs(self) -> dict:
         return self.meta["engine_kwargs"]
+
+    @property
+    def gpu(self) -> str:
+        """The catalog GPU the run was measured on (`meta["gpu"]`; the shared runs: RTX PRO 6000)."""
+        return self.meta.get("gpu") or RUN_DEFAULTS["gpu"]
+
+    def setting(self, name: str):
+        """An engine setting of RUN_DEFAULTS: the run's own where `engine_kwargs` gives it."""
+        value = self.engine_kwargs.get(name)
+        return RUN_DEFAULTS[name] if value is None else value
 
     def tick_times(self) -> np.ndarray:
         """The timeseries' ticks on the replay clock (0 = first request queued): `t` counts from
@@ -71,7 +85,7 @@ def workload_file(run_dir: Path, meta: dict) -> Path:
 
 def read_workload(path: str | Path) -> list[RequestSpec]:
     """RequestSpecs with the real prompt ids and exactly `output_toks` outputs (ignore_eos)."""
-    specs = []
+    path, specs = require_path("workload", path, "a workload JSONL file"), []
     with open(path) as f:
         for i, line in enumerate(f):
             row = json.loads(line)
@@ -103,10 +117,32 @@ def measured_table(rows: list[dict]) -> pd.DataFrame:
 
 def read_run(run_dir: str | Path) -> RealRun:
     """Load one run folder and its workload."""
-    run_dir = Path(run_dir)
-    meta = json.loads((run_dir / "meta.json").read_text())
+    run_dir = require_path("run_dir", run_dir, "a run folder")
+    meta = check_meta(_json(run_dir / "meta.json"), run_dir / "meta.json")
     with open(run_dir / "requests.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    missing = sorted({"request_id", "input_toks", "output_toks", "arrival_time", "queued_ts", "scheduled_ts",
+                      "first_token_ts", "last_token_ts"} - set().union(*map(set, rows))) if rows else ["every row"]
+    require(not missing, f"{run_dir / 'requests.jsonl'}", ", ".join(missing), "missing (the shared runs' format)")
     return RealRun(run_dir.name, run_dir, meta, read_workload(workload_file(run_dir, meta)),
                    measured_table(rows), pd.read_csv(run_dir / "timeseries.csv"),
                    min(r["arrival_time"] for r in rows))
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+
+
+def check_meta(meta, path) -> dict:
+    """`meta` if it names the model and the engine arguments a replay needs; else a named error."""
+    require(isinstance(meta, dict) and isinstance(meta.get("engine_kwargs"), dict), str(path), type(meta).__name__,
+            "must be a JSON object with an `engine_kwargs` object")
+    kw = meta["engine_kwargs"]
+    missing = [k for k in REQUIRED_ENGINE_KWARGS if kw.get(k) is None]
+    require(not missing, f"{path}:engine_kwargs", missing, "missing (vLLM's engine arguments of the run)")
+    require(isinstance(meta.get("model", kw["model"]), str), f"{path}:model", meta.get("model"), "must be a string")
+    meta.setdefault("model", kw["model"])
+    return meta

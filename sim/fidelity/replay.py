@@ -17,7 +17,7 @@ from kernels_cost_model.hardware import get_gpu
 
 from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
-from .real_runs import RUN_DEFAULTS, RealRun
+from .real_runs import RealRun
 from .tables import Replay, request_table, step_table
 
 ARRIVALS = ("queued", "workload")
@@ -27,11 +27,11 @@ def engine_config(run: RealRun) -> EngineConfig:
     """vLLM's engine arguments of the run; max_model_len None means the model's own limit."""
     kw = run.engine_kwargs
     spec = get_model(kw["model"])
-    return EngineConfig(block_size=RUN_DEFAULTS["block_size"],
+    return EngineConfig(block_size=run.setting("block_size"),
                         max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
                         max_num_seqs=kw["max_num_seqs"], max_num_batched_tokens=kw["max_num_batched_tokens"],
-                        enable_chunked_prefill=RUN_DEFAULTS["enable_chunked_prefill"],
-                        enable_prefix_caching=RUN_DEFAULTS["enable_prefix_caching"],
+                        enable_chunked_prefill=run.setting("enable_chunked_prefill"),
+                        enable_prefix_caching=run.setting("enable_prefix_caching"),
                         record_token_times=False)
 
 
@@ -39,7 +39,7 @@ def run_calibration(run: RealRun) -> str:
     """The kernels measured under the run's own vLLM version (`<gpu>@vllm-<major.minor>`) where such a
     calibration ships, else the GPU's default one."""
     version = ".".join(str(run.meta.get("vllm_version", "")).split(".")[:2])
-    name = f"{RUN_DEFAULTS['gpu']}@vllm-{version}"
+    name = f"{get_gpu(run.gpu).name}@vllm-{version}"
     return name if name in shipped_variants() else "default"
 
 
@@ -48,9 +48,10 @@ def deployment_config(run: RealRun, host: HostFit = UNFITTED) -> DeploymentConfi
     time is added in full (`cpu_gpu_overlap=False`): the host figures and docs/fidelity.md were fitted
     that way, and how much of it the runs' async scheduling hid is not measured."""
     kw = run.engine_kwargs
-    return DeploymentConfig(model=kw["model"], gpu=RUN_DEFAULTS["gpu"], calibration=run_calibration(run),
+    return DeploymentConfig(model=kw["model"], gpu=run.gpu, calibration=run_calibration(run),
                             tensor_parallel_size=int(kw["tensor_parallel_size"]),
-                            gpu_memory_utilization=RUN_DEFAULTS["gpu_memory_utilization"],
+                            gpu_memory_utilization=run.setting("gpu_memory_utilization"),
+                            kv_cache_dtype=kw.get("kv_cache_dtype") or "auto",
                             collective_scale=host.collective_scale, cpu_per_request_s=host.cpu_per_request_s,
                             cpu_gpu_overlap=False)
 
