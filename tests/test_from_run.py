@@ -124,6 +124,14 @@ def test_a_malformed_bench_serve_result_is_named(tmp_path, change, message):
         read_bench_serve(path, ENGINE, "h100")
 
 
+def test_a_fit_at_the_top_of_its_grid_says_so(tmp_path):
+    from sim.fidelity.bench_serve import read_bench_serve
+    run = read_bench_serve(_bench_file(tmp_path)[0], ENGINE, "h100")   # made with 20 us per request
+    with pytest.warns(UserWarning, match=r"cpu_per_request_s = 1e-05 is the top of its grid"):
+        fit = fit_from_run(run, cpu_grid=(0.0, 1e-5))
+    assert fit.host.cpu_per_request_s == 1e-5
+
+
 def test_failed_requests_are_left_out_with_a_warning(tmp_path):
     from sim.fidelity.bench_serve import read_bench_serve
     path, doc = _bench_file(tmp_path, errors=["timeout"] * 3 + [""] * 97)

@@ -14,6 +14,7 @@ Kernel prices stay at the GPU's shipped calibration: only host figures are fitte
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -67,13 +68,22 @@ def fit_from_run(run: RealRun, cpu_grid=CPU_GRID, scale_grid=SCALE_GRID, arrival
         return subset_errors(replay(run, arrivals, simulation_config(run, host)).requests, run.measured, ids)
 
     host = min((HostFit(cpu_per_request_s=c) for c in cpu_grid), key=lambda h: _rms(errors(h, fit_ids)))
+    _warn_at_edge("cpu_per_request_s", host.cpu_per_request_s, cpu_grid)
     fitted = ["cpu_per_request_s"]
     if int(run.engine_kwargs.get("tensor_parallel_size", 1)) > 1 or run.data_parallel_size > 1:
         host = min((replace(host, collective_scale=s) for s in scale_grid), key=lambda h: _rms(errors(h, fit_ids)))
+        _warn_at_edge("collective_scale", host.collective_scale, scale_grid)
         fitted.append("collective_scale")
     final = replay(run, arrivals, simulation_config(run, host)).requests
     return FromRunFit(host, tuple(fitted), subset_errors(final, run.measured, fit_ids),
                       subset_errors(final, run.measured, held_ids), len(held_ids))
+
+
+def _warn_at_edge(name: str, value: float, grid) -> None:
+    """A fitted figure at the top of its grid may want more than the grid holds: say so."""
+    if len(grid) > 1 and value == max(grid):
+        warnings.warn(f"{name} = {value!r} is the top of its grid ({min(grid)!r}..{max(grid)!r}): the run may want "
+                      "more, or this figure is standing in for something the replay leaves out", stacklevel=3)
 
 
 def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
