@@ -171,3 +171,38 @@ def test_file_readers_name_an_argument_that_is_not_a_path(reader, field, value):
     module, name = reader.split(":")
     with pytest.raises(ConfigError, match=rf"^{field}=.*: must be a path to"):
         getattr(importlib.import_module(module), name)(value)
+
+
+def _own_run(tmp_path, **meta_change):
+    """A run folder of one's own: its GPU, engine settings and workload file in it."""
+    import json
+    folder = tmp_path / "my-run"
+    folder.mkdir()
+    meta = {"model": "llama-3.1-8b", "gpu": "h100", "vllm_version": "0.19.0", "dataset_path": "workload.jsonl",
+            "engine_kwargs": {"model": "llama-3.1-8b", "tensor_parallel_size": 1, "max_num_seqs": 32,
+                              "max_num_batched_tokens": 4096, "block_size": 32, "enable_prefix_caching": False,
+                              "kv_cache_dtype": "fp8"}, **meta_change}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rows = [{"input_toks": 100 + i, "output_toks": 20, "arrival_time_ns": i * 10**8,
+             "input_tok_ids": list(range(5, 105 + i)), "output_tok_ids": [7] * 20} for i in range(5)]
+    (folder / "workload.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "requests.jsonl").write_text("".join(json.dumps(
+        {"request_id": f"bench-{i}", "input_toks": 100 + i, "output_toks": 20, "arrival_time": 1e9 + 0.1 * i,
+         "queued_ts": 50.0 + 0.1 * i, "scheduled_ts": 50.0 + 0.1 * i, "first_token_ts": 50.05 + 0.1 * i,
+         "last_token_ts": 50.5 + 0.1 * i}) + "\n" for i in range(5)))
+    (folder / "timeseries.csv").write_text("t,running,waiting\n0,1,0\n")
+    return folder
+
+
+def test_a_run_folder_of_ones_own_is_replayed_on_its_gpu_with_its_settings(tmp_path):
+    from kernels_cost_model.errors import ConfigError
+    from sim.fidelity.replay import replay, simulation_config
+    run = read_run(_own_run(tmp_path))
+    cfg = simulation_config(run)
+    assert run.gpu == "h100" and cfg.deployment.gpu == "h100" and cfg.deployment.kv_cache_dtype == "fp8"
+    assert cfg.engine.block_size == 32 and not cfg.engine.enable_prefix_caching
+    assert cfg.deployment.calibration == "default"  # no h100 calibration measured under vLLM 0.19
+    assert len(replay(run).requests) == 5
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ConfigError, match=r"dataset_path='nowhere.jsonl': no workload file found"):
+        read_run(_own_run(tmp_path / "b", dataset_path="nowhere.jsonl"))

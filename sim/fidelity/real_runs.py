@@ -31,6 +31,9 @@ WORKLOAD_FILES = {"llama": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
 #: run of your own overrides each in `meta.json`'s `engine_kwargs` (the GPU as `meta["gpu"]`).
 RUN_DEFAULTS = dict(block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True,
                     gpu_memory_utilization=0.9, gpu="rtx-pro-6000")
+#: Per-request fields of requests.jsonl.
+REQUEST_COLUMNS = ("request_id", "input_toks", "output_toks", "arrival_time", "queued_ts", "scheduled_ts",
+                   "first_token_ts", "last_token_ts")
 #: engine_kwargs every run must give.
 REQUIRED_ENGINE_KWARGS = ("model", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens")
 
@@ -79,8 +82,17 @@ def find_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
 
 
 def workload_file(run_dir: Path, meta: dict) -> Path:
+    """The workload the run replayed: `meta["dataset_path"]` in the run folder or two folders up (the
+    shared runs' layout), else the shared runs' file for the model (the README: the Qwen file serves
+    both Qwen runs, whose MoE `dataset_path` names a file that is not there)."""
+    given = meta.get("dataset_path")
+    tried = [base / given for base in (run_dir, run_dir.parent.parent)] if isinstance(given, str) and given else []
     key = "llama" if "llama" in meta["model"].lower() else "qwen"
-    return run_dir.parent.parent / "workloads" / WORKLOAD_FILES[key]
+    tried.append(run_dir.parent.parent / "workloads" / WORKLOAD_FILES[key])
+    found = next((p for p in tried if p.is_file()), None)
+    require(found is not None, f"{run_dir / 'meta.json'}:dataset_path", given,
+            f"no workload file found (looked for {', '.join(str(p) for p in tried)})")
+    return found
 
 
 def read_workload(path: str | Path) -> list[RequestSpec]:
@@ -121,9 +133,9 @@ def read_run(run_dir: str | Path) -> RealRun:
     meta = check_meta(_json(run_dir / "meta.json"), run_dir / "meta.json")
     with open(run_dir / "requests.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    missing = sorted({"request_id", "input_toks", "output_toks", "arrival_time", "queued_ts", "scheduled_ts",
-                      "first_token_ts", "last_token_ts"} - set().union(*map(set, rows))) if rows else ["every row"]
-    require(not missing, f"{run_dir / 'requests.jsonl'}", ", ".join(missing), "missing (the shared runs' format)")
+    require(bool(rows), str(run_dir / "requests.jsonl"), 0, "no requests")
+    missing = sorted(set(REQUEST_COLUMNS) - set().union(*map(set, rows)))
+    require(not missing, str(run_dir / "requests.jsonl"), ", ".join(missing), "missing (the shared runs' format)")
     return RealRun(run_dir.name, run_dir, meta, read_workload(workload_file(run_dir, meta)),
                    measured_table(rows), pd.read_csv(run_dir / "timeseries.csv"),
                    min(r["arrival_time"] for r in rows))
