@@ -128,7 +128,8 @@ def test_mla_generation_fits_price_kv_from_dram_and_keep_the_l2_replays_apart():
 def test_h200_mla_refits_with_its_generation_rows_split_at_the_l2():
     from kernels_cost_model.modern_fit import fit_mla
     refit, shipped = fit_mla(PROFILES, "h200_sxm"), load_modern("h200")["_raw"]["mla"]
-    assert {k: v["coeffs"] for k, v in refit.items()} == {k: v["coeffs"] for k, v in shipped.items()}
+    assert {k: (v["coeffs"], v["holdout_error"]) for k, v in refit.items()} == \
+        {k: (v["coeffs"], v["holdout_error"]) for k, v in shipped.items()}  # the recorded error reproduces
     fits = load_modern("h200")["mla"]
     dram, l2 = fits["generation/bfloat16/bfloat16"]["mla@16"], fits["generation_l2/bfloat16/bfloat16"]["mla@16"]
     flops, nbytes = mla.generation_cost(DSV3, 16, 8, 8 * 1001, 2, 2, "module")  # 9 MB of latent KV
@@ -310,8 +311,8 @@ def test_gdn_cases_sum_both_kernels_and_refit_to_the_shipped_coefficients():
     rows = gdn_rows(PROFILES, "h200_sxm")
     assert {r["phase"] for r in rows} == {"context", "generation"} and all(r["seconds"] > 0 for r in rows)
     shipped = load_modern("h200")["_raw"]["gdn"]
-    assert {k: v["coeffs"] for k, v in fit_gdn(PROFILES, "h200_sxm").items()} == \
-        {k: v["coeffs"] for k, v in shipped.items()}
+    assert {k: (v["coeffs"], v["holdout_error"]) for k, v in fit_gdn(PROFILES, "h200_sxm").items()} == \
+        {k: (v["coeffs"], v["holdout_error"]) for k, v in shipped.items()}
 
 
 def test_mixed_mla_step_pays_the_module_launches_once():
