@@ -59,13 +59,14 @@ def test_fit_from_run_picks_the_grid_value_closest_on_the_fit_split():
 
 
 # ----- a `vllm bench serve --save-detailed` result as the measured run ------------------------------------
-def _bench_file(tmp_path, cpu_per_request_s=2e-5, **change):
+def _bench_file(tmp_path, cpu_per_request_s=2e-5, num_gpu_blocks=None, **change):
     """A detailed result file of a known host: servesim's own run written in vllm bench serve's schema."""
     import json
     from sim.api.bench_result import bench_serve_result
     from sim.api.simulator import DeploymentConfig, WorkloadConfig, simulate
     from sim.core.config import EngineConfig
-    cfg = SimulationConfig(engine=EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192),
+    cfg = SimulationConfig(engine=EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192,
+                                               num_gpu_blocks=num_gpu_blocks),
                            deployment=DeploymentConfig(model="llama-3.1-8b", gpu="h100", cpu_gpu_overlap=False,
                                                        cpu_per_request_s=cpu_per_request_s),
                            workload=WorkloadConfig(rate=12.0, num_requests=100, lengths="sharegpt", max_tokens=600),
@@ -122,6 +123,25 @@ def test_a_malformed_bench_serve_result_is_named(tmp_path, change, message):
     path, _ = _bench_file(tmp_path, **change)
     with pytest.raises(ConfigError, match=message):
         read_bench_serve(path, ENGINE, "h100")
+
+
+def test_a_kv_cache_size_the_run_recorded_is_what_the_replay_holds(tmp_path, capsys):
+    from sim.cli.main import build_parser
+    from sim.fidelity.bench_serve import read_bench_serve
+    from sim.fidelity.replay import replay
+    path, _ = _bench_file(tmp_path, num_gpu_blocks=900)   # small: preemptions
+    run = read_bench_serve(path, {**ENGINE, "num_gpu_blocks": 900}, "h100")
+    assert replay(run).num_gpu_blocks == 900
+    sized = read_bench_serve(path, ENGINE, "h100")
+    assert replay(sized).num_gpu_blocks > 10_000                        # servesim's own sizing of an H100
+    assert fit_from_run(run, cpu_grid=(1e-5, 2e-5, 3e-5)).host.cpu_per_request_s == 2e-5
+    out = tmp_path / "deployment.toml"
+    args = build_parser().parse_args(["calibrate", "--from-run", str(path), "--model", "llama-3.1-8b", "--gpu", "h100",
+                                      "--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "--max-model-len",
+                                      "8192", "--num-gpu-blocks", "900", "--out", str(out)])
+    assert args.func(args) == 0
+    assert SimulationConfig.from_toml(out).engine.num_gpu_blocks == 900
+    assert "KV cache: 900 blocks as the run recorded (servesim would size" in capsys.readouterr().out
 
 
 def test_a_fit_at_the_top_of_its_grid_says_so(tmp_path):
@@ -202,7 +222,9 @@ def test_a_run_folder_of_ones_own_is_replayed_on_its_gpu_with_its_settings(tmp_p
     assert run.gpu == "h100" and cfg.deployment.gpu == "h100" and cfg.deployment.kv_cache_dtype == "fp8"
     assert cfg.engine.block_size == 32 and not cfg.engine.enable_prefix_caching
     assert cfg.deployment.calibration == "default"  # no h100 calibration measured under vLLM 0.19
-    assert len(replay(run).requests) == 5
+    assert len(replay(run).requests) == 5 and replay(run).num_gpu_blocks > 10_000  # sized: nothing recorded
+    (run.path / "server.log").write_text("INFO GPU KV cache size: 320,000 tokens\n")   # vLLM's start-up line
+    assert replay(read_run(run.path)).num_gpu_blocks == 320_000 // 32
     (tmp_path / "b").mkdir()
     with pytest.raises(ConfigError, match=r"dataset_path='nowhere.jsonl': no workload file found"):
         read_run(_own_run(tmp_path / "b", dataset_path="nowhere.jsonl"))

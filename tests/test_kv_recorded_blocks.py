@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from sim.fidelity.kv_check import (blocks_from_log, blocks_from_meta, kv_sizing_error, recorded_gpu_blocks,
-                                   sized_gpu_blocks)
-from sim.fidelity.real_runs import DEFAULT_ROOT, find_runs, read_run
+from sim.fidelity.kv_check import kv_sizing_error, sized_gpu_blocks
+from sim.fidelity.real_runs import (DEFAULT_ROOT, blocks_from_log, blocks_from_meta, find_runs, read_run,
+                                    recorded_gpu_blocks)
 
 RUNS = find_runs(DEFAULT_ROOT)
 #: Largest |relative error| of the sized cache accepted against a recorded one (docs/fidelity.md).

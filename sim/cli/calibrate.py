@@ -34,6 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     g.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="the server ran with prefix caching off")
+    g.add_argument("--num-gpu-blocks", type=int, help="the KV blocks the server allocated (its start-up log's "
+                   "'GPU KV cache size: N tokens' / block size); default: servesim sizes the cache")
     g.add_argument("--vllm-version", default="", help="the server's vLLM release (picks a calibration measured "
                    "under it where one ships, e.g. 0.19)")
     kernels = p.get_default("func")
@@ -58,8 +60,20 @@ def measured_run(args):
     engine = {"model": args.model, "tensor_parallel_size": args.tp, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
               "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-              "kv_cache_dtype": args.kv_cache_dtype, "enable_prefix_caching": args.prefix_caching}
+              "kv_cache_dtype": args.kv_cache_dtype, "enable_prefix_caching": args.prefix_caching,
+              "num_gpu_blocks": args.num_gpu_blocks}
     return read_bench_serve(path, engine, args.gpu, args.vllm_version)
+
+
+def kv_line(run) -> str:
+    """What the replay's KV cache holds: the blocks the run recorded, beside servesim's own sizing."""
+    from sim.fidelity.kv_check import sized_gpu_blocks
+    from sim.fidelity.real_runs import run_gpu_blocks
+    sized, recorded = sized_gpu_blocks(run), run_gpu_blocks(run)
+    if recorded is None:
+        return (f"KV cache: {sized} blocks as servesim sizes it (the run records none: give --num-gpu-blocks, or "
+                "put vLLM's start-up log in the run folder)")
+    return f"KV cache: {recorded} blocks as the run recorded (servesim would size {sized}, {sized / recorded - 1:+.1%})"
 
 
 def run_from_run(args) -> int:
@@ -69,6 +83,7 @@ def run_from_run(args) -> int:
     out = args.out or Path(f"deployment-{run.name}.toml")
     figures = ", ".join(f"{f} = {getattr(fit.host, f)!r}" for f in fit.fitted)
     print(f"{run.name}: fitted {figures} (kernels held at their calibration)")
+    print("  " + kv_line(run))
     for split, errors in (("fit split", fit.fit_error), (f"held out ({HELD_OUT_RULE})", fit.held_out_error)):
         print(f"  {split:48s} " + "  ".join(f"{m} {e * 100:+6.1f}%" for m, e in errors.items()))
     print("wrote", write_deployment(out, run, fit))

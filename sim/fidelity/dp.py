@@ -26,8 +26,8 @@ def replay_data_parallel(config: SimulationConfig, specs: list, dp: int, expert_
         raise NotImplementedError("DP without expert parallelism: simulate each rank on its own")
     d, e = config.deployment, config.engine
     cost = ExpertParallelCostModel(cost_model or build_cost_model(d, e), dp)
-    blocks = ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization,
-                                e.max_num_batched_tokens)
+    blocks = e.num_gpu_blocks or ep_kv_cache_blocks(d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization,
+                                                    e.max_num_batched_tokens)
     env = simpy.Environment()
     engines = [Engine(e, cost.base, blocks) for _ in range(dp)]
     lockstep = LockstepDP(env, engines, cost)

@@ -103,6 +103,8 @@ def deployment_toml(run: RealRun, fit: FromRunFit) -> str:
         "", "[engine]",
         f"max_num_seqs = {e.max_num_seqs}", f"max_num_batched_tokens = {e.max_num_batched_tokens}",
         f"block_size = {e.block_size}", f"max_model_len = {e.max_model_len}",
+        *([f"num_gpu_blocks = {e.num_gpu_blocks}  # as the run recorded it (vLLM's start-up log or meta), not fitted"]
+          if e.num_gpu_blocks is not None else []),
         f"enable_chunked_prefill = {str(e.enable_chunked_prefill).lower()}",
         f"enable_prefix_caching = {str(e.enable_prefix_caching).lower()}",
         "", "[deployment]",

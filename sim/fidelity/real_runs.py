@@ -10,6 +10,7 @@ TPOT = (last_token_ts - first_token_ts) / (output_toks - 1).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,3 +159,45 @@ def check_meta(meta, path) -> dict:
     require(isinstance(meta.get("model", kw["model"]), str), f"{path}:model", meta.get("model"), "must be a string")
     meta.setdefault("model", kw["model"])
     return meta
+
+
+_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
+_BLOCKS = re.compile(r"(?:# GPU blocks:|num_gpu_blocks\s*[=:])\s*([\d,]+)")
+
+
+def blocks_from_log(text: str, block_size: int) -> int | None:
+    """num_gpu_blocks from vLLM start-up log text (the last statement wins), or None."""
+    blocks = [int(m.replace(",", "")) for m in _BLOCKS.findall(text)]
+    if blocks:
+        return blocks[-1]
+    tokens = [int(m.replace(",", "")) for m in _TOKENS.findall(text)]
+    return tokens[-1] // block_size if tokens else None
+
+
+def blocks_from_meta(meta: dict) -> int | None:
+    for where in (meta, meta.get("engine_kwargs") or {}, meta.get("cache_config") or {}):
+        for key in ("num_gpu_blocks", "num_gpu_blocks_override"):
+            if where.get(key) is not None:
+                return int(where[key])
+    return None
+
+
+def recorded_gpu_blocks(run_dir: str | Path, block_size: int = RUN_DEFAULTS["block_size"]) -> int | None:
+    """The num_gpu_blocks a run folder records (meta.json, then logs), or None."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "meta.json"
+    if meta_path.is_file() and (found := blocks_from_meta(json.loads(meta_path.read_text()))) is not None:
+        return found
+    for path in sorted(run_dir.glob("*.log")) + sorted(run_dir.glob("*.txt")):
+        if (found := blocks_from_log(path.read_text(errors="replace"), block_size)) is not None:
+            return found
+    return None
+
+
+def run_gpu_blocks(run: RealRun) -> int | None:
+    """The num_gpu_blocks `run` records: in its meta (engine_kwargs, e.g. `--num-gpu-blocks` of a bench
+    result) or, for a run folder, its meta.json and start-up logs; None where it records none."""
+    found = blocks_from_meta(run.meta)
+    if found is None and run.path.is_dir():
+        found = recorded_gpu_blocks(run.path, run.setting("block_size"))
+    return found

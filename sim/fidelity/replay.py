@@ -17,17 +17,20 @@ from kernels_cost_model.hardware import get_gpu
 
 from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
-from .real_runs import RealRun
+from .real_runs import RealRun, run_gpu_blocks
 from .tables import Replay, request_table, step_table
 
 ARRIVALS = ("queued", "workload")
 
 
-def engine_config(run: RealRun) -> EngineConfig:
-    """vLLM's engine arguments of the run; max_model_len None means the model's own limit."""
+def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
+    """vLLM's engine arguments of the run; max_model_len None means the model's own limit. The KV
+    cache holds the blocks the run recorded (`run_gpu_blocks`: vLLM's start-up log or meta) where it
+    recorded them and `recorded_blocks`, else servesim sizes it."""
     kw = run.engine_kwargs
     spec = get_model(kw["model"])
-    return EngineConfig(block_size=run.setting("block_size"),
+    return EngineConfig(num_gpu_blocks=run_gpu_blocks(run) if recorded_blocks else None,
+                        block_size=run.setting("block_size"),
                         max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
                         max_num_seqs=kw["max_num_seqs"], max_num_batched_tokens=kw["max_num_batched_tokens"],
                         enable_chunked_prefill=run.setting("enable_chunked_prefill"),
@@ -56,8 +59,9 @@ def deployment_config(run: RealRun, host: HostFit = UNFITTED) -> DeploymentConfi
                             cpu_gpu_overlap=False)
 
 
-def simulation_config(run: RealRun, host: HostFit = UNFITTED) -> SimulationConfig:
-    return SimulationConfig(engine=engine_config(run), deployment=deployment_config(run, host), seed=0)
+def simulation_config(run: RealRun, host: HostFit = UNFITTED, recorded_blocks: bool = True) -> SimulationConfig:
+    return SimulationConfig(engine=engine_config(run, recorded_blocks), deployment=deployment_config(run, host),
+                            seed=0)
 
 
 def uncalibrated_gpu(name: str):
