@@ -2,7 +2,8 @@
 
 Every fitted coefficient is read back as a fraction of its GPU's datasheet peak (compute efficiency =
 peak FLOP/s x s_per_flop inverted, memory efficiency likewise against HBM bandwidth, or against the
-interconnect for all-reduce) plus its absolute launch overhead, tile rows and per-sequence time. The
+interconnect for all-reduce) plus its absolute launch overhead, tile rows and per-sequence time (a MoE
+fit's per-routed-row time at a reference bandwidth: `seq_scale`). The
 default for a family is the median over the calibrated GPUs of the same architecture generation
 (`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe; for attention: the
 same attention kernels, FlashAttention 2 or the architecture's own), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
@@ -32,6 +33,17 @@ def _bandwidth(gpu, family: str) -> float:
     return gpu.interconnect_bytes_per_s / 2 if family == "all_reduce" else gpu.hbm_bytes_per_s
 
 
+#: Bandwidth a MoE fit's cost per routed row is carried at (its per-row kernels stream the rows'
+#: activations, so the cost scales with 1 / memory bandwidth from one GPU to another).
+PER_ROW_REFERENCE_BYTES = 1e12
+
+
+def seq_scale(gpu, family: str) -> float:
+    """s_per_seq x this = the figure carried to another GPU: a MoE fit's cost per routed row at the
+    reference bandwidth (roofline.operator_seqs); as fitted (1) for the other families."""
+    return gpu.hbm_bytes_per_s / PER_ROW_REFERENCE_BYTES if family == "moe" else 1.0
+
+
 def group_of(gpu, family: str) -> str:
     """The group whose medians price this GPU's family: architecture; interconnect for all-reduce;
     for attention, the kernel family vLLM runs there (`attention_kernels`)."""
@@ -59,7 +71,7 @@ def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
     base = family.split("@")[0].split(".")[0]
     out = {"compute": 1.0 / (c.s_per_flop * gpu.bf16_flops_per_s) if c.s_per_flop else 0.0,
            "memory": 1.0 / (c.s_per_byte * _bandwidth(gpu, base)) if c.s_per_byte else 0.0,
-           "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq,
+           "overhead_s": c.overhead_s, "tile_rows": c.tile_rows, "s_per_seq": c.s_per_seq * seq_scale(gpu, base),
            "s_per_key": c.s_per_key * (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0)}
     if base in SIDE_FAMILIES:  # seconds per side kernel and per split combined, as fitted
         out.update({f: getattr(c, f) for f in SIDE_FIELDS})
@@ -70,7 +82,7 @@ def from_efficiency(e: dict, gpu, family: str) -> Coeffs:
     base = family.split("@")[0].split(".")[0]
     return Coeffs(1.0 / (e["compute"] * gpu.bf16_flops_per_s) if e["compute"] else 0.0,
                   1.0 / (e["memory"] * _bandwidth(gpu, base)) if e["memory"] else 0.0,
-                  e["overhead_s"], e["tile_rows"], e["s_per_seq"],
+                  e["overhead_s"], e["tile_rows"], e["s_per_seq"] / seq_scale(gpu, base),
                   e.get("s_per_key", 0.0) / (key_scale(gpu, base) if base in KEY_FAMILIES else 1.0),
                   *(e.get(f, 0.0) for f in SIDE_FIELDS))
 

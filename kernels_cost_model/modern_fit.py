@@ -208,7 +208,8 @@ def fit_moe(root, system: str) -> dict:
         costs = [moe(x["tokens"], x["hidden"], x["inter"], x["experts"], x["top_k"], 2, h) for x, h in zip(rows, hit)]
         tile = [max(x["tokens"] * x["top_k"] / h, 1.0) for x, h in zip(rows, hit)]
         shapes = ["/".join(_num(x[c]) for c in ("hidden", "inter", "experts", "top_k")) for x in rows]
-        fit = _fit("moe", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in rows], tile, None,
+        routed = [x["tokens"] * x["top_k"] for x in rows]  # rows its per-row kernels handle (operator_seqs)
+        fit = _fit("moe", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in rows], tile, routed,
                    shapes, [(x["tokens"],) for x in rows], [x["source"] for x in rows])
         if fit:
             out[dtype] = fit

@@ -62,7 +62,9 @@ def attention_operator(cal: Calibration, family: str, heads: float, kv_heads: fl
 
 @dataclass(frozen=True, slots=True)
 class FusedMoE:
-    """vLLM's FusedMoE layer on one GPU, priced as one measured operator (roofline.moe)."""
+    """vLLM's FusedMoE layer on one GPU, priced as one measured operator (roofline.moe): the grouped
+    GEMMs' roofline, plus its per-routed-row kernels (block alignment and sort, activation, the weighted
+    sum of the experts' outputs) at `s_per_seq` a row (roofline.operator_seqs)."""
 
     hidden: float
     inter: float          # per expert, on this GPU
@@ -77,7 +79,7 @@ class FusedMoE:
         nbytes = dtype_bytes * (active * 3.0 * h * i + 2.0 * tokens * h + 3.0 * rows * i)
         compute = flops * c.s_per_flop * (1.0 + c.tile_rows * active / rows)
         memory = nbytes * c.s_per_byte
-        return (compute if compute > memory else memory) + c.overhead_s
+        return (compute if compute > memory else memory) + c.overhead_s + rows * c.s_per_seq
 
 
 def moe_operator(cal: Calibration, hidden: float, inter: float, experts: float, top_k: float) -> FusedMoE | None:

@@ -196,10 +196,14 @@ def operator_rows(row: dict) -> float:
 def operator_seqs(row: dict) -> float:
     """Work units that each pay Coeffs.s_per_seq: sequences of an attention launch; token rows of an
     elementwise launch (vLLM's norm and activation kernels run one thread block per token, so a narrow
-    row costs more than its bytes); 0 for other families."""
+    row costs more than its bytes); routed rows (token x expert) of a FusedMoE layer, which its
+    alignment, activation and weighted-sum kernels handle one by one beside the grouped GEMMs
+    (operators.FusedMoE); 0 for other families."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "elementwise":
         return row["m"]
+    if family == "moe":
+        return row["m"] * row["top_k"]
     return row["batch"] if family in SEQUENCE_FAMILIES else 0.0
 
 

@@ -1,5 +1,6 @@
 """Calibration: recovers known coefficients, reads/validates profiles, ships fitted files, factory defaults."""
 import csv
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -141,6 +142,23 @@ def test_moe_rows_are_costed_with_the_experts_their_routing_touched(tmp_path):
     with pytest.raises(ConfigError) as err:
         read_profile(write_csv(tmp_path / "r.csv", [GOOD, dict(moe, routing="skewed")]))
     assert err.value.field.endswith(":3:routing") and err.value.value == "skewed"
+
+
+def test_moe_pays_its_per_routed_row_kernels_when_fitted_and_when_serving():
+    from kernels_cost_model.calibration import predict, shipped_calibration
+    from kernels_cost_model.operators import moe_operator
+    from kernels_cost_model.roofline import operator_seqs
+    cal = shipped_calibration("rtx-pro-6000")
+    fused = moe_operator(cal, 2048, 768, 128, 8)
+    assert fused.coeffs.s_per_seq > 0                      # fitted: alignment, activation, weighted sum
+    row = validate_row(dict(GOOD, operator="moe", m=4096, n=2048, k=768, num_experts=128, top_k=8, routing="balanced",
+                            device="rtx-pro-6000"))
+    assert operator_seqs(row) == 4096 * 8
+    # a batch that touches every expert: the fit's price of the row is what serving pays for it
+    assert predict([row], cal)[0] == pytest.approx(fused.time(4096, 128, 8, 2), rel=1e-9)
+    without = dataclasses.replace(fused, coeffs=dataclasses.replace(fused.coeffs, s_per_seq=0.0))
+    assert fused.time(4096, 128, 8, 2) - without.time(4096, 128, 8, 2) == pytest.approx(
+        4096 * 8 * fused.coeffs.s_per_seq)
 
 
 def test_profile_missing_columns_or_rows(tmp_path):

@@ -134,3 +134,14 @@ def test_a_gemm_shape_key_never_prices_outside_the_fits_it_comes_from():
         times = [_gemm_time(key, {"compute": c, "memory": m, "overhead_s": o, "tile_rows": t}, ref.bf16_flops_per_s,
                             ref.hbm_bytes_per_s, r) for c, m, o, t in fits.values()]
         assert min(times) * 0.999 <= _gemm_time(key, got, ref.bf16_flops_per_s, ref.hbm_bytes_per_s, r) <= max(times) * 1.001
+
+
+def test_a_moe_fits_cost_per_routed_row_carries_over_at_the_bandwidth_of_the_gpu():
+    from kernels_cost_model.derived_defaults import from_efficiency
+    b200, pro = get_gpu("b200"), get_gpu("rtx-pro-6000")
+    fitted = Coeffs(1e-15, 1e-13, 5e-6, 4.0, 2e-9)
+    carried = from_efficiency(to_efficiency(fitted, b200, "moe"), pro, "moe")
+    # the per-row kernels stream the rows: a GPU with less memory bandwidth pays more per row
+    assert carried.s_per_seq == pytest.approx(2e-9 * b200.hbm_bytes_per_s / pro.hbm_bytes_per_s)
+    attention = from_efficiency(to_efficiency(fitted, b200, "decode_attention"), pro, "decode_attention")
+    assert attention.s_per_seq == pytest.approx(2e-9)     # a launch's per-sequence cost is carried as fitted
