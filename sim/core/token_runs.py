@@ -84,7 +84,7 @@ class TokenRuns:
         segment = np.repeat(np.arange(len(arrays)), lengths)
         at = np.searchsorted(starts, values)
         found = at < len(starts)
-        found[found] = starts[at[found]] == values[found]
+        found[found] = starts.view(np.int64)[at[found]] == values.view(np.int64)[found]  # same bits (-0.0 is not 0.0)
         later = segment[1:] == segment[:-1]   # a value with one of its own request before it
         found[1:] &= ~(found[:-1] & (at[1:] == at[:-1]) & later)  # a found time's position: taken by the one before
         at, owner = at[found], segment[found]
