@@ -228,13 +228,14 @@ def fit_gdn(root, system: str) -> dict:
         sel = [x for x in rows if _gdn_tier(x, l2) == phase]
         costs = [gdn_cost(x["batch"] * x["seq_len"], x["batch"], x["k_heads"], x["k_dim"], x["v_heads"], x["v_dim"])
                  for x in sel]
-        terms = [gdn_prefill_terms([x["seq_len"]] * int(x["batch"]), x["k_dim"], x["v_heads"], x["v_dim"], l2)
-                 for x in sel] if phase == "context" else None
+        path = spilled = None
+        if phase == "context" and sel:
+            path, spilled = zip(*(gdn_prefill_terms([x["seq_len"]] * int(x["batch"]), x["k_dim"], x["v_heads"],
+                                                    x["v_dim"], l2) for x in sel))
         fit = _fit("gdn", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in sel],
                    [x["seq_len"] for x in sel], [x["batch"] for x in sel],
                    [f"{_num(x['k_heads'])}/{_num(x['v_heads'])}" for x in sel],
-                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel],
-                   *(([t[0] for t in terms], [t[1] for t in terms]) if terms else ()))
+                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel], path=path, spilled=spilled)
         if fit:
             out[phase] = fit
     return out

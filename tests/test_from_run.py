@@ -116,6 +116,8 @@ def test_calibrate_from_a_bench_serve_result_writes_a_deployment_for_that_gpu(tm
     ({"output_lens": [1] * 99}, r"output_lens=99: must list every request \(100\)"),
     ({"input_lens": [-1] * 100}, r"input_lens\[0\]=-1: must be a number >= 0"),
     ({"latencies": None, "itls": None}, r"itls=None: missing, and no latencies or e2els either"),
+    ({"latencies": [-1.0] * 100}, r"latencies\[0\]=-1.0: must be a number >= the request's TTFT"),
+    ({"latencies": None, "itls": [[0.1, -2.0]] * 100}, r"itls\[0\]=\[0.1, -2.0\]: must be a list of gaps"),
 ])
 def test_a_malformed_bench_serve_result_is_named(tmp_path, change, message):
     from kernels_cost_model.errors import ConfigError

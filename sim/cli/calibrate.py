@@ -68,8 +68,7 @@ def measured_run(args):
 def kv_line(run) -> str:
     """What the replay's KV cache holds: the blocks the run recorded, beside servesim's own sizing."""
     from sim.fidelity.kv_check import sized_gpu_blocks
-    from sim.fidelity.real_runs import run_gpu_blocks
-    sized, recorded = sized_gpu_blocks(run), run_gpu_blocks(run)
+    sized, recorded = sized_gpu_blocks(run), run.recorded_blocks
     if recorded is None:
         return (f"KV cache: {sized} blocks as servesim sizes it (the run records none: give --num-gpu-blocks, or "
                 "put vLLM's start-up log in the run folder)")

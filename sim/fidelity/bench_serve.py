@@ -31,7 +31,7 @@ from kernels_cost_model.errors import ConfigError, is_number, require, require_p
 from sim.core.sampling_params import SamplingParams
 from workloads.spec import RequestSpec
 
-from .real_runs import RealRun, check_meta
+from .real_runs import RealRun, blocks_from_meta, check_meta, measured_table
 
 #: Per-request lists a detailed result must hold.
 REQUIRED_LISTS = ("input_lens", "output_lens", "ttfts", "start_times")
@@ -52,7 +52,8 @@ def read_bench_serve(path: str | Path, engine_kwargs: dict, gpu: str, vllm_versi
     specs = [_spec(i, int(lists["input_lens"][i]), int(lists["output_lens"][i]), a)
              for i, a in zip(np.flatnonzero(ok), measured["arrival_s"])]
     return RealRun(path.stem, path, meta, sorted(specs, key=lambda s: s.arrival_time_s), measured,
-                   pd.DataFrame({"t": []}), float(np.min(np.asarray(lists["start_times"], dtype=float))))
+                   pd.DataFrame({"t": []}), float(np.min(np.asarray(lists["start_times"], dtype=float))),
+                   blocks_from_meta(meta))
 
 
 def _load(path: Path) -> dict:
@@ -98,32 +99,33 @@ def _successes(doc: dict, lists: dict, path: Path) -> np.ndarray:
 
 
 def _measured(doc: dict, lists: dict, ok: np.ndarray, path: Path) -> pd.DataFrame:
-    """The run's per-request latencies (the shared runs' table: real_runs.measured_table's columns)."""
+    """The completed requests' latencies as the shared runs' table (real_runs.measured_table), from
+    their send time, TTFT and end-to-end time."""
     idx = np.flatnonzero(ok)
-    start = np.asarray(lists["start_times"], dtype=float)
+    start = np.asarray(lists["start_times"], dtype=float)[idx]
     ttft = np.array([lists["ttfts"][i] for i in idx], dtype=float)
-    e2e = _e2e(doc, idx, ttft, path)
-    out = np.asarray(lists["output_lens"], dtype=float)[idx]
-    arrival = start[idx] - start.min()
-    return pd.DataFrame({
-        "request_id": [f"bench-{i}" for i in idx],
-        "num_prompt_tokens": np.asarray(lists["input_lens"], dtype=int)[idx], "num_output_tokens": out.astype(int),
-        "arrival_s": arrival, "scheduled_s": np.nan, "first_token_s": arrival + ttft, "finish_s": arrival + e2e,
-        "ttft_s": ttft, "e2e_s": e2e, "tpot_s": np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)})
+    return measured_table(pd.DataFrame({
+        "request_id": [f"bench-{i}" for i in idx], "input_toks": np.asarray(lists["input_lens"], dtype=int)[idx],
+        "output_toks": np.asarray(lists["output_lens"], dtype=int)[idx], "queued_ts": start, "scheduled_ts": np.nan,
+        "first_token_ts": start + ttft, "last_token_ts": start + _e2e(doc, idx, ttft, path)}))
 
 
 def _e2e(doc: dict, idx: np.ndarray, ttft: np.ndarray, path: Path) -> np.ndarray:
+    """Completed requests' end-to-end times: as written, or TTFT plus their streamed gaps."""
     for key in ("e2els", "latencies"):
         if isinstance(doc.get(key), list):
-            e2e = np.array([doc[key][i] if is_number(doc[key][i]) else np.nan for i in idx], dtype=float)
-            require(not np.isnan(e2e).any() and (e2e >= ttft).all(), f"{path}:{key}", "a completed request's",
-                    "must be a number >= its TTFT")
-            return e2e
+            values = [doc[key][i] for i in idx]
+            bad = next((j for j, v in enumerate(values) if not is_number(v) or v < ttft[j]), None)
+            require(bad is None, f"{path}:{key}[{idx[bad] if bad is not None else ''}]",
+                    None if bad is None else values[bad], "must be a number >= the request's TTFT")
+            return np.array(values, dtype=float)
     require(isinstance(doc.get("itls"), list), f"{path}:itls", doc.get("itls"),
             "missing, and no latencies or e2els either")
     gaps = [doc["itls"][i] for i in idx]
-    require(all(isinstance(g, list) and all(is_number(x) and x >= 0 for x in g) for g in gaps), f"{path}:itls",
-            "a completed request's", "must be a list of gaps >= 0 (s)")
+    bad = next((j for j, g in enumerate(gaps) if not isinstance(g, list) or not all(is_number(x) and x >= 0 for x in g)),
+               None)
+    require(bad is None, f"{path}:itls[{idx[bad] if bad is not None else ''}]", None if bad is None else gaps[bad],
+            "must be a list of gaps >= 0 (s)")
     return ttft + np.array([sum(g) for g in gaps], dtype=float)
 
 

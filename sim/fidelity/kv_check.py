@@ -12,7 +12,7 @@ from __future__ import annotations
 from kernels_cost_model.expert_parallel import ep_kv_cache_blocks
 from sim.api.simulator import resolve_num_gpu_blocks
 
-from .real_runs import RealRun, recorded_gpu_blocks
+from .real_runs import RealRun
 from .replay import simulation_config
 
 
@@ -29,5 +29,5 @@ def sized_gpu_blocks(run: RealRun) -> int:
 
 def kv_sizing_error(run: RealRun) -> float | None:
     """(servesim - recorded) / recorded num_gpu_blocks, or None where the run records none."""
-    recorded = recorded_gpu_blocks(run.path)
+    recorded = run.recorded_blocks
     return None if recorded is None else (sized_gpu_blocks(run) - recorded) / recorded

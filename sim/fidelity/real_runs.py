@@ -50,6 +50,8 @@ class RealRun:
     measured: pd.DataFrame  # per request: request_id, arrival_s, ttft_s, tpot_s, e2e_s, ...
     timeseries: pd.DataFrame
     first_arrival_wall_s: float = 0.0
+    #: num_gpu_blocks the run records (meta, or vLLM's start-up log in its folder); None where it records none
+    recorded_blocks: int | None = None
 
     @property
     def engine_kwargs(self) -> dict:
@@ -111,8 +113,9 @@ def read_workload(path: str | Path) -> list[RequestSpec]:
     return sorted(specs, key=lambda s: s.arrival_time_s)
 
 
-def measured_table(rows: list[dict]) -> pd.DataFrame:
-    """Per-request measured latencies from `requests.jsonl` rows (times relative to first queue)."""
+def measured_table(rows) -> pd.DataFrame:
+    """Per-request measured latencies from `requests.jsonl` rows, or a DataFrame of their columns
+    (times relative to first queue)."""
     df = pd.DataFrame(rows)
     t0 = df["queued_ts"].min()
     out = pd.DataFrame({"request_id": df["request_id"], "num_prompt_tokens": df["input_toks"],
@@ -137,9 +140,10 @@ def read_run(run_dir: str | Path) -> RealRun:
     require(bool(rows), str(run_dir / "requests.jsonl"), 0, "no requests")
     missing = sorted(set(REQUEST_COLUMNS) - set().union(*map(set, rows)))
     require(not missing, str(run_dir / "requests.jsonl"), ", ".join(missing), "missing (the shared runs' format)")
+    block_size = meta["engine_kwargs"].get("block_size") or RUN_DEFAULTS["block_size"]
     return RealRun(run_dir.name, run_dir, meta, read_workload(workload_file(run_dir, meta)),
                    measured_table(rows), pd.read_csv(run_dir / "timeseries.csv"),
-                   min(r["arrival_time"] for r in rows))
+                   min(r["arrival_time"] for r in rows), recorded_gpu_blocks(run_dir, block_size))
 
 
 def _json(path: Path):
@@ -192,12 +196,3 @@ def recorded_gpu_blocks(run_dir: str | Path, block_size: int = RUN_DEFAULTS["blo
         if (found := blocks_from_log(path.read_text(errors="replace"), block_size)) is not None:
             return found
     return None
-
-
-def run_gpu_blocks(run: RealRun) -> int | None:
-    """The num_gpu_blocks `run` records: in its meta (engine_kwargs, e.g. `--num-gpu-blocks` of a bench
-    result) or, for a run folder, its meta.json and start-up logs; None where it records none."""
-    found = blocks_from_meta(run.meta)
-    if found is None and run.path.is_dir():
-        found = recorded_gpu_blocks(run.path, run.setting("block_size"))
-    return found

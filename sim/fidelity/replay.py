@@ -17,7 +17,7 @@ from kernels_cost_model.hardware import get_gpu
 
 from .dp import replay_data_parallel
 from .host import UNFITTED, HostFit
-from .real_runs import RealRun, run_gpu_blocks
+from .real_runs import RealRun
 from .tables import Replay, request_table, step_table
 
 ARRIVALS = ("queued", "workload")
@@ -25,11 +25,11 @@ ARRIVALS = ("queued", "workload")
 
 def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
     """vLLM's engine arguments of the run; max_model_len None means the model's own limit. The KV
-    cache holds the blocks the run recorded (`run_gpu_blocks`: vLLM's start-up log or meta) where it
+    cache holds the blocks the run recorded (`RealRun.recorded_blocks`: vLLM's start-up log or meta) where it
     recorded them and `recorded_blocks`, else servesim sizes it."""
     kw = run.engine_kwargs
     spec = get_model(kw["model"])
-    return EngineConfig(num_gpu_blocks=run_gpu_blocks(run) if recorded_blocks else None,
+    return EngineConfig(num_gpu_blocks=run.recorded_blocks if recorded_blocks else None,
                         block_size=run.setting("block_size"),
                         max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
                         max_num_seqs=kw["max_num_seqs"], max_num_batched_tokens=kw["max_num_batched_tokens"],
