@@ -1,14 +1,24 @@
 """Measure real kernels with PyTorch on the local device and write them as a profile.
 
 Needs the optional extra: `pip install servesim[torch]`. Measures, for one model's shapes:
-the four weight matmuls over a grid of token counts, RMSNorm / SiLU-and-multiply / residual add,
-causal prefill attention (scaled_dot_product_attention, chunk of new tokens over cached context),
-and decode attention over a paged KV cache (gather the blocks of each request, then attend).
-Each point: warm-up calls, then timed calls with device synchronisation; the median on CUDA, the
-fastest on CPU (the least-disturbed run: a small shared CPU's other work only ever adds time).
+the four weight matmuls over a grid of token counts; RMSNorm (with and without the residual add),
+SiLU-and-multiply, residual add, rotary embedding and embedding lookup; causal prefill attention (a
+chunk of new tokens over cached context); decode attention over a paged KV cache.
+
+On CUDA the kernels are the ones vLLM runs, as far as PyTorch holds them: cuBLAS matmuls; norms and
+activations compiled by Inductor with symbolic token counts (vLLM's default `torch.compile` path);
+FlashAttention through `scaled_dot_product_attention` with the causal mask aligned to the chunk's
+end; decode through servesim's Triton paged kernel, which reads each request's blocks in place
+(`paged_decode_triton`). Each point is timed as CUDA-graph replays of several calls, between CUDA
+events (no launch gaps, as in vLLM's captured decode), over enough copies of the weights or KV cache
+that each call reads them from DRAM, not from the L2 the previous call filled. The median replay.
+On CPU: eager kernels, decode gathers the blocks first, the fastest of the timed calls (the
+least-disturbed run: a small shared CPU's other work only ever adds time).
 """
 from __future__ import annotations
 
+import datetime
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,10 +52,24 @@ GRIDS = {  # (device kind, quick)
     ("cuda", False): Grid(tuple(sorted({1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
                                         2048, 3072, 4096, 6144, 8192})), (32, 64, 128, 256, 512, 1024, 2048),
                           (0, 256, 1024, 2048, 4096, 8192), (1, 4, 8, 16, 32, 64, 128, 256),
-                          (128, 512, 1024, 2048, 4096, 8192), 5, 20),
+                          (128, 512, 1024, 2048, 4096, 8192), 3, 10),
 }
 
+GRAPH_CALLS = 16
+"""Calls captured in one CUDA graph (at least; more where more copies rotate)."""
+MAX_COPIES = 128
+"""Most copies of a point's operands rotated through, so that a small point still reads from DRAM."""
+BLOCK_SIZE = 16
+"""vLLM's default KV-cache block size (tokens)."""
+ROPE_POSITIONS = 8192
+"""Rows of the rotary cos/sin cache the positions index."""
+EMBEDDING_ROWS = 32768
+"""Rows of the embedding table measured: a lookup reads only the rows of its tokens, so a smaller table
+than the vocabulary costs the same and keeps the CPU grid light."""
+
 DEFAULT_MODEL = {"cpu": "qwen2.5-0.5b", "cuda": "llama-3.1-8b"}
+
+
 
 
 def _torch():
@@ -56,27 +80,89 @@ def _torch():
     return torch
 
 
-def _timer(torch, device: str, warmup: int, repeats: int):
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def measure(fn) -> float:
+def _cpu_timer(warmup: int, repeats: int):
+    def measure(make, cold_bytes: float = 0.0) -> float:
+        fn = make()
         for _ in range(warmup):
             fn()
-        sync()
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
             fn()
-            sync()
             samples.append(time.perf_counter() - start)
-        return statistics.median(samples) if device.startswith("cuda") else min(samples)
+        return min(samples)
     return measure
 
 
+def rotated_copies(l2_bytes: int, cold_bytes: float) -> int:
+    """Copies of a point's operands to rotate through so that each call reads `cold_bytes` from DRAM:
+    together at least twice the L2. One where nothing need come from DRAM (an activation the previous
+    kernel just wrote)."""
+    if cold_bytes <= 0:
+        return 1
+    return int(min(MAX_COPIES, max(1, math.ceil(2 * l2_bytes / cold_bytes))))
+
+
+def _cuda_timer(torch, device: str, warmup: int, repeats: int):
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+
+    def measure(make, cold_bytes: float = 0.0) -> float:
+        fns = [make() for _ in range(rotated_copies(l2_bytes, cold_bytes))]
+        calls = math.ceil(max(GRAPH_CALLS, len(fns)) / len(fns)) * len(fns)
+        for fn in fns:
+            for _ in range(warmup):
+                fn()
+        torch.cuda.synchronize()
+        run = _captured(torch, fns, calls)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / calls)
+        return statistics.median(samples)
+    return measure
+
+
+def _captured(torch, fns: list, calls: int):
+    """`calls` calls (rotating over `fns`) captured in one CUDA graph; back-to-back launches where a
+    kernel cannot be captured."""
+    def launches():
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            launches()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return launches
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+@dataclass
+class _Session:
+    """What the measuring functions share: the device, the random source, the timer, the row maker."""
+
+    torch: object
+    device: str
+    cuda: bool
+    rand: object
+    measure: object
+    row: object
+
+
 def measure_profile(model: str = "", device: str = "cpu", quick: bool = False,
-                    cpu_threads: int | None = 1) -> list[dict]:
+                    cpu_threads: int | None = 1, gpu: str = "",
+                    families: tuple[str, ...] = ("matmul", "elementwise", "prefill_attention",
+                                                 "decode_attention")) -> list[dict]:
     """Run the grid for `model` on `device` ("cpu" or "cuda[:i]"); returns validated profile rows.
 
+    `gpu` names the catalog GPU written in the rows' device column (default: the name CUDA reports).
     On CPU, `cpu_threads` (default 1) pins PyTorch's intra-op threads for the duration: a single
     thread is far less disturbed by other work on a small shared machine; None keeps PyTorch's choice.
     """
@@ -85,112 +171,238 @@ def measure_profile(model: str = "", device: str = "cpu", quick: bool = False,
     if cpu_threads and not device.startswith("cuda"):
         torch.set_num_threads(cpu_threads)
     try:
-        return _measure(torch, model, device, quick)
+        return _measure(torch, model, device, quick, gpu, families)
     finally:
         torch.set_num_threads(previous)
 
 
-def _measure(torch, model: str, device: str, quick: bool) -> list[dict]:
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
+def software(torch) -> str:
+    """The versions a measurement ran under, for its source column."""
+    parts = [f"torch {torch.__version__}"]
+    if torch.cuda.is_available():
+        parts.append(f"CUDA {torch.version.cuda}")
+        try:
+            import triton
+            parts.append(f"triton {triton.__version__}")
+        except ImportError:
+            pass
+    return ", ".join(parts)
+
+
+def _measure(torch, model: str, device: str, quick: bool, gpu: str, families: tuple[str, ...]) -> list[dict]:
+    cuda = device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA is not available on this machine")
-    if device != "cpu" and kind == "cpu":
+    if device != "cpu" and not cuda:
         raise ConfigError("device", device, "expected 'cpu' or 'cuda[:index]'")
+    unknown = sorted(set(families) - set(MEASURERS))
+    if unknown:
+        raise ConfigError("families", unknown, f"expected some of {sorted(MEASURERS)}")
+    kind = "cuda" if cuda else "cpu"
     spec = get_model(model or DEFAULT_MODEL[kind])
     grid = GRIDS[(kind, quick)]
-    dtype = torch.float32 if kind == "cpu" else torch.bfloat16
-    dtype_name = "float32" if kind == "cpu" else "bfloat16"
-    name = "cpu" if kind == "cpu" else torch.cuda.get_device_name(device)
-    source = f"servesim torch backend (torch {torch.__version__}, {name}, {spec.name})"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(torch.device(device).index or 0)
+    source = (f"servesim torch backend {datetime.date.today().isoformat()} ({software(torch)}, {name}, "
+              f"{spec.name})")
     gen = torch.Generator(device=device).manual_seed(0)
-    measure = _timer(torch, device, grid.warmup, grid.repeats)
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
 
-    def row(**fields) -> dict:
-        return validate_row({"dtype": dtype_name, "device": device if kind == "cpu" else name,
-                             "source": source, **fields}, "<torch backend>")
+    def row(kernel: str = "", **fields) -> dict:
+        return validate_row({"dtype": "bfloat16" if cuda else "float32", "device": gpu or name,
+                             "source": f"{source}; {kernel}" if kernel else source, **fields},
+                            "<torch backend>")
 
+    timer = _cuda_timer(torch, device, grid.warmup, grid.repeats) if cuda else _cpu_timer(grid.warmup,
+                                                                                          grid.repeats)
+    session = _Session(torch, device, cuda, rand, timer, row)
     rows: list[dict] = []
     with torch.inference_mode():
-        rows += _matmuls(spec, grid, rand, measure, row)
-        rows += _elementwise(torch, spec, grid, rand, measure, row)
-        rows += _prefill(torch, spec, grid, rand, measure, row)
-        rows += _decode(torch, spec, grid, rand, measure, row, device)
+        for family in families:
+            rows += MEASURERS[family](session, spec, grid)
     return rows
 
 
-def _matmuls(spec, grid, rand, measure, row) -> list[dict]:
+def _matmuls(s: _Session, spec, grid) -> list[dict]:
+    """vLLM's unquantised linear layers: `F.linear` of the activations by an [n x k] weight."""
     h, q, kv = spec.hidden_size, spec.q_dim, spec.kv_dim
     inter = spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size
     shapes = {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h), "mlp_up": (h, 2 * inter), "mlp_down": (inter, h)}
+    linear = s.torch.nn.functional.linear
     out = []
     for op, (k, n) in shapes.items():
-        w = rand(k, n)
         for t in grid.tokens:
-            x = rand(t, k)
-            out.append(row(operator=op, m=t, n=n, k=k, measured_s=measure(lambda: x @ w)))
+            def make(t=t, k=k, n=n):
+                x, w = s.rand(t, k), s.rand(n, k)
+                return lambda: linear(x, w)
+            out.append(s.row(operator=op, m=t, n=n, k=k, measured_s=s.measure(make, 2.0 * (t * k + k * n))))
     return out
 
 
-def _elementwise(torch, spec, grid, rand, measure, row) -> list[dict]:
-    h = spec.hidden_size
+def _elementwise_ops(torch, compiled: bool) -> dict:
+    """vLLM's native forms: RMSNorm (computed in fp32), its fused residual add, SiLU-and-multiply,
+    residual add, NeoX rotary embedding of q and k by position, and the embedding lookup."""
+    def rms_norm(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    def add_rms_norm(x, residual, w):
+        summed = x + residual
+        return rms_norm(summed, w), summed
+
+    def silu_mul(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    def add(x, y):
+        return x + y
+
+    def rope(q, k, positions, cos_sin):
+        cos, sin = cos_sin[positions].chunk(2, dim=-1)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def rotate(x, cos, sin):
+        x = x.view(x.shape[0], -1, 2 * cos.shape[-1])
+        x1, x2 = x.chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(1)
+
+    def embedding(ids, table):
+        return torch.nn.functional.embedding(ids, table)
+    ops = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "silu_mul": silu_mul, "add": add,
+           "rope": rope, "embedding": embedding}
+    if compiled:  # as vLLM compiles them: the token count symbolic, every width a constant. A fresh
+        torch._dynamo.reset()  # cache, so another model's widths do not turn symbolic too; the first
+        ops = {name: torch.compile(fn) for name, fn in ops.items()}  # change of token count makes it so
+    return ops
+
+
+def _elementwise(s: _Session, spec, grid) -> list[dict]:
+    h, hd = spec.hidden_size, spec.head_dim
     inter = spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size
-    norm_w = rand(h)
+    ops = _elementwise_ops(s.torch, compiled=s.cuda)
+    kernel = "Inductor (torch.compile, token count symbolic)" if s.cuda else "eager"
+    cos_sin = s.rand(ROPE_POSITIONS, hd).float()
+    vocab = min(spec.vocab_size, EMBEDDING_ROWS)
+    table = s.rand(vocab, h)
     out = []
     for t in grid.tokens:
-        x, y, gu = rand(t, h), rand(t, h), rand(t, 2 * inter)
-
-        def rms_norm():
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w
-
-        def silu_mul():
-            gate, up = gu.chunk(2, dim=-1)
-            return torch.nn.functional.silu(gate) * up
-        out.append(row(operator="rms_norm", m=t, n=h, measured_s=measure(rms_norm)))
-        out.append(row(operator="silu_mul", m=t, n=inter, measured_s=measure(silu_mul)))
-        out.append(row(operator="add", m=t, n=h, measured_s=measure(lambda: x + y)))
+        positions = s.torch.randint(0, ROPE_POSITIONS, (t,), device=s.device)
+        ids = s.torch.randint(0, vocab, (t,), device=s.device)
+        cases = (("rms_norm", h, lambda: (s.rand(t, h), s.rand(h))),
+                 ("add_rms_norm", h, lambda: (s.rand(t, h), s.rand(t, h), s.rand(h))),
+                 ("silu_mul", inter, lambda: (s.rand(t, 2 * inter),)),
+                 ("add", h, lambda: (s.rand(t, h), s.rand(t, h))),
+                 ("rope", spec.q_dim + spec.kv_dim, lambda: (s.rand(t, spec.q_dim), s.rand(t, spec.kv_dim),
+                                                             positions, cos_sin)),
+                 ("embedding", h, lambda: (ids, table)))
+        for op, width, operands in cases:
+            def make(fn=ops[op], operands=operands):
+                args = operands()
+                return lambda: fn(*args)
+            out.append(s.row(kernel, operator=op, m=t, n=width, measured_s=s.measure(make)))
     return out
 
 
-def _prefill(torch, spec, grid, rand, measure, row) -> list[dict]:
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+def _prefill(s: _Session, spec, grid) -> list[dict]:
     nh, kvh, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    attend, kernel = _prefill_kernel(s, nh, kvh, hd)
     out = []
     for chunk in grid.chunks:
         for ctx in grid.contexts:
-            q, k, v = rand(1, nh, chunk, hd), rand(1, kvh, ctx + chunk, hd), rand(1, kvh, ctx + chunk, hd)
-            if ctx == 0:
-                def fn():
-                    return sdpa(q, k, v, is_causal=True, enable_gqa=True)
-            else:  # query i of the chunk sees every cached key and chunk keys 0..i
-                mask = torch.ones(chunk, ctx + chunk, dtype=torch.bool, device=q.device).tril(diagonal=ctx)
-
-                def fn():
-                    return sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
-            out.append(row(operator="prefill_attention", batch=1, chunk=chunk, context=ctx, num_heads=nh,
-                           num_kv_heads=kvh, head_dim=hd, measured_s=measure(fn)))
+            def make(chunk=chunk, ctx=ctx):
+                return attend(chunk, ctx)
+            cold = 2.0 * (ctx + chunk) * kvh * hd * 2
+            out.append(s.row(kernel, operator="prefill_attention", batch=1, chunk=chunk, context=ctx,
+                             num_heads=nh, num_kv_heads=kvh, head_dim=hd, measured_s=s.measure(make, cold)))
     return out
 
 
-def _decode(torch, spec, grid, rand, measure, row, device, block_size: int = 16) -> list[dict]:
+def _prefill_kernel(s: _Session, nh: int, kvh: int, hd: int):
+    """(make a chunk's attention over its context, kernel name). CUDA: FlashAttention, the causal mask
+    aligned to the chunk's last token (as vLLM's varlen call); KV heads repeated where it takes no GQA.
+    CPU: the mask materialised."""
+    torch = s.torch
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not s.cuda:
+        def attend(chunk, ctx):
+            q, k, v = s.rand(1, nh, chunk, hd), s.rand(1, kvh, ctx + chunk, hd), s.rand(1, kvh, ctx + chunk, hd)
+            mask = torch.ones(chunk, ctx + chunk, dtype=torch.bool, device=q.device).tril(diagonal=ctx)
+            return lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+        return attend, "eager SDPA, materialised mask"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    def flash(heads_kv: int):
+        def attend(chunk, ctx):
+            q = s.rand(1, nh, chunk, hd)
+            k, v = s.rand(1, heads_kv, ctx + chunk, hd), s.rand(1, heads_kv, ctx + chunk, hd)
+            mask = causal_lower_right(chunk, ctx + chunk)
+
+            def fn():
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return sdpa(q, k, v, attn_mask=mask, enable_gqa=heads_kv != nh)
+            return fn
+        return attend
+    try:
+        flash(kvh)(16, 16)()
+        return flash(kvh), "FlashAttention (PyTorch SDPA), causal lower-right"
+    except (RuntimeError, ValueError, NotImplementedError):
+        return flash(nh), "FlashAttention (PyTorch SDPA), causal lower-right, KV heads repeated"
+
+
+def _decode(s: _Session, spec, grid) -> list[dict]:
     nh, kvh, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    gen = torch.Generator(device="cpu").manual_seed(1)
+    gen = s.torch.Generator(device="cpu").manual_seed(1)
+    attend, kernel = _decode_kernel(s, nh, kvh, hd, gen)
     out = []
     for batch in grid.decode_batches:
         for ctx in grid.decode_contexts:
-            per_req = -(-(ctx + 1) // block_size)
-            pool_k = rand(batch * per_req + 1, block_size, kvh, hd)
-            pool_v = rand(batch * per_req + 1, block_size, kvh, hd)
-            table = torch.randperm(batch * per_req, generator=gen).view(batch, per_req).to(device)
-            q = rand(batch, nh, 1, hd)
-
-            def fn():
-                k = pool_k[table].view(batch, -1, kvh, hd)[:, : ctx + 1].transpose(1, 2)
-                v = pool_v[table].view(batch, -1, kvh, hd)[:, : ctx + 1].transpose(1, 2)
-                return sdpa(q, k, v, enable_gqa=True)
-            out.append(row(operator="decode_attention", batch=batch, context=ctx, num_heads=nh,
-                           num_kv_heads=kvh, head_dim=hd, measured_s=measure(fn)))
+            def make(batch=batch, ctx=ctx):
+                return attend(batch, ctx + 1)
+            cold = 2.0 * batch * (ctx + 1) * kvh * hd * 2
+            out.append(s.row(kernel, operator="decode_attention", batch=batch, context=ctx, num_heads=nh,
+                             num_kv_heads=kvh, head_dim=hd, measured_s=s.measure(make, cold)))
     return out
+
+
+def _decode_kernel(s: _Session, nh: int, kvh: int, hd: int, gen):
+    """(make one step's attention for `batch` requests of `length` tokens, kernel name), the cache in
+    vLLM's layout and its blocks in random order. CUDA: read in place; CPU: gathered, then attended."""
+    torch = s.torch
+
+    def cache(batch, length):
+        per_req = -(-length // BLOCK_SIZE)
+        pool_k = s.rand(batch * per_req + 1, BLOCK_SIZE, kvh, hd)
+        pool_v = s.rand(batch * per_req + 1, BLOCK_SIZE, kvh, hd)
+        table = torch.randperm(batch * per_req, generator=gen).view(batch, per_req)
+        return pool_k, pool_v, table.to(device=s.device, dtype=torch.int32)
+    if s.cuda:
+        from .paged_decode_triton import PagedDecode
+        sms = torch.cuda.get_device_properties(s.device).multi_processor_count
+
+        def paged(batch, length):
+            pool_k, pool_v, table = cache(batch, length)
+            lens = torch.full((batch,), length, dtype=torch.int32, device=s.device)
+            return PagedDecode(torch, s.rand(batch, nh, hd), pool_k, pool_v, table, lens, length, sms)
+        return paged, "servesim Triton paged decode (blocks read in place, split-KV)"
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def gathered(batch, length):
+        pool_k, pool_v, table = cache(batch, length)
+        q = s.rand(batch, nh, 1, hd)
+
+        def fn():
+            k = pool_k[table].view(batch, -1, kvh, hd)[:, :length].transpose(1, 2)
+            v = pool_v[table].view(batch, -1, kvh, hd)[:, :length].transpose(1, 2)
+            return sdpa(q, k, v, enable_gqa=True)
+        return fn
+    return gathered, "eager gather, then SDPA"
+
+
+MEASURERS = {"matmul": _matmuls, "elementwise": _elementwise, "prefill_attention": _prefill,
+             "decode_attention": _decode}

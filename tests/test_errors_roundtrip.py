@@ -17,7 +17,7 @@ import simpy
 import sim  # noqa: F401 - the facade first: it fixes the import order of the layers
 
 PACKAGES = ("kernels_cost_model", "sim", "policies", "workloads")
-OPTIONAL = ("torch", "ray", "matplotlib", "nbformat")
+OPTIONAL = ("torch", "triton", "ray", "matplotlib", "nbformat")
 
 
 def project_exceptions() -> list[type[BaseException]]:

@@ -1,0 +1,63 @@
+"""The shipped calibrations against servesim's own GPU measurements (kernels_cost_model/data/measured).
+
+    python benchmarks/measured_check.py
+
+The matmul and attention rows of those profiles were never fitted (the calibrations take those families
+from vLLM's own layers in AIConfigurator's tables), so they are kernel measurements the fits have not
+seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. The
+elementwise rows are the fit's own source: only their held-out split is an independent check. Prints,
+per GPU and operator (attention: per KV-head count), the median |error| and the median signed error
+(positive: the calibration prices the kernel slower than measured).
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration  # noqa: E402
+from kernels_cost_model.gpu_calibration import MEASURED_FAMILIES, measured_profile  # noqa: E402
+from kernels_cost_model.profile_schema import read_profile  # noqa: E402
+
+GPUS = ("h100-sxm", "h200")
+
+
+def checked_rows(gpu: str) -> list[dict]:
+    """The rows a fit did not see: every unfitted family's, and the held-out split of the fitted ones."""
+    rows = read_profile(measured_profile(gpu))
+    fitted = [r for r in rows if r["family"] in MEASURED_FAMILIES]
+    return [r for r in rows if r["family"] not in MEASURED_FAMILIES] + holdout_split(fitted)[1]
+
+
+def errors_by_group(gpu: str) -> dict[tuple, np.ndarray]:
+    """(operator, KV heads or blank) -> signed relative errors of the shipped calibration."""
+    rows = checked_rows(gpu)
+    signed = predict(rows, shipped_calibration(gpu)) / np.array([r["measured_s"] for r in rows]) - 1.0
+    groups: dict[tuple, list] = defaultdict(list)
+    for r, e in zip(rows, signed):
+        heads = f"{int(r['num_heads'])}/{int(r['num_kv_heads'])}" if "attention" in r["family"] else ""
+        groups[(r["family"], r["operator"], heads)].append(e)
+    return {k: np.array(v) for k, v in groups.items()}
+
+
+def main() -> None:
+    print(f"{'gpu':9s} {'family':18s} {'operator':13s} {'heads':6s} {'n':>4s} {'|err| med':>9s} {'signed med':>10s}")
+    for gpu in GPUS:
+        groups = errors_by_group(gpu)
+        for (family, op, heads), e in sorted(groups.items()):
+            print(f"{gpu:9s} {family:18s} {op:13s} {heads:6s} {len(e):4d} {100 * np.median(np.abs(e)):8.1f}% "
+                  f"{100 * np.median(e):+9.1f}%")
+        by_family: dict[str, list] = defaultdict(list)
+        for (family, _op, _heads), e in groups.items():
+            by_family[family].extend(e)
+        for family, e in sorted(by_family.items()):
+            print(f"{gpu:9s} {family:18s} {'(all)':13s} {'':6s} {len(e):4d} {100 * np.median(np.abs(e)):8.1f}% "
+                  f"{100 * np.median(e):+9.1f}%")
+
+
+if __name__ == "__main__":
+    main()

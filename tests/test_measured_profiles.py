@@ -1,0 +1,114 @@
+"""servesim's own GPU measurements (kernels_cost_model/data/measured): provenance, use in the shipped
+calibrations, and the check they give of the fits made from vLLM's own tables."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels_cost_model.calibration import holdout_split, relative_errors, shipped_calibration
+from kernels_cost_model.gpu_calibration import (MEASURED_DIR, MEASURED_FAMILIES, MEASURED_LICENCE,
+                                                measured_profile, measured_rows)
+from kernels_cost_model.profile_schema import read_profile
+from kernels_cost_model.torch_backend import MAX_COPIES, rotated_copies
+
+MEASURED_GPUS = ("h100-sxm", "h200")
+ELEMENTWISE_OPS = {"rms_norm", "add_rms_norm", "silu_mul", "add", "rope", "embedding"}
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_measured_profile_records_device_date_and_software(gpu):
+    env = json.loads((MEASURED_DIR / f"{gpu}-torch.env.json").read_text())
+    rows = read_profile(measured_profile(gpu))
+    assert {r["family"] for r in rows} == {"matmul", "elementwise", "prefill_attention", "decode_attention"}
+    assert {r["operator"] for r in rows if r["family"] == "elementwise"} == ELEMENTWISE_OPS
+    assert {r["device"] for r in rows} == {gpu} and {r["dtype"] for r in rows} == {"bfloat16"}
+    for r in rows:  # each row names the run's date, software and the GPU CUDA reported
+        assert r["source"].startswith(f"servesim torch backend {env['date']} ({env['software']}, {env['device']}")
+    assert env["multiprocessors"] == 132 and env["nvidia_smi"].startswith(env["device"])
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_decode_kernel_reaches_hbm_bandwidth_on_large_batches(gpu):
+    """A check that the paged decode rows are memory-bound reads, not launch noise: 256 requests of
+    8,192 tokens move their whole KV cache at 80-100 % of the datasheet bandwidth."""
+    from kernels_cost_model.hardware import get_gpu
+    bandwidth = get_gpu(gpu).hbm_bytes_per_s
+    rows = [r for r in read_profile(measured_profile(gpu)) if r["operator"] == "decode_attention"
+            and r["batch"] == 256 and r["context"] == 8192]
+    assert len(rows) == 3
+    for r in rows:
+        kv = 2 * 2 * r["batch"] * (r["context"] + 1) * r["num_kv_heads"] * r["head_dim"]
+        assert 0.8 < kv / r["measured_s"] / bandwidth < 1.0
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_shipped_calibration_takes_its_elementwise_family_from_the_measurement(gpu):
+    cal = shipped_calibration(gpu)
+    assert MEASURED_LICENCE in cal.provenance["licence"]
+    assert any(s.startswith("servesim torch backend (torch ") for s in cal.provenance["software"])
+    assert "elementwise" in cal.provenance["fitted_families"]
+    assert "elementwise" not in cal.provenance.get("unfitted_families", {})
+    rows = measured_rows(gpu)
+    assert {r["family"] for r in rows} == set(MEASURED_FAMILIES)
+    _fit, held = holdout_split(rows)
+    got = relative_errors(held, cal)["elementwise"]
+    recorded = cal.provenance["holdout_error"]["elementwise"]
+    assert got["n"] == recorded["n"] > 0
+    assert got["median_rel_err"] == pytest.approx(recorded["median_rel_err"]) and got["median_rel_err"] < 0.06
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_own_matmuls_check_the_fit_from_vllms_tables(gpu):
+    """cuBLAS through PyTorch on the GPU itself, never seen by the fit (vLLM's GEMM table): the median
+    error stays within 10 % (docs/cost_model.md records the figures)."""
+    rows = [r for r in read_profile(measured_profile(gpu)) if r["family"] == "matmul"]
+    assert relative_errors(rows, shipped_calibration(gpu))["matmul"]["median_rel_err"] < 0.10
+
+
+def test_rotated_copies_cover_twice_the_l2():
+    l2 = 50 * 2**20
+    assert rotated_copies(l2, 0) == 1                     # a fresh activation: stays in L2, as in serving
+    assert rotated_copies(l2, 4 * l2) == 1                # bigger than the L2 already
+    assert rotated_copies(l2, l2 / 3) == 6
+    assert rotated_copies(l2, 1) == MAX_COPIES
+    for cold in np.geomspace(1e5, 1e9, 25):
+        n = rotated_copies(l2, cold)
+        assert n == MAX_COPIES or n * cold >= 2 * l2
+
+
+CHECK = """
+import math, torch
+from kernels_cost_model.paged_decode_triton import PagedDecode
+torch.manual_seed(0)
+worst = 0.0
+for batch, heads, kv_heads, dim, length, sms in ((2, 8, 2, 16, 37, 4), (3, 4, 4, 32, 300, 8), (1, 8, 1, 16, 1000, 16)):
+    per = math.ceil(length / 16)
+    k, v = torch.randn(batch * per + 1, 16, kv_heads, dim), torch.randn(batch * per + 1, 16, kv_heads, dim)
+    table = torch.randperm(batch * per).view(batch, per).to(torch.int32)
+    lens = torch.full((batch,), length, dtype=torch.int32)
+    lens[0] = max(1, length - 5)
+    q = torch.randn(batch, heads, dim)
+    got = PagedDecode(torch, q, k, v, table, lens, length, sms)()
+    for b in range(batch):
+        n = int(lens[b])
+        kk = k[table[b]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+        vv = v[table[b]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,lhd->hl", q[b], kk) / math.sqrt(dim)).softmax(-1)
+        worst = max(worst, (got[b] - torch.einsum("hl,lhd->hd", p, vv)).abs().max().item())
+print(worst)
+"""
+
+
+def test_paged_decode_kernel_matches_attention_over_the_gathered_cache():
+    """The Triton kernel in Triton's CPU interpreter against plain attention: ragged lengths, GQA and
+    MHA, one split and several (skipped without Triton, which the CPU PyTorch wheel does not bring)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-5
