@@ -2,12 +2,10 @@
 
     python benchmarks/measured_check.py
 
-The matmul and attention rows of those profiles were never fitted (the calibrations take those families
-from vLLM's own layers in AIConfigurator's tables), so they are kernel measurements the fits have not
-seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. The
-elementwise rows are the fit's own source: only their held-out split is an independent check. Prints,
-per GPU and operator (attention: per KV-head count), the median |error| and the median signed error
-(positive: the calibration prices the kernel slower than measured).
+No calibration is fitted to those profiles, so they are kernel measurements the fits have not seen:
+cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode, Inductor's
+norms and activations. Prints, per GPU and operator (attention: per head layout), the median |error| and
+the median signed error (positive: the calibration prices the kernel slower than measured).
 """
 from __future__ import annotations
 
@@ -19,23 +17,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration  # noqa: E402
-from kernels_cost_model.gpu_calibration import MEASURED_FAMILIES, measured_profile  # noqa: E402
+from kernels_cost_model.calibration import predict, shipped_calibration  # noqa: E402
+from kernels_cost_model.gpu_calibration import measured_profile  # noqa: E402
 from kernels_cost_model.profile_schema import read_profile  # noqa: E402
 
 GPUS = ("h100-sxm", "h200")
 
 
-def checked_rows(gpu: str) -> list[dict]:
-    """The rows a fit did not see: every unfitted family's, and the held-out split of the fitted ones."""
-    rows = read_profile(measured_profile(gpu))
-    fitted = [r for r in rows if r["family"] in MEASURED_FAMILIES]
-    return [r for r in rows if r["family"] not in MEASURED_FAMILIES] + holdout_split(fitted)[1]
-
-
 def errors_by_group(gpu: str) -> dict[tuple, np.ndarray]:
     """(operator, KV heads or blank) -> signed relative errors of the shipped calibration."""
-    rows = checked_rows(gpu)
+    rows = read_profile(measured_profile(gpu))
     signed = predict(rows, shipped_calibration(gpu)) / np.array([r["measured_s"] for r in rows]) - 1.0
     groups: dict[tuple, list] = defaultdict(list)
     for r, e in zip(rows, signed):

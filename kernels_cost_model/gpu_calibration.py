@@ -4,9 +4,8 @@ Sources, read in place from the shared data folder (never copied; see data/NOTIC
 
 | GPU | AIConfigurator (vLLM tables) | other |
 |---|---|---|
-| a100-sxm-80gb | a100_sxm (vLLM 0.14.0) | Vidur per-layer profiles (norms, activations only) |
-| h100-sxm, h200 | h100_sxm, h200_sxm (0.24.0) | servesim's own torch-backend measurement (norms, activations) |
-| b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
+| a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | Vidur per-layer profiles (norms, activations only) |
+| h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
 | rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-4090 | - | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-pro-6000@vllm-0.19 (named variant) | - | LLMServingSim vLLM 0.19 per-layer profiles only |
@@ -34,24 +33,20 @@ from .calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split,
 from .hardware import get_gpu
 from .llmservingsim_profiles import LICENCE as LSS_LICENCE
 from .llmservingsim_profiles import read_shared_profiles
-from .profile_schema import read_profile
 from .roofline import COEFF_FIELDS, FAMILIES, Coeffs
 
 VIDUR_LICENCE = "measurements: microsoft/vidur data/profiling @7d475133, MIT licence (c) Microsoft Corporation"
 #: Families AIConfigurator measures through vLLM's own layers: Vidur's older rows of them are not used.
 NEWER_ELSEWHERE = ("matmul", "all_reduce")
 MEASURED_DIR = Path(__file__).parent / "data" / "measured"
-MEASURED_LICENCE = ("measurements: servesim's own, benchmarks/measure_gpu_profile.py on the GPU itself "
-                    "(kernels_cost_model/data/measured/<gpu>-torch.env.json: device, driver, software, date)")
-#: Families taken from servesim's own measurements. Its matmuls and attention are the same libraries but
-#: not vLLM's build of them (cuBLAS through PyTorch, FlashAttention-2, a Triton paged decode), so the
-#: AIConfigurator tables of vLLM's own layers stay the source of those; they check the fits instead
-#: (docs/cost_model.md). Its norms and activations are what vLLM's default torch.compile runs.
-MEASURED_FAMILIES = ("elementwise",)
+"""servesim's own kernel profiles (benchmarks/measure_gpu_profile.py). No calibration is fitted to them:
+their matmuls and attention are the same libraries but not vLLM's build of them, so they check the fits
+made from vLLM's own layers (benchmarks/measured_check.py); their norms and activations vary from run to
+run with Inductor's choice of kernel configuration (docs/cost_model.md)."""
 #: device -> (AIConfigurator system or None, LLMServingSim hardware folder or None, Vidur profiles?)
 SOURCES = {
     "a100-sxm-80gb": ("a100_sxm", None, True),
-    "h100-sxm": ("h100_sxm", None, False),
+    "h100-sxm": ("h100_sxm", None, True),
     "h200": ("h200_sxm", None, False),
     "b200": ("b200_sxm", None, False),
     "b300": ("b300_sxm", None, False),
@@ -75,16 +70,10 @@ def measured_profile(device: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def measured_rows(device: str) -> list[dict]:
-    """The rows of `device`'s own profile in MEASURED_FAMILIES (none without a profile)."""
-    path = measured_profile(device)
-    return [r for r in read_profile(path) if r["family"] in MEASURED_FAMILIES] if path else []
-
-
 def device_rows(root: str | Path, device: str) -> list[dict]:
     """Every measured kernel of one device, from all its sources, in a fixed order."""
     system, hardware, vidur = SOURCES[device]
-    rows: list[dict] = measured_rows(device)
+    rows: list[dict] = []
     if vidur:  # Vidur's norms and activations; vLLM's own GEMMs and all-reduce (AIConfigurator) win
         from .vidur_profiles import read_vidur_compute, read_vidur_network
         vidur_rows = read_vidur_compute(root) + ([] if system else read_vidur_network(root))
@@ -103,10 +92,6 @@ def software_versions(rows: list[dict]) -> list[str]:
     found = set()
     for r in rows:
         match = re.search(r"\((vLLM [^)]*)\)", r["source"])
-        own = re.match(r"servesim torch backend \S+ \((torch [^,]*, CUDA [^,]*, triton [^,]*)", r["source"])
-        if own:
-            found.add(f"servesim torch backend ({own.group(1)})")
-            continue
         found.add(match.group(1) if match else ("Vidur profiler (vLLM-based)" if "vidur" in r["source"]
                                                 else "LLMServingSim profiler, vLLM 0.19.0"))
     return sorted(found)
@@ -120,8 +105,7 @@ def fit_device(root: str | Path, name: str, fallback: Calibration | None = None)
     cal = fit_profile(fit_rows, device, fallback=fallback or uncalibrated(get_gpu(device), derived=False))
     system, hardware, vidur = SOURCES[name]
     cal.provenance.update({
-        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware), (VIDUR_LICENCE, vidur),
-                                          (MEASURED_LICENCE, measured_profile(device)))
+        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware), (VIDUR_LICENCE, vidur))
                     if used],
         "software": software_versions(rows),
         "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),

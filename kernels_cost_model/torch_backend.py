@@ -275,35 +275,52 @@ def _elementwise_ops(torch, compiled: bool) -> dict:
         return torch.nn.functional.embedding(ids, table)
     ops = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "silu_mul": silu_mul, "add": add,
            "rope": rope, "embedding": embedding}
-    if compiled:  # as vLLM compiles them: the token count symbolic, every width a constant. A fresh
-        torch._dynamo.reset()  # cache, so another model's widths do not turn symbolic too; the first
-        ops = {name: torch.compile(fn) for name, fn in ops.items()}  # change of token count makes it so
+    if compiled:  # a fresh cache, so that another model's widths do not turn symbolic too (_tune_at)
+        torch._dynamo.reset()
+        ops = {name: torch.compile(fn) for name, fn in ops.items()}
     return ops
 
 
+def _elementwise_cases(s: _Session, spec, t: int, vocab: int, cos_sin, table) -> tuple:
+    """(operator, width, make operands) at `t` tokens; operands as (token-dimension ones, fixed ones)."""
+    h, inter = spec.hidden_size, spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size
+    positions = s.torch.randint(0, ROPE_POSITIONS, (t,), device=s.device)
+    ids = s.torch.randint(0, vocab, (t,), device=s.device)
+    return (("rms_norm", h, lambda: ((s.rand(t, h),), (s.rand(h),))),
+            ("add_rms_norm", h, lambda: ((s.rand(t, h), s.rand(t, h)), (s.rand(h),))),
+            ("silu_mul", inter, lambda: ((s.rand(t, 2 * inter),), ())),
+            ("add", h, lambda: ((s.rand(t, h), s.rand(t, h)), ())),
+            ("rope", spec.q_dim + spec.kv_dim,
+             lambda: ((s.rand(t, spec.q_dim), s.rand(t, spec.kv_dim), positions), (cos_sin,))),
+            ("embedding", h, lambda: ((ids,), (table,))))
+
+
+def _tune_at(torch, ops: dict, cases: tuple) -> None:
+    """Compile each op once with its token dimension marked dynamic, at `cases`' token count: Inductor
+    picks its kernels' configurations on that first call, as vLLM's compile run does at
+    max_num_batched_tokens. (Tuned on a first call of a few tokens instead, the pick is noise: the same
+    kernel then ran up to 2x slower or faster at 8,192 tokens from one run to the next.)"""
+    for op, _width, operands in cases:
+        tokens, fixed = operands()
+        for tensor in tokens:
+            torch._dynamo.mark_dynamic(tensor, 0)
+        ops[op](*tokens, *fixed)
+
+
 def _elementwise(s: _Session, spec, grid) -> list[dict]:
-    h, hd = spec.hidden_size, spec.head_dim
-    inter = spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size
     ops = _elementwise_ops(s.torch, compiled=s.cuda)
-    kernel = "Inductor (torch.compile, token count symbolic)" if s.cuda else "eager"
-    cos_sin = s.rand(ROPE_POSITIONS, hd).float()
+    kernel = "Inductor (torch.compile, token count symbolic, tuned at the grid's largest)" if s.cuda else "eager"
+    cos_sin = s.rand(ROPE_POSITIONS, spec.head_dim).float()
     vocab = min(spec.vocab_size, EMBEDDING_ROWS)
-    table = s.rand(vocab, h)
+    table = s.rand(vocab, spec.hidden_size)
+    if s.cuda:
+        _tune_at(s.torch, ops, _elementwise_cases(s, spec, max(grid.tokens), vocab, cos_sin, table))
     out = []
     for t in grid.tokens:
-        positions = s.torch.randint(0, ROPE_POSITIONS, (t,), device=s.device)
-        ids = s.torch.randint(0, vocab, (t,), device=s.device)
-        cases = (("rms_norm", h, lambda: (s.rand(t, h), s.rand(h))),
-                 ("add_rms_norm", h, lambda: (s.rand(t, h), s.rand(t, h), s.rand(h))),
-                 ("silu_mul", inter, lambda: (s.rand(t, 2 * inter),)),
-                 ("add", h, lambda: (s.rand(t, h), s.rand(t, h))),
-                 ("rope", spec.q_dim + spec.kv_dim, lambda: (s.rand(t, spec.q_dim), s.rand(t, spec.kv_dim),
-                                                             positions, cos_sin)),
-                 ("embedding", h, lambda: (ids, table)))
-        for op, width, operands in cases:
+        for op, width, operands in _elementwise_cases(s, spec, t, vocab, cos_sin, table):
             def make(fn=ops[op], operands=operands):
-                args = operands()
-                return lambda: fn(*args)
+                tokens, fixed = operands()
+                return lambda: fn(*tokens, *fixed)
             out.append(s.row(kernel, operator=op, m=t, n=width, measured_s=s.measure(make)))
     return out
 
