@@ -41,7 +41,7 @@ def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
     n_zero = new.count(0)
     if n_dec == 0 and n_zero == 0:  # all rows are prefill chunks: C-level reductions
         tok, cp, cc, pctx = sum(new), sum(map(mul, new, ctx)), sum(map(mul, new, new)), sum(ctx)
-        return tok, pctx, cp + 0.5 * (cc + tok), pctx + 0.5 * (tok + n), n, 0, max(map(add, new, ctx)), None
+        return tok, pctx, cp + 0.5 * (cc + tok), 0.5 * (tok + n), n, 0, max(map(add, new, ctx)), None
     chunks = _chunk_values(new, n_zero, n_dec) if n - n_dec <= _SCAN_MAX_ROWS else None
     rows = _indices_of(new, chunks) if chunks is not None and len(chunks) <= _SCAN_MAX_SIZES else None
     pf_tok = pf_ctx = idle_ctx = n_pf = longest = 0
@@ -59,7 +59,7 @@ def _fold_prefill_rows(new: list[int], ctx: list[int], n_dec: int) -> tuple:
             pf_tok += c
             pf_ctx += p
             pf_pairs += c * p + 0.5 * c * (c + 1)
-            pf_tile += p + 0.5 * (c + 1)  # = pairs / chunk: the weight of the per-row tile penalty
+            pf_tile += 0.5 * (c + 1)  # = own causal pairs / chunk: the tile term's weight (prefill_tile_rows)
             n_pf += 1
             pf_new.append(c)
             pf_ctxs.append(p)

@@ -19,10 +19,12 @@ from kernels_cost_model.errors import ConfigError, require_path
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derivation, derived_coeffs, shipped_defaults
-from .roofline import (FAMILIES, OPTIONAL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs, operator_cost,
-                       operator_keys, operator_rows, operator_seqs, single_token_prefill)
+from .prefill_waves import fa2_sms
+from .roofline import (FAMILIES, OPTIONAL_FAMILIES, PREFILL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs,
+                       operator_cost, operator_keys, operator_rows, operator_seqs, prefill_context_bytes,
+                       single_token_prefill)
 from .roofline_fit import fit_family, fit_tiled_or_not
-from .shape_keys import coeffs_for_row, elementwise_key, kernel_cost, shape_key, side_terms
+from .shape_keys import attention_coeffs, coeffs_for_row, elementwise_key, kernel_cost, shape_key, side_terms
 
 #: Efficiencies used where nothing was measured: typical fractions of datasheet peaks.
 DEFAULT_EFFICIENCY = {  # family: (compute efficiency, memory efficiency, overhead seconds)
@@ -155,6 +157,20 @@ def curve_for(cal: "Calibration", row: dict):
     return CollectiveCurve.from_points(points)
 
 
+def context_floor(cal: Calibration, row: dict) -> float:
+    """Seconds a prefill row's cached context takes at least, read at the decode fit's byte rate of the
+    same head layout (roofline.prefill_context_bytes); 0 for other rows and on FA2 GPUs."""
+    family = row["family"]
+    if family not in PREFILL_FAMILIES or not row["context"] or fa2_sms(str(row.get("device", ""))):
+        return 0.0
+    decode = "decode_attention_l2" if family == "prefill_attention_l2" else "decode_attention"
+    c = attention_coeffs(cal.coeffs, decode, row["num_heads"], row["num_kv_heads"], row["head_dim"])
+    c = c or cal.coeffs.get(decode)
+    nbytes = prefill_context_bytes(row["chunk"], row["context"], row["batch"], row["num_kv_heads"],
+                                   row["head_dim"], int(row["dtype_bytes"]))
+    return nbytes * c.s_per_byte if c is not None else 0.0
+
+
 def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
     """Predicted seconds of each profile row under a calibration."""
     out = np.empty(len(rows))
@@ -166,7 +182,7 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
         plain = r["family"] == "elementwise" and elementwise_key(r) not in cal.coeffs  # no tier fitted
         flops, nbytes = operator_cost(r) if plain else kernel_cost(r)
         out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r),
-                                         operator_keys(r), side_terms(r))
+                                         operator_keys(r), side_terms(r), memory_floor=context_floor(cal, r))
     return out
 
 

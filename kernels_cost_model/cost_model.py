@@ -334,6 +334,9 @@ class RooflineCostModel:
         # FA2: a prefill's compute is its waves of units, priced in the path below (prefill_waves.py)
         c_pf = 0.0 if self.prefill_waves[0] else hx * (pf_pairs + pf.tile_rows * pf_tile) * pf.s_per_flop
         m_pf = d * (2.0 * pf_tok * self.q_gpu + 2.0 * (pf_ctx + pf_tok) * self.kv_gpu) * pf.s_per_byte
+        if pf_ctx and not self.prefill_waves[0]:  # the cached context at least at the decode fit's read rate
+            floor = d * 2.0 * pf_ctx * self.kv_gpu * dc.s_per_byte  # (roofline.prefill_context_bytes)
+            m_pf = floor if floor > m_pf else m_pf
         c_dec = hx * dec_keys * (1.0 + dc.tile_rows) * dc.s_per_flop
         m_dec = d * (2.0 * n_dec * self.q_gpu + 2.0 * dec_keys * self.kv_gpu) * dc.s_per_byte
         sq, skv = self.mixed_decode

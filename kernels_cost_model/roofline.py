@@ -73,9 +73,12 @@ class Coeffs:
             require(value >= 0 and value == value, name, value, "must be a finite number >= 0")
 
     def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0,
-             side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0), attention_flops: float = 0.0) -> float:
+             side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0), attention_flops: float = 0.0,
+             memory_floor: float = 0.0) -> float:
+        """Seconds of one launch; `memory_floor`: seconds its memory side takes at least, priced elsewhere
+        (a prefill's cached context read at the decode fit's rate, prefill_context_bytes)."""
         copies, combines, splits, spilled = side
-        return (roofline(flops, nbytes, rows, self) + seqs * self.s_per_seq + keys * self.s_per_key
+        return (roofline(flops, nbytes, rows, self, memory_floor) + seqs * self.s_per_seq + keys * self.s_per_key
                 + copies * self.s_per_copy + combines * self.s_per_combine + splits * self.s_per_split
                 + spilled * self.s_per_spilled_byte + attention_flops * self.s_per_attention_flop)
 
@@ -87,12 +90,13 @@ COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_se
                 "s_per_attention_flop")
 
 
-def roofline(flops: float, nbytes: float, rows: float, c: Coeffs) -> float:
-    """Seconds for one operator: the slower of compute and memory, plus its fixed overhead."""
+def roofline(flops: float, nbytes: float, rows: float, c: Coeffs, memory_floor: float = 0.0) -> float:
+    """Seconds for one operator: the slower of compute and memory (at least `memory_floor`), plus its
+    fixed overhead."""
+    memory = max(nbytes * c.s_per_byte, memory_floor)
     if flops <= 0.0:
-        return nbytes * c.s_per_byte + c.overhead_s
+        return memory + c.overhead_s
     compute = flops * c.s_per_flop * (1.0 + c.tile_rows / rows)
-    memory = nbytes * c.s_per_byte
     return (compute if compute > memory else memory) + c.overhead_s
 
 
@@ -181,16 +185,44 @@ def moe(tokens: float, hidden: float, inter: float, experts: float, top_k: float
 
 
 def operator_rows(row: dict) -> float:
-    """The row count that sets tile efficiency: matmul m, prefill chunk (query rows per request),
-    rows per expert of a MoE layer."""
+    """The row count that sets tile efficiency: matmul m, rows per expert of a MoE layer; for a prefill,
+    its chunk (query rows per request) scaled so that only the chunk's own causal pairs pay the tile term
+    (prefill_tile_rows)."""
     family = OPERATOR_FAMILY[row["operator"]]
     if family == "matmul":
         return max(row["m"], 1.0)
     if family in PREFILL_FAMILIES:
-        return max(row["chunk"], 1.0)
+        return prefill_tile_rows(max(row["chunk"], 1.0), row["context"])
     if family == "moe":
         return max(row["m"] * row["top_k"] / routed_experts(row), 1.0)
     return 1.0  # decode attention: one query row per request (its tile factor is a constant)
+
+
+def prefill_context_bytes(chunk: float, context: float, batch: float, num_kv_heads: float, head_dim: float,
+                          dtype_bytes: int) -> float:
+    """Bytes of the cached keys and values a prefill launch reads (0 over an empty cache).
+
+    On the GPUs whose prefill fits saw no cached context (all but the FA2 ones, prefill_waves.py), the
+    prefill family's byte rate was never binding (a prefill over an empty cache is compute-bound), so
+    these bytes are read at least at the decode fit's rate of the same head layout, which measures the
+    same cache read from DRAM (calibration.predict, cost_model._attention). A short chunk over a long
+    context is then a decode-like read of its cache, as FlashAttention runs it."""
+    return 2.0 * dtype_bytes * batch * context * num_kv_heads * head_dim if chunk > 1 else 0.0
+
+
+def prefill_tile_rows(chunk: float, context: float) -> float:
+    """The `rows` of a prefill's tile term: chunk x (all its pairs / its own causal pairs).
+
+    The prefill fits see only launches over an empty cache (AIConfigurator's context rows), where the
+    tile term prices a short chunk's every FLOP at a lower rate: with tile rows T it adds T / chunk of the
+    FLOPs, T x (chunk + 1) / 2 pairs per head, one cost per query row whatever the keys. That is the work
+    of the chunk's query tiles (their loads, softmax and output, the causal diagonal), which does not grow
+    with the keys cached before the chunk. So only the chunk's own pairs pay it and the cached context's
+    chunk x context pairs run at the family's FLOP rate, as the long key loops of a big prefill do:
+    F x T / rows = own pairs' FLOPs x T / chunk. Over an empty cache this is the chunk (the fit unchanged).
+    (Pricing the context pairs at the short chunk's rate made a 32-token chunk over 8,192 cached tokens
+    on an H200 5.6x slower than FlashAttention-2 measured on that GPU, and FA3 is the faster kernel.)"""
+    return chunk * (1.0 + 2.0 * context / (chunk + 1.0))
 
 
 def operator_seqs(row: dict) -> float:

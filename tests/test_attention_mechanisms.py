@@ -79,6 +79,7 @@ def test_serving_pays_the_longest_row_once_per_launch():
     idle = BatchShape(num_new_tokens=[1, 0, 1], num_context_tokens=[700, 9000, 90], num_sampled=2)
     assert step(0.0, 1e-9, idle) - step(0.0, 0.0, idle) == pytest.approx(32 * 1e-9 * 701, rel=1e-6)
     # a chunk holding the longest context: its path is priced at the prefill fit's key cost (here 0), the
-    # decode's own (701 keys) at decode's
-    chunk = BatchShape(num_new_tokens=[2, 1], num_context_tokens=[9000, 700], num_sampled=2)
+    # decode's own (701 keys) at decode's. (A 2-token chunk there would be priced as the decode it could
+    # have been: over 9,000 cached keys it reads as much cache as one, and that floor binds.)
+    chunk = BatchShape(num_new_tokens=[512, 1], num_context_tokens=[9000, 700], num_sampled=2)
     assert step(0.0, 1e-9, chunk) - step(0.0, 0.0, chunk) == pytest.approx(32 * 1e-9 * 701, rel=1e-6)

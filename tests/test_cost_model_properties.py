@@ -84,7 +84,7 @@ def test_prefill_fold_paths_agree_with_a_plain_loop(pairs):
     tok = sum(c for c in new if c > 1)
     pctx = sum(p for c, p in pairs if c > 1)
     pairs_sum = sum(c * p + c * (c + 1) / 2 for c, p in pairs if c > 1)
-    tile = sum(p + (c + 1) / 2 for c, p in pairs if c > 1)
+    tile = sum((c + 1) / 2 for c, p in pairs if c > 1)    # own causal pairs / chunk (prefill_tile_rows)
     got = _fold_prefill_rows(new, ctx, n_dec)
     assert got[0] == tok and got[1] == pctx and got[4] == sum(c > 1 for c in new)
     assert abs(got[2] - pairs_sum) <= 1e-9 * max(pairs_sum, 1) and abs(got[3] - tile) <= 1e-9 * max(tile, 1)

@@ -253,9 +253,11 @@ def test_verification_rows_are_priced_as_decode_rows_with_several_queries():
              for k in (1, 3, 5)]
     as_chunks = cost.step_time(BatchShape([4] * 128, [400] * 128, 512))
     assert plain < times[0] < times[1] < times[2]
-    assert times[1] < plain * 2 < as_chunks  # k = 3 at batch 128: well under the prefill pricing
+    assert times[1] < plain * 2  # k = 3 at batch 128
+    # the same launch priced as 4-token chunks (the cached context off the chunk's tile term) agrees
+    assert as_chunks == pytest.approx(times[1], rel=0.03)
     mixed = BatchShape([4, 200], [400, 0], 5)  # a prefill chunk beside a verification row
-    assert verify_step_time(cost, mixed, [3, 0]) < cost.step_time(mixed)
+    assert verify_step_time(cost, mixed, [3, 0]) == pytest.approx(cost.step_time(mixed), rel=0.01)
     assert verify_step_time(cost, mixed, [0, 0]) == cost.step_time(mixed)
     linear = LinearCostModel()
     assert verify_step_time(linear, mixed, [3, 0]) == linear.step_time(mixed)
