@@ -18,15 +18,13 @@ least-disturbed run: a small shared CPU's other work only ever adds time).
 from __future__ import annotations
 
 import datetime
-import math
-import statistics
-import time
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import ConfigError
 
 from .models import get_model
 from .profile_schema import validate_row
+from .torch_timing import cpu_timer, cuda_timer
 
 
 @dataclass(frozen=True)
@@ -55,10 +53,6 @@ GRIDS = {  # (device kind, quick)
                           (128, 512, 1024, 2048, 4096, 8192), 3, 10),
 }
 
-GRAPH_CALLS = 16
-"""Calls captured in one CUDA graph (at least; more where more copies rotate)."""
-MAX_COPIES = 128
-"""Most copies of a point's operands rotated through, so that a small point still reads from DRAM."""
 BLOCK_SIZE = 16
 """vLLM's default KV-cache block size (tokens)."""
 ROPE_POSITIONS = 8192
@@ -78,70 +72,6 @@ def _torch():
     except ImportError as exc:
         raise ConfigError("backend", "torch", "PyTorch is not installed: pip install 'servesim[torch]'") from exc
     return torch
-
-
-def _cpu_timer(warmup: int, repeats: int):
-    def measure(make, cold_bytes: float = 0.0) -> float:
-        fn = make()
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        return min(samples)
-    return measure
-
-
-def rotated_copies(l2_bytes: int, cold_bytes: float) -> int:
-    """Copies of a point's operands to rotate through so that each call reads `cold_bytes` from DRAM:
-    together at least twice the L2. One where nothing need come from DRAM (an activation the previous
-    kernel just wrote)."""
-    if cold_bytes <= 0:
-        return 1
-    return int(min(MAX_COPIES, max(1, math.ceil(2 * l2_bytes / cold_bytes))))
-
-
-def _cuda_timer(torch, device: str, warmup: int, repeats: int):
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-
-    def measure(make, cold_bytes: float = 0.0) -> float:
-        fns = [make() for _ in range(rotated_copies(l2_bytes, cold_bytes))]
-        calls = math.ceil(max(GRAPH_CALLS, len(fns)) / len(fns)) * len(fns)
-        for fn in fns:
-            for _ in range(warmup):
-                fn()
-        torch.cuda.synchronize()
-        run = _captured(torch, fns, calls)
-        samples = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / calls)
-        return statistics.median(samples)
-    return measure
-
-
-def _captured(torch, fns: list, calls: int):
-    """`calls` calls (rotating over `fns`) captured in one CUDA graph; back-to-back launches where a
-    kernel cannot be captured."""
-    def launches():
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            launches()
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return launches
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph.replay
 
 
 @dataclass
@@ -217,8 +147,7 @@ def _measure(torch, model: str, device: str, quick: bool, gpu: str, families: tu
                              "source": f"{source}; {kernel}" if kernel else source, **fields},
                             "<torch backend>")
 
-    timer = _cuda_timer(torch, device, grid.warmup, grid.repeats) if cuda else _cpu_timer(grid.warmup,
-                                                                                          grid.repeats)
+    timer = cuda_timer(torch, device, grid.warmup, grid.repeats) if cuda else cpu_timer(grid.warmup, grid.repeats)
     session = _Session(torch, device, cuda, rand, timer, row)
     rows: list[dict] = []
     with torch.inference_mode():

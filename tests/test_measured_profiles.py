@@ -12,7 +12,7 @@ import pytest
 from kernels_cost_model.calibration import relative_errors, shipped_calibration
 from kernels_cost_model.gpu_calibration import MEASURED_DIR, measured_profile
 from kernels_cost_model.profile_schema import read_profile
-from kernels_cost_model.torch_backend import MAX_COPIES, rotated_copies
+from kernels_cost_model.torch_timing import MAX_COPIES, rotated_copies
 
 MEASURED_GPUS = ("h100-sxm", "h200")
 ELEMENTWISE_OPS = {"rms_norm", "add_rms_norm", "silu_mul", "add", "rope", "embedding"}
