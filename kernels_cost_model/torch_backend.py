@@ -6,14 +6,14 @@ SiLU-and-multiply, residual add, rotary embedding and embedding lookup; causal p
 chunk of new tokens over cached context); decode attention over a paged KV cache.
 
 On CUDA the kernels are the ones vLLM runs, as far as PyTorch holds them: cuBLAS matmuls; norms and
-activations compiled by Inductor with symbolic token counts (vLLM's default `torch.compile` path);
-FlashAttention through `scaled_dot_product_attention` with the causal mask aligned to the chunk's
-end; decode through servesim's Triton paged kernel, which reads each request's blocks in place
-(`paged_decode_triton`). Each point is timed as CUDA-graph replays of several calls, between CUDA
-events (no launch gaps, as in vLLM's captured decode), over enough copies of the weights or KV cache
-that each call reads them from DRAM, not from the L2 the previous call filled. The median replay.
-On CPU: eager kernels, decode gathers the blocks first, the fastest of the timed calls (the
-least-disturbed run: a small shared CPU's other work only ever adds time).
+activations compiled by Inductor with a symbolic token count, first at the grid's largest (vLLM's
+default `torch.compile` path); FlashAttention through `scaled_dot_product_attention` with the causal
+mask aligned to the chunk's end; decode through servesim's Triton paged kernel, which reads each
+request's blocks in place (`paged_decode_triton`). Timing (`torch_timing`): the median of CUDA-graph
+replays of several calls between CUDA events (no launch gaps, as in vLLM's captured steps), over enough
+copies of the weights or KV cache that each call reads them from DRAM, not from the L2 the previous
+call filled. On CPU: eager kernels, decode gathers the blocks first, the fastest of the timed calls
+(the least-disturbed run: a small shared CPU's other work only ever adds time).
 """
 from __future__ import annotations
 
@@ -62,8 +62,6 @@ EMBEDDING_ROWS = 32768
 than the vocabulary costs the same and keeps the CPU grid light."""
 
 DEFAULT_MODEL = {"cpu": "qwen2.5-0.5b", "cuda": "llama-3.1-8b"}
-
-
 
 
 def _torch():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 
 GRAPH_CALLS = 16
 """Calls captured in one CUDA graph (at least; more where more copies rotate)."""
@@ -62,8 +63,8 @@ def cuda_timer(torch, device: str, warmup: int, repeats: int):
 
 
 def _captured(torch, fns: list, calls: int):
-    """`calls` calls (rotating over `fns`) captured in one CUDA graph; back-to-back launches where a
-    kernel cannot be captured."""
+    """`calls` calls (rotating over `fns`) captured in one CUDA graph; back-to-back launches, with a
+    warning (their launch gaps count), where a kernel cannot be captured."""
     def launches():
         for i in range(calls):
             fns[i % len(fns)]()
@@ -71,8 +72,10 @@ def _captured(torch, fns: list, calls: int):
     try:
         with torch.cuda.graph(graph):
             launches()
-    except RuntimeError:
+    except RuntimeError as exc:
         torch.cuda.synchronize()
+        warnings.warn(f"CUDA graph capture failed ({exc}); timing plain launches, launch gaps included",
+                      stacklevel=3)
         return launches
     graph.replay()
     torch.cuda.synchronize()
