@@ -19,6 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.hardware import get_gpu
+from kernels_cost_model.models import get_model
 from kernels_cost_model.profile_schema import write_profile
 from kernels_cost_model.torch_backend import measure_profile, software
 
@@ -74,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the built-in plan)")
     parser.add_argument("--families", default=",".join(ALL), help="comma-separated families to measure")
     args = parser.parse_args(argv)
+    wanted = tuple(args.families.split(","))
+    plan = [(m, wanted) for m in args.models.split(",")] if args.models else PLAN
+    unknown = sorted(set(wanted) - set(ALL))
+    if unknown:
+        parser.error(f"--families: unknown {unknown}; expected some of {list(ALL)}")
+    try:
+        get_gpu(args.gpu)
+        for model, _families in plan:
+            get_model(model)
+    except ConfigError as exc:
+        parser.error(str(exc))
     import torch
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(torch)
@@ -84,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     if err > 0.05:
         print("paged decode kernel disagrees with SDPA; not timing it", file=sys.stderr)
         return 1
-    wanted = tuple(args.families.split(","))
-    plan = [(m, wanted) for m in args.models.split(",")] if args.models else PLAN
     rows: list[dict] = []
     for model, families in plan:
         for family in (f for f in families if f in wanted):
