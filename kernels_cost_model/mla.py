@@ -14,6 +14,8 @@ r_q x (d_n + d_r), the KV up-projection r x (d_n + d_v) and the output projectio
 `scope` "module" counts the projections (vLLM 0.24 tables), "kernel" the attention alone (vLLM 0.14).
 A module's prefill runs two kinds of kernel, the projection GEMMs and the attention kernel, at rates
 of their own: `split_context` takes the attention FLOPs apart for its fit (s_per_attention_flop).
+Its hidden states beyond the L2 make a round trip to DRAM that the GEMMs' compute does not hide
+(`context_spilled_bytes`, s_per_spilled_byte).
 """
 from __future__ import annotations
 
@@ -74,3 +76,19 @@ def split_context(spec, heads: float, tokens: float, pairs: float, cached: float
         return flops, nbytes, 0.0
     attention = context_attention_flops(spec, heads, pairs)
     return flops - attention, nbytes, attention
+
+
+def context_spilled_bytes(spec, tokens: float, l2_bytes: float, scope: str = "module") -> float:
+    """Bytes of a module prefill's hidden states ([tokens x hidden], bf16) beyond the L2 (0 for a
+    kernel-only fit, which has no projections).
+
+    While the hidden states fit in L2 the module's passes over them (its down-projections' input, its
+    norms and output) hit it; beyond, the excess streams from DRAM in kernels that run one after another,
+    so it adds to the GEMMs' time instead of hiding under their compute. AIConfigurator's MLA context
+    tables show it wherever the projections are light (few heads): at 1 head the time per token is least
+    near L2 / (2 x 7168) tokens (L40S, 96 MiB: 4-8 k tokens; RTX PRO 6000, 128 MiB: 8 k) and then grows
+    by 26-46 % up to 131 k tokens, whatever the batch x length split. One tensor's size sets the knee
+    best: counting the output too (the knee at half) or the latents left more error on both GPUs."""
+    if scope != "module":
+        return 0.0
+    return max(ACT_BYTES * tokens * spec.hidden_size - l2_bytes, 0.0)

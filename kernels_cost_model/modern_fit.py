@@ -115,8 +115,9 @@ def fit_mla(root, system: str) -> dict:
     """MLA fits keyed '<phase>/<kv dtype>/<gemm dtype>' (scope recorded). Generation rows whose latent KV
     fits in L2 (`_kv_in_l2`) are fitted apart as 'generation_l2/...': the collector replays one layer on
     the same tensors, so there the KV stays in L2, while serving reads it from DRAM (as
-    aiconfigurator_tables splits decode attention)."""
-    spec, out = get_model(MLA_MODEL), {}
+    aiconfigurator_tables splits decode attention). A module's prefill also pays its hidden states
+    beyond L2 (mla.context_spilled_bytes)."""
+    spec, out, l2 = get_model(MLA_MODEL), {}, L2_BYTES[system][0]
     for phase in ("context", "generation"):
         groups: dict[tuple, list] = {}
         for row in _served_rows(mla_rows(root, system, phase), phase):
@@ -124,7 +125,9 @@ def fit_mla(root, system: str) -> dict:
             groups.setdefault((tier, row["kv_dtype"], row["gemm"], row["scope"]), []).append(row)
         for (tier, kv, gemm, scope), rows in sorted(groups.items()):
             columns, attention = _mla_columns(spec, phase, kv, gemm, scope, rows)
-            fit = _fit("mla", *columns, attention=attention)
+            spilled = [mla.context_spilled_bytes(spec, x["batch"] * x["isl"], l2, scope) if phase == "context"
+                       else 0.0 for x in rows]
+            fit = _fit("mla", *columns, attention=attention, spilled=spilled if any(spilled) else None)
             if fit:
                 out[f"{tier}/{kv}/{gemm}"] = {"scope": scope, **fit}
     return out

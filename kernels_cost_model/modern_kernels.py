@@ -88,7 +88,8 @@ def _nearest_heads(table: dict[str, Coeffs], heads: float) -> Coeffs:
 
 @dataclass(frozen=True)
 class MLAKernels:
-    """One MLA layer's measured cost on one GPU: context (prefill) and generation (decode) fits."""
+    """One MLA layer's measured cost on one GPU: context (prefill) and generation (decode) fits;
+    `l2_bytes` of the GPU (a module's prefill pays its hidden states beyond it, mla.context_spilled_bytes)."""
 
     spec: object
     heads: float
@@ -97,6 +98,7 @@ class MLAKernels:
     kv_bytes: float
     weight_bytes: float
     scope: str              # "module": projections included; "kernel": attention alone
+    l2_bytes: float = 0.0
 
     def prefill(self, tokens: float, pairs: float, cached: float, seqs: int) -> float:
         """Seconds for `seqs` prefill rows of `tokens` new tokens in all."""
@@ -106,7 +108,9 @@ class MLAKernels:
                                     self.weight_bytes, self.scope)
         if not self.context.s_per_attention_flop:  # (a fit with one rate for both)
             f, a = f + a, 0.0
-        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs, attention_flops=a)
+        spilled = mla.context_spilled_bytes(self.spec, tokens, self.l2_bytes, self.scope)
+        return self.context.time(f, b, max(tokens / seqs, 1.0), seqs, side=(0.0, 0.0, 0.0, spilled),
+                                 attention_flops=a)
 
     def decode(self, rows: int, keys: float, read_weights: bool = True) -> float:
         """Seconds for `rows` decode rows reading `keys` cached keys in all (without the module's
@@ -130,7 +134,7 @@ def mla_kernels(gpu_name: str, spec, heads: float, kv_cache_dtype: str = "auto")
         if ctx and gen:
             scope = fits["scope"][f"generation/{kv}/{g}"]
             return MLAKernels(spec, heads, _nearest_heads(ctx, heads), _nearest_heads(gen, heads),
-                              _BYTES[kv], _BYTES[g], scope)
+                              _BYTES[kv], _BYTES[g], scope, l2_bytes(gpu_name) or 0.0)
     return None
 
 
