@@ -25,7 +25,7 @@ import numpy as np
 
 from . import mla
 from .aiconfigurator_modern import MOE_DTYPES, gdn_rows, gemm_rows, mla_rows, moe_rows
-from .modern_kernels import GDN_STATE_BYTES, gdn_cost, gdn_prefill_terms
+from .modern_kernels import GDN_STATE_BYTES, gdn_chunk_rows, gdn_cost, gdn_prefill_terms
 from .operators import padded_rows
 from .aiconfigurator_tables import L2_BYTES, LICENCE, SYSTEMS
 from .models import get_model
@@ -61,21 +61,24 @@ def _coeffs_json(c: Coeffs) -> dict:
     """Five significant digits: far below the fits' error, and a fifth of the file. The path and spill
     terms are written only by the families that fit them."""
     fields = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq")
-    fields += tuple(f for f in ("s_per_key", "s_per_spilled_byte", "s_per_attention_flop") if getattr(c, f))
+    fields += tuple(f for f in ("s_per_key", "s_per_spilled_byte", "s_per_attention_flop", "s_per_chunk_row")
+                    if getattr(c, f))
     return {f: float(f"{getattr(c, f):.5g}") for f in fields}
 
 
 def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources, path=None,
-         spilled=None, attention=None) -> dict | None:
+         spilled=None, attention=None, chunk_rows=None) -> dict | None:
     """Coefficients of the family and of each shape (`family@shape`, shape_keys.py's format) with at
     least MIN_SHAPE_SAMPLES kept rows, fitted on the kept rows; scored on the held-out ones (each priced
     at its shape's coefficients where fitted). `path`: a critical path's units (s_per_key), `spilled`:
     bytes beyond L2 (s_per_spilled_byte), `attention`: a module's attention FLOPs, apart from `flops`
-    (s_per_attention_flop), where the family has them. None when too few samples."""
+    (s_per_attention_flop), `chunk_rows`: rows of a serial in-chunk loop (s_per_chunk_row), where the
+    family has them. None when too few samples."""
     f, b, t, r = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds, rows))
     s = np.zeros_like(t) if seqs is None else np.asarray(seqs, dtype=float)
     k = None if path is None else np.asarray(path, dtype=float)
     a = None if attention is None else np.asarray(attention, dtype=float)
+    cr = None if chunk_rows is None else np.asarray(chunk_rows, dtype=float)
     side = None if spilled is None else np.column_stack([np.zeros_like(t)] * 3 + [np.asarray(spilled, dtype=float)])
     out = np.zeros(len(t), dtype=bool)
     groups: dict[str, list[int]] = {}
@@ -88,7 +91,7 @@ def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources,
     seq = None if seqs is None else s
     pick = lambda x, m: None if x is None else x[m]  # noqa: E731
     fit = lambda m: fit_family(f[m], b[m], t[m], r[m], pick(seq, m), pick(k, m), side=pick(side, m),  # noqa: E731
-                               attention=pick(a, m))
+                               attention=pick(a, m), chunk_rows=pick(cr, m))
     family_c = fit(~out)
     coeffs, pred = {family: family_c}, np.zeros(len(t))
     for shape, idx in groups.items():
@@ -100,7 +103,7 @@ def _fit(family: str, flops, nbytes, seconds, rows, seqs, shapes, keys, sources,
             mask[kept] = True
             c = coeffs[f"{family}@{shape}"] = fit(mask)
         pred[idx] = predict_arrays(c, f[idx], b[idx], r[idx], pick(seq, idx), pick(k, idx), pick(side, idx),
-                                   pick(a, idx))
+                                   pick(a, idx), pick(cr, idx))
     err = np.abs(pred / t - 1.0)
     held = err[out]
     return {"coeffs": {k: _coeffs_json(c) for k, c in sorted(coeffs.items())},
@@ -223,7 +226,8 @@ def fit_gdn(root, system: str) -> dict:
     """Gated DeltaNet layer fits per phase, per (key heads, value heads) shape (modern_kernels.gdn_cost).
     Decode rows whose recurrent states fit in L2 are fitted apart ("generation_l2"): the collector
     replays one layer, so there the states stay in L2, while serving reads them from DRAM. Prefill rows
-    also pay their sequences' serial chunk path and the intermediates beyond L2 (gdn_prefill_terms)."""
+    also pay their sequences' serial chunk path and the intermediates beyond L2 (gdn_prefill_terms), and
+    the serial row loop inside a chunk (gdn_chunk_rows)."""
     out = {}
     rows = gdn_rows(root, system)
     l2 = L2_BYTES[system][0]
@@ -231,14 +235,16 @@ def fit_gdn(root, system: str) -> dict:
         sel = [x for x in rows if _gdn_tier(x, l2) == phase]
         costs = [gdn_cost(x["batch"] * x["seq_len"], x["batch"], x["k_heads"], x["k_dim"], x["v_heads"], x["v_dim"])
                  for x in sel]
-        path = spilled = None
+        path = spilled = chunk_rows = None
         if phase == "context" and sel:
             path, spilled = zip(*(gdn_prefill_terms([x["seq_len"]] * int(x["batch"]), x["k_dim"], x["v_heads"],
                                                     x["v_dim"], l2) for x in sel))
+            chunk_rows = [gdn_chunk_rows([x["seq_len"]]) for x in sel]
         fit = _fit("gdn", [c[0] for c in costs], [c[1] for c in costs], [x["seconds"] for x in sel],
                    [x["seq_len"] for x in sel], [x["batch"] for x in sel],
                    [f"{_num(x['k_heads'])}/{_num(x['v_heads'])}" for x in sel],
-                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel], path=path, spilled=spilled)
+                   [(x["batch"], x["seq_len"]) for x in sel], [x["source"] for x in sel], path=path, spilled=spilled,
+                   chunk_rows=chunk_rows)
         if fit:
             out[phase] = fit
     return out

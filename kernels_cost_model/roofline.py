@@ -53,7 +53,8 @@ class Coeffs:
     shape_keys.side_terms): seconds per copy kernel, per combine kernel and per split it merges of an
     FA2 decode launch, and per byte spilled out of L2 in the L2 benchmark states; seconds per FLOP of the
     attention kernel inside a fit of a whole module (the MLA module: its score and value products run
-    at another rate than its projection GEMMs, which take `s_per_flop`)."""
+    at another rate than its projection GEMMs, which take `s_per_flop`); seconds per row of a launch's
+    serial row loop inside one chunk (a Gated DeltaNet prefill, modern_kernels.gdn_chunk_rows)."""
 
     s_per_flop: float
     s_per_byte: float
@@ -66,6 +67,7 @@ class Coeffs:
     s_per_split: float = 0.0
     s_per_spilled_byte: float = 0.0
     s_per_attention_flop: float = 0.0
+    s_per_chunk_row: float = 0.0
 
     def __post_init__(self) -> None:
         for name in COEFF_FIELDS:
@@ -74,20 +76,22 @@ class Coeffs:
 
     def time(self, flops: float, nbytes: float, rows: float = 1.0, seqs: float = 0.0, keys: float = 0.0,
              side: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0), attention_flops: float = 0.0,
-             memory_floor: float = 0.0) -> float:
+             memory_floor: float = 0.0, chunk_rows: float = 0.0) -> float:
         """Seconds of one launch; `memory_floor`: seconds its memory side takes at least, priced elsewhere
-        (a prefill's cached context read at the decode fit's rate, prefill_context_bytes)."""
+        (a prefill's cached context read at the decode fit's rate, prefill_context_bytes); `chunk_rows`:
+        rows of its serial in-chunk loop (s_per_chunk_row)."""
         copies, combines, splits, spilled = side
         return (roofline(flops, nbytes, rows, self, memory_floor) + seqs * self.s_per_seq + keys * self.s_per_key
                 + copies * self.s_per_copy + combines * self.s_per_combine + splits * self.s_per_split
-                + spilled * self.s_per_spilled_byte + attention_flops * self.s_per_attention_flop)
+                + spilled * self.s_per_spilled_byte + attention_flops * self.s_per_attention_flop
+                + chunk_rows * self.s_per_chunk_row)
 
 
 #: Coeffs' side-term fields, in the order of shape_keys.side_terms' columns.
 SIDE_FIELDS = ("s_per_copy", "s_per_combine", "s_per_split", "s_per_spilled_byte")
 #: Coeffs' fields, in order.
 COEFF_FIELDS = ("s_per_flop", "s_per_byte", "overhead_s", "tile_rows", "s_per_seq", "s_per_key", *SIDE_FIELDS,
-                "s_per_attention_flop")
+                "s_per_attention_flop", "s_per_chunk_row")
 
 
 def roofline(flops: float, nbytes: float, rows: float, c: Coeffs, memory_floor: float = 0.0) -> float:

@@ -1,11 +1,12 @@
 """Fit one family's roofline coefficients to measured kernel times.
 
 Model: pred = max(F * s_per_flop * (1 + tile_rows / rows), B * s_per_byte) + overhead_s + seqs * s_per_seq
-+ keys * s_per_key (+ side . SIDE_FIELDS and A * s_per_attention_flop where given), with F the FLOPs, B
++ keys * s_per_key (+ side . SIDE_FIELDS, A * s_per_attention_flop and R * s_per_chunk_row where given), with F the FLOPs, B
 the bytes, `rows` the rows of a tile (matmul m, prefill chunk), `seqs` the sequences of an attention launch
 (each costs a work unit whatever its length), `keys` the keys of a causal launch's longest row (its
 critical path, roofline.operator_keys), `side` the side terms of the L2 benchmark states
-(shape_keys.side_terms) and A the attention FLOPs of a module fitted whole (modern_fit's MLA). The fit minimises the squared
+(shape_keys.side_terms), A the attention FLOPs of a module fitted whole (modern_fit's MLA) and R the rows
+of a serial in-chunk loop (modern_fit's GDN prefill). The fit minimises the squared
 *relative* error sum((pred - t) / t)^2. The max() makes it piecewise linear, so we alternate:
 assign each sample to the compute or memory side under the current coefficients, solve the weighted
 non-negative linear least-squares problem, repeat until the assignment stops changing, from several
@@ -24,20 +25,22 @@ ROBUST_ROUNDS, ROBUST_FLOOR = 10, 0.005
 _STARTS = 21
 
 
-def predict_arrays(c: Coeffs, flops, nbytes, rows, seqs=None, keys=None, side=None, attention=None) -> np.ndarray:
+def predict_arrays(c: Coeffs, flops, nbytes, rows, seqs=None, keys=None, side=None, attention=None,
+                   chunk_rows=None) -> np.ndarray:
     """Vectorised Coeffs.time over arrays (rows >= 1)."""
     compute = flops * c.s_per_flop * (1.0 + c.tile_rows / rows)
     t = np.where(flops > 0, np.maximum(compute, nbytes * c.s_per_byte), nbytes * c.s_per_byte) + c.overhead_s
     t = t if seqs is None else t + c.s_per_seq * seqs
     t = t if keys is None else t + c.s_per_key * keys
     t = t if attention is None else t + c.s_per_attention_flop * np.asarray(attention, dtype=float)
+    t = t if chunk_rows is None else t + c.s_per_chunk_row * np.asarray(chunk_rows, dtype=float)
     return t if side is None else t + np.asarray(side, dtype=float) @ [getattr(c, f) for f in SIDE_FIELDS]
 
 
 class _Problem:
     """The design columns of one family's samples; solve() fits a compute/memory assignment."""
 
-    def __init__(self, flops, nbytes, seconds, rows, seqs, keys=None, side=None, attention=None):
+    def __init__(self, flops, nbytes, seconds, rows, seqs, keys=None, side=None, attention=None, chunk_rows=None):
         self.f, self.b, self.t = (np.asarray(x, dtype=float) for x in (flops, nbytes, seconds))
         if len(self.t) < 2:
             raise ConfigError("profile", len(self.t), "need at least 2 measurements to fit a family")
@@ -48,6 +51,7 @@ class _Problem:
         self.keys = None if keys is None else np.asarray(keys, dtype=float)
         self.per_key = self.keys is not None and len(np.unique(self.keys)) > 1
         self.attention = None if attention is None else np.asarray(attention, dtype=float)
+        self.chunk_rows = None if chunk_rows is None else np.asarray(chunk_rows, dtype=float)
         side = np.zeros((len(self.t), 0)) if side is None else np.asarray(side, dtype=float)
         self.side_cols = {f: side[:, j] for j, f in enumerate(SIDE_FIELDS[:side.shape[1]])
                           if len(np.unique(side[:, j])) > 1}
@@ -64,6 +68,8 @@ class _Problem:
             cols["key"] = self.keys
         if self.attention is not None and self.attention.any():
             cols["attention"] = self.attention
+        if self.chunk_rows is not None and len(np.unique(self.chunk_rows)) > 1:
+            cols["chunk_row"] = self.chunk_rows
         cols.update(self.side_cols)
         if not f.any():
             del cols["flop"]
@@ -72,22 +78,24 @@ class _Problem:
         return Coeffs(float(a), float(sol["byte"]), float(sol["one"]),
                       float(sol.get("tile", 0.0) / a) if a > 0 else 0.0, float(sol.get("seq", 0.0)),
                       float(sol.get("key", 0.0)), *(float(sol.get(f, 0.0)) for f in SIDE_FIELDS),
-                      float(sol.get("attention", 0.0)))
+                      float(sol.get("attention", 0.0)), float(sol.get("chunk_row", 0.0)))
 
     def side(self, c: Coeffs) -> np.ndarray:
         return self.f * c.s_per_flop * (1.0 + c.tile_rows / self.rows) >= self.b * c.s_per_byte
 
     def relative(self, c: Coeffs) -> np.ndarray:
         side = sum(getattr(c, f) * col for f, col in self.side_cols.items())
-        return (predict_arrays(c, self.f, self.b, self.rows, self.seqs, self.keys, attention=self.attention)
+        return (predict_arrays(c, self.f, self.b, self.rows, self.seqs, self.keys, attention=self.attention,
+                               chunk_rows=self.chunk_rows)
                 + side) * self.w - 1.0
 
 
 def fit_family(flops, nbytes, seconds, rows=None, seqs=None, keys=None, max_iter: int = 50,
-               robust: bool = True, side=None, attention=None) -> Coeffs:
+               robust: bool = True, side=None, attention=None, chunk_rows=None) -> Coeffs:
     """Coefficients of one family (see module docstring); `side`: (samples x SIDE_FIELDS) side terms;
-    `attention`: FLOPs of a module's attention kernel, priced apart from `flops` (s_per_attention_flop)."""
-    p = _Problem(flops, nbytes, seconds, rows, seqs, keys, side, attention)
+    `attention`: FLOPs of a module's attention kernel, priced apart from `flops` (s_per_attention_flop);
+    `chunk_rows`: rows of a serial in-chunk loop (s_per_chunk_row)."""
+    p = _Problem(flops, nbytes, seconds, rows, seqs, keys, side, attention, chunk_rows)
     g = np.ones_like(p.t)
     if not p.f.any():
         c = p.solve(np.zeros_like(p.t, dtype=bool), g)
