@@ -342,3 +342,55 @@ def test_a_mixed_mla_step_reads_the_module_weights_once():
     assert mixed["prefill_attention"] + mixed["decode_attention"] == pytest.approx(expected, rel=1e-9)
     alone = cm.breakdown(decode(n, ctx))["decode_attention"]
     assert alone == pytest.approx(layers * with_w)                       # decode alone still reads them
+
+
+# ----- terms added for the held-out target (issue #14) -----------------------------------------------
+def test_mla_prefill_hidden_states_spill_only_beyond_the_l2():
+    l2 = 96 * 2**20
+    knee = l2 / (2 * DSV3.hidden_size)  # tokens whose bf16 hidden states fill the L2
+    assert mla.context_spilled_bytes(DSV3, knee - 1, l2) == 0.0
+    assert mla.context_spilled_bytes(DSV3, knee + 1000, l2) == pytest.approx(2 * DSV3.hidden_size * 1000)
+    spills = [mla.context_spilled_bytes(DSV3, n, l2) for n in (8192, 16384, 32768)]
+    assert spills == sorted(spills) and spills[2] - spills[1] == 2 * (spills[1] - spills[0])  # linear
+    assert mla.context_spilled_bytes(DSV3, 1e6, l2, "kernel") == 0.0  # a kernel-only fit has no projections
+
+
+def test_mla_prefill_fits_price_the_spill_and_serving_pays_it():
+    for gpu in ("l40s", "rtx-pro-6000"):
+        for variant, fit in load_modern(gpu)["_raw"]["mla"].items():
+            if variant.startswith("context/"):
+                assert fit["coeffs"]["mla"]["s_per_spilled_byte"] > 0, (gpu, variant)
+                assert fit["holdout_error"]["median"] < 0.035, (gpu, variant)
+    kernels = mla_kernels("l40s", DSV3, 1)
+    assert kernels.l2_bytes == 96 * 2**20 and kernels.context.s_per_spilled_byte > 0
+    # past the knee (~7 k tokens) a token costs more than before it: the spilled bytes add to the GEMMs
+    per_token = lambda n: kernels.prefill(n, n * (n + 1) / 2 / 1e3, 0.0, 1) / n  # noqa: E731 (short rows)
+    assert per_token(65536) > per_token(4096)
+
+
+def test_gdn_chunk_rows_grow_to_one_chunk_then_stop():
+    from kernels_cost_model.modern_kernels import GDN_CHUNK, gdn_chunk_rows
+    rows = [gdn_chunk_rows([n]) for n in range(1, 3 * GDN_CHUNK)]
+    assert rows == sorted(rows) and rows[0] == 1.0 and rows[GDN_CHUNK - 1] == GDN_CHUNK
+    assert set(rows[GDN_CHUNK - 1:]) == {GDN_CHUNK}  # a full chunk and beyond: the loop is one chunk long
+    assert gdn_chunk_rows([3, 40, 9]) == 40 and gdn_chunk_rows([]) == 0.0  # the launch waits for its fullest
+
+
+def test_gdn_prefill_of_one_short_sequence_grows_with_its_rows():
+    for gpu in ("l40s", "rtx-pro-6000", "h100-sxm"):
+        assert load_modern(gpu)["_raw"]["gdn"]["context"]["coeffs"]["gdn"]["s_per_chunk_row"] > 0, gpu
+        assert load_modern(gpu)["_raw"]["gdn"]["context"]["holdout_error"]["median"] < 0.05, gpu
+    gdn = make_cost_model("qwen3-next-80b-a3b", "l40s", 2).gdn
+    # L40S measured 19 us at 1 token and 31 us at 64 (2 key / 4 value heads); one row adds ~0.2 us
+    assert gdn.prefill([64]) - gdn.prefill([1]) > 63 * 0.1e-6
+    assert gdn.prefill([128]) - gdn.prefill([64]) < gdn.prefill([64]) - gdn.prefill([1])
+
+
+@needs_profiles
+@pytest.mark.parametrize("system,gpu", [("l40s", "l40s"), ("rtx_pro_6000_server", "rtx-pro-6000")])
+def test_mla_and_gdn_refit_to_their_recorded_held_out_errors(system, gpu):
+    from kernels_cost_model.modern_fit import fit_gdn, fit_mla
+    shipped = load_modern(gpu)["_raw"]
+    for kind, fresh in (("mla", fit_mla(PROFILES, system)), ("gdn", fit_gdn(PROFILES, system))):
+        assert {k: (v["coeffs"], v["holdout_error"]) for k, v in fresh.items()} == \
+            {k: (v["coeffs"], v["holdout_error"]) for k, v in shipped[kind].items()}, (gpu, kind)
