@@ -3,7 +3,8 @@
 The tables are never copied: pass the folder that holds `aiconfigurator/` (../shared/data/kernel_profiles).
 Each Parquet file is read in record batches (pyarrow), one GPU's one family at a time. Rows become this
 project's profile rows (profile_schema.py) for the shapes the simulator prices: bf16 GEMMs, full
-(unwindowed) bf16-KV attention at head_dim 64/128, vLLM's all-reduce captured in a CUDA graph, and
+(unwindowed) bf16-KV attention at head_dim 64/128, vLLM's all-reduce as it serves (captured in a CUDA
+graph; eager on the systems that serve without graphs, `EAGER_SYSTEMS`), and
 bf16 MoE layers with balanced routing. A table whose columns, units or values are not what the
 collector writes raises `MalformedTableError`, naming the file, column and value.
 """
@@ -19,8 +20,12 @@ from .profile_schema import validate_row
 SYSTEMS = {
     "a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200",
     "b300_sxm": "b300", "gb200": "gb200", "gb300": "gb300", "l40s": "l40s",
-    "rtx_pro_6000_server": "rtx-pro-6000",
+    "rtx_pro_6000_server": "rtx-pro-6000", "b60": "arc-pro-b60",
 }
+#: Systems whose vLLM serves without graphs, so their eager all-reduce rows are the path it takes: vLLM's
+#: XPU platform sets cudagraph_mode NONE unless VLLM_XPU_ENABLE_XPU_GRAPH=1, which it calls experimental
+#: and single-GPU only (vllm/platforms/xpu.py, check_and_update_config); the collector timed b60 eagerly.
+EAGER_SYSTEMS = ("b60",)
 ORIGIN = "ai-dynamo/aiconfigurator@095f58a5 aic-core/src/aiconfigurator_core/systems/data"
 LICENCE = ("measurements: ai-dynamo/aiconfigurator vLLM tables @095f58a5, Apache-2.0 (c) NVIDIA; "
            "see data/LICENSE-aiconfigurator-Apache-2.0.txt")
@@ -63,6 +68,9 @@ L2_BYTES = {
                                      "shows the same cliff as on B200 (held-out residual +20 % at 64 MiB of K + V, "
                                      "-8 % at 128 MiB; docs/cost_model.md)"),
     "gb300": (int(126.5 * 2**20), "the B300 GPU: as b300_sxm"),
+    "b60": (18 * 2**20, "TechPowerUp, 'Intel Arc B580 Battlemage unboxing & preview' p.2: the BMG-G21 die has an 18 MB "
+                        "L2; the Arc Pro B60 is that die with all 20 Xe2 cores (Intel's product page: 20 Xe cores, "
+                        "160 XMX engines)"),
 }
 #: Columns read where a table has them (a100's attention tables predate sliding windows).
 OPTIONAL_COLUMNS = ("window_size",)
@@ -184,8 +192,9 @@ def _prefill_operator(system: str, batch: float, chunk: float, heads: float, kv:
 
 
 def _all_reduce(path: Path, raw: dict, kind: str, system: str) -> dict | None:
-    if raw["kernel_source"] != "vLLM_custom_graph":
-        return None  # vLLM serves from CUDA graphs; the eager rows time a path it does not take
+    served = "vLLM_custom_eager" if system in EAGER_SYSTEMS else "vLLM_custom_graph"
+    if raw["kernel_source"] != served:
+        return None  # (vLLM serves from CUDA graphs elsewhere; the eager rows time a path it does not take)
     ranks = _number(path, raw, "num_gpus", 2)
     return {"operator": "all_reduce", "tp": ranks, "size_bytes": 2.0 * _number(path, raw, "message_size", 1),
             "dtype": "bfloat16", "measured_s": _latency_s(path, raw)}

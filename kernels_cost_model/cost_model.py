@@ -21,7 +21,7 @@ from .batch_fold import _fold_prefill_rows
 from .prefill_waves import TILE_ROWS, batch_path_keys, decode_path, fa2_sms, key_block, sequence_units
 from . import mixed_launch as _ml
 from .collectives import CollectiveCurve
-from .cuda_graph import capture_sizes
+from .cuda_graph import capture_sizes, serves_with_graphs
 from .decode_stretch import SEQUENTIAL_SUM, decode_step_time
 from .calibration import Calibration, load_calibration, shipped_calibration, uncalibrated
 from .derived_defaults import derived_coeffs, donors, shipped_defaults
@@ -472,7 +472,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     this GPU (e.g. rtx-pro-6000@vllm-0.19, `shipped_variants()`); a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
-    max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py).
+    max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py; none on a
+    platform that serves eagerly, e.g. Intel's XPU).
     max_model_len: the engine's (None: the model's own maximum, as vLLM); on FA2 GPUs a captured decode
     graph's split-KV count is decided at it (prefill_waves.decode_path).
     kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
@@ -535,7 +536,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
-        cuda_graph_sizes=() if enforce_eager else capture_sizes(max_num_seqs),
+        cuda_graph_sizes=capture_sizes(max_num_seqs) if serves_with_graphs(hw, enforce_eager) else (),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
         decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),

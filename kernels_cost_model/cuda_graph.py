@@ -3,7 +3,8 @@
 vLLM replays a captured CUDA graph for any batch of up to the largest capture size, padding the batch
 to the next captured size (the padded rows run through every captured operator). Its default sizes
 (vLLM `VllmConfig._set_cudagraph_sizes`, V1 engine, 0.10 onwards): 1, 2, 4, then multiples of 8 below
-256, then multiples of 16 up to min(2 x max_num_seqs, 512). `enforce_eager` turns graphs off.
+256, then multiples of 16 up to min(2 x max_num_seqs, 512). `enforce_eager` turns graphs off, and so
+does a platform that serves without them by default (`EAGER_ARCHITECTURES`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from kernels_cost_model.errors import require
 
 #: vLLM's cap on the largest default capture size.
 MAX_CAPTURE_SIZE = 512
+#: GPU architectures whose vLLM platform serves eagerly unless told otherwise, and why.
+EAGER_ARCHITECTURES = {
+    "xe2": "vLLM's XPU platform sets cudagraph_mode NONE unless VLLM_XPU_ENABLE_XPU_GRAPH=1, a mode it calls "
+           "experimental and single-GPU only (vllm/platforms/xpu.py, check_and_update_config)",
+}
+
+
+def serves_with_graphs(gpu, enforce_eager: bool = False) -> bool:
+    """Whether vLLM replays captured graphs on `gpu` (a catalog GPU): not with `enforce_eager`, nor on
+    an `EAGER_ARCHITECTURES` platform."""
+    return not enforce_eager and gpu.architecture not in EAGER_ARCHITECTURES
 
 
 @lru_cache(maxsize=None)

@@ -44,11 +44,25 @@ def seq_scale(gpu, family: str) -> float:
     return gpu.hbm_bytes_per_s / PER_ROW_REFERENCE_BYTES if family == "moe" else 1.0
 
 
+#: Architectures whose vLLM runs its collectives through oneCCL (`xccl`, vllm/platforms/xpu.py), not NCCL or
+#: vLLM's custom all-reduce: their all-reduce rates form a group of their own.
+ONECCL_ARCHITECTURES = ("xe2",)
+#: Architectures whose shape keys stay out of the all-GPU medians (their families still vote): their
+#: kernels are other libraries (oneDNN GEMMs, XPU flash attention), whose per-shape efficiencies say
+#: little about CUDA kernels', and their grids hold shapes the others lack (n or k = 32,768), which would
+#: then steer the log-space interpolation of every GPU priced from all of them. Left out, the Arc Pro B60
+#: itself shows it: priced from the NVIDIA GPUs' shape keys, matmul 24.8 % and prefill 35.5 % off (held-out
+#: median), against 18.7 % and 19.0 % from their family figures.
+OWN_SHAPES_ARCHITECTURES = ("xe2",)
+
+
 def group_of(gpu, family: str) -> str:
-    """The group whose medians price this GPU's family: architecture; interconnect for all-reduce;
+    """The group whose medians price this GPU's family: architecture; interconnect (or oneCCL) for all-reduce;
     for attention, the kernel family vLLM runs there (`attention_kernels`)."""
     base = family.split("@")[0].split(".")[0]
     if base == "all_reduce":
+        if gpu.architecture in ONECCL_ARCHITECTURES:
+            return "oneccl"
         return "nvlink" if gpu.has_nvlink else "pcie"
     if base in ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2"):
         return attention_kernels(gpu)
@@ -104,7 +118,8 @@ def derive_defaults(calibrations: dict, gpus: dict) -> dict:
                 continue  # a model layer's own shape (per-layer profiles): no GEMM grid to derive from
             e = to_efficiency(c, gpus[device], key)
             samples.setdefault((group_of(gpus[device], key), key), []).append((device, e))
-            samples.setdefault(("all", key), []).append((device, e))
+            if "@" not in key or gpus[device].architecture not in OWN_SHAPES_ARCHITECTURES:
+                samples.setdefault(("all", key), []).append((device, e))
     out: dict = {"groups": {}, "all": {}}
     for (group, key), items in sorted(samples.items()):
         merged = {f: float(f"{median(e[f] for _, e in items):.4g}") for f in items[0][1]}

@@ -6,6 +6,7 @@ Sources, read in place from the shared data folder (never copied; see data/NOTIC
 |---|---|---|
 | a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | Vidur per-layer profiles (norms, activations only) |
 | h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
+| arc-pro-b60 (Intel) | b60 (vLLM 0.20.1.dev3, eager all-reduce) | - |
 | rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-4090 | - | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-pro-6000@vllm-0.19 (named variant) | - | LLMServingSim vLLM 0.19 per-layer profiles only |
@@ -55,6 +56,7 @@ SOURCES = {
     "l40s": ("l40s", None, False),
     "rtx-pro-6000": ("rtx_pro_6000_server", "RTXPRO6000", False),
     "rtx-4090": (None, "RTX4090", False),
+    "arc-pro-b60": ("b60", None, False),
     "rtx-pro-6000@vllm-0.19": (None, "RTXPRO6000", False),
 }
 
