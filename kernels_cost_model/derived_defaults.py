@@ -69,15 +69,26 @@ def group_of(gpu, family: str) -> str:
     return gpu.architecture or "unknown"
 
 
+#: Compute capabilities whose special-function units compute exponentials at twice the rate of their
+#: architecture's others: Blackwell Ultra (10.3) against Blackwell (10.0), NVIDIA's "Making Softmax More
+#: Efficient with NVIDIA Blackwell Ultra" (developer.nvidia.com/blog). A prefill kernel's softmax runs on
+#: those units, so these parts price attention from each other: AIConfigurator's prefill tables run 13-17 %
+#: faster on B300 / GB300 than on B200 / GB200 at the same BF16 peak, and left out, B200's prefill is 4.8 %
+#: off when priced from GB200 alone against 17.1 % from B300 and GB300 (B300 from GB300: 4.8 against 21.9 %).
+DOUBLED_EXP_CAPABILITIES = ("10.3",)
+
+
 def attention_kernels(gpu) -> str:
     """vLLM's default attention kernels on this GPU, as a group: "fa2" (FlashAttention 2) on Ampere, Ada
     and workstation Blackwell (sm_120: PCIe-only in the catalog; FlashAttention 3 needs sm_90a and does
     not build for sm_12x), else the architecture (Hopper: FlashAttention 3; datacenter Blackwell, sm_100:
-    FlashInfer/TRT-LLM kernels). Leave-one-GPU-out, this grouping prices prefill attention at 14.0 %
+    FlashInfer/TRT-LLM kernels), with Blackwell Ultra apart ("blackwell-ultra": `DOUBLED_EXP_CAPABILITIES`). Leave-one-GPU-out, this grouping prices prefill attention at 14.0 %
     median error against 16.6 % by architecture (benchmarks/cost_model_accuracy.py)."""
     arch = gpu.architecture or "unknown"
     if arch in ("ampere", "ada") or (arch == "blackwell" and not gpu.has_nvlink):
         return "fa2"
+    if gpu.compute_capability in DOUBLED_EXP_CAPABILITIES:
+        return f"{arch}-ultra"
     return arch
 
 

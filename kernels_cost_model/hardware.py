@@ -28,6 +28,10 @@ class GPU:
     #: Architecture generation (ampere, ada, hopper, blackwell, cdna3): sets the derived default
     #: efficiencies of a GPU with no calibration (derived_defaults.py).
     architecture: str = ""
+    #: CUDA compute capability ("9.0", "10.3"; blank for other vendors), as NVIDIA's CUDA GPUs list
+    #: (developer.nvidia.com/cuda-gpus) gives it: within an architecture it tells parts with other
+    #: hardware apart, e.g. Blackwell Ultra (10.3: B300, GB300) from Blackwell (10.0: B200, GB200).
+    compute_capability: str = ""
 
     @property
     def has_nvlink(self) -> bool:
@@ -55,6 +59,7 @@ def _row_to_gpu(row: dict[str, str]) -> GPU:
         interconnect=row["interconnect"],
         source=row["source"],
         architecture=row.get("architecture", ""),
+        compute_capability=row.get("compute_capability", ""),
     )
 
 

@@ -111,6 +111,17 @@ def test_attention_defaults_are_grouped_by_the_kernels_vllm_runs():
     assert set(fa2["prefill_attention"]["from"]) == {"a100-sxm-80gb", "l40s", "rtx-4090", "rtx-pro-6000"}
 
 
+def test_blackwell_ultra_prices_attention_from_its_own_kind_and_gemms_with_all_blackwell():
+    from kernels_cost_model.derived_defaults import attention_kernels
+    assert [attention_kernels(get_gpu(n)) for n in ("b200", "gb200", "b300", "gb300")] == \
+        ["blackwell", "blackwell", "blackwell-ultra", "blackwell-ultra"]
+    groups = shipped_defaults()["groups"]
+    assert groups["blackwell-ultra"]["prefill_attention"]["from"] == ["b300", "gb300"]
+    assert groups["blackwell"]["prefill_attention"]["from"] == ["b200", "gb200"]
+    assert group_of(get_gpu("b300"), "matmul") == "blackwell"          # its GEMMs: the same tensor cores
+    assert "b300" in groups["blackwell"]["matmul"]["from"]
+
+
 def test_a_gemm_shape_key_never_prices_outside_the_fits_it_comes_from():
     # The Blackwell fits of matmul@5120x5120 before the GEMM refit: each trades its bandwidth term
     # against tile rows; field-by-field medians (bandwidth 0.28: two fitted-away terms read as 0) price
