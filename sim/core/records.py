@@ -137,7 +137,10 @@ class StepRecords:
         size = len(self.start_time)
         try:
             for column, values in zip(self._arrays(), columns):
-                column.extend(values)
+                if type(values) is list:
+                    column.fromlist(values)  # (about twice as fast as `extend` from a list)
+                else:
+                    column.extend(values)
         except OverflowError:
             self._widen_and_extend(size, columns)
 
