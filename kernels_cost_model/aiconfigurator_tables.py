@@ -4,7 +4,7 @@ The tables are never copied: pass the folder that holds `aiconfigurator/` (../sh
 Each Parquet file is read in record batches (pyarrow), one GPU's one family at a time. Rows become this
 project's profile rows (profile_schema.py) for the shapes the simulator prices: bf16 GEMMs, full
 (unwindowed) bf16-KV attention at head_dim 64/128, vLLM's all-reduce as it serves (captured in a CUDA
-graph; eager on the systems that serve without graphs, `EAGER_SYSTEMS`), and
+graph; eager on a GPU whose platform serves without graphs, cuda_graph.EAGER_ARCHITECTURES), and
 bf16 MoE layers with balanced routing. A table whose columns, units or values are not what the
 collector writes raises `MalformedTableError`, naming the file, column and value.
 """
@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from .cuda_graph import EAGER_ARCHITECTURES
 from .errors import ConfigError
+from .hardware import get_gpu
 from .profile_schema import validate_row
 
 #: AIConfigurator system folder -> our GPU catalog name (hardware.py).
@@ -22,10 +24,6 @@ SYSTEMS = {
     "b300_sxm": "b300", "gb200": "gb200", "gb300": "gb300", "l40s": "l40s",
     "rtx_pro_6000_server": "rtx-pro-6000", "b60": "arc-pro-b60",
 }
-#: Systems whose vLLM serves without graphs, so their eager all-reduce rows are the path it takes: vLLM's
-#: XPU platform sets cudagraph_mode NONE unless VLLM_XPU_ENABLE_XPU_GRAPH=1, which it calls experimental
-#: and single-GPU only (vllm/platforms/xpu.py, check_and_update_config); the collector timed b60 eagerly.
-EAGER_SYSTEMS = ("b60",)
 ORIGIN = "ai-dynamo/aiconfigurator@095f58a5 aic-core/src/aiconfigurator_core/systems/data"
 LICENCE = ("measurements: ai-dynamo/aiconfigurator vLLM tables @095f58a5, Apache-2.0 (c) NVIDIA; "
            "see data/LICENSE-aiconfigurator-Apache-2.0.txt")
@@ -192,8 +190,8 @@ def _prefill_operator(system: str, batch: float, chunk: float, heads: float, kv:
 
 
 def _all_reduce(path: Path, raw: dict, kind: str, system: str) -> dict | None:
-    served = "vLLM_custom_eager" if system in EAGER_SYSTEMS else "vLLM_custom_graph"
-    if raw["kernel_source"] != served:
+    eager = get_gpu(SYSTEMS[system]).architecture in EAGER_ARCHITECTURES  # (b60: its table has eager rows only)
+    if raw["kernel_source"] != ("vLLM_custom_eager" if eager else "vLLM_custom_graph"):
         return None  # (vLLM serves from CUDA graphs elsewhere; the eager rows time a path it does not take)
     ranks = _number(path, raw, "num_gpus", 2)
     return {"operator": "all_reduce", "tp": ranks, "size_bytes": 2.0 * _number(path, raw, "message_size", 1),

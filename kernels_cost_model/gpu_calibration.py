@@ -4,7 +4,7 @@ Sources, read in place from the shared data folder (never copied; see data/NOTIC
 
 | GPU | AIConfigurator (vLLM tables) | other |
 |---|---|---|
-| a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | - (Vidur's eager norms: `VIDUR_NOT_SERVED`) |
+| a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | - (not Vidur's eager norms: see SOURCES) |
 | h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
 | arc-pro-b60 (Intel) | b60 (vLLM 0.20.1.dev3, eager all-reduce) | - |
 | rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
@@ -36,34 +36,30 @@ from .llmservingsim_profiles import LICENCE as LSS_LICENCE
 from .llmservingsim_profiles import read_shared_profiles
 from .roofline import COEFF_FIELDS, FAMILIES, Coeffs
 
-VIDUR_LICENCE = "measurements: microsoft/vidur data/profiling @7d475133, MIT licence (c) Microsoft Corporation"
-#: Families AIConfigurator measures through vLLM's own layers: Vidur's older rows of them are not used.
-NEWER_ELSEWHERE = ("matmul", "all_reduce")
 MEASURED_DIR = Path(__file__).parent / "data" / "measured"
 """servesim's own kernel profiles (benchmarks/measure_gpu_profile.py). No calibration is fitted to them:
 their matmuls and attention are the same libraries but not vLLM's build of them, so they check the fits
 made from vLLM's own layers (benchmarks/measured_check.py); their norms and activations vary from run to
 run with Inductor's choice of kernel configuration (docs/cost_model.md)."""
-#: Why no shipped calibration reads Vidur's profiles any more: its norms and activations time eager PyTorch
-#: layers, not the fused kernels vLLM serves with. Against servesim's own H100 measurement of the compiled
-#: kernels (benchmarks/measured_check.py), an H100 fit to them priced rms_norm +170 %, add_rms_norm +55 % and
-#: embedding +88 % (median 47 % over six operators); the default derived from the GPUs measured under vLLM
-#: (elementwise, derived_defaults.py) is 33 % off there (rms_norm +17 %, add_rms_norm +14 %).
-VIDUR_NOT_SERVED = "eager PyTorch layers, not vLLM's fused kernels"
-#: device -> (AIConfigurator system or None, LLMServingSim hardware folder or None, Vidur profiles?)
+#: No calibration reads Vidur's per-layer profiles (vidur_profiles.py) any more: their norms and activations
+#: time eager PyTorch layers, not the fused kernels vLLM serves with. Against servesim's own H100 measurement
+#: of the compiled kernels (benchmarks/measured_check.py), an H100 fit to them priced rms_norm +170 %,
+#: add_rms_norm +55 % and embedding +88 % (median 47 % over six operators); the two-tier default derived from
+#: the GPUs measured under vLLM (derived_defaults.py) is 27 % off there (rms_norm +1 %, add_rms_norm +0 %).
+#: device -> (AIConfigurator system or None, LLMServingSim hardware folder or None)
 SOURCES = {
-    "a100-sxm-80gb": ("a100_sxm", None, False),  # (Vidur's rows: not vLLM's kernels, VIDUR_NOT_SERVED)
-    "h100-sxm": ("h100_sxm", None, False),
-    "h200": ("h200_sxm", None, False),
-    "b200": ("b200_sxm", None, False),
-    "b300": ("b300_sxm", None, False),
-    "gb200": ("gb200", None, False),
-    "gb300": ("gb300", None, False),
-    "l40s": ("l40s", None, False),
-    "rtx-pro-6000": ("rtx_pro_6000_server", "RTXPRO6000", False),
-    "rtx-4090": (None, "RTX4090", False),
-    "arc-pro-b60": ("b60", None, False),
-    "rtx-pro-6000@vllm-0.19": (None, "RTXPRO6000", False),
+    "a100-sxm-80gb": ("a100_sxm", None),
+    "h100-sxm": ("h100_sxm", None),
+    "h200": ("h200_sxm", None),
+    "b200": ("b200_sxm", None),
+    "b300": ("b300_sxm", None),
+    "gb200": ("gb200", None),
+    "gb300": ("gb300", None),
+    "l40s": ("l40s", None),
+    "rtx-pro-6000": ("rtx_pro_6000_server", "RTXPRO6000"),
+    "rtx-4090": (None, "RTX4090"),
+    "arc-pro-b60": ("b60", None),
+    "rtx-pro-6000@vllm-0.19": (None, "RTXPRO6000"),
 }
 
 
@@ -80,13 +76,8 @@ def measured_profile(device: str) -> Path | None:
 
 def device_rows(root: str | Path, device: str) -> list[dict]:
     """Every measured kernel of one device, from all its sources, in a fixed order."""
-    system, hardware, vidur = SOURCES[device]
+    system, hardware = SOURCES[device]
     rows: list[dict] = []
-    if vidur:  # Vidur's norms and activations; vLLM's own GEMMs and all-reduce (AIConfigurator) win
-        from .vidur_profiles import read_vidur_compute, read_vidur_network
-        vidur_rows = read_vidur_compute(root) + ([] if system else read_vidur_network(root))
-        rows += [r for r in vidur_rows if r["device"] == device
-                 and not (system and r["family"] in NEWER_ELSEWHERE)]
     if hardware:
         rows += read_shared_profiles(root, hardware)
     if system:
@@ -96,12 +87,11 @@ def device_rows(root: str | Path, device: str) -> list[dict]:
 
 
 def software_versions(rows: list[dict]) -> list[str]:
-    """The runtime versions the rows' sources name ("vLLM 0.24.0", "vLLM 0.19.0", "Vidur profiler")."""
+    """The runtime versions the rows' sources name ("vLLM 0.24.0", "vLLM 0.19.0")."""
     found = set()
     for r in rows:
         match = re.search(r"\((vLLM [^)]*)\)", r["source"])
-        found.add(match.group(1) if match else ("Vidur profiler (vLLM-based)" if "vidur" in r["source"]
-                                                else "LLMServingSim profiler, vLLM 0.19.0"))
+        found.add(match.group(1) if match else "LLMServingSim profiler, vLLM 0.19.0")
     return sorted(found)
 
 
@@ -111,10 +101,9 @@ def fit_device(root: str | Path, name: str, fallback: Calibration | None = None)
     rows = device_rows(root, name)
     fit_rows, held = holdout_split(rows)
     cal = fit_profile(fit_rows, device, fallback=fallback or uncalibrated(get_gpu(device), derived=False))
-    system, hardware, vidur = SOURCES[name]
+    system, hardware = SOURCES[name]
     cal.provenance.update({
-        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware), (VIDUR_LICENCE, vidur))
-                    if used],
+        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware)) if used],
         "software": software_versions(rows),
         "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
         "holdout_error": relative_errors(held, cal),

@@ -194,7 +194,7 @@ def test_shipped_calibrations_cover_a100_h100_with_provenance():
         assert cal is not None and set(FAMILIES) <= set(cal.coeffs)
         prov = cal.provenance
         assert "vidur" not in " ".join(prov["sources"]) and prov["holdout_error"]["matmul"]["median_rel_err"] < 0.1
-        assert prov["unfitted_families"]["elementwise"].startswith("derived default")  # (VIDUR_NOT_SERVED)
+        assert prov["unfitted_families"]["elementwise"].startswith("derived default")  # (Vidur's eager rows: see gpu_calibration.SOURCES)
 
 
 def test_known_gpu_is_calibrated_unknown_falls_back_with_warning():
