@@ -2,9 +2,10 @@
 
     python benchmarks/measured_check.py
 
-No calibration is fitted to those profiles, so they are kernel measurements the fits have not seen:
-cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode, Inductor's
-norms and activations. Prints, per GPU and operator (attention: per head layout), the median |error| and
+Their matmuls and attention feed no calibration, so they are kernel measurements the fits have not
+seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. Their
+norms and activations (Inductor's) are what the H100's and H200's elementwise fits are made from, so
+those rows show the fit's error over all its rows, held-out and fitted. Prints, per GPU and operator (attention: per head layout), the median |error| and
 the median signed error (positive: the calibration prices the kernel slower than measured).
 """
 from __future__ import annotations

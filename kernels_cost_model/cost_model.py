@@ -379,8 +379,7 @@ class RooflineCostModel:
         # one grouped launch each for up and down, over `active` experts of `per_expert` rows
         mlp = ((self.up.time(per_expert, d) - self.up.overhead_s) * active + self.up.overhead_s
                + (self.down.time(per_expert, d) - self.down.overhead_s) * active + self.down.overhead_s)
-        routing = (self.router.time(t, d)
-                   + d * (4.0 * rows * self.hidden) * self.act.s_per_byte + 2.0 * self.act.overhead_s)
+        routing = self.router.time(t, d) + self.act.launches(2, d * 4.0 * rows * self.hidden)  # the permutes
         return mlp, routing
 
 

@@ -4,8 +4,9 @@ Sources, read in place from the shared data folder (never copied; see data/NOTIC
 
 | GPU | AIConfigurator (vLLM tables) | other |
 |---|---|---|
-| a100-sxm-80gb, h100-sxm | a100_sxm (vLLM 0.14.0), h100_sxm (0.24.0) | - (not Vidur's eager norms: see SOURCES) |
-| h200, b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
+| a100-sxm-80gb | a100_sxm (vLLM 0.14.0) | - (not Vidur's eager norms: see SOURCES) |
+| h100-sxm, h200 | h100_sxm, h200_sxm (0.24.0) | servesim's own torch-backend measurement (norms, activations) |
+| b200, b300, gb200, gb300, l40s | their system folders (vLLM 0.24.0) | - |
 | arc-pro-b60 (Intel) | b60 (vLLM 0.20.1.dev3, eager all-reduce) | - |
 | rtx-pro-6000 | rtx_pro_6000_server (0.24.0) | LLMServingSim vLLM 0.19 per-layer profiles |
 | rtx-4090 | - | LLMServingSim vLLM 0.19 per-layer profiles |
@@ -18,7 +19,7 @@ defaults.
 
 Each device's rows are split by `holdout_split` (every 5th distinct shape by rank); the fit sees only
 the fit split, and the error on the held-out split is recorded in the file. Families a device has no
-measurements for (elementwise on the AIConfigurator-only GPUs) take the derived defaults of its
+measurements for (elementwise on the GPUs with AIConfigurator tables only) take the derived defaults of its
 architecture (derived_defaults.py), and the file says so.
 """
 from __future__ import annotations
@@ -34,13 +35,20 @@ from .calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split,
 from .hardware import get_gpu
 from .llmservingsim_profiles import LICENCE as LSS_LICENCE
 from .llmservingsim_profiles import read_shared_profiles
+from .profile_schema import read_profile
 from .roofline import COEFF_FIELDS, FAMILIES, Coeffs
 
 MEASURED_DIR = Path(__file__).parent / "data" / "measured"
-"""servesim's own kernel profiles (benchmarks/measure_gpu_profile.py). No calibration is fitted to them:
-their matmuls and attention are the same libraries but not vLLM's build of them, so they check the fits
-made from vLLM's own layers (benchmarks/measured_check.py); their norms and activations vary from run to
-run with Inductor's choice of kernel configuration (docs/cost_model.md)."""
+"""servesim's own kernel profiles (benchmarks/measure_gpu_profile.py), with the device, driver, software and
+date of each run in `<gpu>-torch.env.json`."""
+MEASURED_LICENCE = ("measurements: servesim's own, benchmarks/measure_gpu_profile.py on the GPU itself "
+                    "(kernels_cost_model/data/measured/<gpu>-torch.env.json: device, driver, software, date)")
+#: Families fitted to servesim's own measurements: the norms and activations, compiled by Inductor as vLLM's
+#: default torch.compile path runs them (a repeat run on a fresh process agrees within 0.8 / 1.6 % at the
+#: median on H100 / H200). Its matmuls and attention are the same libraries but not vLLM's build of them
+#: (cuBLAS through PyTorch, FlashAttention-2, a Triton paged decode): AIConfigurator's tables of vLLM's own
+#: layers stay their source, and these rows check those fits (benchmarks/measured_check.py).
+MEASURED_FAMILIES = ("elementwise",)
 #: No calibration reads Vidur's per-layer profiles (vidur_profiles.py) any more: their norms and activations
 #: time eager PyTorch layers, not the fused kernels vLLM serves with. Against servesim's own H100 measurement
 #: of the compiled kernels (benchmarks/measured_check.py), an H100 fit to them priced rms_norm +170 %,
@@ -74,10 +82,16 @@ def measured_profile(device: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def measured_rows(device: str) -> list[dict]:
+    """The rows of `device`'s own profile in MEASURED_FAMILIES (none without a profile)."""
+    path = measured_profile(device)
+    return [r for r in read_profile(path) if r["family"] in MEASURED_FAMILIES] if path else []
+
+
 def device_rows(root: str | Path, device: str) -> list[dict]:
-    """Every measured kernel of one device, from all its sources, in a fixed order."""
+    """Every measured kernel of one device (or named variant: only its listed sources), in a fixed order."""
     system, hardware = SOURCES[device]
-    rows: list[dict] = []
+    rows: list[dict] = measured_rows(device) if device_of(device) == device else []
     if hardware:
         rows += read_shared_profiles(root, hardware)
     if system:
@@ -90,6 +104,10 @@ def software_versions(rows: list[dict]) -> list[str]:
     """The runtime versions the rows' sources name ("vLLM 0.24.0", "vLLM 0.19.0")."""
     found = set()
     for r in rows:
+        own = re.match(r"servesim torch backend \S+ \((torch [^,]*, CUDA [^,]*, triton [^,]*)", r["source"])
+        if own:
+            found.add(f"servesim torch backend ({own.group(1)})")
+            continue
         match = re.search(r"\((vLLM [^)]*)\)", r["source"])
         found.add(match.group(1) if match else "LLMServingSim profiler, vLLM 0.19.0")
     return sorted(found)
@@ -103,7 +121,9 @@ def fit_device(root: str | Path, name: str, fallback: Calibration | None = None)
     cal = fit_profile(fit_rows, device, fallback=fallback or uncalibrated(get_gpu(device), derived=False))
     system, hardware = SOURCES[name]
     cal.provenance.update({
-        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware)) if used],
+        "licence": [lic for lic, used in ((AIC_LICENCE, system), (LSS_LICENCE, hardware),
+                                          (MEASURED_LICENCE, any(r["source"].startswith("servesim") for r in rows)))
+                    if used],
         "software": software_versions(rows),
         "holdout_rule": HOLDOUT_RULE, "holdout_samples": len(held),
         "holdout_error": relative_errors(held, cal),

@@ -38,8 +38,9 @@ GPU_L2_BYTES: dict[str, tuple[int, str]] = {
 }
 
 #: Streaming multiprocessors of the GPUs whose elementwise measurements are vLLM's own one-block-per-
-#: token kernels (LLMServingSim's vLLM 0.19 profiles); datasheet figures. A100 and H100 are left out on
-#: purpose: their elementwise rows are Vidur's eager PyTorch layers, other kernels.
+#: token kernels (LLMServingSim's vLLM 0.19 profiles); datasheet figures. H100 and H200 are left out on
+#: purpose: their elementwise rows are Inductor's compiled kernels (servesim's own measurement, vLLM's default
+#: torch.compile path), which tile rows their own way.
 SM_COUNT: dict[str, tuple[int, str]] = {
     "rtx-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 128 SMs"),
     "rtx-pro-6000": (188, "NVIDIA RTX PRO 6000 Blackwell datasheet: 24,064 CUDA cores = 188 SMs x 128"),
@@ -110,8 +111,7 @@ def elementwise_tier(gpu: str, nbytes: float) -> str | None:
 @dataclass(frozen=True, slots=True)
 class ElementwiseOp:
     """One elementwise operator of a step: its operator-level coefficients (`base`: bytes and launch
-    overhead only, the streaming rate callers outside a layer read: the sampler, the MoE permutes)
-    and, where fitted, one set per L2 tier. cost() picks the tier by the
+    overhead only, over launches of every size) and, where fitted, one set per L2 tier. cost() picks the tier by the
     launch's bytes; past the limit it never prices below the L2 tier, so more bytes never cost less. An
     operator measured only within the limit (RMSNorm, RoPE and the embedding in LLMServingSim's profiles)
     keeps its L2 tier there and, past it, the operator-level streaming rate."""
@@ -142,6 +142,13 @@ class ElementwiseOp:
         if self.dram is None:  # nothing measured past the limit: the operator's streaming rate there
             return max(near, _launch(self.base, nbytes, rows, 0.0))
         return max(near, _launch(self.dram, nbytes - self.l2_limit, rows, side))
+
+
+    def launches(self, count: int, nbytes: float) -> float:
+        """Seconds for `count` launches sharing `nbytes` outside a layer's token rows (the sampler over
+        the logits, the MoE permutes): each launch at its tier by its share, no row terms; a launch past
+        the L2 limit streams at the DRAM tier's rate, not the operator's mostly-in-L2 fit."""
+        return count * self.cost(nbytes / count, 0.0, 0.0) if count else 0.0
 
 
 def _launch(c: Coeffs, nbytes: float, rows: float, wave_side: float) -> float:

@@ -40,7 +40,8 @@ position before the drafter (vLLM's rejection_sampler.py): greedy takes an argma
 sampling scales by temperature, takes a softmax and samples recovered tokens; top-p / top-k adds
 `apply_top_k_top_p`, a full-vocabulary sort of every verified position's logits (with int64
 indices), a softmax and cumsum over the sorted rows and a scatter back. Priced as the bytes these
-passes move per logit (fp32) at the GPU's elementwise bandwidth.
+passes move per logit (fp32) at the GPU's elementwise rates: each launch's share at its L2 tier
+while it fits there, at the DRAM tier's beyond (l2_cache.ElementwiseOp.launches).
 
 Defaults (uncertain figures, override per config):
 - NGRAM_FRACTION_OF_STEP = 0.005875: n-gram drafting time as a share of verification, Llama-3.1-8B
@@ -61,6 +62,7 @@ from dataclasses import dataclass, replace
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
 
+from .l2_cache import ElementwiseOp
 from .kv_memory import kv_bytes_per_token, kv_cache_blocks, weight_bytes_per_gpu
 from .models import ModelSpec, get_model
 
@@ -82,6 +84,8 @@ EAGLE3_AUX_LAYERS = 3
 #:   the sorted rows (12), cumsum (8), mask (5), masked_fill (8), scatter back to vocabulary
 #:   order (16): 173.
 SAMPLER_BYTES_PER_LOGIT = {"greedy": 4.0, "random": 28.0, "top_p": 173.0}
+#: Launches the sampler's bytes are spread over (softmax, sort, mask and the recovered-token kernel).
+SAMPLER_LAUNCHES = 4
 HEAD_METHODS = ("eagle", "eagle3", "mtp")
 #: Breakdown families that depend on how rows split into prefill and decode (the rest see tokens only).
 ATTENTION_KEYS = ("prefill_attention", "decode_attention")
@@ -154,7 +158,7 @@ class DraftShape:
             return 0.0
         b = self.dtype_bytes
         nbytes = rows * (2 * self.target_vocab * b + self.draft_vocab * (2 * b + 8))
-        return nbytes * self.elementwise.s_per_byte + 5 * self.elementwise.overhead_s
+        return self.elementwise.launches(5, nbytes)
 
 
 def head_cost_model(method: str, head, draft_vocab_size: int | None = None):
@@ -196,13 +200,12 @@ class RejectionSampler:
 
     vocab: int
     bytes_per_logit: float
-    s_per_byte: float
-    overhead_s: float = 0.0
+    elementwise: ElementwiseOp
 
     def __call__(self, positions: int) -> float:
         if not positions:
             return 0.0
-        return positions * self.vocab * self.bytes_per_logit * self.s_per_byte + self.overhead_s
+        return self.elementwise.launches(SAMPLER_LAUNCHES, positions * self.vocab * self.bytes_per_logit)
 
 
 def rejection_sampler(cost_model, vocab_size: int, sampling: str = "greedy") -> RejectionSampler | None:
@@ -214,7 +217,7 @@ def rejection_sampler(cost_model, vocab_size: int, sampling: str = "greedy") -> 
     c = getattr(getattr(cost_model, "base", cost_model), "add", None)
     if c is None:
         return None
-    return RejectionSampler(vocab_size, SAMPLER_BYTES_PER_LOGIT[sampling], c.s_per_byte, 4 * c.overhead_s)
+    return RejectionSampler(vocab_size, SAMPLER_BYTES_PER_LOGIT[sampling], c)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def test_the_tier_follows_the_documented_l2_size():
 def test_waves_count_token_rows_over_the_sms():
     assert wave_bytes("rtx-pro-6000", 188, 1000.0) == 1000.0      # 188 SMs: one wave
     assert wave_bytes("rtx-pro-6000", 189, 1000.0) == 2000.0
-    assert wave_bytes("h100-sxm", 1000, 1000.0) == 0.0             # Vidur's eager kernels: no wave side
+    assert wave_bytes("h100-sxm", 1000, 1000.0) == 0.0             # Inductor's kernels: no wave side
 
 
 def test_rmsnorm_blocks_shrink_from_256_tokens_so_six_rows_share_an_sm():
@@ -103,7 +103,7 @@ def test_elementwise_held_out_error_is_within_the_goal(name):
     assert got == pytest.approx(recorded) and got < 0.06
 
 
-@pytest.mark.parametrize("name", ["h100-sxm", "b200"])
+@pytest.mark.parametrize("name", ["a100-sxm-80gb", "b200"])
 def test_a_derived_elementwise_default_streams_no_faster_than_the_hbm_beyond_the_l2(name):
     from kernels_cost_model.hardware import get_gpu
     from kernels_cost_model.l2_cache import L2_RESIDENT_FRACTION, elementwise_op, l2_bytes
@@ -116,3 +116,19 @@ def test_a_derived_elementwise_default_streams_no_faster_than_the_hbm_beyond_the
     small = 0.1 * L2_RESIDENT_FRACTION * l2_bytes(name)  # within it: the family's faster rate
     assert op.l2 is not None and op.cost(small, 1.0, 1.0) < op.base.time(0.0, small)
 
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200", "b200"])
+def test_launches_outside_a_layer_stream_at_the_dram_tier_past_the_l2(name):
+    """The sampler's and the MoE permutes' launches: within the L2 at its tier (the operator's fit over
+    every size reads faster than the HBM there: mostly L2-resident launches), past it never faster than
+    the HBM streams; with no bytes, the launch overheads alone."""
+    from kernels_cost_model.hardware import get_gpu
+    from kernels_cost_model.l2_cache import elementwise_op, l2_bytes
+    op = elementwise_op(shipped_calibration(name).coeffs, name, "add")
+    big = 8 * l2_bytes(name)
+    assert op.launches(4, big) >= big / get_gpu(name).hbm_bytes_per_s
+    assert op.launches(4, big) > big * op.base.s_per_byte           # the all-sizes fit would price it faster
+    small = 0.01 * l2_bytes(name)
+    assert op.launches(2, small) == pytest.approx(2 * op.cost(small / 2, 0.0, 0.0))
+    assert op.launches(3, 0.0) == pytest.approx(3 * op.l2.overhead_s) and op.launches(0, big) == 0.0

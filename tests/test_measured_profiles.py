@@ -1,5 +1,5 @@
-"""servesim's own GPU measurements (kernels_cost_model/data/measured): provenance, and the check they
-give of the fits made from vLLM's own tables."""
+"""servesim's own GPU measurements (kernels_cost_model/data/measured): provenance, repeatability, the
+norms and activations fitted to them, and the check they give of the fits made from vLLM's own tables."""
 import json
 import os
 import subprocess
@@ -28,6 +28,32 @@ def test_measured_profile_records_device_date_and_software(gpu):
     for r in rows:  # each row names the run's date, software and the GPU CUDA reported
         assert r["source"].startswith(f"servesim torch backend {env['date']} ({env['software']}, {env['device']}")
     assert env["multiprocessors"] == 132 and env["nvidia_smi"].startswith(env["device"])
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_norms_and_activations_repeat_in_a_fresh_process(gpu):
+    """The second run (its own process and Inductor cache, kernels compiled at the grid's largest token
+    count) times the same kernels: what makes them fit to fit (a first call of 2 tokens moved them 2x)."""
+    def by_kernel(path):
+        return {(r["source"].split(";")[0].rsplit(", ", 1)[1], r["operator"], r["m"], r["n"]): r["measured_s"]
+                for r in read_profile(path) if r["family"] == "elementwise"}
+    first, again = by_kernel(measured_profile(gpu)), by_kernel(MEASURED_DIR / f"{gpu}-torch.repeat.profile.csv")
+    assert set(again) <= set(first) and len(again) >= 300
+    diff = {k: abs(t / first[k] - 1.0) for k, t in again.items()}
+    assert np.median(list(diff.values())) < 0.03
+    for op in ELEMENTWISE_OPS:
+        assert np.median([d for k, d in diff.items() if k[1] == op]) < 0.05
+    assert max(d for k, d in diff.items() if k[2] >= 2048) < 0.10
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_norms_and_activations_are_fitted_to_the_own_measurement(gpu):
+    """Per operator and L2 tier, held out by the shared rule; the file names the run's software and source."""
+    prov = shipped_calibration(gpu).provenance
+    assert "elementwise" in prov["fitted_families"] and "elementwise" not in prov.get("unfitted_families", {})
+    assert prov["holdout_error"]["elementwise"]["median_rel_err"] < 0.05
+    assert any(s.startswith("servesim torch backend (torch ") for s in prov["software"])
+    assert any(lic.startswith("measurements: servesim's own") for lic in prov["licence"])
 
 
 @pytest.mark.parametrize("gpu", MEASURED_GPUS)
