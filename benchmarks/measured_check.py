@@ -5,7 +5,8 @@
 Their matmuls and attention feed no calibration, so they are kernel measurements the fits have not
 seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. Their
 norms and activations (Inductor's) are what the H100's and H200's elementwise fits are made from, so
-those rows show the fit's error over all its rows, held-out and fitted. Prints, per GPU and operator (attention: per head layout), the median |error| and
+those rows show the fit's error over all its rows, held-out and fitted; `<gpu>-torch.unseen.profile.csv`,
+where there is one, holds them at widths the fit never saw. Prints, per GPU and operator (attention: per head layout), the median |error| and
 the median signed error (positive: the calibration prices the kernel slower than measured).
 """
 from __future__ import annotations
@@ -19,15 +20,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_cost_model.calibration import predict, shipped_calibration  # noqa: E402
-from kernels_cost_model.gpu_calibration import measured_profile  # noqa: E402
+from kernels_cost_model.gpu_calibration import MEASURED_DIR, measured_profile  # noqa: E402
 from kernels_cost_model.profile_schema import read_profile  # noqa: E402
 
 GPUS = ("h100-sxm", "h200")
 
 
-def errors_by_group(gpu: str) -> dict[tuple, np.ndarray]:
-    """(operator, KV heads or blank) -> signed relative errors of the shipped calibration."""
-    rows = read_profile(measured_profile(gpu))
+def errors_by_group(gpu: str, path=None) -> dict[tuple, np.ndarray]:
+    """(operator, KV heads or blank) -> signed relative errors of the shipped calibration on `gpu`'s
+    profile (or the profile at `path`)."""
+    rows = read_profile(path or measured_profile(gpu))
     signed = predict(rows, shipped_calibration(gpu)) / np.array([r["measured_s"] for r in rows]) - 1.0
     groups: dict[tuple, list] = defaultdict(list)
     for r, e in zip(rows, signed):
@@ -38,8 +40,10 @@ def errors_by_group(gpu: str) -> dict[tuple, np.ndarray]:
 
 def main() -> None:
     print(f"{'gpu':9s} {'family':18s} {'operator':13s} {'heads':6s} {'n':>4s} {'|err| med':>9s} {'signed med':>10s}")
-    for gpu in GPUS:
-        groups = errors_by_group(gpu)
+    unseen = [(f"{gpu} (unseen widths)", gpu, MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv") for gpu in GPUS]
+    for label, gpu, path in [(gpu, gpu, None) for gpu in GPUS] + [u for u in unseen if u[2].is_file()]:
+        print(f"-- {label}")
+        groups = errors_by_group(gpu, path)
         for (family, op, heads), e in sorted(groups.items()):
             print(f"{gpu:9s} {family:18s} {op:13s} {heads:6s} {len(e):4d} {100 * np.median(np.abs(e)):8.1f}% "
                   f"{100 * np.median(e):+9.1f}%")
