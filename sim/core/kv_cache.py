@@ -18,6 +18,7 @@ from itertools import islice
 
 from kernels_cost_model.errors import require
 from sim.core.free_queue import FreeBlockQueue
+from sim.core.kv_lazy import LAZY, PrivatePrefixes
 from sim.core.request import Request
 
 
@@ -48,6 +49,10 @@ class KVCacheManager:
         self.req_blocks: dict[Request, list[int]] = {}
         self.req_hashes: dict[Request, list[int]] = {}
         self.num_hashed_blocks: dict[Request, int] = {}
+        #: deferred registration of private requests' blocks (`enable_private_prefixes`), and how
+        #: many blocks it has marked LAZY (each one cached entry, once hashed)
+        self.lazy: PrivatePrefixes | None = None
+        self.lazy_blocks = 0
         #: Slots reserved past the scheduled tokens (vLLM's num_lookahead_tokens: the EAGLE or draft
         #: model proposer writes the next drafts' KV there), capped at `max_model_len`.
         self.num_lookahead_tokens = 0
@@ -81,6 +86,19 @@ class KVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_gpu_blocks - 1 - len(self.free_queue)
+
+    @property
+    def num_cached_hashes(self) -> int:
+        """Distinct prefix hashes cached (blocks marked LAZY count: each is one, once hashed)."""
+        return len(self.cached) + self.lazy_blocks
+
+    def enable_private_prefixes(self) -> bool:
+        """Defer hashing the blocks of requests no other can hit (sim.core.kv_lazy), where this is the
+        plain manager with prefix caching; whether it does. The caller must then pass every request
+        that enters through `self.lazy.arrive` before it is scheduled."""
+        if self.enable_prefix_caching and type(self) is KVCacheManager and self.lazy is None:
+            self.lazy = PrivatePrefixes(self)
+        return self.lazy is not None
 
     @property
     def num_cached_free_blocks(self) -> int:
@@ -122,8 +140,8 @@ class KVCacheManager:
 
         At most `num_tokens - 1` tokens hit, so the last token is computed and yields logits.
         """
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or req.kv_lazy:
+            return [], 0  # (a private request: no chain of its first block is resident)
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self.req_hashes.get(req)
         if hashes is None or len(hashes) < max_blocks:
@@ -255,7 +273,15 @@ class KVCacheManager:
         block = self.free_queue.pop_front()
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            if self.more_holders and old_hash in self.more_holders:
+            if old_hash == LAZY:  # (`PrivatePrefixes.evicted` of one block, inline: the leaps pop one by one)
+                lazy = self.lazy
+                owner = lazy.owner[block]
+                lazy.owner[block] = None
+                self.lazy_blocks -= 1
+                owner.kv_lazy_resident -= 1
+                if not owner.kv_lazy_resident and owner.kv_lazy_blocks is not None:
+                    lazy.leave(owner)
+            elif self.more_holders and old_hash in self.more_holders:
                 self._evict(old_hash, block)
             else:  # the usual case: it was the only holder
                 del self.cached[old_hash]
@@ -291,15 +317,20 @@ class KVCacheManager:
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
         taken = self.free_queue.pop_front_many(count)
+        lazy = []
         for block in taken:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
-                if more_holders and old_hash in more_holders:
+                if old_hash == LAZY:
+                    lazy.append(block)
+                elif more_holders and old_hash in more_holders:
                     self._evict(old_hash, block)
                 else:  # the usual case: it was the only holder
                     del cached[old_hash]
                 block_hash[block] = None
             ref_cnt[block] = 1
+        if lazy:
+            self.lazy.evicted(lazy)
         return taken
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
@@ -310,6 +341,19 @@ class KVCacheManager:
         bs = self.block_size
         num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // bs
         done = self.num_hashed_blocks.get(req, 0)
+        if req.kv_lazy:  # a private request's blocks are marked, not hashed (sim.core.kv_lazy)
+            if num_full == done + 1:  # (`PrivatePrefixes.mark` of one block, inline: a decode row's)
+                block = self.req_blocks[req][done]
+                if self.block_hash[block] is None:
+                    self.block_hash[block] = LAZY
+                    self.lazy.owner[block] = req
+                    self.lazy_blocks += 1
+                    req.kv_lazy_resident += 1
+                self.num_hashed_blocks[req] = num_full
+                req.kv_register_at = (num_full + 1) * bs
+            elif num_full > done:
+                self.lazy.mark(req, done, num_full)
+            return
         if num_full != done + 1:
             if num_full > done:
                 self._cache_blocks(req, done, num_full)
@@ -366,6 +410,8 @@ class KVCacheManager:
 
         `forget` also drops its memoised hashes (when the request is gone for good).
         """
+        if req.kv_key is not None:
+            self.lazy.release(req, forget)
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return

@@ -13,6 +13,7 @@ from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
 from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_invariants
+from sim.core import kv_lazy
 from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_groups import make_kv_manager
 from sim.core.records import RequestRecords, RunRecords, StepRecords
@@ -76,6 +77,8 @@ class Engine:
         #: the step planned next (it registered everything this row could; see `_apply_rows`)
         self.plan_registers = (type(kv).allocate is KVCacheManager.allocate
                                and type(kv).cache_full_blocks is KVCacheManager.cache_full_blocks)
+        if kv_lazy.ENABLED:
+            kv.enable_private_prefixes()
         for hook in self.hooks:
             hook.on_attach(self)
 
@@ -99,8 +102,15 @@ class Engine:
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
         else:
+            self._track_prefix(req, True)
             self.state.waiting.append(req)
         return req
+
+    def _track_prefix(self, req: Request, private_ok: bool) -> None:
+        """Hand a request entering the engine to the KV manager's deferred registration, if on."""
+        kv = self.state.kv
+        if kv.lazy is not None:
+            kv.lazy.arrive(req, kv_lazy.first_block_key(req, self.streams[req.index], kv.block_size), private_ok)
 
     # ----- disaggregated decode (vLLM's KV-transfer path) ----------------------------------
     def add_prefilled_request(self, spec, now: float, prefilled: Request, stream) -> Request:
@@ -118,6 +128,7 @@ class Engine:
         quick = None if req.text_state else stop_candidates(req, self.config.max_model_len)
         self.quick_stop.append(quick)
         self.streams.append(stream)
+        self._track_prefix(req, False)
         return req
 
     def start_prefilled(self, req: Request, now: float) -> None:
@@ -461,7 +472,7 @@ class Engine:
         decode = step.num_decode
         self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
                                len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
-                               kv.num_used_blocks, len(kv.cached), kv.num_free_blocks, len(state.running),
+                               kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks, len(state.running),
                                len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:

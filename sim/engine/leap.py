@@ -148,7 +148,7 @@ class Leaper:
                    or len(req.output_token_ids) >= quick_stop[req.index][1]]
             engine.retire([req for req in may if engine.stops_on_last_token(req, now)], now)
         kv, state = engine.state.kv, engine.state
-        engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, len(kv.cached), kv.num_free_blocks,
+        engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks,
                                                  len(state.running), len(state.waiting)))
 
     def arrival_lands_in(self, start: float, end: float) -> bool:

@@ -132,7 +132,7 @@ class StretchKV:
         if self.events:  # (the stretch's tokens are appended already: the hashes read them)
             self._replay_events(used, cached)
         total = kv.num_gpu_blocks - 1
-        used_now, cached_now = total - len(kv.free_queue), len(kv.cached)
+        used_now, cached_now = total - len(kv.free_queue), kv.num_cached_hashes
         gap = units - len(used)
         used.extend([used_now] * gap)
         cached.extend([cached_now] * gap)
@@ -150,7 +150,7 @@ class StretchKV:
             if u != unit:   # units before u ended with the counters as they are now
                 gap = u - 1 - len(used)
                 used.extend([total - len(free_queue)] * gap)
-                cached.extend([len(kv_cached)] * gap)
+                cached.extend([len(kv_cached) + kv.lazy_blocks] * gap)
                 unit = u
             if kind == 0:
                 req_blocks[rows[r]].append(pop_free())

@@ -1,0 +1,142 @@
+"""Deferred prefix-cache registration for requests whose blocks no other request can hit.
+
+A block's prefix hash chains from the request's first block, so a lookup reaches a request's cached
+blocks only if its own first block holds the same tokens. A request whose first block no other request
+in the engine shares (no other live request, and no resident block from an earlier one) is *private*:
+the prefix cache's answer to every lookup is the same whether its blocks are hashed or not. Hashing
+them costs a fifth of a busy simulation's time, so a private request's blocks are only marked (`LAZY`)
+as they fill; they count as cached (the steps' `num_cached_blocks`), sit in the free queue as cached
+blocks do, and leave the count when evicted. They are hashed and registered, exactly as they would have
+been ("materialised"), the moment the request stops being private: when it is preempted (its own next
+lookup may hit them) or when a request with the same first block arrives, also after it finished while
+some of its blocks are still resident.
+
+Only the plain `KVCacheManager` defers (`KVCacheManager.enable_private_prefixes`); every request that
+enters its engine must go through `arrive`, so that no chain appears unseen.
+"""
+from __future__ import annotations
+
+from itertools import islice
+
+import numpy as np
+
+ENABLED = True
+"""Whether engines defer private requests' registration (tests turn it off to compare)."""
+LAZY = -1
+"""`block_hash` of a private request's full block, not hashed yet (Python's `hash` never returns -1)."""
+
+
+def first_block_key(req, stream, block_size: int) -> bytes:
+    """The int32 bytes of the request's first block: its first `block_size` tokens, prompt then the
+    output stream (`stream`: position -> token id) where the prompt is shorter."""
+    prompt = req.prompt_token_ids
+    if req.num_prompt_tokens >= block_size:
+        return prompt[:block_size].tobytes()
+    outputs = [stream(p) for p in range(block_size - req.num_prompt_tokens)]
+    return prompt.tobytes() + np.asarray(outputs, dtype=np.int32).tobytes()
+
+
+class PrivatePrefixes:
+    """The requests of a `KVCacheManager`, by first block, and the private ones' unhashed blocks."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        #: first-block bytes -> the live requests with that first block, and finished private ones
+        #: with blocks still resident
+        self.holders: dict[bytes, list] = {}
+        #: block -> the private request whose LAZY mark it holds
+        self.owner: list = [None] * kv.num_gpu_blocks
+
+    def arrive(self, req, key: bytes, private_ok: bool = True) -> None:
+        """Track `req` (entering the engine) by its first block `key`; it is private unless another
+        holder shares the key (which then stops being private) or a resident cached block starts the
+        same chain."""
+        req.kv_key = key
+        holders = self.holders.get(key)
+        if holders:  # (materialising a finished holder may drop it, and the key's list with it)
+            for other in list(holders):
+                if other.kv_lazy:
+                    self.materialize(other)
+            self.holders.setdefault(key, []).append(req)
+            return
+        self.holders[key] = [req]
+        req.kv_lazy = private_ok and hash((0, key)) not in self.kv.cached
+
+    def mark(self, req, done: int, num_full: int) -> None:
+        """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked, not hashed."""
+        kv = self.kv
+        block_hash, owner, marked = kv.block_hash, self.owner, 0
+        for block in islice(kv.req_blocks[req], done, num_full):
+            if block_hash[block] is None:
+                block_hash[block] = LAZY
+                owner[block] = req
+                marked += 1
+        kv.lazy_blocks += marked
+        req.kv_lazy_resident += marked
+        kv.num_hashed_blocks[req] = num_full
+        req.kv_register_at = (num_full + 1) * kv.block_size
+
+    def evicted(self, blocks) -> None:
+        """LAZY blocks left the free queue: they no longer count as cached (a request's blocks leave
+        together, so the owners' counts drop run by run)."""
+        owner, last, run = self.owner, None, 0
+        self.kv.lazy_blocks -= len(blocks)
+        for block in blocks:
+            req = owner[block]
+            owner[block] = None
+            if req is not last:
+                if run:
+                    self._lose(last, run)
+                last, run = req, 0
+            run += 1
+        self._lose(last, run)
+
+    def _lose(self, req, count: int) -> None:
+        req.kv_lazy_resident -= count
+        if not req.kv_lazy_resident and req.kv_lazy_blocks is not None:
+            self.leave(req)
+
+    def release(self, req, forget: bool) -> None:
+        """`req`'s blocks are being freed: preempted (`forget` False), a private one is materialised
+        (its readmission looks its blocks up); finished, it leaves, or stays while it has LAZY blocks
+        resident (a later request with its first block must find them)."""
+        if not forget:
+            if req.kv_lazy:
+                self.materialize(req)
+            return
+        if req.kv_lazy_blocks is not None:
+            return  # released already (a hook deferred its completion)
+        if req.kv_lazy and req.kv_lazy_resident:
+            req.kv_lazy_blocks = self.kv.req_blocks[req][:self.kv.num_hashed_blocks.get(req, 0)]
+        else:
+            self.leave(req)
+
+    def materialize(self, req) -> None:
+        """Hash and register `req`'s resident LAZY blocks as `cache_full_blocks` would have; it is no
+        longer private."""
+        kv = self.kv
+        finished = req.kv_lazy_blocks is not None
+        blocks = req.kv_lazy_blocks if finished else kv.req_blocks.get(req, [])[:kv.num_hashed_blocks.get(req, 0)]
+        if req.kv_lazy_resident:
+            block_hash, owner, claim = kv.block_hash, self.owner, kv.cached.setdefault
+            for block, h in zip(blocks, kv._hashes(req, len(blocks))):
+                if block_hash[block] == LAZY and owner[block] is req:
+                    block_hash[block] = h
+                    owner[block] = None
+                    kv.lazy_blocks -= 1
+                    if claim(h, block) != block:
+                        kv.more_holders.setdefault(h, {})[block] = None
+        req.kv_lazy = False
+        req.kv_lazy_resident = 0
+        if finished:
+            kv.req_hashes.pop(req, None)
+            self.leave(req)
+
+    def leave(self, req) -> None:
+        """Stop tracking `req` (finished, nothing of it resident)."""
+        holders = self.holders[req.kv_key]
+        holders.remove(req)
+        if not holders:
+            del self.holders[req.kv_key]
+        req.kv_key = req.kv_lazy_blocks = None
+        req.kv_lazy = False

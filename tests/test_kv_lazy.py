@@ -1,0 +1,99 @@
+"""Deferred registration of private requests' blocks (sim.core.kv_lazy): the records are the ones eager
+registration gives, bit for bit, and the cache holds the same hashes whenever a lookup could see them."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import given
+
+from sim.core import kv_lazy
+from sim.core.config import EngineConfig
+from sim.core.cost import LinearCostModel
+from sim.core.kv_cache import KVCacheManager
+from sim.core.kv_lazy import LAZY, first_block_key
+from sim.core.request import Request
+from sim.core.sampling_params import SamplingParams
+from sim.engine.simulation import run_engine
+from workloads import poisson_workload
+from tests.test_fast_mode import assert_identical, configs, long_runs
+
+
+def run(specs, config, deferred: bool, monkeypatch):
+    monkeypatch.setattr(kv_lazy, "ENABLED", deferred)
+    return run_engine(specs, config, LinearCostModel())
+
+
+@given(long_runs(), configs())
+def test_deferred_registration_gives_the_eager_records(specs, config):
+    """Shared prefixes (16 or 40 tokens), short prompts, preemptions, aborts, both engine modes."""
+    from _pytest.monkeypatch import MonkeyPatch
+    with MonkeyPatch.context() as mp:
+        for mode in ("step", "fast"):
+            cfg = replace(config, mode=mode)
+            assert_identical(run(specs, cfg, False, mp), run(specs, cfg, True, mp))
+
+
+def test_deferred_registration_gives_the_eager_records_under_preemption(monkeypatch):
+    config = EngineConfig(num_gpu_blocks=1_500, max_model_len=16384, max_num_batched_tokens=8192)
+    workload = poisson_workload(rate=30.0, num_requests=150, lengths="sharegpt")
+    eager, deferred = run(workload, config, False, monkeypatch), run(workload, config, True, monkeypatch)
+    assert_identical(eager, deferred)
+    assert sum(eager.requests.num_preemptions) > 0
+
+
+def request(tokens, index=0) -> Request:
+    return Request(f"r{index}", np.asarray(tokens, dtype=np.int32), SamplingParams(max_tokens=100), 2, index=index)
+
+
+def manager(deferred: bool) -> KVCacheManager:
+    kv = KVCacheManager(64, 4, True)
+    if deferred:
+        assert kv.enable_private_prefixes()
+    return kv
+
+
+def admit(kv, req, computed):
+    if kv.lazy is not None:
+        kv.lazy.arrive(req, first_block_key(req, None, kv.block_size))
+    hits, cached = kv.lookup_prefix(req)
+    kv.allocate(req, computed - cached, hits)
+    req.num_computed_tokens = computed
+    return cached
+
+
+def test_a_private_request_marks_its_blocks_and_counts_them_as_cached():
+    eager, lazy = manager(False), manager(True)
+    for kv in (eager, lazy):
+        admit(kv, request(range(10, 22)), 12)
+    assert lazy.cached == {} and lazy.lazy_blocks == 3
+    assert [lazy.block_hash[b] for b in lazy.req_blocks[next(iter(lazy.req_blocks))]] == [LAZY] * 3
+    assert lazy.num_cached_hashes == eager.num_cached_hashes == 3
+
+
+def test_a_request_sharing_the_first_block_finds_the_blocks_eager_registration_left():
+    """The first request finishes; its blocks sit in the free queue, one evicted; a second with the
+    same first two blocks arrives: the cache is eager's, and it hits the same blocks."""
+    states = []
+    for deferred in (False, True):
+        kv = manager(deferred)
+        first = request(range(10, 22))
+        admit(kv, first, 12)
+        kv.free(first, forget=True)
+        kv._pop_free_many(61)           # every never-used block, then the first's tail block
+        second = request([*range(10, 18), 99, 98, 97, 96, 95], index=1)
+        states.append((admit(kv, second, 13), dict(kv.cached), kv.num_cached_hashes))
+    assert states[0] == states[1] and states[0][0] == 8
+
+
+def test_preemption_materialises_so_the_readmission_hits_its_own_blocks():
+    results = []
+    for deferred in (False, True):
+        kv = manager(deferred)
+        req = request(range(30, 43))
+        admit(kv, req, 13)
+        kv.free(req)                    # preempted: its blocks stay cached in the free queue
+        req.num_computed_tokens = 0
+        assert not req.kv_lazy
+        results.append((kv.lookup_prefix(req)[1], dict(kv.cached)))
+    assert results[0] == results[1] and results[0][0] == 12
