@@ -2,10 +2,12 @@
 registration gives, bit for bit, and the cache holds the same hashes whenever a lookup could see them."""
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
 from hypothesis import given
+from hypothesis import strategies as st
 
 from sim.core import kv_lazy
 from sim.core.config import EngineConfig
@@ -14,9 +16,13 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_lazy import LAZY, first_block_key
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
+from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
+from sim.engine.spec_decode import SpecDecoder
 from workloads import poisson_workload
 from tests.test_fast_mode import assert_identical, configs, long_runs
+from tests.test_spec_decode_properties import TOKEN_TEXT, acceptance_scripts, spec_requests
+from tests.test_spec_decode_properties import configs as spec_configs
 
 
 def run(specs, config, deferred: bool, monkeypatch):
@@ -97,3 +103,19 @@ def test_preemption_materialises_so_the_readmission_hits_its_own_blocks():
         assert not req.kv_lazy
         results.append((kv.lookup_prefix(req)[1], dict(kv.cached)))
     assert results[0] == results[1] and results[0][0] == 12
+
+
+@given(spec_requests(), spec_configs, acceptance_scripts(), st.integers(1, 5),
+       st.sampled_from(["eagle3", "ngram"]))
+def test_deferred_registration_gives_the_eager_records_with_speculative_decoding(specs, config, acceptance,
+                                                                                k, method):
+    """Drafts, rejected slots and lookahead blocks register through the same calls."""
+    from _pytest.monkeypatch import MonkeyPatch
+    records = []
+    with MonkeyPatch.context() as mp:
+        for deferred in (False, True):
+            mp.setattr(kv_lazy, "ENABLED", deferred)
+            hooks = [SpecDecoder(SpeculativeConfig(method, num_speculative_tokens=k), copy.deepcopy(acceptance))]
+            cfg = replace(config, async_scheduling=None if method == "eagle3" else False)  # n-gram: sync only
+            records.append(run_engine(specs, cfg, LinearCostModel(), token_text=TOKEN_TEXT, hooks=hooks))
+    assert_identical(*records)

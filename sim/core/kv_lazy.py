@@ -4,12 +4,12 @@ A block's prefix hash chains from the request's first block, so a lookup reaches
 blocks only if its own first block holds the same tokens. A request whose first block no other request
 in the engine shares (no other live request, and no resident block from an earlier one) is *private*:
 the prefix cache's answer to every lookup is the same whether its blocks are hashed or not. Hashing
-them costs a fifth of a busy simulation's time, so a private request's blocks are only marked (`LAZY`)
-as they fill; they count as cached (the steps' `num_cached_blocks`), sit in the free queue as cached
-blocks do, and leave the count when evicted. They are hashed and registered, exactly as they would have
-been ("materialised"), the moment the request stops being private: when it is preempted (its own next
-lookup may hit them) or when a request with the same first block arrives, also after it finished while
-some of its blocks are still resident.
+them cost a fifth to a quarter of the issue-15 runs' time (docs/performance.md), so a private
+request's blocks are only marked (`LAZY`) as they fill; they count as cached (the steps' cached-block
+column), sit in the free queue as cached blocks do, and leave the count when evicted. They are hashed
+and registered, exactly as they would have been ("materialised"), the moment the request stops being
+private: when it is preempted (its own next lookup may hit them) or when a request with the same first
+block arrives, also after it finished while some of its blocks are still resident.
 
 Only the plain `KVCacheManager` defers (`KVCacheManager.enable_private_prefixes`); every request that
 enters its engine must go through `arrive`, so that no chain appears unseen.
