@@ -6,8 +6,9 @@ Their matmuls and attention feed no calibration, so they are kernel measurements
 seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. Their
 norms and activations (Inductor's) are what the H100's and H200's elementwise fits are made from, so
 those rows show the fit's error over all its rows, held-out and fitted; `<gpu>-torch.unseen.profile.csv`,
-where there is one, holds them at widths the fit never saw. Prints, per GPU and operator (attention: per head layout), the median |error| and
-the median signed error (positive: the calibration prices the kernel slower than measured).
+where there is one, holds them at widths the fit never saw. Prints, per GPU and operator (attention: per
+head layout), the median |error| and the median signed error (positive: the calibration prices the kernel
+slower than measured).
 """
 from __future__ import annotations
 
@@ -38,10 +39,16 @@ def errors_by_group(gpu: str, path=None) -> dict[tuple, np.ndarray]:
     return {k: np.array(v) for k, v in groups.items()}
 
 
+def profiles() -> list[tuple]:
+    """(label, GPU, profile path or None: its own profile) of every profile to check."""
+    unseen = [(gpu, MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv") for gpu in GPUS]
+    return ([(gpu, gpu, None) for gpu in GPUS]
+            + [(f"{gpu} (unseen widths)", gpu, path) for gpu, path in unseen if path.is_file()])
+
+
 def main() -> None:
     print(f"{'gpu':9s} {'family':18s} {'operator':13s} {'heads':6s} {'n':>4s} {'|err| med':>9s} {'signed med':>10s}")
-    unseen = [(f"{gpu} (unseen widths)", gpu, MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv") for gpu in GPUS]
-    for label, gpu, path in [(gpu, gpu, None) for gpu in GPUS] + [u for u in unseen if u[2].is_file()]:
+    for label, gpu, path in profiles():
         print(f"-- {label}")
         groups = errors_by_group(gpu, path)
         for (family, op, heads), e in sorted(groups.items()):

@@ -6,6 +6,7 @@ import copy
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,8 +34,7 @@ def run(specs, config, deferred: bool, monkeypatch):
 @given(long_runs(), configs())
 def test_deferred_registration_gives_the_eager_records(specs, config):
     """Shared prefixes (16 or 40 tokens), short prompts, preemptions, aborts, both engine modes."""
-    from _pytest.monkeypatch import MonkeyPatch
-    with MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         for mode in ("step", "fast"):
             cfg = replace(config, mode=mode)
             assert_identical(run(specs, cfg, False, mp), run(specs, cfg, True, mp))
@@ -110,9 +110,8 @@ def test_preemption_materialises_so_the_readmission_hits_its_own_blocks():
 def test_deferred_registration_gives_the_eager_records_with_speculative_decoding(specs, config, acceptance,
                                                                                 k, method):
     """Drafts, rejected slots and lookahead blocks register through the same calls."""
-    from _pytest.monkeypatch import MonkeyPatch
     records = []
-    with MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         for deferred in (False, True):
             mp.setattr(kv_lazy, "ENABLED", deferred)
             hooks = [SpecDecoder(SpeculativeConfig(method, num_speculative_tokens=k), copy.deepcopy(acceptance))]

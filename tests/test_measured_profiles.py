@@ -18,6 +18,11 @@ MEASURED_GPUS = ("h100-sxm", "h200")
 ELEMENTWISE_OPS = {"rms_norm", "add_rms_norm", "silu_mul", "add", "rope", "embedding"}
 
 
+def model_of(row: dict) -> str:
+    """The model whose shapes a torch-backend row measured: the last name in its source's brackets."""
+    return row["source"].split(";")[0].rsplit(", ", 1)[1].rstrip(")")
+
+
 @pytest.mark.parametrize("gpu", MEASURED_GPUS)
 def test_measured_profile_records_device_date_and_software(gpu):
     env = json.loads((MEASURED_DIR / f"{gpu}-torch.env.json").read_text())
@@ -35,7 +40,7 @@ def test_norms_and_activations_repeat_in_a_fresh_process(gpu):
     """The second run (its own process and Inductor cache, kernels compiled at the grid's largest token
     count) times the same kernels: what makes them fit to fit (a first call of 2 tokens moved them 2x)."""
     def by_kernel(path):
-        return {(r["source"].split(";")[0].rsplit(", ", 1)[1], r["operator"], r["m"], r["n"]): r["measured_s"]
+        return {(model_of(r), r["operator"], r["m"], r["n"]): r["measured_s"]
                 for r in read_profile(path) if r["family"] == "elementwise"}
     first, again = by_kernel(measured_profile(gpu)), by_kernel(MEASURED_DIR / f"{gpu}-torch.repeat.profile.csv")
     assert set(again) <= set(first) and len(again) >= 300
@@ -62,8 +67,7 @@ def test_the_norm_fit_prices_widths_it_never_saw(gpu):
     768-28,672): within 8 % at the median (5.4 / 5.0 % measured), every operator within 10 %."""
     rows = read_profile(MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv")
     fitted = {(r["operator"], r["n"]) for r in read_profile(measured_profile(gpu)) if r["family"] == "elementwise"}
-    assert {r["source"].split(";")[0].rsplit(", ", 1)[1] for r in rows} == {
-        "llama-3.1-70b)", "qwen3-32b)", "gemma-3-27b)", "qwen3-30b-a3b)"}
+    assert {model_of(r) for r in rows} == {"llama-3.1-70b", "qwen3-32b", "gemma-3-27b", "qwen3-30b-a3b"}
     assert sum((r["operator"], r["n"]) in fitted for r in rows) < len(rows) / 4   # mostly new widths
     errors = relative_errors(rows, shipped_calibration(gpu))
     assert errors["elementwise"]["median_rel_err"] < 0.08

@@ -273,7 +273,8 @@ class KVCacheManager:
         block = self.free_queue.pop_front()
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            if old_hash == LAZY:  # (`PrivatePrefixes.evicted` of one block, inline: the leaps pop one by one)
+            if old_hash == LAZY:  # (`PrivatePrefixes.evicted` of one block inline, as `mark` below: the two
+                # calls per block cost 5 % of the 4 req/s run; the leaps pop one block at a time)
                 lazy = self.lazy
                 owner = lazy.owner[block]
                 lazy.owner[block] = None

@@ -143,14 +143,14 @@ class StretchKV:
         event's: a pop takes the free queue's head, a registration is `kv.cache_full_blocks` up to
         the row's target (`_target`, inline)."""
         kv, rows, bases, skips = self.kv, self.rows, self.bases, self.skips
-        req_blocks, kv_cached, free_queue = kv.req_blocks, kv.cached, kv.free_queue
+        req_blocks, free_queue = kv.req_blocks, kv.free_queue
         total, pop_free, register = kv.num_gpu_blocks - 1, kv._pop_free, kv.cache_full_blocks
         unit = 0  # the unit whose events are being made; the units before it are recorded
         for u, r, kind in self.events:
             if u != unit:   # units before u ended with the counters as they are now
                 gap = u - 1 - len(used)
                 used.extend([total - len(free_queue)] * gap)
-                cached.extend([len(kv_cached) + kv.lazy_blocks] * gap)
+                cached.extend([kv.num_cached_hashes] * gap)
                 unit = u
             if kind == 0:
                 req_blocks[rows[r]].append(pop_free())
