@@ -6,7 +6,8 @@ interconnect for all-reduce) plus its absolute launch overhead, tile rows and pe
 fit's per-routed-row time at a reference bandwidth: `seq_scale`). The
 default for a family is the median over the calibrated GPUs of the same architecture generation
 (`GPU.architecture`; for all-reduce: the same interconnect class, NVLink or PCIe; for attention: the
-same attention kernels, FlashAttention 2 or the architecture's own), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
+same attention kernels, FlashAttention 2 or the architecture's own; for norms and activations: the same
+kind of DRAM, HBM or GDDR), else over all of them. Shape keys (matmul@n x k, attention@layout) are derived the same way, so an uncalibrated Hopper
 GPU prices a 4096 x 4096 GEMM at the efficiency H100 and H200 run it at; matmul shapes come from GEMM
 grids only (a model layer's own shape from per-layer profiles is no grid point, shape_keys.py).
 A GEMM shape key whose field-by-field medians would price it outside the range of its GPUs' own fits
@@ -57,9 +58,21 @@ ONECCL_ARCHITECTURES = ("xe2",)
 OWN_SHAPES_ARCHITECTURES = ("xe2",)
 
 
+#: Norms and activations are priced from the GPUs with the same kind of DRAM, not the same architecture.
+#: Most launches in a forward pass read what the kernel before wrote, from L2 (l2_cache.py), so the family's
+#: rate, read as a fraction of DRAM bandwidth, is the L2's rate over the DRAM's: GDDR parts pair an L2
+#: like a datacentre part's with a fraction of its DRAM bandwidth. The fitted family rates show it: RTX 4090
+#: (GDDR6X) 2.68x and RTX PRO 6000 (GDDR7) 2.34x their DRAM bandwidth, H100 (HBM3) and H200 (HBM3e) about
+#: 1.1x. By architecture, an HBM B200 took the GDDR7 RTX PRO 6000's 2.34x (an L2 at 18 TB/s) and a GPU
+#: left out found no other of its architecture; leave one GPU out, the four GPUs' norms are 30.6 / 30.1 /
+#: 14.8 / 12.3 % off that way (RTX 4090, RTX PRO 6000, H100, H200: benchmarks/cost_model_accuracy.py).
+MEMORY_GROUPED_FAMILIES = ("elementwise",)
+
+
 def group_of(gpu, family: str) -> str:
     """The group whose medians price this GPU's family: architecture; interconnect (or oneCCL) for all-reduce;
-    for attention, the kernel family vLLM runs there (`attention_kernels`)."""
+    for attention, the kernel family vLLM runs there (`attention_kernels`); for norms and activations, the
+    memory's family (`GPU.memory_family`, MEMORY_GROUPED_FAMILIES)."""
     base = family.split("@")[0].split(".")[0]
     if base == "all_reduce":
         if gpu.architecture in ONECCL_ARCHITECTURES:
@@ -67,6 +80,8 @@ def group_of(gpu, family: str) -> str:
         return "nvlink" if gpu.has_nvlink else "pcie"
     if base in ("prefill_attention", "decode_attention", "decode_attention_l2", "prefill_attention_l2"):
         return attention_kernels(gpu)
+    if base in MEMORY_GROUPED_FAMILIES and gpu.memory_family:
+        return gpu.memory_family
     return gpu.architecture or "unknown"
 
 

@@ -32,6 +32,15 @@ class GPU:
     #: (developer.nvidia.com/cuda-gpus) gives it: within an architecture it tells parts with other
     #: hardware apart, e.g. Blackwell Ultra (10.3: B300, GB300) from Blackwell (10.0: B200, GB200).
     compute_capability: str = ""
+    #: DRAM technology as the datasheet names it (HBM3, GDDR6X, ...; blank where unknown): the derived
+    #: default of elementwise kernels follows it (`memory_family`, derived_defaults.py).
+    memory_type: str = ""
+
+    @property
+    def memory_family(self) -> str:
+        """The memory's family, "hbm" or "gddr" (from `memory_type`); "" where the catalog does not say."""
+        kind = self.memory_type.lower()
+        return next((family for family in ("hbm", "gddr") if kind.startswith(family)), "")
 
     @property
     def has_nvlink(self) -> bool:
@@ -60,6 +69,7 @@ def _row_to_gpu(row: dict[str, str]) -> GPU:
         source=row["source"],
         architecture=row.get("architecture", ""),
         compute_capability=row.get("compute_capability", ""),
+        memory_type=row.get("memory_type", ""),
     )
 
 

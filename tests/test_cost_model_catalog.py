@@ -20,6 +20,8 @@ def test_required_gpus_present_with_sources_and_dense_figures():
     for name in list_gpus():
         gpu = get_gpu(name)
         assert gpu.source
+        # the memory's kind, as its source names it (sets the derived default of norms and activations)
+        assert gpu.memory_family in ("hbm", "gddr") and gpu.memory_type[:4] in gpu.source
         # dense figures: below 1.4 PFLOP/s bf16 before Blackwell, 2.5 PFLOP/s for the B200/GB300 class
         assert gpu.bf16_flops_per_s < (2.6e15 if gpu.architecture == "blackwell" else 1.4e15)
         if gpu.fp8_flops_per_s is not None:

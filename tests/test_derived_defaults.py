@@ -1,4 +1,6 @@
 """Defaults for uncalibrated GPUs derived from calibrated ones; CUDA-graph padding of batches."""
+import dataclasses
+
 import pytest
 
 from kernels_cost_model import Calibration, Coeffs, make_cost_model
@@ -31,6 +33,27 @@ def test_defaults_are_medians_of_the_same_architecture_as_fractions_of_peak():
     assert got["compute"] == pytest.approx(0.7) and got["memory"] == pytest.approx(0.8)
     ada = to_efficiency(derived_coeffs(get_gpu("l4"), defaults)["matmul@4096x4096"], get_gpu("l4"), "matmul")
     assert ada["compute"] == pytest.approx(0.6)             # no Ada GPU calibrated: all GPUs' median
+
+
+def test_norms_and_activations_come_from_gpus_with_the_same_kind_of_memory():
+    """Elementwise rates (mostly L2 over DRAM) follow the DRAM's family, not the architecture: a GDDR GPU
+    takes the GDDR GPUs' median, an HBM Blackwell part the HBM GPUs', whatever their architecture."""
+    def elementwise(device: str, memory_eff: float) -> Calibration:
+        gpu = get_gpu(device)
+        c = Coeffs(0.0, 1 / (gpu.hbm_bytes_per_s * memory_eff), 2e-6)
+        return Calibration(device, {f: c for f in FAMILIES}, {"fitted_families": ["elementwise"]})
+    cals = {"h100-sxm": elementwise("h100-sxm", 1.0), "h200": elementwise("h200", 1.2),
+            "rtx-4090": elementwise("rtx-4090", 2.6), "rtx-pro-6000": elementwise("rtx-pro-6000", 2.4)}
+    defaults = derive_defaults(cals, {d: get_gpu(d) for d in cals})
+    assert sorted(defaults["groups"]["gddr"]["elementwise"]["from"]) == ["rtx-4090", "rtx-pro-6000"]
+    for device, expected in (("l40s", 2.5), ("arc-pro-b60", 2.5), ("b200", 1.1), ("a100-sxm-80gb", 1.1)):
+        gpu = get_gpu(device)
+        l2_tier = derived_coeffs(gpu, defaults)["elementwise.rms_norm@l2"]
+        assert to_efficiency(l2_tier, gpu, "elementwise")["memory"] == pytest.approx(expected), device
+    assert group_of(get_gpu("b200"), "elementwise") == "hbm" and group_of(get_gpu("b200"), "matmul") == "blackwell"
+    assert group_of(get_gpu("mi300x"), "elementwise.rms_norm@l2") == "hbm"
+    blank = dataclasses.replace(get_gpu("l4"), memory_type="")  # the catalog does not say: its architecture
+    assert group_of(blank, "elementwise") == "ada"
 
 
 def test_a_model_layer_shape_off_any_grid_does_not_feed_the_defaults():
