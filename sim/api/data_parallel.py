@@ -4,7 +4,8 @@ vLLM (0.19) runs one engine core per DP rank, each with its own scheduler and KV
 a MoE model and expert parallelism every MoE layer exchanges tokens between the ranks, so all ranks step
 together; a rank without work runs a dummy batch, and the step lasts as long as the slowest rank
 (kernels_cost_model.expert_parallel prices it). New requests go to the least-loaded rank by vLLM's DP
-load-balancing score, 4 x waiting + running (`DPLBAsyncMPClient`), lowest rank on ties.
+load-balancing score, 4 x waiting + running (`DPLBAsyncMPClient`), lowest rank on ties, over the counts the
+DP coordinator last published (sim.api.dp_balancer: at most every 100 ms).
 
 Used by `simulate()` when `deployment.data_parallel_size > 1` and by the fidelity replay (sim.fidelity.dp).
 """
@@ -13,14 +14,10 @@ from __future__ import annotations
 import simpy
 
 from kernels_cost_model.errors import require
+from sim.api.dp_balancer import DelayedLoadView
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
 from sim.engine.simulation import run_env, start_workload, watch_finishes
-
-
-def lb_score(engine: Engine) -> int:
-    """vLLM's DP load-balancing score of one rank: 4 x waiting + running."""
-    return 4 * len(engine.state.waiting) + len(engine.state.running)
 
 
 class LockstepDP:
@@ -30,13 +27,14 @@ class LockstepDP:
         self.env, self.engines, self.cost = env, engines, cost
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
+        self.balancer = DelayedLoadView(len(engines), env.now)
         for engine in engines:
             engine.on_finish = self._on_finish
         env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
         """Hand a request to the least-loaded rank now; the event succeeds when it finishes."""
-        rank = min(range(len(self.engines)), key=lambda i: (lb_score(self.engines[i]), i))
+        rank = self.balancer.route(self.env.now)
         done = self.env.event()
         req = self.engines[rank].add_request(spec, self.env.now)
         if req.is_finished:
@@ -76,9 +74,10 @@ class LockstepDP:
                 if s is not None:
                     s.duration = duration
             yield env.timeout(duration)
-            for engine, s in zip(self.engines, steps):
+            for rank, (engine, s) in enumerate(zip(self.engines, steps)):
                 if s is not None:
                     engine.finish_step(s, env.now)
+                self.balancer.report(rank, len(engine.state.waiting), len(engine.state.running), env.now)
 
 
 def check_data_parallel(deployment, speculative_config=None) -> None:
