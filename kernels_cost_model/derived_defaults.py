@@ -59,13 +59,14 @@ OWN_SHAPES_ARCHITECTURES = ("xe2",)
 
 
 #: Norms and activations are priced from the GPUs with the same kind of DRAM, not the same architecture.
-#: Most launches in a forward pass read what the kernel before wrote, from L2 (l2_cache.py), so the family's
-#: rate, read as a fraction of DRAM bandwidth, is the L2's rate over the DRAM's: GDDR parts pair an L2
-#: like a datacentre part's with a fraction of its DRAM bandwidth. The fitted family rates show it: RTX 4090
-#: (GDDR6X) 2.68x and RTX PRO 6000 (GDDR7) 2.34x their DRAM bandwidth, H100 (HBM3) and H200 (HBM3e) about
-#: 1.1x. By architecture, an HBM B200 took the GDDR7 RTX PRO 6000's 2.34x (an L2 at 18 TB/s) and a GPU
-#: left out found no other of its architecture; leave one GPU out, the four GPUs' norms are 30.6 / 30.1 /
-#: 14.8 / 12.3 % off that way (RTX 4090, RTX PRO 6000, H100, H200: benchmarks/cost_model_accuracy.py).
+#: Most launches in a forward pass read what the kernel before wrote, much of it from L2 (l2_cache.py), so
+#: the family's rate, read as a multiple of DRAM bandwidth, depends on how slow the DRAM is next to the
+#: chip: the fitted rates are 2.68x (RTX 4090, GDDR6X) and 2.34x (RTX PRO 6000, GDDR7) the DRAM's, about
+#: 1.1x on the H100 (HBM3) and H200 (HBM3e). By architecture, an HBM B200 took the RTX PRO 6000's 2.34x
+#: (18 TB/s) and a GPU left out found no other of its architecture with norms measured: left out, the
+#: RTX 4090, RTX PRO 6000, H100 and H200 were 30.6 / 30.1 / 14.8 / 12.3 % off; by kind of DRAM, 23.5 / 15.6
+#: / 14.8 / 12.3 % (benchmarks/cost_model_accuracy.py). These four cannot tell DRAM from kind of kernel
+#: apart (vLLM's CUDA kernels on the two GDDR GPUs, Inductor's on the two HBM ones).
 MEMORY_GROUPED_FAMILIES = ("elementwise",)
 
 
