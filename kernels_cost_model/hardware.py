@@ -5,12 +5,14 @@ Figures are dense (never the 2:4-sparsity doubled numbers vendors headline) and 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import ConfigError, is_number, require
 
-from ._catalog import alias_index, lookup, read_catalog
+from ._catalog import alias_index, lookup, normalise, read_catalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,62 @@ def list_gpus() -> list[str]:
 
 
 def get_gpu(name: str | GPU) -> GPU:
-    """Look a GPU up by name or alias, case-insensitively ("h100" -> "h100-sxm")."""
+    """Look a GPU up by name or alias, case-insensitively ("h100" -> "h100-sxm"), or read the path of a
+    JSON file of its datasheet figures (`gpu_from_file`)."""
     if isinstance(name, GPU):
         return name
+    if str(name).endswith(".json"):
+        return gpu_from_file(str(name))
+    read = _FROM_FILES.get(normalise(str(name)))
+    if read is not None:
+        return read
     return lookup(*_catalog(), name, "gpu", "GPU")
+
+
+#: GPUs read from spec files in this process, by name: code that carries a GPU by its name finds it again.
+_FROM_FILES: dict[str, GPU] = {}
+
+
+#: Fields of a GPU spec file: the catalog's columns (data/gpus.csv), in its SI units.
+REQUIRED_FIELDS = ("name", "bf16_flops_per_s", "hbm_bytes_per_s", "memory_bytes", "interconnect_bytes_per_s",
+                   "source")
+OPTIONAL_FIELDS = ("fp8_flops_per_s", "interconnect", "architecture", "compute_capability", "memory_type")
+NUMBER_FIELDS = ("bf16_flops_per_s", "fp8_flops_per_s", "hbm_bytes_per_s", "memory_bytes",
+                 "interconnect_bytes_per_s")
+
+
+@lru_cache(maxsize=None)
+def gpu_from_file(path: str) -> GPU:
+    """A GPU the catalog lacks, from a JSON object of its datasheet figures with the catalog's field names
+    and units (FLOP/s, bytes/s, bytes; `source` says where they come from). Its name must not be a catalog
+    GPU's: the name selects a shipped calibration and the measured figures kept per GPU. Priced as a GPU
+    with no calibration (derived defaults by `architecture`, `memory_type` and link)."""
+    field = f"gpu file {path}"
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError("gpu", path, f"cannot read the GPU spec file: {exc}") from exc
+    require(isinstance(spec, dict), "gpu", path, "a GPU spec file must hold one JSON object")
+    missing = [f for f in REQUIRED_FIELDS if f not in spec]
+    require(not missing, "gpu", path, f"missing field(s) {missing}; required: {list(REQUIRED_FIELDS)}")
+    unknown = sorted(set(spec) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
+    require(not unknown, "gpu", path, f"unknown field(s) {unknown}; known: {[*REQUIRED_FIELDS, *OPTIONAL_FIELDS]}")
+    for name in NUMBER_FIELDS:
+        value = spec.get(name)
+        if value is not None:
+            require(is_number(value) and value > 0, f"{field}: {name}", value, "must be a number > 0")
+    require(isinstance(spec["name"], str) and spec["name"].strip(), f"{field}: name", spec["name"],
+            "must be a non-empty string")
+    models, index = _catalog()
+    require(normalise(spec["name"]) not in index, f"{field}: name", spec["name"],
+            f"names the catalog's {index.get(normalise(spec['name']))!r}; give the GPU a name of its own")
+    text = {f: str(spec.get(f) or "") for f in ("interconnect", "architecture", "compute_capability",
+                                                 "memory_type", "source")}
+    gpu = GPU(name=spec["name"].strip(), bf16_flops_per_s=float(spec["bf16_flops_per_s"]),
+              fp8_flops_per_s=float(spec["fp8_flops_per_s"]) if spec.get("fp8_flops_per_s") else None,
+              hbm_bytes_per_s=float(spec["hbm_bytes_per_s"]), memory_bytes=int(spec["memory_bytes"]),
+              interconnect_bytes_per_s=float(spec["interconnect_bytes_per_s"]), **text)
+    known = _FROM_FILES.setdefault(normalise(gpu.name), gpu)
+    require(known == gpu, f"{field}: name", gpu.name, "another GPU spec file read before gives this name"
+            " other figures; give each GPU its own name")
+    return gpu

@@ -100,7 +100,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "--from-run), applied over --config; flags still win")
     g = p.add_argument_group("deployment")
     g.add_argument("--model", help="catalog model, e.g. llama-3.1-8b, qwen2.5-7b, llama-3.1-70b")
-    g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x")
+    g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x, or the path of a JSON file"
+                                 " of another GPU's datasheet figures (docs/cost_model.md)")
     g.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, metavar="N",
                    help="GPUs per replica (alias --tp)")
     g.add_argument("--data-parallel-size", "-dp", dest="dp", type=int, metavar="N",
