@@ -96,7 +96,11 @@ def get_gpu(name: str | GPU) -> GPU:
     read = _FROM_FILES.get(normalise(str(name)))
     if read is not None:
         return read
-    return lookup(*_catalog(), name, "gpu", "GPU")
+    try:
+        return lookup(*_catalog(), name, "gpu", "GPU")
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.value, f"{exc.reason}; or the path of a JSON file of its datasheet"
+                          " figures (docs/cost_model.md, 'GPUs with no calibration')") from None
 
 
 #: GPUs read from spec files in this process, by name: code that carries a GPU by its name finds it again.

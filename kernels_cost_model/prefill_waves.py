@@ -51,6 +51,12 @@ FA2_PREFILL_SMS: dict[str, tuple[int, str]] = {
     "a100-pcie-80gb": (108, "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs (as a100-sxm-80gb)"),
     "a10g": (80, "NVIDIA A10G (AWS G5): 10,240 CUDA cores = 80 SMs x 128 (GA102, sm_86: FA2)"),
     "l4": (58, "NVIDIA L4 datasheet: 7,424 CUDA cores = 58 SMs x 128 (AD104, sm_89: FA2)"),
+    "a10": (72, "NVIDIA A10 datasheet: 9,216 CUDA cores = 72 SMs x 128 (GA102, sm_86: FA2)"),
+    "rtx-3090": (82, "NVIDIA Ampere GA102 whitepaper: GeForce RTX 3090, 82 SMs (sm_86: FA2)"),
+    "rtx-a6000": (84, "NVIDIA RTX A6000 datasheet: 10,752 CUDA cores = 84 SMs x 128 (GA102, sm_86: FA2)"),
+    "l40": (142, "NVIDIA L40 datasheet: 18,176 CUDA cores = 142 SMs x 128 (AD102, sm_89: FA2)"),
+    "rtx-5090": (170, "NVIDIA RTX Blackwell whitepaper: GeForce RTX 5090, 21,760 CUDA cores = 170 SMs x 128 "
+                      "(sm_120: FA2; FA3 needs sm_90)"),
     "l40s": (142, "NVIDIA L40S datasheet: 18,176 CUDA cores = 142 SMs x 128 (AD102); AIConfigurator's L40S "
                   "context attention kernel is FA2 for bf16 KV"),
     "rtx-4090": (128, "NVIDIA Ada Lovelace GPU Architecture whitepaper: GeForce RTX 4090, 128 SMs; vLLM 0.19 "

@@ -50,7 +50,7 @@ def test_calibrate_names_an_unknown_gpu(tmp_path, capsys):
     profile = write_profile(synthetic_rows(), tmp_path / "p.csv")
     out = tmp_path / "c.json"
     assert main(["calibrate", "--profile", str(profile), "--gpu", "h900", "--out", str(out)]) == 2
-    assert capsys.readouterr().err.startswith("servesim: error: --gpu='h900': unknown GPU; known: a100-pcie-40gb")
+    assert capsys.readouterr().err.startswith("servesim: error: --gpu='h900': unknown GPU; known: a10, a100-pcie-40gb")
     unknown = write_profile([dict(r, device="h900") for r in synthetic_rows()], tmp_path / "u.csv")
     assert main(["calibrate", "--profile", str(unknown), "--out", str(out)]) == 2
     err = capsys.readouterr().err
