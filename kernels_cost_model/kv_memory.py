@@ -24,9 +24,12 @@ from .models import get_model
 from .mxfp4_layout import backend_for, expert_bytes
 
 GIB = 1 << 30
-#: Total memory as CUDA reports it (torch.cuda.mem_get_info), below the datasheet's 80 GB.
-#: H100 SXM 80GB: 79.18 GiB in vLLM's logs (llm-d/llm-d-benchmark, empirical-vllm-memory-results.md).
-CUDA_TOTAL_BYTES = {"h100-sxm": round(79.18 * GIB)}
+#: Total memory as CUDA reports it (torch.cuda.mem_get_info, what vLLM's profiling reads), below the
+#: datasheet's. servesim's own reading on the GPU (2026-11-26, driver 580.159.04, torch 2.11.0+cu130, CUDA
+#: 13.0; nvidia-smi shows a little more, 81,559 and 143,771 MiB):
+#: H100 SXM 80GB 85,017,493,504 bytes (79.18 GiB, as vLLM's logs: llm-d/llm-d-benchmark,
+#: empirical-vllm-memory-results.md); H200 150,109,880,320 bytes (139.80 GiB, not the datasheet's 141 GB).
+CUDA_TOTAL_BYTES = {"h100-sxm": 85_017_493_504, "h200": 150_109_880_320}
 #: Memory outside PyTorch's allocator (CUDA context, NCCL): vLLM's "non-torch memory" in the same
 #: logs: 0.13-0.14 GiB on one GPU, 0.55 GiB per GPU at tensor_parallel_size 2 (NCCL buffers).
 NON_TORCH_BYTES_ONE_GPU = round(0.13 * GIB)

@@ -18,7 +18,7 @@ def test_kv_bytes_per_token_llama_3_1_8b():
 
 
 def test_num_gpu_blocks_llama_3_1_8b_on_h100():
-    total = round(79.18 * 2**30) * 0.9   # what CUDA reports for an H100 80GB, not 80 GiB
+    total = 85_017_493_504 * 0.9   # what CUDA reports for an H100 80GB (79.18 GiB), not 80 GiB
     weights = 8_030_261_248 * 2   # parameters x bf16
     t, seqs = 8192, 256
     # the sampler pass over 256 rows of logits dominates the forward pass's widest tensors
@@ -31,7 +31,8 @@ def test_num_gpu_blocks_llama_3_1_8b_on_h100():
 
 def test_memory_terms():
     assert total_memory_bytes("h100") < 80 * 2**30                   # CUDA's total, not the datasheet's
-    assert total_memory_bytes("h200") == 151397597184                # datasheet where CUDA's is unknown
+    assert total_memory_bytes("h200") == 150_109_880_320              # CUDA's (139.80 GiB), not 141 GiB
+    assert total_memory_bytes("l40s") == 48 * 2**30                 # datasheet where CUDA's is unknown
     assert non_torch_bytes(1) == NON_TORCH_BYTES_ONE_GPU < non_torch_bytes(2) == NON_TORCH_BYTES_PARALLEL
     # more sampler rows, more activation memory; fewer tokens than seqs cap the rows
     assert activation_bytes("llama-3.1-8b", 1, 8192, 1024) > activation_bytes("llama-3.1-8b", 1, 8192, 256)

@@ -89,7 +89,7 @@ def test_a_kv_cache_smaller_than_one_max_model_len_request_refuses_to_start(caps
 def test_the_summary_prints_vllms_kv_lines(capsys):
     assert main(["run", "--num-prompts", "5", "--max-model-len", "32768"]) == 0
     out = capsys.readouterr().out
-    assert "GPU KV cache size: 450,048 tokens" in out                 # 28128 blocks x 16
+    assert "GPU KV cache size: 450,032 tokens" in out                 # 28127 blocks x 16
     assert "Maximum concurrency for 32,768 tokens per request: 13.73x" in out
 
 
