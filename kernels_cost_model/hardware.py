@@ -121,25 +121,11 @@ def gpu_from_file(path: str) -> GPU:
     and units (FLOP/s, bytes/s, bytes; `source` says where they come from). Its name must not be a catalog
     GPU's: the name selects a shipped calibration and the measured figures kept per GPU. Priced as a GPU
     with no calibration (derived defaults by `architecture`, `memory_type` and link)."""
-    field = f"gpu file {path}"
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("gpu", path, f"cannot read the GPU spec file: {exc}") from exc
-    require(isinstance(spec, dict), "gpu", path, "a GPU spec file must hold one JSON object")
-    missing = [f for f in REQUIRED_FIELDS if f not in spec]
-    require(not missing, "gpu", path, f"missing field(s) {missing}; required: {list(REQUIRED_FIELDS)}")
-    unknown = sorted(set(spec) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
-    require(not unknown, "gpu", path, f"unknown field(s) {unknown}; known: {[*REQUIRED_FIELDS, *OPTIONAL_FIELDS]}")
-    for name in NUMBER_FIELDS:
-        value = spec.get(name)
-        if value is not None:
-            require(is_number(value) and value > 0, f"{field}: {name}", value, "must be a number > 0")
-    require(isinstance(spec["name"], str) and spec["name"].strip(), f"{field}: name", spec["name"],
-            "must be a non-empty string")
-    models, index = _catalog()
-    require(normalise(spec["name"]) not in index, f"{field}: name", spec["name"],
-            f"names the catalog's {index.get(normalise(spec['name']))!r}; give the GPU a name of its own")
+    _check_spec(spec, path)
     text = {f: str(spec.get(f) or "") for f in ("interconnect", "architecture", "compute_capability",
                                                  "memory_type", "source")}
     gpu = GPU(name=spec["name"].strip(), bf16_flops_per_s=float(spec["bf16_flops_per_s"]),
@@ -147,6 +133,26 @@ def gpu_from_file(path: str) -> GPU:
               hbm_bytes_per_s=float(spec["hbm_bytes_per_s"]), memory_bytes=int(spec["memory_bytes"]),
               interconnect_bytes_per_s=float(spec["interconnect_bytes_per_s"]), **text)
     known = _FROM_FILES.setdefault(normalise(gpu.name), gpu)
-    require(known == gpu, f"{field}: name", gpu.name, "another GPU spec file read before gives this name"
-            " other figures; give each GPU its own name")
+    require(known == gpu, f"gpu file {path}: name", gpu.name, "another GPU spec file read before gives this"
+            " name other figures; give each GPU its own name")
     return gpu
+
+
+def _check_spec(spec, path: str) -> None:
+    """A named error for a spec file that is not one object of known fields, all required ones present,
+    numbers positive, and a name of its own."""
+    require(isinstance(spec, dict), "gpu", path, "a GPU spec file must hold one JSON object")
+    missing = [f for f in REQUIRED_FIELDS if f not in spec]
+    require(not missing, "gpu", path, f"missing field(s) {missing}; required: {list(REQUIRED_FIELDS)}")
+    unknown = sorted(set(spec) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
+    require(not unknown, "gpu", path, f"unknown field(s) {unknown}; known: {[*REQUIRED_FIELDS, *OPTIONAL_FIELDS]}")
+    field = f"gpu file {path}"
+    for name in NUMBER_FIELDS:
+        value = spec.get(name)
+        if value is not None:
+            require(is_number(value) and value > 0, f"{field}: {name}", value, "must be a number > 0")
+    name = spec["name"]
+    require(isinstance(name, str) and name.strip(), f"{field}: name", name, "must be a non-empty string")
+    index = _catalog()[1]
+    require(normalise(name) not in index, f"{field}: name", name,
+            f"names the catalog's {index.get(normalise(name))!r}; give the GPU a name of its own")
