@@ -61,3 +61,42 @@ def test_the_front_end_routes_by_the_last_publish_plus_its_own_routing_since(eve
             routed[chosen] += 1
         assert view.view == [[w + n, r] for (w, r), n in zip(base, routed)]
     assert all(b - a >= PUBLISH_INTERVAL_S - 1e-9 for a, b in zip(publishes, publishes[1:]))
+
+
+def test_a_rank_reports_after_a_step_without_the_requests_that_arrived_during_it():
+    """vLLM's engine takes a request that arrives mid-step from its input queue after the step, so the
+    counts it reports for that step leave it out; the next step's report has it."""
+    import simpy
+
+    from sim.api.data_parallel import LockstepDP
+    from sim.core.config import EngineConfig
+    from sim.core.cost import LinearCostModel
+    from sim.engine.engine import Engine
+    from workloads import RequestSpec
+
+    class Recording(DelayedLoadView):
+        def report(self, rank, waiting, running, now):
+            reports.append((now, rank, waiting, running))
+            super().report(rank, waiting, running, now)
+
+    class FixedStep:
+        def step_time(self, batches):
+            return 0.5
+
+    reports: list = []
+    env = simpy.Environment()
+    engines = [Engine(EngineConfig(num_gpu_blocks=200, max_num_seqs=1, max_model_len=1024), LinearCostModel(), 200) for _ in range(2)]
+    lockstep = LockstepDP(env, engines, FixedStep())
+    lockstep.balancer = Recording(2)
+    spec = lambda i: RequestSpec(arrival_time_s=0.0, prompt_token_ids=[1] * 8, output_len=4, request_id=f"r{i}")
+
+    def arrivals():
+        lockstep.submit(spec(0))          # rank 0 runs it from t = 0; its steps end at 0.5, 1.0, ...
+        yield env.timeout(0.2)
+        lockstep.submit(spec(1))          # rank 1 (rank 0 counts 1 waiting in the front end's view)
+        lockstep.submit(spec(2))          # rank 0 again: it waits there behind r0 (one seat)
+    env.process(arrivals())
+    env.run(until=1.2)
+    first = [r for r in reports if r[0] == 0.5]
+    assert first == [(0.5, 0, 0, 1), (0.5, 1, 0, 0)]   # r1 and r2 arrived mid-step: not in these counts
+    assert (1.0, 0, 1, 1) in reports                   # one step later r2 waits on rank 0

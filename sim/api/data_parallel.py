@@ -28,6 +28,9 @@ class LockstepDP:
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
         self.balancer = DelayedLoadView(len(engines), env.now)
+        #: per rank, requests that arrived while the step in flight runs: vLLM's engine takes them from its
+        #: input queue after the step, so the counts it reports for that step leave them out
+        self.arrived_in_step: list[list] | None = None
         for engine in engines:
             engine.on_finish = self._on_finish
         env.process(self.loop())
@@ -40,6 +43,8 @@ class LockstepDP:
         if req.is_finished:
             done.succeed(req)
             return done
+        if self.arrived_in_step is not None:
+            self.arrived_in_step[rank].append(req)
         self.done_events[req] = done
         if spec.abort_time_s is not None:
             self.env.process(self._abort_at(self.engines[rank], req.request_id, spec.abort_time_s))
@@ -73,11 +78,14 @@ class LockstepDP:
             for s in steps:
                 if s is not None:
                     s.duration = duration
+            self.arrived_in_step = [[] for _ in self.engines]
             yield env.timeout(duration)
+            arrived, self.arrived_in_step = self.arrived_in_step, None
             for rank, (engine, s) in enumerate(zip(self.engines, steps)):
                 if s is not None:
                     engine.finish_step(s, env.now)
-                self.balancer.report(rank, len(engine.state.waiting), len(engine.state.running), env.now)
+                waiting = len(engine.state.waiting) - sum(not req.is_finished for req in arrived[rank])
+                self.balancer.report(rank, waiting, len(engine.state.running), env.now)
 
 
 def check_data_parallel(deployment, speculative_config=None) -> None:
