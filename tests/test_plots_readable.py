@@ -142,3 +142,14 @@ def test_sweep_command_writes_plots(tmp_path, capsys):
     assert code == 0
     assert {p.name for p in (tmp_path / "out" / "plots").iterdir()} == {"latency_vs_load.png",
                                                                        "throughput_vs_load.png"}
+
+
+def test_a_sweep_of_one_axis_draws_without_a_legend_warning():
+    """One line per panel and no SLO: nothing to put in a legend, and matplotlib is not asked for one."""
+    import warnings
+    df = sweep_table()[lambda t: t["engine.max_num_seqs"] == 64].drop(columns="engine.max_num_seqs")
+    df = df.assign(request_throughput=1.0, request_goodput=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = draw(plot_throughput_latency(df, x="workload.rate", metrics=("request_throughput", "request_goodput")))
+    assert all(ax.get_legend() is None or ax.get_legend().get_texts() for ax in fig.axes)

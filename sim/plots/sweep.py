@@ -146,7 +146,8 @@ def _finish_panel(ax, sweep: pd.DataFrame, family: str, metrics: list[str], slo:
     ax.set_xlabel(x_label)
     ax.set_ylabel(f"{family} ({unit})" if unit else family)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # (a lone unlabelled line needs no legend)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7)
 
 
 def _x_label(x: str) -> str:
