@@ -1,4 +1,5 @@
 """vLLM's DP load balancing over counts the coordinator publishes at most every 100 ms."""
+import pytest
 from hypothesis import given, strategies as st
 
 from sim.api.dp_balancer import IDLE_PUBLISH_INTERVAL_S, PUBLISH_INTERVAL_S, DelayedLoadView
@@ -100,3 +101,35 @@ def test_a_rank_reports_after_a_step_without_the_requests_that_arrived_during_it
     first = [r for r in reports if r[0] == 0.5]
     assert first == [(0.5, 0, 0, 1), (0.5, 1, 0, 0)]   # r1 and r2 arrived mid-step: not in these counts
     assert (1.0, 0, 1, 1) in reports                   # one step later r2 waits on rank 0
+
+
+@pytest.mark.parametrize("async_scheduling, first_token_at", [(False, 1.5), (True, 2.0)])
+def test_lockstep_ranks_plan_ahead_under_async_scheduling(async_scheduling, first_token_at):
+    """As one engine does: under async scheduling a busy rank plans step N+1 when step N starts, so a
+    request that reaches it during step N runs from step N+2."""
+    import simpy
+
+    from sim.api.data_parallel import LockstepDP
+    from sim.core.config import EngineConfig
+    from sim.core.cost import LinearCostModel
+    from sim.engine.engine import Engine
+    from workloads import RequestSpec
+
+    class FixedStep:
+        def step_time(self, batches):
+            return 0.5
+
+    env = simpy.Environment()
+    config = EngineConfig(num_gpu_blocks=200, max_model_len=1024, async_scheduling=async_scheduling)
+    engines = [Engine(config, LinearCostModel(), 200) for _ in range(2)]
+    lockstep = LockstepDP(env, engines, FixedStep())
+    spec = lambda i, n: RequestSpec(arrival_time_s=0.0, prompt_token_ids=[1] * 8, output_len=n, request_id=f"r{i}")
+
+    def arrivals():
+        lockstep.submit(spec(0, 20))      # rank 0, busy from t = 0; steps end at 0.5, 1.0, 1.5, ...
+        lockstep.submit(spec(1, 20))      # rank 1
+        yield env.timeout(0.7)
+        lockstep.submit(spec(2, 2))       # rank 0 (tie), during the step from 0.5 to 1.0
+    env.process(arrivals())
+    env.run(until=3.0)
+    assert engines[0].requests.first_token_time[1] == first_token_at

@@ -66,26 +66,39 @@ class LockstepDP:
             done.succeed(req)
 
     def loop(self):
-        env = self.env
+        """Plan every rank, price the step jointly, let it pass, finish every rank. Under async scheduling
+        (vLLM's default, DP included) each rank plans its next step when this one starts, before this
+        one's tokens are known, as the single engine's loop does (sim.engine.simulation)."""
+        env, engines = self.env, self.engines
+        ahead = engines[0].is_async
+        steps = [None] * len(engines)
         while True:
-            steps = [e.plan_step(env.now) if e.has_work else None for e in self.engines]
+            steps = [s if s is not None or not e.has_work else e.plan_step(env.now) for e, s in zip(engines, steps)]
             if all(s is None for s in steps):
                 self.wakeup = env.event()
                 yield self.wakeup
                 self.wakeup = None
                 continue
+            following = [e.plan_step(env.now) if ahead and e.has_work else None for e in engines]
             duration = self.cost.step_time([s.batch if s else None for s in steps])
             for s in steps:
                 if s is not None:
                     s.duration = duration
-            self.arrived_in_step = [[] for _ in self.engines]
+            self.arrived_in_step = [[] for _ in engines]
             yield env.timeout(duration)
-            arrived, self.arrived_in_step = self.arrived_in_step, None
-            for rank, (engine, s) in enumerate(zip(self.engines, steps)):
-                if s is not None:
-                    engine.finish_step(s, env.now)
-                waiting = len(engine.state.waiting) - sum(not req.is_finished for req in arrived[rank])
-                self.balancer.report(rank, waiting, len(engine.state.running), env.now)
+            self._finish(steps)
+            steps = following
+
+    def _finish(self, steps: list) -> None:
+        """Every rank's results at the step's end, then its counts to the DP coordinator (leaving out
+        the requests that arrived during the step: vLLM's engine reads them from its input queue after)."""
+        arrived, self.arrived_in_step = self.arrived_in_step, None
+        now = self.env.now
+        for rank, (engine, s) in enumerate(zip(self.engines, steps)):
+            if s is not None:
+                engine.finish_step(s, now)
+            waiting = len(engine.state.waiting) - sum(not req.is_finished for req in arrived[rank])
+            self.balancer.report(rank, waiting, len(engine.state.running), now)
 
 
 def check_data_parallel(deployment, speculative_config=None) -> None:
