@@ -59,15 +59,16 @@ class GPU:
                 self.interconnect_bytes_per_s, "must be > 0")
 
 
-def _row_to_gpu(row: dict[str, str]) -> GPU:
+def _row_to_gpu(row: dict) -> GPU:
+    """A GPU from a catalog row (strings) or a spec file's object (numbers; optional fields may be absent)."""
     return GPU(
-        name=row["name"],
+        name=row["name"].strip(),
         bf16_flops_per_s=float(row["bf16_flops_per_s"]),
-        fp8_flops_per_s=float(row["fp8_flops_per_s"]) if row["fp8_flops_per_s"] else None,
+        fp8_flops_per_s=float(row["fp8_flops_per_s"]) if row.get("fp8_flops_per_s") else None,
         hbm_bytes_per_s=float(row["hbm_bytes_per_s"]),
-        memory_bytes=int(row["memory_bytes"]),
+        memory_bytes=int(float(row["memory_bytes"])),
         interconnect_bytes_per_s=float(row["interconnect_bytes_per_s"]),
-        interconnect=row["interconnect"],
+        interconnect=row.get("interconnect", ""),
         source=row["source"],
         architecture=row.get("architecture", ""),
         compute_capability=row.get("compute_capability", ""),
@@ -126,12 +127,8 @@ def gpu_from_file(path: str) -> GPU:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("gpu", path, f"cannot read the GPU spec file: {exc}") from exc
     _check_spec(spec, path)
-    text = {f: str(spec.get(f) or "") for f in ("interconnect", "architecture", "compute_capability",
-                                                 "memory_type", "source")}
-    gpu = GPU(name=spec["name"].strip(), bf16_flops_per_s=float(spec["bf16_flops_per_s"]),
-              fp8_flops_per_s=float(spec["fp8_flops_per_s"]) if spec.get("fp8_flops_per_s") else None,
-              hbm_bytes_per_s=float(spec["hbm_bytes_per_s"]), memory_bytes=int(spec["memory_bytes"]),
-              interconnect_bytes_per_s=float(spec["interconnect_bytes_per_s"]), **text)
+    text = ("interconnect", "architecture", "compute_capability", "memory_type", "source")
+    gpu = _row_to_gpu({**spec, **{f: str(spec.get(f) or "") for f in text}})
     known = _FROM_FILES.setdefault(normalise(gpu.name), gpu)
     require(known == gpu, f"gpu file {path}: name", gpu.name, "another GPU spec file read before gives this"
             " name other figures; give each GPU its own name")
