@@ -143,7 +143,10 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
         budget = total_memory_bytes(hw.name) * gpu_memory_utilization
         raise ConfigError("gpu", hw.name, f"{spec.name} at tensor_parallel_size={tensor_parallel_size} "
                           f"needs {(budget - free) / GIB:.1f} GiB but gpu_memory_utilization={gpu_memory_utilization} "
-                          f"leaves {budget / GIB:.1f} GiB: no room for a KV cache")
+                          f"leaves {budget / GIB:.1f} GiB: no room for a KV cache (its activation peak, "
+                          f"{activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs) / GIB:.1f}"
+                          f" GiB, is vLLM's profiling pass at max_num_seqs={max_num_seqs} and max_num_batched_tokens="
+                          f"{max_num_batched_tokens}: fewer shrink it)")
     if spec.is_plain and kv_cache_dtype == "auto":
         return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
     return int(free // kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype).block_bytes)

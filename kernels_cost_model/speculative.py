@@ -268,15 +268,18 @@ class ProposerCost:
 
 def proposer_kv_cache_blocks(target, gpu, drafter: ModelSpec | None, tensor_parallel_size: int = 1,
                              block_size: int = 16, gpu_memory_utilization: float = 0.9,
-                             max_num_batched_tokens: int = 8192) -> int:
-    """KV blocks when the drafter's weights and its own KV per token share the GPU with the target."""
+                             max_num_batched_tokens: int = 8192, *, kv_cache_dtype: str = "auto",
+                             max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> int:
+    """KV blocks when the drafter's weights and its own KV per token share the GPU with the target
+    (the other arguments as `kv_cache_blocks`'s)."""
     blocks = kv_cache_blocks(target, gpu, tensor_parallel_size, block_size, gpu_memory_utilization,
-                             max_num_batched_tokens)
+                             max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                             cudagraph_memory_bytes=cudagraph_memory_bytes)
     if drafter is None:
         return blocks
-    target_kv = kv_bytes_per_token(target, tensor_parallel_size) * block_size
+    target_kv = kv_bytes_per_token(target, tensor_parallel_size, kv_cache_dtype) * block_size
     freed = blocks * target_kv - weight_bytes_per_gpu(drafter, tensor_parallel_size, gpu)
-    per_block = target_kv + kv_bytes_per_token(drafter, tensor_parallel_size) * block_size
+    per_block = target_kv + kv_bytes_per_token(drafter, tensor_parallel_size, kv_cache_dtype) * block_size
     require(freed > 0, "speculative_config.model", drafter.name,
             "the drafter's weights leave no room for the KV cache")
     return int(freed // per_block)

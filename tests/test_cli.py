@@ -60,7 +60,7 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--workload", "closed_loop"], "servesim: error: workload.num_users=None: closed_loop needs num_users"),
     (["--burstiness", "1e-9"], "servesim: error: --burstiness=1e-09: must be in [1e-06, 1e+06]"),
     (["--workload", "gamma", "--cv", "1e-300"], "servesim: error: workload.cv=1e-300: must be in [0.001, 1000.0]"),
-    (["--max-num-batched-tokens", "10"],
+    (["--max-num-batched-tokens", "10", "--max-num-seqs", "256"],
      "servesim: error: engine.max_num_batched_tokens=10: must be >= max_num_seqs=256"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):

@@ -168,13 +168,13 @@ def test_calibrate_from_run_names_missing_engine_arguments_and_bad_run_folders(t
     from sim.cli.calibrate import measured_run
     from sim.cli.main import build_parser
     path, _ = _bench_file(tmp_path)
-    args = build_parser().parse_args(["calibrate", "--from-run", str(path), "--model", "llama-3.1-8b", "--gpu", "h100"])
-    with pytest.raises(ConfigError, match="--max-num-seqs=None: required with a vllm bench serve result"):
+    args = build_parser().parse_args(["calibrate", "--from-run", str(path), "--gpu", "h100"])
+    with pytest.raises(ConfigError, match="--model='': required with a vllm bench serve result"):
         measured_run(args)
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "meta.json").write_text(json.dumps({"engine_kwargs": {"model": "llama-3.1-8b"}}))
-    with pytest.raises(ConfigError, match=r"engine_kwargs=\['tensor_parallel_size', 'max_num_seqs'"):
+    with pytest.raises(ConfigError, match=r"engine_kwargs=\['tensor_parallel_size'\]"):
         read_run(folder)
     (folder / "meta.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not JSON"):
@@ -230,3 +230,19 @@ def test_a_run_folder_of_ones_own_is_replayed_on_its_gpu_with_its_settings(tmp_p
     (tmp_path / "b").mkdir()
     with pytest.raises(ConfigError, match=r"dataset_path='nowhere.jsonl': no workload file found"):
         read_run(_own_run(tmp_path / "b", dataset_path="nowhere.jsonl"))
+
+
+@pytest.mark.parametrize("gpu,extra,budget,seqs", [
+    ("h100", {}, 8192, 1024),                                  # vllm serve on an H100
+    ("l40s", {}, 2048, 256),                                   # ... on a 48 GB GPU
+    ("h100", {"usage_context": "engine_context"}, 2048, 128),  # an engine built directly
+    ("h100", {"max_num_seqs": 64}, 8192, 64),                  # a set one is kept
+])
+def test_a_run_that_left_the_batch_settings_unset_replays_vllms_defaults(tmp_path, gpu, extra, budget, seqs):
+    from sim.fidelity.replay import engine_config, simulation_config
+    kwargs = {"model": "llama-3.1-8b", "tensor_parallel_size": 1, "max_num_seqs": None,
+              "max_num_batched_tokens": None, **extra}
+    run = read_run(_own_run(tmp_path, gpu=gpu, engine_kwargs=kwargs))
+    assert (engine_config(run).max_num_batched_tokens, engine_config(run).max_num_seqs) == (budget, seqs)
+    engine = simulation_config(run).engine
+    assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (budget, seqs)

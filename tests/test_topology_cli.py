@@ -63,8 +63,8 @@ def test_the_printed_summary_shows_the_cpu_tier(capsys):
     (["-pp", "2", "--speculative-config", '{"method": "eagle3"}'],
      "speculative_config.method='eagle3': not simulated with pipeline_parallel_size=2"),
     (["--conversations", "/nonexistent/trace.jsonl"], "--conversations"),
-    (["-pp", "2", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10: must be >= max_num_seqs"),
-    (["--kv-offloading-size", "4", "--max-num-batched-tokens", "10"], "engine.max_num_batched_tokens=10"),
+    (["-pp", "2", "--max-num-batched-tokens", "10", "--max-num-seqs", "64"], "engine.max_num_batched_tokens=10: must be >= max_num_seqs"),
+    (["--kv-offloading-size", "4", "--max-num-batched-tokens", "10", "--max-num-seqs", "64"], "engine.max_num_batched_tokens=10"),
 ])
 def test_bad_topology_flags_are_named_errors(capsys, argv, named):
     assert named in error(capsys, *argv)

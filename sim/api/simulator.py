@@ -274,6 +274,8 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
     if deployment.cost_model == "linear":
         return LinearCostModel()
     from kernels_cost_model import make_cost_model
+    if engine is not None and engine.max_num_seqs is None:  # (vLLM's default for the GPU)
+        engine = dataclasses.replace(engine, max_num_seqs=resolve_engine(engine, deployment).resolved().max_num_seqs)
     with within("deployment"):
         return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
                                async_scheduling=cpu_gpu_overlap(deployment, engine),

@@ -99,4 +99,6 @@ def spec_num_gpu_blocks(spec: SpeculativeConfig, deployment, engine) -> int:
     return proposer_kv_cache_blocks(deployment.model, deployment.gpu,
                                     drafter_spec(spec.method, deployment.model, spec.model),
                                     deployment.tensor_parallel_size, engine.block_size,
-                                    deployment.gpu_memory_utilization, engine.max_num_batched_tokens)
+                                    deployment.gpu_memory_utilization, engine.max_num_batched_tokens,
+                                    kv_cache_dtype=deployment.kv_cache_dtype, max_num_seqs=engine.max_num_seqs,
+                                    cudagraph_memory_bytes=round(deployment.cudagraph_memory_gib * 2**30))

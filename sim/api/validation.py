@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_cost_model.errors import ConfigError, require
+from sim.core.batch_defaults import batch_defaults, with_batch_defaults
+from sim.core.config import DEFAULT_MAX_MODEL_LEN
 from sim.core.fields import MAX_NUM_REQUESTS, at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
@@ -122,29 +124,46 @@ def _model_unused(d, e) -> bool:
 
 
 def resolve_engine(engine, deployment):
-    """The engine with its max_model_len: the model's maximum when unset, else checked against it
-    (vLLM's rule). An unknown model is left for simulate() to name."""
+    """The engine with its max_model_len (the model's maximum when unset, else checked against it, as
+    vLLM) and, where unset, vLLM's step budget and batch size for the deployment's GPU and the engine's
+    usage context (sim.core.batch_defaults). An unknown model or GPU is left for simulate() to name."""
     from kernels_cost_model import get_model
     from kernels_cost_model.max_model_len import resolve_max_model_len
     try:
-        if _model_unused(deployment, engine):
-            return engine.resolved()
-        try:
-            spec = get_model(deployment.model)
-        except ConfigError:
-            return engine
-        length = resolve_max_model_len(spec, engine.max_model_len)
-        return engine if length == engine.max_model_len else dataclasses.replace(engine, max_model_len=length)
+        if not _model_unused(deployment, engine):
+            try:
+                spec = get_model(deployment.model)
+            except ConfigError:
+                return engine
+            length = resolve_max_model_len(spec, engine.max_model_len)
+            if length != engine.max_model_len:
+                engine = dataclasses.replace(engine, max_model_len=length)
+        elif engine.max_model_len is None:
+            engine = dataclasses.replace(engine, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        defaults = gpu_batch_defaults(engine.usage_context, deployment.gpu)
+        return engine if defaults is None else with_batch_defaults(engine, *defaults)
     except ConfigError as exc:
         field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
         raise ConfigError(field, exc.value, exc.reason) from None
 
 
+def gpu_batch_defaults(usage_context: str, gpu) -> tuple[int, int] | None:
+    """vLLM's (max_num_batched_tokens, max_num_seqs) defaults for `usage_context` on `gpu` (a name, a
+    spec file or a GPU; None for one the catalog does not know: simulate() names it)."""
+    from kernels_cost_model.hardware import get_gpu
+    from kernels_cost_model.kv_memory import total_memory_bytes
+    try:
+        gpu = get_gpu(gpu)
+    except ConfigError:
+        return None
+    return batch_defaults(usage_context, total_memory_bytes(gpu), gpu.name)
+
+
 def unresolved_engine_values(config) -> dict:
     """The engine's settings with the derived ones (the model's max_model_len, vLLM's default step
-    budget) unset again, so a replaced model or chunking setting derives them anew."""
+    budget and batch size for the GPU) unset again, so a replaced model, GPU or setting derives them
+    anew."""
     from kernels_cost_model.max_model_len import model_max_len
-    from sim.core.config import default_max_num_batched_tokens
     e = config.engine
     values = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
     try:
@@ -152,8 +171,12 @@ def unresolved_engine_values(config) -> dict:
             values["max_model_len"] = None
     except ConfigError:
         pass
-    if e.max_num_batched_tokens == default_max_num_batched_tokens(e.enable_chunked_prefill, e.max_model_len):
-        values["max_num_batched_tokens"] = None
+    defaults = gpu_batch_defaults(e.usage_context, config.deployment.gpu)
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        unset = dataclasses.replace(e, **{name: None})
+        derived = unset.resolved() if defaults is None else with_batch_defaults(unset, *defaults)
+        if getattr(e, name) == getattr(derived, name):
+            values[name] = None
     return values
 
 

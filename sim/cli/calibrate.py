@@ -26,8 +26,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "server's engine arguments below)")
     g = p.add_argument_group("--from-run with a vllm bench serve result (the server's engine arguments)")
     g.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor parallel size")
-    g.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs (required)")
-    g.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens (required)")
+    g.add_argument("--max-num-seqs", type=int, help="the server's --max-num-seqs (unset: vllm serve's default for the GPU)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="the server's --max-num-batched-tokens (unset: vllm serve's default for the GPU)")
     g.add_argument("--max-model-len", type=int, help="the server's --max-model-len (default: the model's)")
     g.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="default 0.9")
@@ -54,8 +54,7 @@ def measured_run(args):
         return read_run(path)
     require(path.suffix == ".json", "--from-run", str(path),
             "neither a run folder (with meta.json and requests.jsonl) nor a vllm bench serve result (.json)")
-    for flag, value in (("--model", args.model), ("--gpu", args.gpu), ("--max-num-seqs", args.max_num_seqs),
-                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+    for flag, value in (("--model", args.model), ("--gpu", args.gpu)):  # (unset batch flags: vllm serve's defaults)
         require(bool(value), flag, value, f"required with a vllm bench serve result ({path.name}): the server's")
     engine = {"model": args.model, "tensor_parallel_size": args.tp, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,

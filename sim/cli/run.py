@@ -10,6 +10,7 @@ from pathlib import Path
 from sim.cli.output import add_output_flags, check_result_path, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
+from sim.core.batch_defaults import USAGE_CONTEXTS
 from workloads.arrivals import GAMMA_CV
 
 DESCRIPTION = """\
@@ -56,7 +57,7 @@ FIELDS = {
     "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
-    "scheduler_profile": ("engine", "scheduler_profile"),
+    "scheduler_profile": ("engine", "scheduler_profile"), "usage_context": ("engine", "usage_context"),
     "stop_string_detection": ("engine", "stop_string_detection"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
@@ -124,14 +125,19 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "(e.g. rtx-pro-6000@vllm-0.19) or a calibration JSON file")
     g = p.add_argument_group("engine")
     g.add_argument("--policy", help="scheduling policy (default vllm)")
-    for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch"),
-                              (("--max-num-batched-tokens",), None, "token budget of one step"),
+    for flags, dest, what in ((("--max-num-seqs",), None, "requests in one batch (default: vLLM's for the GPU "
+                               "and --usage-context; H100, vllm serve: 1024)"),
+                              (("--max-num-batched-tokens",), None, "token budget of one step (default: "
+                               "vLLM's for the GPU and --usage-context; H100: 8192, A100: 2048)"),
                               (("--max-model-len",), None, "longest prompt + output"),
                               (("--block-size",), None, "tokens per KV block"),
                               (("--num-gpu-blocks-override", "--num-gpu-blocks"), "num_gpu_blocks",
                                "KV-cache size in blocks (default: sized from model and GPU)"),
                               (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
         g.add_argument(*flags, **({"dest": dest} if dest else {}), type=int, metavar="N", help=what)
+    g.add_argument("--usage-context", choices=USAGE_CONTEXTS,
+                   help="the vLLM entry point whose defaults an unset --max-num-seqs and --max-num-batched-tokens "
+                        "take: openai_api_server (vllm serve; default), llm_class (offline LLM) or engine_context")
     g.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="split long prompts into chunks under the token budget "
                    "(default on; alias --no-chunked-prefill)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_of
+from sim.core.batch_defaults import NO_DEVICE, USAGE_CONTEXTS, with_batch_defaults
 from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
@@ -29,8 +30,14 @@ class EngineConfig:
         GPU by the cost model's KV sizing; the engine itself needs a number).
     max_model_len: longest request, prompt plus output, in tokens (None: the model's own maximum, as
         vLLM; SimulationConfig resolves it, an engine run without a model uses DEFAULT_MAX_MODEL_LEN).
-    max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes (None:
-        8192, or max(max_model_len, 2048) without chunked prefill, as vLLM).
+    max_num_seqs: most requests running at once (None: vLLM's default for the GPU and `usage_context`,
+        sim.core.batch_defaults; 256 for an engine run on its own, with no GPU).
+    max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes (None: vLLM's
+        default for the GPU and `usage_context`; for an engine run on its own 8192, or max(max_model_len,
+        2048) without chunked prefill; never above max_num_seqs x max_model_len).
+    usage_context: the entry point whose defaults an unset budget and batch size take, as vLLM's
+        UsageContext: "openai_api_server" (`vllm serve`), "llm_class" (`LLM(...)`, offline) or
+        "engine_context" (an engine built directly: vLLM's scheduler class defaults).
     long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
     scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
         are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
@@ -62,7 +69,7 @@ class EngineConfig:
     block_size: int = 16
     num_gpu_blocks: int | None = None
     max_model_len: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
@@ -78,6 +85,7 @@ class EngineConfig:
     check_invariants: bool = False
     record_token_times: bool | str = True
     mode: str = "fast"
+    usage_context: str = "openai_api_server"
 
     @property
     def is_async(self) -> bool:
@@ -87,10 +95,15 @@ class EngineConfig:
         return self.async_scheduling
 
     def resolved(self) -> "EngineConfig":
-        """This config with a max_model_len (DEFAULT_MAX_MODEL_LEN when no model gave one)."""
-        if self.max_model_len is not None:
-            return self
-        return dataclasses.replace(self, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        """This config with a max_model_len (DEFAULT_MAX_MODEL_LEN when no model gave one) and, where
+        unset, the step budget and batch size of an engine with no GPU to read (`NO_DEVICE`)."""
+        config = self
+        if config.max_model_len is None:
+            config = dataclasses.replace(config, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        if config.max_num_batched_tokens is None or config.max_num_seqs is None:
+            budget, seqs = NO_DEVICE
+            config = with_batch_defaults(config, budget if config.enable_chunked_prefill else 2048, seqs)
+        return config
 
     @property
     def stop_strings_in_frontend(self) -> bool:
@@ -107,14 +120,12 @@ class EngineConfig:
         in_range("num_gpu_blocks", self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS, optional=True,
                  why="KV bookkeeping is kept per block; use a larger block_size for a larger cache")
         in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID, optional=True)
-        if self.max_num_batched_tokens is None:
-            object.__setattr__(self, "max_num_batched_tokens",
-                               default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len))
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         if self.stop_string_detection is not None:
             one_of("stop_string_detection", self.stop_string_detection, STOP_STRING_DETECTION)
         one_of("mode", self.mode, ENGINE_MODES)
+        one_of("usage_context", self.usage_context, USAGE_CONTEXTS)
         require(self.record_token_times is True or self.record_token_times is False
                 or self.record_token_times == "runs", "record_token_times", self.record_token_times,
                 'must be true, false or "runs"')
@@ -124,7 +135,8 @@ class EngineConfig:
                 "must be true, false or unset")
         if self.max_model_len is None:
             return  # SimulationConfig (or run_engine) supplies it; the checks below need it
-        require(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+        require(self.enable_chunked_prefill or self.max_num_batched_tokens is None
+                or self.max_num_batched_tokens >= self.max_model_len,
                 "max_num_batched_tokens", self.max_num_batched_tokens,
                 f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill is off"
                 " (a prompt must fit one step whole)")
@@ -135,10 +147,3 @@ class EngineConfig:
                     f" less than one max_model_len={self.max_model_len} request;"
                     " pin more blocks or a smaller max_model_len")
 
-
-def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
-    """vLLM's step budget when none is given: 8192 with chunked prefill, else max(max_model_len, 2048)
-    so a whole prompt fits one step (None until max_model_len is known)."""
-    if enable_chunked_prefill:
-        return 8192
-    return None if max_model_len is None else max(max_model_len, 2048)

@@ -29,14 +29,15 @@ WORKLOAD_FILES = {"llama": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
                   "qwen": "sharegpt-qwen3-32b-300-sps10.jsonl"}
 
 #: Settings the README gives for every shared run (vLLM 0.19 defaults where not passed explicitly); a
-#: run of your own overrides each in `meta.json`'s `engine_kwargs` (the GPU as `meta["gpu"]`).
+#: run of your own overrides each in `meta.json`'s `engine_kwargs` (the GPU as `meta["gpu"]`). The
+#: entry point (`usage_context`) picks vLLM's defaults for an unset max_num_seqs / max_num_batched_tokens.
 RUN_DEFAULTS = dict(block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True,
-                    gpu_memory_utilization=0.9, gpu="rtx-pro-6000")
+                    gpu_memory_utilization=0.9, gpu="rtx-pro-6000", usage_context="openai_api_server")
 #: Per-request fields of requests.jsonl.
 REQUEST_COLUMNS = ("request_id", "input_toks", "output_toks", "arrival_time", "queued_ts", "scheduled_ts",
                    "first_token_ts", "last_token_ts")
-#: engine_kwargs every run must give.
-REQUIRED_ENGINE_KWARGS = ("model", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens")
+#: engine_kwargs every run must give (an unset max_num_seqs or max_num_batched_tokens takes vLLM's default).
+REQUIRED_ENGINE_KWARGS = ("model", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ import dataclasses
 
 
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.api.validation import gpu_batch_defaults
+from sim.core.batch_defaults import with_batch_defaults
 from sim.core.config import EngineConfig
 from kernels_cost_model import get_model, make_cost_model
 from kernels_cost_model.cost_model import shipped_variants
@@ -24,18 +26,22 @@ ARRIVALS = ("queued", "workload")
 
 
 def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
-    """vLLM's engine arguments of the run; max_model_len None means the model's own limit. The KV
-    cache holds the blocks the run recorded (`RealRun.recorded_blocks`: vLLM's start-up log or meta) where it
-    recorded them and `recorded_blocks`, else servesim sizes it."""
+    """vLLM's engine arguments of the run; max_model_len None means the model's own limit, an unset
+    max_num_seqs or max_num_batched_tokens vLLM's default for the run's GPU and entry point
+    (`usage_context`: `vllm serve`'s unless the run says otherwise). The KV cache holds the blocks the
+    run recorded (`RealRun.recorded_blocks`: vLLM's start-up log or meta) where it recorded them and
+    `recorded_blocks`, else servesim sizes it."""
     kw = run.engine_kwargs
     spec = get_model(kw["model"])
-    return EngineConfig(num_gpu_blocks=run.recorded_blocks if recorded_blocks else None,
-                        block_size=run.setting("block_size"),
-                        max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
-                        max_num_seqs=kw["max_num_seqs"], max_num_batched_tokens=kw["max_num_batched_tokens"],
-                        enable_chunked_prefill=run.setting("enable_chunked_prefill"),
-                        enable_prefix_caching=run.setting("enable_prefix_caching"),
-                        record_token_times=False)
+    engine = EngineConfig(num_gpu_blocks=run.recorded_blocks if recorded_blocks else None,
+                          block_size=run.setting("block_size"),
+                          max_model_len=kw.get("max_model_len") or spec.max_position_embeddings,
+                          max_num_seqs=kw.get("max_num_seqs"), max_num_batched_tokens=kw.get("max_num_batched_tokens"),
+                          enable_chunked_prefill=run.setting("enable_chunked_prefill"),
+                          enable_prefix_caching=run.setting("enable_prefix_caching"),
+                          usage_context=run.setting("usage_context"), record_token_times=False)
+    defaults = gpu_batch_defaults(engine.usage_context, run.gpu)  # (None: the GPU's error comes later)
+    return engine.resolved() if defaults is None else with_batch_defaults(engine, *defaults)
 
 
 def run_calibration(run: RealRun) -> str:

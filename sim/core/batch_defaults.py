@@ -1,0 +1,52 @@
+"""vLLM's step budget and batch size when the user sets neither: they depend on the GPU and the entry point.
+
+vLLM 0.19 (`EngineArgs.get_batch_defaults` and `_set_default_max_num_seqs_and_batched_tokens_args` in
+vllm/engine/arg_utils.py) fills an unset `max_num_batched_tokens` and `max_num_seqs` from a table keyed by
+the usage context (which entry point built the engine) and the device:
+
+| device | `vllm serve` (openai_api_server) | `LLM(...)`, `vllm bench throughput` (llm_class) | any other entry point |
+|---|---|---|---|
+| >= 70 GiB of memory and not an A100 (H100, H200, B200, RTX PRO 6000, MI300X) | 8192 / 1024 | 16384 / 1024 | 2048 / 128 |
+| the rest (A100, L40S, L4, RTX 4090, ...) | 2048 / 256 | 8192 / 256 | 2048 / 128 |
+
+(budget / sequences; "any other entry point", e.g. an `AsyncLLM` built directly (engine_context), takes
+`SchedulerConfig`'s class defaults.) Then, for a defaulted budget: without chunked prefill at least
+`max_model_len`, and at most `max_num_seqs x max_model_len`; for defaulted sequences: at most the budget.
+The device memory is the total CUDA reports (NVML's total on CUDA platforms).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+#: vLLM's UsageContext values, lower-cased, that the defaults tell apart (a third stands for the rest).
+USAGE_CONTEXTS = ("openai_api_server", "llm_class", "engine_context")
+#: Devices with at least this much memory, A100s excepted, get the larger defaults (vLLM: "For GPUs like
+#: H100 and MI300x"; A100s keep the smaller budget, vLLM PR #17885: a larger one lowered their throughput).
+LARGE_DEVICE_BYTES = 70 * 2**30
+#: (max_num_batched_tokens, max_num_seqs) by usage context, on large devices and on the rest.
+LARGE_DEVICE = {"openai_api_server": (8192, 1024), "llm_class": (16384, 1024)}
+OTHER_DEVICE = {"openai_api_server": (2048, 256), "llm_class": (8192, 256)}
+#: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS and DEFAULT_MAX_NUM_SEQS: any other usage context.
+CLASS_DEFAULTS = (2048, 128)
+#: An engine run on its own, with no GPU to read (engine-level runs, tests): servesim's fixed defaults.
+NO_DEVICE = (8192, 256)
+
+
+def batch_defaults(usage_context: str, total_memory_bytes: int, gpu_name: str) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM would default to for this entry point and device."""
+    large = total_memory_bytes >= LARGE_DEVICE_BYTES and "a100" not in gpu_name.lower()
+    return (LARGE_DEVICE if large else OTHER_DEVICE).get(usage_context, CLASS_DEFAULTS)
+
+
+def with_batch_defaults(engine, budget: int, seqs: int):
+    """`engine` (an EngineConfig with a max_model_len) with its unset step budget and batch size taken
+    from the defaults `budget` and `seqs` under vLLM's rules (the module docstring); set ones are kept."""
+    updates = {}
+    length = engine.max_model_len
+    if engine.max_num_batched_tokens is None:
+        tokens = budget if engine.enable_chunked_prefill else max(length, budget)
+        seats = seqs if engine.max_num_seqs is None else engine.max_num_seqs
+        updates["max_num_batched_tokens"] = min(seats * length, tokens)
+    if engine.max_num_seqs is None:
+        updates["max_num_seqs"] = min(seqs, updates.get("max_num_batched_tokens", engine.max_num_batched_tokens))
+    return dataclasses.replace(engine, **updates) if updates else engine

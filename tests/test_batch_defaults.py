@@ -1,0 +1,93 @@
+"""vLLM's step budget and batch size when unset, by GPU and entry point (vLLM 0.19's
+EngineArgs.get_batch_defaults; sim/core/batch_defaults.py)."""
+import dataclasses
+
+import pytest
+from hypothesis import assume, given, strategies as st
+
+from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.hardware import list_gpus
+from sim import SimulationConfig
+from sim.core.batch_defaults import USAGE_CONTEXTS, batch_defaults, with_batch_defaults
+from sim.core.config import EngineConfig
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("gpu,context,budget,seqs", [
+    ("h100", "openai_api_server", 8192, 1024),       # vllm serve on an H100
+    ("h200", "llm_class", 16384, 1024),              # LLM(...) on an H200
+    ("rtx-pro-6000", "openai_api_server", 8192, 1024),  # 96 GB
+    ("mi300x", "openai_api_server", 8192, 1024),
+    ("a100-sxm-80gb", "openai_api_server", 2048, 256),  # 80 GB, but an A100 (vLLM PR #17885)
+    ("a100", "llm_class", 8192, 256),
+    ("l40s", "openai_api_server", 2048, 256),         # 48 GB
+    ("rtx-4090", "llm_class", 8192, 256),
+    ("h100", "engine_context", 2048, 128),            # SchedulerConfig's class defaults
+    ("l4", "engine_context", 2048, 128),
+])
+def test_a_simulation_takes_vllms_defaults_for_its_gpu_and_entry_point(gpu, context, budget, seqs):
+    config = SimulationConfig(deployment={"gpu": gpu}, engine={"usage_context": context})
+    assert (config.engine.max_num_batched_tokens, config.engine.max_num_seqs) == (budget, seqs)
+
+
+def test_the_device_test_is_70_gib_of_memory_and_not_an_a100():
+    assert batch_defaults("openai_api_server", 70 * GIB, "x") == (8192, 1024)
+    assert batch_defaults("openai_api_server", 70 * GIB - 1, "x") == (2048, 256)
+    assert batch_defaults("openai_api_server", 80 * GIB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
+
+
+def test_set_values_are_kept_and_the_unset_one_follows_vllms_rules():
+    c = SimulationConfig(engine={"max_num_seqs": 64}, deployment={"gpu": "l40s"})
+    assert (c.engine.max_num_batched_tokens, c.engine.max_num_seqs) == (2048, 64)
+    c = SimulationConfig(engine={"max_num_batched_tokens": 512})              # H100: 1024 seqs, capped
+    assert (c.engine.max_num_batched_tokens, c.engine.max_num_seqs) == (512, 512)
+    c = SimulationConfig(engine={"enable_chunked_prefill": False}, deployment={"gpu": "a100"})
+    assert c.engine.max_num_batched_tokens == 131072                          # at least max_model_len
+    c = SimulationConfig(engine={"max_model_len": 4, "max_num_seqs": 8})
+    assert c.engine.max_num_batched_tokens == 32                              # at most seqs x max_model_len
+
+
+def test_replacing_the_gpu_or_entry_point_derives_them_anew_but_keeps_set_ones():
+    base = SimulationConfig()
+    a100 = base.replace(deployment={"gpu": "a100"})
+    assert (a100.engine.max_num_batched_tokens, a100.engine.max_num_seqs) == (2048, 256)
+    back = a100.replace(deployment={"gpu": "h100"})
+    assert (back.engine.max_num_batched_tokens, back.engine.max_num_seqs) == (8192, 1024)
+    offline = base.replace(engine={"usage_context": "llm_class"})
+    assert offline.engine.max_num_batched_tokens == 16384
+    pinned = base.replace(engine={"max_num_seqs": 300}).replace(deployment={"gpu": "a100"})
+    assert (pinned.engine.max_num_batched_tokens, pinned.engine.max_num_seqs) == (2048, 300)
+
+
+def test_an_engine_with_no_gpu_keeps_servesims_fixed_defaults():
+    e = EngineConfig(max_model_len=4096).resolved()
+    assert (e.max_num_batched_tokens, e.max_num_seqs) == (8192, 256)
+    assert EngineConfig(max_model_len=4096, enable_chunked_prefill=False).resolved().max_num_batched_tokens == 4096
+
+
+def test_an_unknown_entry_point_is_a_named_error():
+    with pytest.raises(ConfigError, match="usage_context"):
+        EngineConfig(usage_context="cli")
+
+
+@given(st.sampled_from(list_gpus()), st.sampled_from(USAGE_CONTEXTS), st.booleans(),
+       st.integers(1, 200_000), st.none() | st.integers(1, 4096), st.none() | st.integers(1, 65536))
+def test_defaults_always_give_an_engine_vllm_would_start(gpu, context, chunked, length, seqs, budget):
+    """Every running request has a token of the budget, and without chunking a whole prompt fits one step
+    (vLLM's SchedulerConfig checks), whenever the user set neither or set them consistently."""
+    assume(chunked or budget is None or budget >= length)  # (else a named error, tests/test_validation.py)
+    engine = EngineConfig(max_model_len=length, enable_chunked_prefill=chunked, max_num_seqs=seqs,
+                          max_num_batched_tokens=budget, usage_context=context)
+    from kernels_cost_model.kv_memory import total_memory_bytes
+    resolved = with_batch_defaults(engine, *batch_defaults(context, total_memory_bytes(gpu), gpu))
+    if seqs is not None:
+        assert resolved.max_num_seqs == seqs
+    if budget is not None:
+        assert resolved.max_num_batched_tokens == budget
+        return
+    assert resolved.max_num_batched_tokens <= resolved.max_num_seqs * length
+    assert chunked or resolved.max_num_batched_tokens >= min(length, resolved.max_num_seqs * length)
+    if seqs is None:
+        assert resolved.max_num_seqs <= resolved.max_num_batched_tokens
+    assert dataclasses.replace(resolved) == resolved
