@@ -18,11 +18,13 @@ GIB = 2**30
     ("h100", "openai_api_server", 8192, 1024),       # vllm serve on an H100
     ("h200", "llm_class", 16384, 1024),              # LLM(...) on an H200
     ("rtx-pro-6000", "openai_api_server", 8192, 1024),  # 96 GB
-    ("mi300x", "openai_api_server", 8192, 1024),
+    ("h200", "openai_api_server", 8192, 1024),        # 139.8 GiB: below the 160 GiB tier
     ("a100-sxm-80gb", "openai_api_server", 2048, 256),  # 80 GB, but an A100 (vLLM PR #17885)
     ("a100", "llm_class", 8192, 256),
     ("l40s", "openai_api_server", 2048, 256),         # 48 GB
     ("rtx-4090", "llm_class", 8192, 256),
+    ("b200", "openai_api_server", 16384, 1024),       # >= 160 GiB (vLLM 0.33, the default profile)
+    ("mi300x", "llm_class", 16384, 1024),
     ("h100", "engine_context", 2048, 128),            # SchedulerConfig's class defaults
     ("l4", "engine_context", 2048, 128),
 ])
@@ -31,10 +33,21 @@ def test_a_simulation_takes_vllms_defaults_for_its_gpu_and_entry_point(gpu, cont
     assert (config.engine.max_num_batched_tokens, config.engine.max_num_seqs) == (budget, seqs)
 
 
-def test_the_device_test_is_70_gib_of_memory_and_not_an_a100():
+def test_the_device_tiers_are_memory_and_name_as_each_release_has_them():
     assert batch_defaults("openai_api_server", 70 * GIB, "x") == (8192, 1024)
     assert batch_defaults("openai_api_server", 70 * GIB - 1, "x") == (2048, 256)
     assert batch_defaults("openai_api_server", 80 * GIB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert batch_defaults("openai_api_server", 160 * GIB, "x") == (16384, 1024)
+    assert batch_defaults("openai_api_server", 160 * GIB, "x", "vllm-0.19") == (8192, 1024)  # no such tier
+    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "vllm-0.33", "12.1") == (2048, 256)
+    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "vllm-0.19", "12.1") == (8192, 1024)
+
+
+def test_the_release_is_the_scheduler_profiles():
+    b200 = SimulationConfig(deployment={"gpu": "b200"})
+    assert b200.engine.max_num_batched_tokens == 16384
+    older = b200.replace(engine={"scheduler_profile": "vllm-0.19"})
+    assert (older.engine.max_num_batched_tokens, older.engine.max_num_seqs) == (8192, 1024)
 
 
 def test_set_values_are_kept_and_the_unset_one_follows_vllms_rules():

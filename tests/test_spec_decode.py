@@ -261,3 +261,16 @@ def test_verification_rows_are_priced_as_decode_rows_with_several_queries():
     assert verify_step_time(cost, mixed, [0, 0]) == cost.step_time(mixed)
     linear = LinearCostModel()
     assert verify_step_time(linear, mixed, [3, 0]) == linear.step_time(mixed)
+
+
+def test_a_draft_model_keeps_async_scheduling_off_by_default_under_vllm_019_only():
+    """vLLM 0.19 turns async scheduling on by default only for EAGLE/MTP and GPU n-gram drafts; 0.33 for all."""
+    from sim.api.simulator import SimulationConfig
+    spec = dict(method="draft_model", model="qwen2.5-0.5b")
+    for profile, is_async in (("vllm-0.19", False), ("vllm-0.33", True)):
+        config = SimulationConfig(engine={"scheduler_profile": profile}, deployment={"model": "qwen2.5-7b"},
+                                  speculative_config=spec)
+        assert config.engine.is_async is is_async
+    asked = SimulationConfig(engine={"scheduler_profile": "vllm-0.19", "async_scheduling": True},
+                             deployment={"model": "qwen2.5-7b"}, speculative_config=spec)
+    assert asked.engine.is_async  # allowed when asked for

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 from kernels_cost_model.errors import require
 from sim.core.cost import LinearCostModel
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.spec_decode import SpecDecoder
 from workloads.acceptance import make_acceptance
@@ -14,15 +15,24 @@ from workloads.acceptance import make_acceptance
 LINEAR_MODEL_LAYERS = 32
 
 
+#: Releases whose unset async scheduling stays off with a draft-model proposer (vLLM 0.19's
+#: vllm/config/vllm.py enables it by default only for EAGLE/MTP and GPU n-gram drafts; 0.33 for all).
+SYNC_DRAFT_MODEL_RELEASES = ("vllm-0.19",)
+
+
 def check_speculative(spec: SpeculativeConfig | None, engine):
     """The engine config speculative decoding runs with: vLLM V1's policy (it schedules what a
     request lacks, drafts included). Async scheduling works with the GPU proposers; n-gram
-    drafting is synchronous in vLLM, so an unset async_scheduling turns off with it and asking
-    for it is an error."""
+    drafting is synchronous (vLLM 0.19's V1 model runner: its CPU proposer), so an unset
+    async_scheduling turns off with it and asking for it is an error. vLLM 0.19 also leaves async
+    scheduling off by default with a draft model (it runs one only when asked)."""
     if spec is None:
         return engine
     require(engine.policy == "vllm", "engine.policy", engine.policy,
             "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
+    if spec.method == "draft_model" and engine.async_scheduling is None:
+        if get_scheduler_profile(engine.scheduler_profile).name in SYNC_DRAFT_MODEL_RELEASES:
+            return replace(engine, async_scheduling=False)
     if spec.method != "ngram":
         return engine
     require(engine.async_scheduling is not True, "engine.async_scheduling", True,

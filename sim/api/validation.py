@@ -140,23 +140,26 @@ def resolve_engine(engine, deployment):
                 engine = dataclasses.replace(engine, max_model_len=length)
         elif engine.max_model_len is None:
             engine = dataclasses.replace(engine, max_model_len=DEFAULT_MAX_MODEL_LEN)
-        defaults = gpu_batch_defaults(engine.usage_context, deployment.gpu)
+        defaults = gpu_batch_defaults(engine, deployment.gpu)
         return engine if defaults is None else with_batch_defaults(engine, *defaults)
     except ConfigError as exc:
         field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
         raise ConfigError(field, exc.value, exc.reason) from None
 
 
-def gpu_batch_defaults(usage_context: str, gpu) -> tuple[int, int] | None:
-    """vLLM's (max_num_batched_tokens, max_num_seqs) defaults for `usage_context` on `gpu` (a name, a
-    spec file or a GPU; None for one the catalog does not know: simulate() names it)."""
+def gpu_batch_defaults(engine, gpu) -> tuple[int, int] | None:
+    """vLLM's (max_num_batched_tokens, max_num_seqs) defaults for the engine's usage context and vLLM
+    release (its scheduler profile) on `gpu` (a name, a spec file or a GPU; None for one the catalog does
+    not know: simulate() names it)."""
+    from sim.core.scheduler_profiles import get_scheduler_profile
     from kernels_cost_model.hardware import get_gpu
     from kernels_cost_model.kv_memory import total_memory_bytes
     try:
         gpu = get_gpu(gpu)
     except ConfigError:
         return None
-    return batch_defaults(usage_context, total_memory_bytes(gpu), gpu.name)
+    return batch_defaults(engine.usage_context, total_memory_bytes(gpu), gpu.name,
+                          get_scheduler_profile(engine.scheduler_profile).name, gpu.compute_capability)
 
 
 def unresolved_engine_values(config) -> dict:
@@ -171,7 +174,7 @@ def unresolved_engine_values(config) -> dict:
             values["max_model_len"] = None
     except ConfigError:
         pass
-    defaults = gpu_batch_defaults(e.usage_context, config.deployment.gpu)
+    defaults = gpu_batch_defaults(e, config.deployment.gpu)
     for name in ("max_num_batched_tokens", "max_num_seqs"):
         unset = dataclasses.replace(e, **{name: None})
         derived = unset.resolved() if defaults is None else with_batch_defaults(unset, *defaults)

@@ -12,6 +12,7 @@ from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.api.validation import gpu_batch_defaults
 from sim.core.batch_defaults import with_batch_defaults
 from sim.core.config import EngineConfig
+from sim.core.scheduler_profiles import PROFILES
 from kernels_cost_model import get_model, make_cost_model
 from kernels_cost_model.cost_model import shipped_variants
 from kernels_cost_model.gpu_calibration import left_out_calibration
@@ -26,7 +27,8 @@ ARRIVALS = ("queued", "workload")
 
 
 def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
-    """vLLM's engine arguments of the run; max_model_len None means the model's own limit, an unset
+    """vLLM's engine arguments of the run, scheduled as its release does (`run_scheduler_profile`);
+    max_model_len None means the model's own limit, an unset
     max_num_seqs or max_num_batched_tokens vLLM's default for the run's GPU and entry point
     (`usage_context`: `vllm serve`'s unless the run says otherwise). The KV cache holds the blocks the
     run recorded (`RealRun.recorded_blocks`: vLLM's start-up log or meta) where it recorded them and
@@ -39,9 +41,17 @@ def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
                           max_num_seqs=kw.get("max_num_seqs"), max_num_batched_tokens=kw.get("max_num_batched_tokens"),
                           enable_chunked_prefill=run.setting("enable_chunked_prefill"),
                           enable_prefix_caching=run.setting("enable_prefix_caching"),
-                          usage_context=run.setting("usage_context"), record_token_times=False)
-    defaults = gpu_batch_defaults(engine.usage_context, run.gpu)  # (None: the GPU's error comes later)
+                          usage_context=run.setting("usage_context"), scheduler_profile=run_scheduler_profile(run),
+                          record_token_times=False)
+    defaults = gpu_batch_defaults(engine, run.gpu)  # (None: the GPU's error comes later)
     return engine.resolved() if defaults is None else with_batch_defaults(engine, *defaults)
+
+
+def run_scheduler_profile(run: RealRun) -> str:
+    """The scheduler profile of the run's own vLLM release (`vllm-<major.minor>`) where servesim has one,
+    else the newest."""
+    version = ".".join(str(run.meta.get("vllm_version", "")).split(".")[:2])
+    return f"vllm-{version}" if f"vllm-{version}" in PROFILES else "vllm"
 
 
 def run_calibration(run: RealRun) -> str:
