@@ -461,6 +461,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     cpu_overhead: bool = True, async_scheduling: bool = False,
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
                     max_num_seqs: int = 256, enforce_eager: bool = False, max_model_len: int | None = None,
+                    max_num_batched_tokens: int | None = None, vllm_release: str = "0.33",
                     kv_cache_dtype: str = "auto",
                     enable_expert_parallel: bool = False,
                     interconnect: str | None = "auto") -> RooflineCostModel:
@@ -471,8 +472,9 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     this GPU (e.g. rtx-pro-6000@vllm-0.19, `shipped_variants()`); a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
-    max_num_seqs, enforce_eager: the engine's; they set the CUDA-graph padding (cuda_graph.py; none on a
-    platform that serves eagerly, e.g. Intel's XPU).
+    max_num_seqs, max_num_batched_tokens (None: no cap), enforce_eager, vllm_release (major.minor): the
+    engine's; they set the CUDA-graph padding (cuda_graph.py; none on a platform that serves eagerly, e.g.
+    Intel's XPU).
     max_model_len: the engine's (None: the model's own maximum, as vLLM); on FA2 GPUs a captured decode
     graph's split-KV count is decided at it (prefill_waves.decode_path).
     kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
@@ -488,6 +490,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     _check_switches(cpu_overhead=cpu_overhead, async_scheduling=async_scheduling, enforce_eager=enforce_eager,
                     enable_expert_parallel=enable_expert_parallel)
     require(is_int(max_num_seqs) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs, "must be an integer >= 1")
+    require(max_num_batched_tokens is None or (is_int(max_num_batched_tokens) and max_num_batched_tokens >= 1),
+            "max_num_batched_tokens", max_num_batched_tokens, "must be an integer >= 1 (or None)")
     require(kv_cache_dtype in ("auto", "fp8"), "kv_cache_dtype", kv_cache_dtype, "must be one of auto, fp8")
     require(calibration is None or isinstance(calibration, (str, Path, Calibration)), "calibration", calibration,
             "must be \"default\", None, a shipped variant name, a calibration JSON path or a Calibration")
@@ -535,7 +539,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
-        cuda_graph_sizes=capture_sizes(max_num_seqs) if serves_with_graphs(hw, enforce_eager) else (),
+        cuda_graph_sizes=(capture_sizes(max_num_seqs, max_num_batched_tokens, str(vllm_release), hw.compute_capability)
+                          if serves_with_graphs(hw, enforce_eager) else ()),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
         decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),

@@ -3,8 +3,10 @@
 vLLM replays a captured CUDA graph for any batch of up to the largest capture size, padding the batch
 to the next captured size (the padded rows run through every captured operator). Its default sizes
 (vLLM `VllmConfig._set_cudagraph_sizes`, V1 engine, 0.10 onwards): 1, 2, 4, then multiples of 8 below
-256, then multiples of 16 up to min(2 x max_num_seqs, 512). `enforce_eager` turns graphs off, and so
-does a platform that serves without them by default (`EAGER_ARCHITECTURES`).
+256, then multiples of 16 up to min(2 x max_num_seqs, 512, max_num_batched_tokens). vLLM 0.33 raises the
+512 to 1024 on data-centre Blackwell (compute capability 10.x) and also captures max_num_batched_tokens
+and max_num_seqs themselves where they fit under that largest size. `enforce_eager` turns graphs off, and
+so does a platform that serves without them by default (`EAGER_ARCHITECTURES`).
 """
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ from functools import lru_cache
 
 from kernels_cost_model.errors import require
 
-#: vLLM's cap on the largest default capture size.
+#: vLLM's cap on the largest default capture size; vLLM 0.33's on data-centre Blackwell.
 MAX_CAPTURE_SIZE = 512
+BLACKWELL_DC_CAPTURE_SIZE = 1024
+#: Releases (major.minor) with 0.33's rules: the Blackwell cap, budget and batch size captured themselves.
+NEWER_CAPTURE_RULES = ("0.33",)
 #: GPU architectures whose vLLM platform serves eagerly unless told otherwise, and why.
 EAGER_ARCHITECTURES = {
     "xe2": "vLLM's XPU platform sets cudagraph_mode NONE unless VLLM_XPU_ENABLE_XPU_GRAPH=1, a mode it calls "
@@ -28,10 +33,20 @@ def serves_with_graphs(gpu, enforce_eager: bool = False) -> bool:
 
 
 @lru_cache(maxsize=None)
-def capture_sizes(max_num_seqs: int = 256) -> tuple[int, ...]:
-    """vLLM's default CUDA-graph capture sizes for an engine with `max_num_seqs`."""
+def capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, release: str = "0.19",
+                  compute_capability: str = "") -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes for an engine with `max_num_seqs` and `max_num_batched_tokens`
+    (None: no cap) under vLLM `release` (major.minor) on a GPU of `compute_capability`."""
     require(isinstance(max_num_seqs, int) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs,
             "must be an integer >= 1")
-    largest = min(2 * max_num_seqs, MAX_CAPTURE_SIZE)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
-    return tuple(s for s in sizes if s <= largest) or (1,)
+    newer = release in NEWER_CAPTURE_RULES
+    cap = BLACKWELL_DC_CAPTURE_SIZE if newer and compute_capability.startswith("10.") else MAX_CAPTURE_SIZE
+    largest = uncapped = min(2 * max_num_seqs, cap)
+    if max_num_batched_tokens is not None:
+        largest = min(largest, max_num_batched_tokens)
+    sizes = {1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)}
+    if newer and max_num_batched_tokens is not None:
+        sizes.add(max_num_batched_tokens)  # (kept below only where it fits under the largest)
+        if max_num_seqs <= uncapped and max_num_seqs <= max_num_batched_tokens:
+            sizes.add(max_num_seqs)
+    return tuple(sorted(s for s in sizes if s <= largest)) or (1,)

@@ -92,6 +92,12 @@ def test_capture_sizes_follow_vllm_defaults():
     sizes = capture_sizes(256)
     assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-3:] == (480, 496, 512) and 248 in sizes and 264 not in sizes
     assert capture_sizes(128)[-1] == 256 and capture_sizes(1) == (1, 2)
+    assert capture_sizes(256, 96)[-1] == 96                              # never above the step budget
+    # vLLM 0.33: up to 1024 on data-centre Blackwell, and the budget and batch size captured themselves
+    assert capture_sizes(1024, 8192, "0.33", "10.0")[-1] == 1024 and capture_sizes(1024, 8192, "0.19", "10.0")[-1] == 512
+    assert capture_sizes(1024, 8192, "0.33", "9.0")[-1] == 512
+    assert 100 in capture_sizes(100, 2048, "0.33") and 100 not in capture_sizes(100, 2048, "0.19")
+    assert 300 in capture_sizes(256, 300, "0.33") and 300 not in capture_sizes(256, 300, "0.19")
 
 
 def test_batches_are_padded_to_the_next_capture_size_and_not_beyond_it():
@@ -116,6 +122,12 @@ def test_the_engines_max_num_seqs_sets_the_capture_sizes_a_deployment_pads_to():
     from sim.core.config import EngineConfig
     d = DeploymentConfig(model="llama-3.1-8b", gpu="h100")
     assert build_cost_model(d, EngineConfig(max_num_seqs=16)).cuda_graph_sizes == capture_sizes(16)
+    b200 = DeploymentConfig(model="llama-3.1-8b", gpu="b200")
+    resolved = EngineConfig(max_model_len=8192, max_num_seqs=1024, max_num_batched_tokens=8192)
+    assert build_cost_model(b200, resolved).cuda_graph_sizes[-1] == 1024        # the newest profile: 0.33
+    older = EngineConfig(max_model_len=8192, max_num_seqs=1024, max_num_batched_tokens=8192,
+                         scheduler_profile="vllm-0.19")
+    assert build_cost_model(b200, older).cuda_graph_sizes[-1] == 512
     assert build_cost_model(d).cuda_graph_sizes == capture_sizes(256)     # no engine: vLLM's default
     small, default = build_cost_model(d, EngineConfig(max_num_seqs=16)), build_cost_model(d)
     batch = BatchShape([1] * 36, [100] * 36, 36)   # 36 tokens: padded to 40 at 256 seqs, eager at 16

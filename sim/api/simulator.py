@@ -33,6 +33,7 @@ from sim.api.validation import (check_deployment, check_kv_holds_one_request, ch
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
 from sim.engine.simulation import check_progress, check_traffic, check_until, run_engine
@@ -284,8 +285,15 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
                                kv_cache_dtype=deployment.kv_cache_dtype,
                                enable_expert_parallel=deployment.enable_expert_parallel,
                                calibration=deployment.calibration, interconnect=deployment.interconnect,
-                               **({"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len}
-                                  if engine is not None else {}))
+                               **(engine_graph_settings(engine) if engine is not None else {}))
+
+
+def engine_graph_settings(engine: EngineConfig) -> dict:
+    """The engine settings the cost model's CUDA-graph capture sizes and decode splits follow."""
+    release = get_scheduler_profile(engine.scheduler_profile).vllm_version
+    return {"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "vllm_release": ".".join(release.split(".")[:2])}
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
