@@ -12,6 +12,9 @@ Per rank r with batch tokens T_r, T = sum of T_r, E experts (top-k), ep ranks:
   of the hidden states and a reduce-scatter of the outputs, each moving (ep-1)/ep of T x hidden x 2 B
   on the bus: at the measured all-gather / reduce-scatter curves where this GPU has them for ep ranks
   (local size T x hidden x 2 B / ep), else with the all-reduce coefficients (latency + bus bytes / bw).
+- padding: where every rank's batch fits a CUDA graph, vLLM pads all ranks to the largest rank's graph
+  size (vllm/v1/worker/dp_utils.py), so T above is ep x that size and every rank's token-wise operators
+  run at it; a batch past the largest capture size runs eagerly and nothing is padded (`dp_padding`).
 A model beyond plain attention (layer_ops.ShapedCostModel: DeepSeek-V3, gpt-oss, ...) keeps its own
 attention, leading dense layers and shared experts per rank; only its MoE layers' routed experts are
 sharded and exchange tokens.
@@ -46,9 +49,10 @@ class ExpertParallelCostModel:
         require(self._inner.router is not None, "model", self.base.model.name, "expert parallelism needs a MoE model")
         require(isinstance(self.ep, int) and self.ep >= 1, "ep", self.ep, "must be an integer >= 1")
 
-    def rank_breakdown(self, batch: BatchShape, total_tokens: int) -> dict[str, float]:
-        """Seconds per operator family on one rank, given all ranks' tokens this step."""
-        terms = dict(self.base.breakdown(batch))
+    def rank_breakdown(self, batch: BatchShape, total_tokens: int, pad_to: int = 0) -> dict[str, float]:
+        """Seconds per operator family on one rank, given all ranks' tokens this step (`pad_to`: the
+        tokens every rank's forward pass is padded to, `dp_padding`)."""
+        terms = dict(self.base.breakdown(batch, pad_to))
         b = self._inner
         d = b.dtype_bytes
         shaped = self.base if b is not self.base else None
@@ -64,7 +68,7 @@ class ExpertParallelCostModel:
             terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
                                 + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
         if shaped is not None:  # this rank's own dense layers and shared experts (routed part left out)
-            terms["mlp"] += shaped._mlp(batch, 0.0)
+            terms["mlp"] += shaped._mlp(batch, 0.0, pad_to)
         terms["all_to_all"] = (2.0 * L * b.collective_scale * self._exchange(t * b.hidden * d)
                                if self.ep > 1 else 0.0)
         return terms
@@ -82,8 +86,20 @@ class ExpertParallelCostModel:
     def step_time(self, batches: list[BatchShape | None]) -> float:
         """Seconds of one lockstep step; None marks an idle rank (it runs the dummy batch)."""
         shapes = [x if x is not None else DUMMY_BATCH for x in batches]
-        total = sum(x.total_new_tokens for x in shapes)
-        return max(sum(self.rank_breakdown(x, total).values()) for x in shapes)
+        pad_to = self.dp_padding(shapes)
+        total = pad_to * len(shapes) if pad_to else sum(x.total_new_tokens for x in shapes)
+        return max(sum(self.rank_breakdown(x, total, pad_to).values()) for x in shapes)
+
+    def dp_padding(self, shapes: list[BatchShape]) -> int:
+        """The tokens every rank runs when vLLM pads the DP ranks alike (0: each its own): where every
+        rank's batch fits a CUDA graph, all run the largest rank's padded size, and the MoE layers
+        exchange that many tokens per rank (vllm/v1/worker/dp_utils.py `coordinate_batch_across_dp`:
+        padding when the ranks' synced cudagraph mode is not NONE)."""
+        b = self._inner
+        sizes = b.cuda_graph_sizes
+        if not sizes or any(x.total_new_tokens > sizes[-1] for x in shapes):
+            return 0
+        return max(b._padded(x.total_new_tokens) for x in shapes)
 
 
 def expert_bytes(model) -> int:

@@ -112,22 +112,23 @@ class ShapedCostModel:
     def step_time(self, batch: BatchShape) -> float:
         return sum(self._terms(batch))
 
-    def breakdown(self, batch: BatchShape) -> dict[str, float]:
-        return dict(zip(self.keys, self._terms(batch)))
+    def breakdown(self, batch: BatchShape, pad_to: int = 0) -> dict[str, float]:
+        """Seconds per operator family (`pad_to`: as RooflineCostModel.breakdown's)."""
+        return dict(zip(self.keys, self._terms(batch, pad_to)))
 
-    def _terms(self, batch: BatchShape) -> list[float]:
-        terms = list(self.base._terms(batch))
+    def _terms(self, batch: BatchShape, pad_to: int = 0) -> list[float]:
+        terms = list(self.base._terms(batch, pad_to=pad_to))
         at_pf, at_dec, at_mlp = (self.keys.index(k) for k in ("prefill_attention", "decode_attention", "mlp"))
         L = self.base.layers
         attn = [0.0, 0.0]
         full = self.counts.get(FULL, 0)
         if full:
-            pf = self.prefill_base._terms(batch) if self.prefill_base is not self.base else terms
+            pf = self.prefill_base._terms(batch, pad_to=pad_to) if self.prefill_base is not self.base else terms
             attn[0] += pf[at_pf] / L * full
             attn[1] += terms[at_dec] / L * full
         for kind in (SLIDING, CHUNKED):
             if self.counts.get(kind):
-                capped = self.base._terms(_bounded(batch, kind, self.window))
+                capped = self.base._terms(_bounded(batch, kind, self.window), pad_to=pad_to)
                 attn[0] += capped[at_pf] / L * self.counts[kind]
                 attn[1] += capped[at_dec] / L * self.counts[kind]
         if self.counts.get(LINEAR):
@@ -135,7 +136,7 @@ class ShapedCostModel:
         terms[at_pf], terms[at_dec] = attn
         if self.mla is not None and full:
             self._measured_mla(batch, terms, full)
-        terms[at_mlp] = self._mlp(batch, terms[at_mlp])
+        terms[at_mlp] = self._mlp(batch, terms[at_mlp], pad_to)
         return terms
 
     def _measured_mla(self, batch: BatchShape, terms: list, layers: int) -> None:
@@ -173,10 +174,14 @@ class ShapedCostModel:
         compute = tokens * self.linear_flops_per_token * c.s_per_flop
         return (compute if compute > memory else memory) + c.overhead_s
 
-    def _mlp(self, batch: BatchShape, routed_all_layers: float) -> float:
+    def _mlp(self, batch: BatchShape, routed_all_layers: float, pad_to: int = 0) -> float:
+        """The MLP term: the routed experts' (`routed_all_layers`, priced by the base over every layer)
+        in the MoE layers, plus the dense layers' and shared experts' MLPs over the step's tokens (no
+        fewer than `pad_to`)."""
         t = float(sum(batch.num_new_tokens))
         if t <= 0 or not self.moe_layers:
             return routed_all_layers  # a dense model: the base's MLP in every layer
+        t = max(t, float(pad_to))
         L, d = self.base.layers, self.base.dtype_bytes
         total = routed_all_layers / L * self.moe_layers
         if self.dense_mlp:

@@ -129,3 +129,23 @@ def test_async_scheduling_hides_cpu_under_gpu_and_is_off_by_default():
     assert overlapped.step_time(batch) == pytest.approx(max(gpu, sync["cpu"]))
     assert overlapped.breakdown(batch)["cpu"] == pytest.approx(max(0.0, sync["cpu"] - gpu))
     assert overlapped.step_time(BatchShape([0], [10], 0)) == pytest.approx(cm.step_time(BatchShape([0], [10], 0)))
+
+
+def test_dp_ranks_run_the_largest_ranks_graph_size_while_every_batch_fits_a_graph():
+    """vLLM pads every DP rank to the largest rank's CUDA-graph size when their synced graph mode is not
+    NONE (vllm/v1/worker/dp_utils.py): an idle or smaller rank pays the larger one's token-wise work, and
+    the MoE exchange moves ranks x that size. A batch past the largest capture size runs eagerly: no padding."""
+    base = make_cost_model("qwen3-30b-a3b", "rtx-pro-6000", calibration=None, cpu_overhead=False)
+    ep = ExpertParallelCostModel(base, 2)
+    big, small = BatchShape([1] * 60, [100] * 60, 60), BatchShape([1] * 5, [100] * 5, 5)
+    assert ep.dp_padding([big, small]) == 64 and ep.dp_padding([small, small]) == 8
+    padded = ep.rank_breakdown(small, 128, pad_to=64)
+    alone = ep.rank_breakdown(small, 128)
+    assert padded["qkv_proj"] == pytest.approx(ep.rank_breakdown(big, 128)["qkv_proj"])
+    assert padded["qkv_proj"] > alone["qkv_proj"] and padded["decode_attention"] == alone["decode_attention"]
+    assert ep.step_time([big, small]) == pytest.approx(max(
+        sum(ep.rank_breakdown(x, 128, 64).values()) for x in (big, small)))   # exchange of 2 x 64 tokens
+    prompt = BatchShape([4096], [0], 1)                                         # past the 512-token graphs
+    assert ep.dp_padding([prompt, small]) == 0
+    assert ep.step_time([prompt, small]) == pytest.approx(max(
+        sum(ep.rank_breakdown(x, 4101).values()) for x in (prompt, small)))
