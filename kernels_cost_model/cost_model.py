@@ -146,7 +146,8 @@ class RooflineCostModel:
     def breakdown(self, batch: BatchShape, pad_to: int = 0) -> dict[str, float]:
         """Seconds per operator family; the values add up to `step_time(batch)`. `pad_to`: run the
         forward pass's token-wise operators at no fewer tokens than this (a DP rank padded to the
-        largest rank's graph size, expert_parallel.py)."""
+        largest rank's graph size, expert_parallel.py); -1: at the batch's own tokens, unpadded (a DP
+        rank run eagerly because another rank's batch fits no graph)."""
         return dict(zip(BREAKDOWN_KEYS, self._terms(batch, pad_to=pad_to)))
 
     # -- pricing ----------------------------------------------------------------------------
@@ -180,7 +181,7 @@ class RooflineCostModel:
         mixed = None
         if n_pf and n_dec and self.mixed_launch and self.prefill.s_per_key:  # FA2 path form (prefill_waves.py)
             mixed = self._mixed_launch(new, ctx, pf_rows, pf_keys, n_dec, raw_keys)
-        gpu = self._price(max(self._padded(tokens), pad_to), batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
+        gpu = self._price(max(self._padded(tokens), pad_to) if pad_to >= 0 else tokens, batch.num_sampled, n_dec, dec_keys, n_pf, pf_tok, pf_ctx, pf_pairs,
                           pf_tile, (pf_keys, longest), mixed)
         if n_pf and guard:  # all rows as decodes: raw keys + each chunk's context + chunk, the longest row
             gpu = self._no_cheaper_than_decodes(new, ctx, batch.num_sampled, gpu, n_dec, n_pf,

@@ -87,18 +87,21 @@ class ExpertParallelCostModel:
         """Seconds of one lockstep step; None marks an idle rank (it runs the dummy batch)."""
         shapes = [x if x is not None else DUMMY_BATCH for x in batches]
         pad_to = self.dp_padding(shapes)
-        total = pad_to * len(shapes) if pad_to else sum(x.total_new_tokens for x in shapes)
+        total = pad_to * len(shapes) if pad_to > 0 else sum(x.total_new_tokens for x in shapes)
         return max(sum(self.rank_breakdown(x, total, pad_to).values()) for x in shapes)
 
     def dp_padding(self, shapes: list[BatchShape]) -> int:
-        """The tokens every rank runs when vLLM pads the DP ranks alike (0: each its own): where every
-        rank's batch fits a CUDA graph, all run the largest rank's padded size, and the MoE layers
-        exchange that many tokens per rank (vllm/v1/worker/dp_utils.py `coordinate_batch_across_dp`:
-        padding when the ranks' synced cudagraph mode is not NONE)."""
+        """The tokens every rank runs when vLLM pads the DP ranks alike: where every rank's batch fits a
+        CUDA graph, all run the largest rank's padded size, and the MoE layers exchange that many tokens
+        per rank (vllm/v1/worker/dp_utils.py `coordinate_batch_across_dp`: padding when the ranks'
+        synced cudagraph mode, their minimum, is not NONE). Where one rank's batch fits no graph, every
+        rank runs eagerly at its own tokens: -1 (0: an engine without graphs)."""
         b = self._inner
         sizes = b.cuda_graph_sizes
-        if not sizes or any(x.total_new_tokens > sizes[-1] for x in shapes):
+        if not sizes:
             return 0
+        if any(x.total_new_tokens > sizes[-1] for x in shapes):
+            return -1
         return max(b._padded(x.total_new_tokens) for x in shapes)
 
 

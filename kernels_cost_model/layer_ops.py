@@ -181,7 +181,7 @@ class ShapedCostModel:
         t = float(sum(batch.num_new_tokens))
         if t <= 0 or not self.moe_layers:
             return routed_all_layers  # a dense model: the base's MLP in every layer
-        t = max(t, float(pad_to))
+        t = max(t, float(pad_to))  # (-1: unpadded, the tokens themselves)
         L, d = self.base.layers, self.base.dtype_bytes
         total = routed_all_layers / L * self.moe_layers
         if self.dense_mlp:

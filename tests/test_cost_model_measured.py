@@ -146,6 +146,8 @@ def test_dp_ranks_run_the_largest_ranks_graph_size_while_every_batch_fits_a_grap
     assert ep.step_time([big, small]) == pytest.approx(max(
         sum(ep.rank_breakdown(x, 128, 64).values()) for x in (big, small)))   # exchange of 2 x 64 tokens
     prompt = BatchShape([4096], [0], 1)                                         # past the 512-token graphs
-    assert ep.dp_padding([prompt, small]) == 0
+    assert ep.dp_padding([prompt, small]) == -1                                 # every rank eager, unpadded
+    eager = ep.rank_breakdown(small, 4101, pad_to=-1)
+    assert eager["qkv_proj"] < ep.rank_breakdown(small, 4101)["qkv_proj"]      # 5 tokens, not its graph's 8
     assert ep.step_time([prompt, small]) == pytest.approx(max(
-        sum(ep.rank_breakdown(x, 4101).values()) for x in (prompt, small)))
+        sum(ep.rank_breakdown(x, 4101, -1).values()) for x in (prompt, small)))
