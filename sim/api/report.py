@@ -51,7 +51,10 @@ def describe_setup(meta: dict) -> str:
     if dep.get("interconnect") not in (None, "auto"):
         hardware += f" over {dep['interconnect']}"
     blocks = "" if pools else f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
-    return (f"{dep.get('model')} on {hardware} ({describe_cost_model(meta)}), policy {eng.get('policy')}, "
+    batch = ""
+    if eng.get("max_num_seqs") is not None:
+        batch = f" (max_num_seqs {eng['max_num_seqs']}, max_num_batched_tokens {eng.get('max_num_batched_tokens')})"
+    return (f"{dep.get('model')} on {hardware} ({describe_cost_model(meta)}), policy {eng.get('policy')}{batch}, "
             f"{blocks}{traffic}; seed {config.get('seed')}")
 
 
