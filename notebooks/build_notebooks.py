@@ -22,9 +22,10 @@ CAPACITY = [
     new_markdown_cell("""\
 # Capacity what-ifs
 
-What does chunked prefill buy, or a bigger `max_num_seqs`, and what happens at 2x load?
+What does chunked prefill buy, or a smaller `max_num_seqs`, and what happens at 2x load?
 Each question is one `SimulationConfig.replace(...)` away from the default (Llama-3.1-8B on one H100,
-vLLM policy, ShareGPT-like Poisson traffic). Runs are seeded: the same config and seed give identical
+vLLM policy with the batch settings `vllm serve` picks there, 1024 sequences and 8192-token steps,
+ShareGPT-like Poisson traffic). Runs are seeded: the same config and seed give identical
 numbers. Request counts are kept small so the notebook runs in seconds; raise `N` for tighter tails."""),
     new_code_cell(SETUP),
     new_code_cell("""\
@@ -32,11 +33,11 @@ N, RATE = 300, 8.0
 base = SimulationConfig(seed=0).replace(workload={"rate": RATE, "num_requests": N},
                                         slo={"ttft_s": 0.5, "tpot_s": 0.05})
 variants = {
-    "vLLM defaults (chunked, 8192-token budget)": base,
+    "vLLM defaults (chunked, 8192-token budget, 1024 seqs)": base,
     "chunked prefill, 2048-token budget": base.replace(engine={"max_num_batched_tokens": 2048}),
     "no chunked prefill": base.replace(engine={"enable_chunked_prefill": False}),
     "max_num_seqs 64": base.replace(engine={"max_num_seqs": 64}),
-    "max_num_seqs 512": base.replace(engine={"max_num_seqs": 512}),
+    "max_num_seqs 256 (an A100's default)": base.replace(engine={"max_num_seqs": 256}),
     "2x load": base.replace(workload={"rate": 2 * RATE, "num_requests": 2 * N}),
 }
 columns = ["median_ttft_ms", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "request_throughput",
