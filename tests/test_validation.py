@@ -71,23 +71,44 @@ def test_max_model_len_above_the_models_context_is_refused():
 def test_rejecting_requests_warns_loudly():
     config = SimulationConfig().replace(engine={"max_model_len": 128}, deployment=LINEAR,
                                         workload={"num_requests": 50})
-    with pytest.warns(UserWarning, match=r"of 50 requests \(\d+%\) were rejected: prompt longer than"):
+    with pytest.warns(UserWarning, match=r"of 50 requests \(\d+%\) were rejected: prompt \+ max_tokens above "
+                                         r"engine.max_model_len=128 \(vllm serve refuses them"):
         simulate(config)
+    with pytest.warns(UserWarning, match=r"of 50 requests \(\d+%\) were rejected: prompt longer than"):
+        simulate(config.replace(engine={"usage_context": "llm_class"}))  # offline: only too-long prompts
+
+
+def test_vllm_serve_refuses_a_request_whose_prompt_and_max_tokens_exceed_max_model_len():
+    """vLLM 0.19's OpenAI server checks prompt + max_tokens against max_model_len before the engine sees
+    the request; the offline LLM class lets the engine cut the output there instead."""
+    from workloads.spec import RequestSpec
+    from sim.core.sampling_params import SamplingParams
+    specs = [RequestSpec(0.0, [5] * 100, output_len=None, request_id=f"r{i}",
+                         sampling_params=SamplingParams(max_tokens=m, ignore_eos=True))
+             for i, m in enumerate((924, 925, None))]
+    config = SimulationConfig().replace(engine={"max_model_len": 1024}, deployment=LINEAR)
+    with pytest.warns(UserWarning, match="1 of 3 requests"):
+        served = simulate(config, workload=specs).requests.set_index("request_id")
+    assert list(served["rejected"]) == [False, True, False]          # exactly 1024 fits; None: up to the limit
+    offline = simulate(config.replace(engine={"usage_context": "llm_class"}), workload=specs)
+    cut = offline.requests.set_index("request_id").loc["r1"]
+    assert not cut["rejected"] and cut["finish_reason"] == "length" and cut["num_output_tokens"] == 924
 
 
 def test_outputs_cut_at_max_model_len_warn(tmp_path, capsys):
     import warnings
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,5000\n0,100,10\n")
-    config = SimulationConfig().replace(engine={"max_model_len": 1024}, deployment=LINEAR,
-                                        workload={"kind": "trace", "path": str(trace)})
+    config = SimulationConfig().replace(engine={"max_model_len": 1024, "usage_context": "llm_class"},
+                                        deployment=LINEAR, workload={"kind": "trace", "path": str(trace)})
     with pytest.warns(UserWarning, match=r"^1 of 2 requests \(50%\) had their output cut at "
                                          r"engine.max_model_len=1024 \(prompt \+ output tokens\)"):
         simulate(config)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         simulate(config.replace(engine={"max_model_len": 8192}))
-    assert main(["run", "--trace", str(trace), "--max-model-len", "1024", "--cost-model", "linear", "--json"]) == 0
+    assert main(["run", "--trace", str(trace), "--max-model-len", "1024", "--cost-model", "linear", "--json",
+                 "--usage-context", "llm_class"]) == 0
     assert "servesim: warning: 1 of 2 requests (50%) had their output cut at engine.max_model_len=1024" \
         in capsys.readouterr().err
     from sim.planning.instances import InstanceShape, simulate_instance  # the topology paths warn too
@@ -298,6 +319,7 @@ def test_run_engine_errors_name_the_engine_section(capsys, tmp_path):
     path.write_text('[deployment]\ncost_model = "linear"\n[engine]\nnum_gpu_blocks = 10\n')
     assert main(["run", "--config", str(path)]) == 2
     assert capsys.readouterr().err.startswith("servesim: error: engine.num_gpu_blocks=10: KV cache holds 160 tokens")
-    argv = ["run", "--num-requests", "20", "--num-gpu-blocks", "100", "--max-model-len", "1600", "--no-progress"]
+    argv = ["run", "--num-requests", "20", "--num-gpu-blocks", "100", "--max-model-len", "1600", "--no-progress",
+            "--usage-context", "llm_class"]  # (vllm serve refuses such a request before it runs)
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("servesim: error: engine.num_gpu_blocks=100: request 'req-")

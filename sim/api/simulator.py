@@ -403,7 +403,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}
     results = Results.from_records(records, slo=config.slo.as_dict(), meta=meta).with_client_latency(config.client)
-    warn_rejections(results.requests, config.engine.max_model_len)
+    warn_rejections(results.requests, config.engine.max_model_len, config.engine.refuses_over_length)
     warn_length_cuts(results.requests, config.engine.max_model_len)
     return results
 
@@ -445,7 +445,7 @@ def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, pro
     results = merge_results(parts, slo, meta)
     results.summary.update(num_gpus=meta["num_gpus"], data_parallel_size=dp)
     results = results.with_client_latency(config.client)
-    warn_rejections(results.requests, config.engine.max_model_len)
+    warn_rejections(results.requests, config.engine.max_model_len, config.engine.refuses_over_length)
     warn_length_cuts(results.requests, config.engine.max_model_len)
     return results
 

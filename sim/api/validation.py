@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_cost_model.errors import ConfigError, require
-from sim.core.batch_defaults import batch_defaults, with_batch_defaults
+from sim.core.batch_defaults import DEFAULT_USAGE_CONTEXT, batch_defaults, with_batch_defaults
 from sim.core.config import DEFAULT_MAX_MODEL_LEN
 from sim.core.fields import MAX_NUM_REQUESTS, at_least, check_types, in_range, is_int, one_of, positive
 
@@ -140,6 +140,8 @@ def resolve_engine(engine, deployment):
                 engine = dataclasses.replace(engine, max_model_len=length)
         elif engine.max_model_len is None:
             engine = dataclasses.replace(engine, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        if engine.usage_context is None:
+            engine = dataclasses.replace(engine, usage_context=DEFAULT_USAGE_CONTEXT)
         defaults = gpu_batch_defaults(engine, deployment.gpu)
         return engine if defaults is None else with_batch_defaults(engine, *defaults)
     except ConfigError as exc:
@@ -158,7 +160,7 @@ def gpu_batch_defaults(engine, gpu) -> tuple[int, int] | None:
         gpu = get_gpu(gpu)
     except ConfigError:
         return None
-    return batch_defaults(engine.usage_context, total_memory_bytes(gpu), gpu.name,
+    return batch_defaults(engine.usage_context or DEFAULT_USAGE_CONTEXT, total_memory_bytes(gpu), gpu.name,
                           get_scheduler_profile(engine.scheduler_profile).name, gpu.compute_capability)
 
 
@@ -223,14 +225,18 @@ def check_model_limits(config) -> None:
             f"exceeds {spec.name}'s maximum context of {spec.max_position_embeddings} tokens")
 
 
-def warn_rejections(requests, max_model_len: int) -> None:
-    """A loud warning when prompts longer than max_model_len were rejected (vLLM answers them with an error)."""
+def warn_rejections(requests, max_model_len: int, refuses_over_length: bool = False) -> None:
+    """A loud warning when requests were rejected: a prompt of max_model_len tokens or more (vLLM answers
+    it with an error), or, behind `vllm serve`'s front end (`refuses_over_length`), a prompt + max_tokens
+    above max_model_len."""
     import warnings
     rejected = int(requests["rejected"].sum()) if len(requests) else 0
     if rejected:
+        why = (f"prompt + max_tokens above engine.max_model_len={max_model_len} (vllm serve refuses them; "
+               "engine.usage_context llm_class cuts their output there instead)" if refuses_over_length
+               else f"prompt longer than engine.max_model_len={max_model_len}")
         warnings.warn(f"{rejected} of {len(requests)} requests ({rejected / len(requests):.0%}) were rejected:"
-                      f" prompt longer than engine.max_model_len={max_model_len}; their latencies are not in the summary",
-                      stacklevel=3)
+                      f" {why}; their latencies are not in the summary", stacklevel=3)
 
 
 def warn_length_cuts(requests, max_model_len: int) -> None:

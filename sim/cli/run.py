@@ -136,8 +136,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                               (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
         g.add_argument(*flags, **({"dest": dest} if dest else {}), type=int, metavar="N", help=what)
     g.add_argument("--usage-context", choices=USAGE_CONTEXTS,
-                   help="the vLLM entry point whose defaults an unset --max-num-seqs and --max-num-batched-tokens "
-                        "take: openai_api_server (vllm serve; default), llm_class (offline LLM) or engine_context")
+                   help="the vLLM entry point requests come through: openai_api_server (vllm serve, the default: "
+                        "refuses prompt + max_tokens above max_model_len), llm_class (offline LLM: cuts the output "
+                        "there) or engine_context; it also picks unset --max-num-seqs and --max-num-batched-tokens")
     g.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="split long prompts into chunks under the token budget "
                    "(default on; alias --no-chunked-prefill)")

@@ -23,6 +23,8 @@ import dataclasses
 
 #: vLLM's UsageContext values, lower-cased, that the defaults tell apart (a third stands for the rest).
 USAGE_CONTEXTS = ("openai_api_server", "llm_class", "engine_context")
+#: A simulation's entry point unless told otherwise: `vllm serve`.
+DEFAULT_USAGE_CONTEXT = "openai_api_server"
 #: Devices with at least this much memory, A100s excepted, get the larger defaults (vLLM: "For GPUs like
 #: H100 and MI300x"; A100s keep the smaller budget, vLLM PR #17885: a larger one lowered their throughput).
 LARGE_DEVICE_BYTES = 70 * 2**30

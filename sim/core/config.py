@@ -35,9 +35,12 @@ class EngineConfig:
     max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes (None: vLLM's
         default for the GPU and `usage_context`; for an engine run on its own 8192, or max(max_model_len,
         2048) without chunked prefill; never above max_num_seqs x max_model_len).
-    usage_context: the entry point whose defaults an unset budget and batch size take, as vLLM's
-        UsageContext: "openai_api_server" (`vllm serve`), "llm_class" (`LLM(...)`, offline) or
-        "engine_context" (an engine built directly: vLLM's scheduler class defaults).
+    usage_context: the entry point the requests come through, as vLLM's UsageContext:
+        "openai_api_server" (`vllm serve`: its front end refuses a request whose prompt + max_tokens
+        exceeds max_model_len), "llm_class" (`LLM(...)`, offline) or "engine_context" (an engine built
+        directly: vLLM's scheduler class defaults); both cut such a request's output at max_model_len.
+        It also picks the defaults of an unset budget and batch size. None: an engine run on its own
+        (cuts, servesim's fixed defaults); simulate() takes "openai_api_server".
     long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
     scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
         are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
@@ -85,7 +88,7 @@ class EngineConfig:
     check_invariants: bool = False
     record_token_times: bool | str = True
     mode: str = "fast"
-    usage_context: str = "openai_api_server"
+    usage_context: str | None = None
 
     @property
     def is_async(self) -> bool:
@@ -104,6 +107,12 @@ class EngineConfig:
             budget, seqs = NO_DEVICE
             config = with_batch_defaults(config, budget if config.enable_chunked_prefill else 2048, seqs)
         return config
+
+    @property
+    def refuses_over_length(self) -> bool:
+        """Whether the front end refuses a request whose prompt + max_tokens exceeds max_model_len
+        (`vllm serve`'s OpenAI server does; the engine itself cuts the output there)."""
+        return self.usage_context == "openai_api_server"
 
     @property
     def stop_strings_in_frontend(self) -> bool:
@@ -125,7 +134,8 @@ class EngineConfig:
         if self.stop_string_detection is not None:
             one_of("stop_string_detection", self.stop_string_detection, STOP_STRING_DETECTION)
         one_of("mode", self.mode, ENGINE_MODES)
-        one_of("usage_context", self.usage_context, USAGE_CONTEXTS)
+        if self.usage_context is not None:
+            one_of("usage_context", self.usage_context, USAGE_CONTEXTS)
         require(self.record_token_times is True or self.record_token_times is False
                 or self.record_token_times == "runs", "record_token_times", self.record_token_times,
                 'must be true, false or "runs"')

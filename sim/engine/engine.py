@@ -69,6 +69,7 @@ class Engine:
         self.pending_aborts: list[Request] = []
         self.frontend_aborts: list[Request] = []  # stop strings found; abort lands during the next step
         self.strings_in_frontend = config.stop_strings_in_frontend
+        self.refuses_over_length = config.refuses_over_length
         self.steps_in_flight = 0       # planned, results not applied (2 at a time under async)
         self.hooks = list(hooks)       # sim.core.hooks.EngineHook objects (none: the plain engine)
         self.apply_rows = self._apply_rows  # a hook may take over the token update (spec decoding)
@@ -85,7 +86,9 @@ class Engine:
     # ----- arrivals and aborts ------------------------------------------------------------
     def add_request(self, spec, now: float) -> Request:
         """Queue a request; one whose prompt leaves no room for an output token within max_model_len
-        is recorded as rejected (vLLM's front end refuses it before the engine)."""
+        is recorded as rejected (vLLM's front end refuses it before the engine), and so is one whose
+        prompt + max_tokens exceeds max_model_len where the front end is `vllm serve`'s
+        (`EngineConfig.refuses_over_length`)."""
         index = len(self.requests)
         request_id = spec.request_id or f"req-{index}"
         if request_id in self.by_id:
@@ -98,13 +101,21 @@ class Engine:
         self.by_id[request_id] = req
         self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
         self.streams.append(stream_for(spec, index, self.config.eos_token_id))
-        if req.num_prompt_tokens >= self.config.max_model_len:
+        if self._refused(req.num_prompt_tokens, params.max_tokens):
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
         else:
             self._track_prefix(req, True)
             self.state.waiting.append(req)
         return req
+
+    def _refused(self, prompt_len: int, max_tokens: int | None) -> bool:
+        """Whether the front end refuses a request of this prompt and max_tokens (vLLM 0.19's OpenAI
+        server: entrypoints/openai/engine/serving.py and renderers/params.py, `_token_len_check`)."""
+        limit = self.config.max_model_len
+        if prompt_len >= limit:
+            return True
+        return self.refuses_over_length and max_tokens is not None and prompt_len + max_tokens > limit
 
     def _track_prefix(self, req: Request, private_ok: bool) -> None:
         """Hand a request entering the engine to the KV manager's deferred registration, if on."""

@@ -17,6 +17,6 @@ def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
     if until is None and engine.by_id:
         raise InvariantError(f"{len(engine.by_id)} requests never finished")
     results = Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)
-    warn_rejections(results.requests, e.max_model_len)
+    warn_rejections(results.requests, e.max_model_len, e.refuses_over_length)
     warn_length_cuts(results.requests, e.max_model_len)
     return results
