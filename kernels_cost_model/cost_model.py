@@ -465,6 +465,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     collective_scale: float = 1.0, cpu_per_request_s: float | None = None,
                     max_num_seqs: int = 256, enforce_eager: bool = False, max_model_len: int | None = None,
                     max_num_batched_tokens: int | None = None, vllm_release: str = "0.33",
+                    performance_mode: str = "balanced",
                     kv_cache_dtype: str = "auto",
                     enable_expert_parallel: bool = False,
                     interconnect: str | None = "auto") -> RooflineCostModel:
@@ -475,8 +476,9 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     this GPU (e.g. rtx-pro-6000@vllm-0.19, `shipped_variants()`); a path = a calibration JSON file.
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
-    max_num_seqs, max_num_batched_tokens (None: no cap), enforce_eager, vllm_release (major.minor): the
-    engine's; they set the CUDA-graph padding (cuda_graph.py; none on a platform that serves eagerly, e.g.
+    max_num_seqs, max_num_batched_tokens (None: no cap), enforce_eager, vllm_release (major.minor),
+    performance_mode (vLLM's; "interactivity" captures every size up to 32): the engine's; they set the
+    CUDA-graph padding (cuda_graph.py; none on a platform that serves eagerly, e.g.
     Intel's XPU).
     max_model_len: the engine's (None: the model's own maximum, as vLLM); on FA2 GPUs a captured decode
     graph's split-KV count is decided at it (prefill_waves.decode_path).
@@ -542,7 +544,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         fused_moe=moe_operator(cal, h, inter, spec.num_experts, spec.num_experts_per_tok) if spec.is_moe else None,
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
-        cuda_graph_sizes=(capture_sizes(max_num_seqs, max_num_batched_tokens, str(vllm_release), hw.compute_capability)
+        cuda_graph_sizes=(capture_sizes(max_num_seqs, max_num_batched_tokens, str(vllm_release), hw.compute_capability,
+                                        performance_mode == "interactivity")
                           if serves_with_graphs(hw, enforce_eager) else ()),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),

@@ -5,8 +5,9 @@ to the next captured size (the padded rows run through every captured operator).
 (vLLM `VllmConfig._set_cudagraph_sizes`, V1 engine, 0.10 onwards): 1, 2, 4, then multiples of 8 below
 256, then multiples of 16 up to min(2 x max_num_seqs, 512, max_num_batched_tokens). vLLM 0.33 raises the
 512 to 1024 on data-centre Blackwell (compute capability 10.x) and also captures max_num_batched_tokens
-and max_num_seqs themselves where they fit under that largest size. `enforce_eager` turns graphs off, and
-so does a platform that serves without them by default (`EAGER_ARCHITECTURES`).
+and max_num_seqs themselves where they fit under that largest size. `--performance-mode interactivity`
+captures every size from 1 to 32. `enforce_eager` turns graphs off, and so does a platform that serves
+without them by default (`EAGER_ARCHITECTURES`).
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def serves_with_graphs(gpu, enforce_eager: bool = False) -> bool:
 
 @lru_cache(maxsize=None)
 def capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, release: str = "0.19",
-                  compute_capability: str = "") -> tuple[int, ...]:
+                  compute_capability: str = "", interactivity: bool = False) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes for an engine with `max_num_seqs` and `max_num_batched_tokens`
-    (None: no cap) under vLLM `release` (major.minor) on a GPU of `compute_capability`."""
+    (None: no cap) under vLLM `release` (major.minor) on a GPU of `compute_capability`; `interactivity`:
+    vLLM's `--performance-mode interactivity` (every size up to 32)."""
     require(isinstance(max_num_seqs, int) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs,
             "must be an integer >= 1")
     newer = release in NEWER_CAPTURE_RULES
@@ -45,6 +47,8 @@ def capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = 
     if max_num_batched_tokens is not None:
         largest = min(largest, max_num_batched_tokens)
     sizes = {1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)}
+    if interactivity:
+        sizes.update(range(1, 33))
     if newer and max_num_batched_tokens is not None:
         sizes.add(max_num_batched_tokens)  # (kept below only where it fits under the largest)
         if max_num_seqs <= uncapped and max_num_seqs <= max_num_batched_tokens:

@@ -104,3 +104,23 @@ def test_defaults_always_give_an_engine_vllm_would_start(gpu, context, chunked, 
     if seqs is None:
         assert resolved.max_num_seqs <= resolved.max_num_batched_tokens
     assert dataclasses.replace(resolved) == resolved
+
+
+def test_throughput_mode_doubles_the_defaulted_settings_only():
+    fast = SimulationConfig(engine={"performance_mode": "throughput"})
+    assert (fast.engine.max_num_batched_tokens, fast.engine.max_num_seqs) == (16384, 2048)   # H100 serve x 2
+    pinned = SimulationConfig(engine={"performance_mode": "throughput", "max_num_seqs": 100})
+    assert (pinned.engine.max_num_batched_tokens, pinned.engine.max_num_seqs) == (16384, 100)
+    back = fast.replace(engine={"performance_mode": "balanced"})
+    assert (back.engine.max_num_batched_tokens, back.engine.max_num_seqs) == (8192, 1024)
+    with pytest.raises(ConfigError, match="performance_mode"):
+        EngineConfig(performance_mode="fast")
+
+
+def test_interactivity_mode_captures_every_batch_size_up_to_32():
+    from kernels_cost_model.cuda_graph import capture_sizes
+    from sim.api.simulator import build_cost_model
+    assert capture_sizes(256, interactivity=True)[:33] == (*range(1, 33), 40)
+    config = SimulationConfig(engine={"performance_mode": "interactivity"})
+    assert 13 in build_cost_model(config.deployment, config.engine).cuda_graph_sizes
+    assert 13 not in build_cost_model(config.deployment, SimulationConfig().engine).cuda_graph_sizes

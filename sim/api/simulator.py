@@ -293,7 +293,7 @@ def engine_graph_settings(engine: EngineConfig) -> dict:
     release = get_scheduler_profile(engine.scheduler_profile).vllm_version
     return {"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "vllm_release": ".".join(release.split(".")[:2])}
+            "vllm_release": ".".join(release.split(".")[:2]), "performance_mode": engine.performance_mode}
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from sim.cli.output import add_output_flags, check_result_path, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
-from sim.core.batch_defaults import USAGE_CONTEXTS
+from sim.core.batch_defaults import PERFORMANCE_MODES, USAGE_CONTEXTS
 from workloads.arrivals import GAMMA_CV
 
 DESCRIPTION = """\
@@ -58,6 +58,7 @@ FIELDS = {
     "chunked_prefill": ("engine", "enable_chunked_prefill"),
     "prefix_caching": ("engine", "enable_prefix_caching"), "scheduling": ("engine", "scheduling"),
     "scheduler_profile": ("engine", "scheduler_profile"), "usage_context": ("engine", "usage_context"),
+    "performance_mode": ("engine", "performance_mode"),
     "stop_string_detection": ("engine", "stop_string_detection"),
     "workload": ("workload", "kind"), "rate": ("workload", "rate"),
     "num_requests": ("workload", "num_requests"), "lengths": ("workload", "lengths"),
@@ -139,6 +140,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="the vLLM entry point requests come through: openai_api_server (vllm serve, the default: "
                         "refuses prompt + max_tokens above max_model_len), llm_class (offline LLM: cuts the output "
                         "there) or engine_context; it also picks unset --max-num-seqs and --max-num-batched-tokens")
+    g.add_argument("--performance-mode", choices=PERFORMANCE_MODES,
+                   help="vLLM's: balanced (default), throughput (doubles the defaulted --max-num-seqs and "
+                        "--max-num-batched-tokens) or interactivity (CUDA graphs at every batch size up to 32)")
     g.add_argument("--enable-chunked-prefill", dest="chunked_prefill", action=argparse.BooleanOptionalAction,
                    default=None, help="split long prompts into chunks under the token budget "
                    "(default on; alias --no-chunked-prefill)")

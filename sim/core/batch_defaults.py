@@ -14,6 +14,7 @@ the usage context (which entry point built the engine) and the device's total me
 Any other entry point (an `AsyncLLM` built directly: engine_context) takes `SchedulerConfig`'s class
 defaults, 2048 / 128, on every device. Then, for a defaulted budget: without chunked prefill at least
 `max_model_len`, and at most `max_num_seqs x max_model_len`; for defaulted sequences: at most the budget.
+`--performance-mode throughput` doubles both defaults first.
 The device memory is the total CUDA reports. The release is the scheduler profile's
 (sim.core.scheduler_profiles: vllm-0.19 or vllm-0.33).
 """
@@ -23,6 +24,9 @@ import dataclasses
 
 #: vLLM's UsageContext values, lower-cased, that the defaults tell apart (a third stands for the rest).
 USAGE_CONTEXTS = ("openai_api_server", "llm_class", "engine_context")
+#: vLLM's `--performance-mode` values: "throughput" doubles the defaulted budget and batch size,
+#: "interactivity" captures CUDA graphs at every batch size up to 32 (kernels_cost_model/cuda_graph.py).
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
 #: A simulation's entry point unless told otherwise: `vllm serve`.
 DEFAULT_USAGE_CONTEXT = "openai_api_server"
 #: Devices with at least this much memory, A100s excepted, get the larger defaults (vLLM: "For GPUs like
@@ -63,6 +67,8 @@ def with_batch_defaults(engine, budget: int, seqs: int):
     from the defaults `budget` and `seqs` under vLLM's rules (the module docstring); set ones are kept."""
     updates = {}
     length = engine.max_model_len
+    if engine.performance_mode == "throughput":  # (vLLM doubles the defaults, before the rules below)
+        budget, seqs = 2 * budget, 2 * seqs
     if engine.max_num_batched_tokens is None:
         tokens = budget if engine.enable_chunked_prefill else max(length, budget)
         seats = seqs if engine.max_num_seqs is None else engine.max_num_seqs

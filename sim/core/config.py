@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_of
-from sim.core.batch_defaults import NO_DEVICE, USAGE_CONTEXTS, with_batch_defaults
+from sim.core.batch_defaults import NO_DEVICE, PERFORMANCE_MODES, USAGE_CONTEXTS, with_batch_defaults
 from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
@@ -41,6 +41,8 @@ class EngineConfig:
         directly: vLLM's scheduler class defaults); both cut such a request's output at max_model_len.
         It also picks the defaults of an unset budget and batch size. None: an engine run on its own
         (cuts, servesim's fixed defaults); simulate() takes "openai_api_server".
+    performance_mode: vLLM's `--performance-mode`: "balanced" (the default), "throughput" (doubles the
+        defaulted budget and batch size) or "interactivity" (CUDA graphs at every batch size up to 32).
     long_prefill_token_threshold: cap on one request's chunk per step (0: no cap).
     scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its whole sequence
         are free, not just for its first chunk (vLLM's default; avoids over-admission and KV
@@ -89,6 +91,7 @@ class EngineConfig:
     record_token_times: bool | str = True
     mode: str = "fast"
     usage_context: str | None = None
+    performance_mode: str = "balanced"
 
     @property
     def is_async(self) -> bool:
@@ -136,6 +139,7 @@ class EngineConfig:
         one_of("mode", self.mode, ENGINE_MODES)
         if self.usage_context is not None:
             one_of("usage_context", self.usage_context, USAGE_CONTEXTS)
+        one_of("performance_mode", self.performance_mode, PERFORMANCE_MODES)
         require(self.record_token_times is True or self.record_token_times is False
                 or self.record_token_times == "runs", "record_token_times", self.record_token_times,
                 'must be true, false or "runs"')
