@@ -43,8 +43,10 @@ OTHER_DEVICE = {"openai_api_server": (2048, 256), "llm_class": (8192, 256)}
 HUGE_TIER_RELEASES = ("vllm-0.33",)
 #: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS and DEFAULT_MAX_NUM_SEQS: any other usage context.
 CLASS_DEFAULTS = (2048, 128)
-#: An engine run on its own, with no GPU to read (engine-level runs, tests): servesim's fixed defaults.
+#: An engine run on its own, with no GPU to read (engine-level runs, tests): servesim's fixed defaults,
+#: and the budget's floor without chunked prefill (then at least max_model_len).
 NO_DEVICE = (8192, 256)
+NO_DEVICE_UNCHUNKED = 2048
 
 
 def batch_defaults(usage_context: str, total_memory_bytes: int, gpu_name: str, release: str = "vllm-0.33",

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from kernels_cost_model.errors import require
 from sim.core.fields import MAX_TOKEN_ID, at_least, check_types, in_range, one_of
-from sim.core.batch_defaults import NO_DEVICE, PERFORMANCE_MODES, USAGE_CONTEXTS, with_batch_defaults
+from sim.core.batch_defaults import (NO_DEVICE, NO_DEVICE_UNCHUNKED, PERFORMANCE_MODES, USAGE_CONTEXTS,
+                                    with_batch_defaults)
 from sim.core.scheduler_profiles import get_scheduler_profile
 
 SCHEDULING_ORDERS = ("fcfs", "priority")
@@ -108,7 +109,7 @@ class EngineConfig:
             config = dataclasses.replace(config, max_model_len=DEFAULT_MAX_MODEL_LEN)
         if config.max_num_batched_tokens is None or config.max_num_seqs is None:
             budget, seqs = NO_DEVICE
-            config = with_batch_defaults(config, budget if config.enable_chunked_prefill else 2048, seqs)
+            config = with_batch_defaults(config, budget if config.enable_chunked_prefill else NO_DEVICE_UNCHUNKED, seqs)
         return config
 
     @property

@@ -27,12 +27,11 @@ ARRIVALS = ("queued", "workload")
 
 
 def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
-    """vLLM's engine arguments of the run, scheduled as its release does (`run_scheduler_profile`);
-    max_model_len None means the model's own limit, an unset
-    max_num_seqs or max_num_batched_tokens vLLM's default for the run's GPU and entry point
-    (`usage_context`: `vllm serve`'s unless the run says otherwise). The KV cache holds the blocks the
-    run recorded (`RealRun.recorded_blocks`: vLLM's start-up log or meta) where it recorded them and
-    `recorded_blocks`, else servesim sizes it."""
+    """vLLM's engine arguments of the run, scheduled as its release does (`run_scheduler_profile`).
+    max_model_len None means the model's own limit; an unset max_num_seqs or max_num_batched_tokens,
+    vLLM's default for the run's GPU and entry point (`usage_context`: `vllm serve`'s unless the run says
+    otherwise). The KV cache holds the blocks the run recorded (`RealRun.recorded_blocks`: vLLM's
+    start-up log or meta) where it recorded them and `recorded_blocks`, else servesim sizes it."""
     kw = run.engine_kwargs
     spec = get_model(kw["model"])
     engine = EngineConfig(num_gpu_blocks=run.recorded_blocks if recorded_blocks else None,
