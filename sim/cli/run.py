@@ -7,6 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from sim.cli.arg_types import human_int
 from sim.cli.output import add_output_flags, check_result_path, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
@@ -135,7 +136,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                               (("--num-gpu-blocks-override", "--num-gpu-blocks"), "num_gpu_blocks",
                                "KV-cache size in blocks (default: sized from model and GPU)"),
                               (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
-        g.add_argument(*flags, **({"dest": dest} if dest else {}), type=int, metavar="N", help=what)
+        tokens = flags[0] in ("--max-model-len", "--max-num-batched-tokens")  # (vLLM's k/K suffixes)
+        g.add_argument(*flags, **({"dest": dest} if dest else {}), type=human_int if tokens else int, metavar="N",
+                       help=what)
     g.add_argument("--usage-context", choices=USAGE_CONTEXTS,
                    help="the vLLM entry point requests come through: openai_api_server (vllm serve, the default: "
                         "refuses prompt + max_tokens above max_model_len), llm_class (offline LLM: cuts the output "
