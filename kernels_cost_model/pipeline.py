@@ -36,13 +36,15 @@ def stage_send_time_s(model, num_tokens: int, link: Link, tensor_parallel_size: 
 
 def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parallel_size: int,
                              block_size: int = 16, gpu_memory_utilization: float = 0.9,
-                             max_num_batched_tokens: int = 8192) -> int:
-    """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV."""
+                             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
+    """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV. The
+    activation peak is the last stage's, which samples (`max_num_seqs` rows of logits): the stage with
+    the least room sets every stage's cache."""
     check_pipeline_size(model, pipeline_parallel_size)
     hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
     budget = total_memory_bytes(hw.name) * gpu_memory_utilization
     used = (weight_bytes_per_gpu(spec, tensor_parallel_size, hw.name) / pp
-            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens)
+            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
             + non_torch_bytes(tensor_parallel_size * pp))
     if budget <= used:
         raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tensor_parallel_size} x PP{pp} leaves no room "

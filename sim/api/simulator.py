@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
+from sim.core.config import AUTO_MAX_MODEL_LEN, MAX_NUM_GPU_BLOCKS, EngineConfig
 from sim.core.cost import LinearCostModel
 from kernels_cost_model.calibration import derived_from
 from kernels_cost_model.errors import ConfigError, require, require_path
@@ -147,12 +147,32 @@ class SimulationConfig:
         for name, kind in SECTIONS.items():
             object.__setattr__(self, name, _as_section(name, kind, getattr(self, name)))
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
-        object.__setattr__(self, "engine", resolve_engine(self.engine, self.deployment))
+        given = self.engine
+        object.__setattr__(self, "engine", resolve_engine(given, self.deployment))
         check_simulation(self)
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "engine", check_speculative(self.speculative_config, self.engine))
+        if given.max_model_len == AUTO_MAX_MODEL_LEN:
+            self._fit_max_model_len(given)
         check_mtp_layers(self.speculative_config, self.deployment)
         check_data_parallel(self.deployment, self.speculative_config)
+
+    @property
+    def auto_max_model_len(self) -> bool:
+        """Whether max_model_len was asked for as auto (AUTO_MAX_MODEL_LEN) and fitted to the KV cache."""
+        return self.__dict__.get("_auto_max_model_len", False)
+
+    def _fit_max_model_len(self, given: EngineConfig) -> None:
+        """vLLM's `--max-model-len auto`: the model's maximum, or, where the sized KV cache holds less, the
+        longest one request it holds (vllm/v1/core/kv_cache_utils.py `_auto_fit_max_model_len`). The
+        engine is then resolved again from `given` at that length."""
+        object.__setattr__(self, "_auto_max_model_len", True)
+        if self.engine.max_model_len is None:
+            return  # an unknown model: simulate() names it
+        fitted = longest_fitting_len(self)
+        if fitted < self.engine.max_model_len:
+            engine = resolve_engine(dataclasses.replace(given, max_model_len=fitted), self.deployment)
+            object.__setattr__(self, "engine", check_speculative(self.speculative_config, engine))
 
     @classmethod
     def from_dict(cls, data: dict) -> "SimulationConfig":
@@ -306,7 +326,32 @@ def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     return blocks
 
 
+def longest_fitting_len(config: SimulationConfig) -> int:
+    """The longest request (prompt + output tokens, at most the engine's max_model_len) whose KV the
+    cache vLLM would size (or the pinned one) holds once, per layer group for a hybrid model; a named
+    error where not even one token fits."""
+    e, d = config.engine, config.deployment
+    blocks = e.num_gpu_blocks or _sized_num_gpu_blocks(config)
+    layout = resolve_kv_layout(config)
+
+    def fits(length: int) -> bool:
+        if layout is None:
+            return blocks * e.block_size >= length
+        return layout.vllm_max_concurrency(blocks, length, e.max_num_batched_tokens) >= 1
+
+    low, high = 0, e.max_model_len
+    while low < high:  # the largest length that fits (fitting is monotone in the length)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    require(low >= 1, "engine.max_model_len", AUTO_MAX_MODEL_LEN,
+            f"auto: the KV cache of {d.model} on {d.gpu} holds not even one token; raise "
+            "deployment.gpu_memory_utilization or tensor_parallel_size")
+    return low
+
+
 def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
+    if config.deployment.data_parallel_size > 1:
+        return _data_parallel_blocks(config)
     if config.speculative_config is not None:
         with within("deployment"):
             return spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
@@ -321,6 +366,16 @@ def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
             f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
             " the engine keeps books for; use a larger block_size")
     return blocks
+
+
+def _data_parallel_blocks(config: SimulationConfig) -> int:
+    """KV blocks per DP rank of a MoE model with its experts spread over the ranks."""
+    from kernels_cost_model.expert_parallel import ep_kv_cache_blocks
+    d, e = config.deployment, config.engine
+    with within("deployment"):
+        return ep_kv_cache_blocks(d.model, d.gpu, d.data_parallel_size, e.block_size, d.gpu_memory_utilization,
+                                  e.max_num_batched_tokens, d.kv_cache_dtype, max_num_seqs=e.max_num_seqs,
+                                  cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
 
 
 def resolve_kv_layout(config: SimulationConfig):
@@ -425,13 +480,11 @@ def token_times_as_runs(engine: EngineConfig) -> EngineConfig:
 def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, progress=None) -> Results:
     """DP ranks of a MoE model in lockstep (sim.api.data_parallel): one engine and KV cache per rank, the
     step priced by ExpertParallelCostModel; Results of all ranks merged (column `replica` = DP rank)."""
-    from kernels_cost_model.expert_parallel import ExpertParallelCostModel, ep_kv_cache_blocks
+    from kernels_cost_model.expert_parallel import ExpertParallelCostModel
     d, e, dp = config.deployment, config.engine.resolved(), config.deployment.data_parallel_size
     with within("deployment"):
         cost = ExpertParallelCostModel(build_cost_model(d, config.engine), dp)
-        blocks = e.num_gpu_blocks or ep_kv_cache_blocks(
-            d.model, d.gpu, dp, e.block_size, d.gpu_memory_utilization, e.max_num_batched_tokens,
-            d.kv_cache_dtype, max_num_seqs=e.max_num_seqs, cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+    blocks = e.num_gpu_blocks or _data_parallel_blocks(config)
     check_kv_holds_one_request(config.engine, d, blocks, resolve_kv_layout(config))
     groups = resolve_kv_groups(config)
     engines = [Engine(token_times_as_runs(e), cost.base, blocks, kv_groups=groups) for _ in range(dp)]

@@ -9,7 +9,7 @@ import dataclasses
 
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.batch_defaults import DEFAULT_USAGE_CONTEXT, batch_defaults, with_batch_defaults
-from sim.core.config import DEFAULT_MAX_MODEL_LEN
+from sim.core.config import AUTO_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN
 from sim.core.fields import MAX_NUM_REQUESTS, at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
@@ -129,6 +129,10 @@ def resolve_engine(engine, deployment):
     usage context (sim.core.batch_defaults). An unknown model or GPU is left for simulate() to name."""
     from kernels_cost_model import get_model
     from kernels_cost_model.max_model_len import resolve_max_model_len
+    if engine.max_model_len == AUTO_MAX_MODEL_LEN:  # (the model's maximum first; SimulationConfig fits it,
+        engine = dataclasses.replace(engine, max_model_len=None)  # within a pinned cache's tokens at once)
+        if engine.num_gpu_blocks is not None:
+            engine = _within_pinned_cache(engine, deployment)
     try:
         if not _model_unused(deployment, engine):
             try:
@@ -147,6 +151,18 @@ def resolve_engine(engine, deployment):
     except ConfigError as exc:
         field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
         raise ConfigError(field, exc.value, exc.reason) from None
+
+
+def _within_pinned_cache(engine, deployment):
+    """An auto max_model_len no longer than a pinned cache's tokens (or the model's maximum)."""
+    from kernels_cost_model import get_model
+    tokens = engine.num_gpu_blocks * engine.block_size
+    try:
+        limit = DEFAULT_MAX_MODEL_LEN if _model_unused(deployment, engine) else get_model(
+            deployment.model).max_position_embeddings
+    except ConfigError:
+        return engine
+    return dataclasses.replace(engine, max_model_len=min(tokens, limit))
 
 
 def gpu_batch_defaults(engine, gpu) -> tuple[int, int] | None:
@@ -176,6 +192,8 @@ def unresolved_engine_values(config) -> dict:
             values["max_model_len"] = None
     except ConfigError:
         pass
+    if config.auto_max_model_len:
+        values["max_model_len"] = AUTO_MAX_MODEL_LEN
     defaults = gpu_batch_defaults(e, config.deployment.gpu)
     for name in ("max_num_batched_tokens", "max_num_seqs"):
         unset = dataclasses.replace(e, **{name: None})
@@ -196,7 +214,8 @@ def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=N
             f" cache holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size="
             f"{deployment.tensor_parallel_size}, gpu_memory_utilization={deployment.gpu_memory_utilization});"
             f" the longest that fits is {tokens}:"
-            " lower engine.max_model_len or raise deployment.gpu_memory_utilization or tensor_parallel_size")
+            " lower engine.max_model_len (auto, -1, fits it) or raise deployment.gpu_memory_utilization or"
+            " tensor_parallel_size")
 
 
 def check_step_budget(engine) -> None:

@@ -25,3 +25,10 @@ def human_int(text: str) -> int:
     if "." in number:
         raise argparse.ArgumentTypeError(f"{text!r}: a binary suffix takes a whole number ({number}{suffix.lower()}?)")
     return int(number) * _BINARY[suffix]
+
+
+def human_int_or_auto(text: str) -> int:
+    """`human_int`, or "auto" / -1: -1 (vLLM's `--max-model-len auto`, fit to the KV cache)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    return human_int(text)

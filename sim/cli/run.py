@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from sim.cli.arg_types import human_int
+from sim.cli.arg_types import human_int, human_int_or_auto
 from sim.cli.output import add_output_flags, check_result_path, save_outputs, summary_options
 from sim.cli.topology_flags import add_topology_flags, simulate_from_args
 from kernels_cost_model.errors import ConfigError
@@ -131,13 +131,14 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                                "and --usage-context; H100, vllm serve: 1024)"),
                               (("--max-num-batched-tokens",), None, "token budget of one step (default: "
                                "vLLM's for the GPU and --usage-context; H100: 8192, A100: 2048)"),
-                              (("--max-model-len",), None, "longest prompt + output"),
+                              (("--max-model-len",), None, "longest prompt + output (default: the model's; "
+                               "auto or -1: the longest the KV cache holds, where less; 32K = 32768)"),
                               (("--block-size",), None, "tokens per KV block"),
                               (("--num-gpu-blocks-override", "--num-gpu-blocks"), "num_gpu_blocks",
                                "KV-cache size in blocks (default: sized from model and GPU)"),
                               (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
-        tokens = flags[0] in ("--max-model-len", "--max-num-batched-tokens")  # (vLLM's k/K suffixes)
-        g.add_argument(*flags, **({"dest": dest} if dest else {}), type=human_int if tokens else int, metavar="N",
+        kind = {"--max-model-len": human_int_or_auto, "--max-num-batched-tokens": human_int}  # (vLLM's suffixes)
+        g.add_argument(*flags, **({"dest": dest} if dest else {}), type=kind.get(flags[0], int), metavar="N",
                        help=what)
     g.add_argument("--usage-context", choices=USAGE_CONTEXTS,
                    help="the vLLM entry point requests come through: openai_api_server (vllm serve, the default: "

@@ -21,6 +21,8 @@ MAX_BLOCK_SIZE = 2**16
 hybrid model's attention pages are aligned to its state pages; a block's tokens are hashed as one."""
 DEFAULT_MAX_MODEL_LEN = 8192
 """max_model_len of an engine run with no model to take its maximum from (engine-level tests)."""
+AUTO_MAX_MODEL_LEN = -1
+"""max_model_len to fit to the KV cache (vLLM's -1 / "auto"): resolved by SimulationConfig."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class EngineConfig:
         GPU by the cost model's KV sizing; the engine itself needs a number).
     max_model_len: longest request, prompt plus output, in tokens (None: the model's own maximum, as
         vLLM; SimulationConfig resolves it, an engine run without a model uses DEFAULT_MAX_MODEL_LEN).
+        AUTO_MAX_MODEL_LEN (-1, vLLM's `--max-model-len auto`): the model's maximum, or the longest one
+        request the sized KV cache holds where that is less (SimulationConfig).
     max_num_seqs: most requests running at once (None: vLLM's default for the GPU and `usage_context`,
         sim.core.batch_defaults; 256 for an engine run on its own, with no GPU).
     max_num_batched_tokens: token budget of one step, shared by prefill chunks and decodes (None: vLLM's
@@ -105,6 +109,9 @@ class EngineConfig:
         """This config with a max_model_len (DEFAULT_MAX_MODEL_LEN when no model gave one) and, where
         unset, the step budget and batch size of an engine with no GPU to read (`NO_DEVICE`)."""
         config = self
+        require(config.max_model_len != AUTO_MAX_MODEL_LEN, "max_model_len", AUTO_MAX_MODEL_LEN,
+                "auto (fit to the KV cache) needs a model and a GPU to size the cache: run it through "
+                "simulate() / servesim run, or give a number")
         if config.max_model_len is None:
             config = dataclasses.replace(config, max_model_len=DEFAULT_MAX_MODEL_LEN)
         if config.max_num_batched_tokens is None or config.max_num_seqs is None:
@@ -127,12 +134,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             at_least(name, getattr(self, name), 1, optional=True)
+        if self.max_model_len != AUTO_MAX_MODEL_LEN:
+            at_least("max_model_len", self.max_model_len, 1, optional=True)
         in_range("block_size", self.block_size, 1, MAX_BLOCK_SIZE, optional=True)
         in_range("num_gpu_blocks", self.num_gpu_blocks, 1, MAX_NUM_GPU_BLOCKS, optional=True,
                  why="KV bookkeeping is kept per block; use a larger block_size for a larger cache")
-        in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID, optional=True)
+        if self.max_model_len != AUTO_MAX_MODEL_LEN:
+            in_range("max_model_len", self.max_model_len, 1, MAX_TOKEN_ID, optional=True)
         at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         one_of("scheduling", self.scheduling, SCHEDULING_ORDERS)
         if self.stop_string_detection is not None:
@@ -148,7 +158,7 @@ class EngineConfig:
         get_scheduler_profile(self.scheduler_profile)
         require(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
                 "must be true, false or unset")
-        if self.max_model_len is None:
+        if self.max_model_len is None or self.max_model_len == AUTO_MAX_MODEL_LEN:
             return  # SimulationConfig (or run_engine) supplies it; the checks below need it
         require(self.enable_chunked_prefill or self.max_num_batched_tokens is None
                 or self.max_num_batched_tokens >= self.max_model_len,

@@ -20,6 +20,7 @@ import simpy
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.data_parallel import single_rank_only
+from sim.planning.pipeline import check_no_auto_length
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
                                resolve_kv_groups, resolve_num_gpu_blocks, within)
@@ -55,9 +56,10 @@ class InstanceShape:
             return resolve_num_gpu_blocks(config)
         with within("pipeline"):
             check_pipeline_size(d.model, pp)
+        check_no_auto_length(config, pp)
         with within("deployment"):
             return pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                            d.gpu_memory_utilization, e.max_num_batched_tokens)
+                                            d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs)
 
 
 def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),

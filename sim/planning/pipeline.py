@@ -107,10 +107,18 @@ def check_no_speculation(config: SimulationConfig, pipeline_parallel_size: int) 
             f"not simulated with pipeline_parallel_size={pipeline_parallel_size}; drop one of the two")
 
 
+def check_no_auto_length(config: SimulationConfig, pipeline_parallel_size: int) -> None:
+    """max_model_len auto is fitted to an instance's cache without pipeline stages: not with PP > 1."""
+    require(not config.auto_max_model_len or pipeline_parallel_size == 1, "engine.max_model_len", -1,
+            "auto is fitted to the KV cache of an instance without pipeline stages; under pipeline "
+            "parallelism give a number")
+
+
 def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
                       until: float | None = None) -> Results:
     """One TP x PP engine serving config.workload (or `workload`)."""
     single_rank_only(config.deployment, "pipeline parallelism")
+    check_no_auto_length(config, pipeline.pipeline_parallel_size)
     config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
     check_names(config.engine)
     d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
@@ -121,7 +129,7 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
     if blocks is None:
         with within("deployment"):
             blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                              d.gpu_memory_utilization, e.max_num_batched_tokens)
+                                              d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs)
     engine = Engine(e, build_cost_model(d, e), check_kv_capacity(blocks, e))
     link = get_link(pipeline.link)
     proc = PipelineProcess(simpy.Environment(), engine, pp,
