@@ -36,17 +36,19 @@ def stage_send_time_s(model, num_tokens: int, link: Link, tensor_parallel_size: 
 
 def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parallel_size: int,
                              block_size: int = 16, gpu_memory_utilization: float = 0.9,
-                             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
+                             max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, *,
+                             kv_cache_dtype: str = "auto", cudagraph_memory_bytes: int = 0) -> int:
     """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV. The
     activation peak is the last stage's, which samples (`max_num_seqs` rows of logits): the stage with
-    the least room sets every stage's cache."""
+    the least room sets every stage's cache. `kv_cache_dtype`, `cudagraph_memory_bytes`: as
+    `kv_cache_blocks`'s."""
     check_pipeline_size(model, pipeline_parallel_size)
     hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
     budget = total_memory_bytes(hw.name) * gpu_memory_utilization
     used = (weight_bytes_per_gpu(spec, tensor_parallel_size, hw.name) / pp
             + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
-            + non_torch_bytes(tensor_parallel_size * pp))
+            + non_torch_bytes(tensor_parallel_size * pp) + cudagraph_memory_bytes)
     if budget <= used:
         raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tensor_parallel_size} x PP{pp} leaves no room "
                                           f"for a KV cache at gpu_memory_utilization={gpu_memory_utilization}")
-    return int((budget - used) // (block_size * kv_bytes_per_token(spec, tensor_parallel_size) / pp))
+    return int((budget - used) // (block_size * kv_bytes_per_token(spec, tensor_parallel_size, kv_cache_dtype) / pp))

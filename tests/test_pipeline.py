@@ -64,6 +64,10 @@ def test_stage_pricing_and_kv_per_stage():
     pp2 = pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 2)
     assert pp2 > 2 * kv_cache_blocks("llama-3.1-70b", "h100", 4)   # half the weights per GPU, twice the layers' room
     assert pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 1) == kv_cache_blocks("llama-3.1-70b", "h100", 4)
+    for kwargs in ({"max_num_seqs": 1024}, {"kv_cache_dtype": "fp8"}, {"cudagraph_memory_bytes": 2**30}):
+        one_stage = {"max_num_seqs": kwargs.pop("max_num_seqs", 256), **kwargs}
+        assert pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 1, 16, 0.9, 8192, **one_stage) == \
+            kv_cache_blocks("llama-3.1-70b", "h100", 4, 16, 0.9, 8192, **one_stage)   # as one instance sizes it
 
 
 def test_a_pipeline_size_not_dividing_the_layers_is_a_named_error():

@@ -59,7 +59,9 @@ class InstanceShape:
         check_no_auto_length(config, pp)
         with within("deployment"):
             return pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                            d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs)
+                                            d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
+                                            kv_cache_dtype=d.kv_cache_dtype,
+                                            cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
 
 
 def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),

@@ -129,7 +129,9 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
     if blocks is None:
         with within("deployment"):
             blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                              d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs)
+                                              d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
+                                              kv_cache_dtype=d.kv_cache_dtype,
+                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
     engine = Engine(e, build_cost_model(d, e), check_kv_capacity(blocks, e))
     link = get_link(pipeline.link)
     proc = PipelineProcess(simpy.Environment(), engine, pp,
