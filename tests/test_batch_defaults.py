@@ -38,9 +38,9 @@ def test_the_device_tiers_are_memory_and_name_as_each_release_has_them():
     assert batch_defaults("openai_api_server", 70 * GIB - 1, "x") == (2048, 256)
     assert batch_defaults("openai_api_server", 80 * GIB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
     assert batch_defaults("openai_api_server", 160 * GIB, "x") == (16384, 1024)
-    assert batch_defaults("openai_api_server", 160 * GIB, "x", "vllm-0.19") == (8192, 1024)  # no such tier
-    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "vllm-0.33", "12.1") == (2048, 256)
-    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "vllm-0.19", "12.1") == (8192, 1024)
+    assert batch_defaults("openai_api_server", 160 * GIB, "x", "0.19") == (8192, 1024)  # no such tier
+    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "0.33", "12.1") == (2048, 256)
+    assert batch_defaults("openai_api_server", 119 * GIB, "gb10", "0.19", "12.1") == (8192, 1024)
 
 
 def test_the_release_is_the_scheduler_profiles():

@@ -310,10 +310,10 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
 
 def engine_graph_settings(engine: EngineConfig) -> dict:
     """The engine settings the cost model's CUDA-graph capture sizes and decode splits follow."""
-    release = get_scheduler_profile(engine.scheduler_profile).vllm_version
     return {"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "vllm_release": ".".join(release.split(".")[:2]), "performance_mode": engine.performance_mode}
+            "vllm_release": get_scheduler_profile(engine.scheduler_profile).release,
+            "performance_mode": engine.performance_mode}
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:

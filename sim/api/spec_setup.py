@@ -17,7 +17,7 @@ LINEAR_MODEL_LAYERS = 32
 
 #: Releases whose unset async scheduling stays off with a draft-model proposer (vLLM 0.19's
 #: vllm/config/vllm.py enables it by default only for EAGLE/MTP and GPU n-gram drafts; 0.33 for all).
-SYNC_DRAFT_MODEL_RELEASES = ("vllm-0.19",)
+SYNC_DRAFT_MODEL_RELEASES = ("0.19",)
 
 
 def check_speculative(spec: SpeculativeConfig | None, engine):
@@ -31,7 +31,7 @@ def check_speculative(spec: SpeculativeConfig | None, engine):
     require(engine.policy == "vllm", "engine.policy", engine.policy,
             "speculative_config needs policy 'vllm' (the V1 scheduler schedules drafts)")
     if spec.method == "draft_model" and engine.async_scheduling is None:
-        if get_scheduler_profile(engine.scheduler_profile).name in SYNC_DRAFT_MODEL_RELEASES:
+        if get_scheduler_profile(engine.scheduler_profile).release in SYNC_DRAFT_MODEL_RELEASES:
             return replace(engine, async_scheduling=False)
     if spec.method != "ngram":
         return engine

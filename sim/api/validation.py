@@ -177,7 +177,7 @@ def gpu_batch_defaults(engine, gpu) -> tuple[int, int] | None:
     except ConfigError:
         return None
     return batch_defaults(engine.usage_context or DEFAULT_USAGE_CONTEXT, total_memory_bytes(gpu), gpu.name,
-                          get_scheduler_profile(engine.scheduler_profile).name, gpu.compute_capability)
+                          get_scheduler_profile(engine.scheduler_profile).release, gpu.compute_capability)
 
 
 def unresolved_engine_values(config) -> dict:

@@ -16,7 +16,7 @@ defaults, 2048 / 128, on every device. Then, for a defaulted budget: without chu
 `max_model_len`, and at most `max_num_seqs x max_model_len`; for defaulted sequences: at most the budget.
 `--performance-mode throughput` doubles both defaults first.
 The device memory is the total CUDA reports. The release is the scheduler profile's
-(sim.core.scheduler_profiles: vllm-0.19 or vllm-0.33).
+(sim.core.scheduler_profiles: 0.19 or 0.33).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ LARGE_DEVICE = {"openai_api_server": (8192, 1024), "llm_class": (16384, 1024)}
 OTHER_DEVICE = {"openai_api_server": (2048, 256), "llm_class": (8192, 256)}
 #: Releases whose tables have the 160 GiB tier and keep GB10 (DGX Spark, compute capability 12.1: the
 #: memory but not the compute of a large GPU) on the small tier.
-HUGE_TIER_RELEASES = ("vllm-0.33",)
+HUGE_TIER_RELEASES = ("0.33",)
 #: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS and DEFAULT_MAX_NUM_SEQS: any other usage context.
 CLASS_DEFAULTS = (2048, 128)
 #: An engine run on its own, with no GPU to read (engine-level runs, tests): servesim's fixed defaults,
@@ -49,9 +49,9 @@ NO_DEVICE = (8192, 256)
 NO_DEVICE_UNCHUNKED = 2048
 
 
-def batch_defaults(usage_context: str, total_memory_bytes: int, gpu_name: str, release: str = "vllm-0.33",
+def batch_defaults(usage_context: str, total_memory_bytes: int, gpu_name: str, release: str = "0.33",
                    compute_capability: str = "") -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) the vLLM `release` (a scheduler profile's name) would
+    """(max_num_batched_tokens, max_num_seqs) the vLLM `release` (major.minor) would
     default to for this entry point and device."""
     newer = release in HUGE_TIER_RELEASES
     if newer and total_memory_bytes >= HUGE_DEVICE_BYTES:

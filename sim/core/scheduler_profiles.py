@@ -42,6 +42,21 @@ class SchedulerProfile:
     free_uncached_first: bool
     async_scheduling: bool = True
 
+    @property
+    def release(self) -> str:
+        """The release as major.minor ("0.19")."""
+        return major_minor(self.vllm_version)
+
+
+def major_minor(version: str) -> str:
+    """"0.19.1" -> "0.19"."""
+    return ".".join(str(version).split(".")[:2])
+
+
+def profile_for_version(version: str) -> str | None:
+    """The name of the profile modelling vLLM `version` (matched on major.minor), or None."""
+    return next((name for name, profile in PROFILES.items() if profile.release == major_minor(version)), None)
+
 
 PROFILES: dict[str, SchedulerProfile] = {
     "vllm-0.33": SchedulerProfile("vllm-0.33", "0.33.0", threshold_needs_company=True,

@@ -12,7 +12,7 @@ from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.api.validation import gpu_batch_defaults
 from sim.core.batch_defaults import with_batch_defaults
 from sim.core.config import EngineConfig
-from sim.core.scheduler_profiles import PROFILES
+from sim.core.scheduler_profiles import major_minor, profile_for_version
 from kernels_cost_model import get_model, make_cost_model
 from kernels_cost_model.cost_model import shipped_variants
 from kernels_cost_model.gpu_calibration import left_out_calibration
@@ -49,15 +49,13 @@ def engine_config(run: RealRun, recorded_blocks: bool = True) -> EngineConfig:
 def run_scheduler_profile(run: RealRun) -> str:
     """The scheduler profile of the run's own vLLM release (`vllm-<major.minor>`) where servesim has one,
     else the newest."""
-    version = ".".join(str(run.meta.get("vllm_version", "")).split(".")[:2])
-    return f"vllm-{version}" if f"vllm-{version}" in PROFILES else "vllm"
+    return profile_for_version(run.meta.get("vllm_version", "")) or "vllm"
 
 
 def run_calibration(run: RealRun) -> str:
     """The kernels measured under the run's own vLLM version (`<gpu>@vllm-<major.minor>`) where such a
     calibration ships, else the GPU's default one."""
-    version = ".".join(str(run.meta.get("vllm_version", "")).split(".")[:2])
-    name = f"{get_gpu(run.gpu).name}@vllm-{version}"
+    name = f"{get_gpu(run.gpu).name}@vllm-{major_minor(run.meta.get('vllm_version', ''))}"
     return name if name in shipped_variants() else "default"
 
 

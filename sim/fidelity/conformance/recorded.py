@@ -9,7 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
-from sim.core.scheduler_profiles import PROFILES
+from sim.core.scheduler_profiles import PROFILES, profile_for_version as scheduler_profile_for
 
 
 def read_recorded(path: str | Path) -> tuple[str, list[dict]]:
@@ -21,8 +21,7 @@ def read_recorded(path: str | Path) -> tuple[str, list[dict]]:
 
 def profile_for_version(version: str) -> str:
     """The scheduler profile modelling vLLM `version` (matched on major.minor)."""
-    major_minor = ".".join(version.split(".")[:2])
-    for name, profile in PROFILES.items():
-        if ".".join(profile.vllm_version.split(".")[:2]) == major_minor:
-            return name
+    name = scheduler_profile_for(version)
+    if name is not None:
+        return name
     raise ValueError(f"no scheduler profile models vLLM {version}; have {sorted(PROFILES)}")
