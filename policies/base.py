@@ -87,6 +87,9 @@ class Policy:
         no `long_prefill_token_threshold`).
         """
         cached_blocks, num_cached = state.kv.lookup_prefix(req)
+        loads = state.kv.loads_first(req)
+        if loads is not False:
+            return None if loads is None else self._admit_to_load(state, req, num_cached, cached_blocks)
         if whole_prompt:
             n = self.lacking(req, num_cached)
             threshold = self.unchunked_threshold(state)
@@ -105,14 +108,27 @@ class Policy:
         if kv.allocate(req, n, cached_blocks) is None:
             return None
         state.waiting.popleft()
-        req.num_computed_tokens = num_cached
+        req.num_computed_tokens += num_cached   # (nonzero before only where a load landed)
         if req.status == RequestStatus.WAITING:
-            req.num_cached_tokens = num_cached
+            req.num_cached_tokens = req.num_computed_tokens
         req.status = RequestStatus.RUNNING
         state.running.append(req)
         out.admitted.append(req)
         out.scheduled.append((req, n))
         return n
+
+    @staticmethod
+    def _admit_to_load(state: EngineState, req: Request, num_cached: int, cached_blocks: list[int]) -> int | None:
+        """Admit the head waiting request to load its CPU hits first (vLLM's asynchronous load): it
+        takes blocks for its hits and leaves the queue, computing nothing and using no budget (0),
+        or stays (None) if its whole sequence (under `scheduler_reserve_full_isl`) or its hits do not fit."""
+        kv = state.kv
+        if state.config.scheduler_reserve_full_isl and not kv.can_fit(req, req.num_tokens - num_cached, cached_blocks):
+            return None
+        if not kv.start_load(req, cached_blocks):
+            return None
+        state.waiting.popleft()
+        return 0
 
     @staticmethod
     def _fit_is_allocations(kv: KVCacheManager, req: Request, n: int, num_cached: int) -> bool:

@@ -155,5 +155,5 @@ def format_cpu_tier(s: dict) -> list[str]:
     if "cpu_prefix_hit_rate" not in s:
         return []
     return [f"CPU KV tier  prefix hits {_num(100 * s['gpu_prefix_hit_rate'], 1)}% from GPU, "
-            f"{_num(100 * s['cpu_prefix_hit_rate'], 1)}% from CPU; {s['cpu_offloaded_blocks']:,} blocks offloaded, "
-            f"{s['cpu_loaded_blocks']:,} loaded back in {_num(s['cpu_load_s'])} s"]
+            f"{_num(100 * s['cpu_prefix_hit_rate'], 1)}% from CPU; {s['cpu_offloaded_blocks']:,} blocks stored "
+            f"in {_num(s.get('cpu_store_s', 0.0))} s, {s['cpu_loaded_blocks']:,} loaded back in {_num(s['cpu_load_s'])} s"]

@@ -35,7 +35,8 @@ def check_invariants(engine) -> None:
         _ensure(req.num_computed_tokens <= req.num_tokens + req.num_output_placeholders,
                 f"{req.request_id} computed past its tokens and placeholders")
     for req in kv.req_blocks:
-        _ensure(req.status.name == "RUNNING", f"{req.request_id} holds KV while {req.status.name}")
+        _ensure(req.status.name == "RUNNING" or kv.holds_outside_queues(req),
+                f"{req.request_id} holds KV while {req.status.name}")
 
 
 def _check_kv(kv) -> None:

@@ -134,6 +134,24 @@ class KVCacheManager:
     def blocks_of(self, req: Request) -> list[int]:
         return self.req_blocks.get(req, [])
 
+    def lookup_gpu_prefix(self, req: Request) -> tuple[list[int], int]:
+        """`lookup_prefix` over the GPU cache alone (a tier below it is not consulted)."""
+        return self.lookup_prefix(req)
+
+    def loads_first(self, req: Request) -> bool | None:
+        """Whether `req`'s last lookup hit blocks it must load before it computes (None: it waits for
+        another request's load of them). A tier below the GPU cache says so (sim.core.kv_offload)."""
+        return False
+
+    def is_loading(self, req: Request) -> bool:
+        """Whether `req` is out of the queues while blocks it hit load (a tier below the GPU cache)."""
+        return False
+
+    def holds_outside_queues(self, req: Request) -> bool:
+        """Whether `req` may hold blocks while not running (loading, loaded and waiting, or finished
+        with copies in flight)."""
+        return False
+
     # ----- prefix cache ----------------------------------------------------------------------
     def lookup_prefix(self, req: Request) -> tuple[list[int], int]:
         """Cached blocks matching the request's prefix, and the tokens they cover.

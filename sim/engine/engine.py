@@ -167,7 +167,7 @@ class Engine:
             return
         if req.status == RequestStatus.RUNNING:
             self.state.running.remove(req)
-        else:
+        elif not self.state.kv.is_loading(req):   # (a loading request is in no queue)
             self.state.waiting.remove(req)
         self._finish(req, RequestStatus.FINISHED_ABORTED, now)
 

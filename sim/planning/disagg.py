@@ -215,7 +215,7 @@ class DisaggregatedCluster:
         while queue:
             t = queue[0]
             req = t.decode_req
-            hits, num_cached = kv.lookup_prefix(req)
+            hits, num_cached = kv.lookup_gpu_prefix(req)   # (a CPU tier serves the scheduler's admissions)
             missing = req.num_prompt_tokens - num_cached
             if kv.allocate(req, missing, hits) is None:
                 if -(-req.num_prompt_tokens // kv.block_size) > kv.num_usable_blocks:

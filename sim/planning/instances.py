@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from kernels_cost_model.links import get_link, kv_transfer_bytes
+from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.data_parallel import single_rank_only
 from sim.planning.pipeline import check_no_auto_length
@@ -30,7 +30,7 @@ from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
-from sim.planning.offload import OffloadConfig, ReloadPricing, tier_summary
+from sim.planning.offload import OffloadConfig, OffloadTransfers, offload_transfers, tier_summary
 from sim.planning.pipeline import PipelineConfig, PipelineProcess, check_no_speculation
 
 
@@ -65,8 +65,8 @@ class InstanceShape:
 
 
 def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
-                 num_gpu_blocks: int | None = None) -> tuple[Engine, ReloadPricing | None]:
-    """The engine of one instance (config already through `shape.config`) and its reload hook, if any."""
+                 num_gpu_blocks: int | None = None) -> tuple[Engine, OffloadTransfers | None]:
+    """The engine of one instance (config already through `shape.config`) and its CPU tier's copy hook, if any."""
     single_rank_only(config.deployment, "a deployment of instances")
     check_names(config.engine)
     e = config.engine
@@ -76,10 +76,8 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
         return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks), kv_groups=groups), None
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
-    link, model, tp = get_link(shape.offload.link), config.deployment.model, config.deployment.tensor_parallel_size
-    reload = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
-                           e.check_invariants)
-    return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, reload], kv=kv), reload
+    transfers = offload_transfers(config, shape.offload, starts_when_planned=shape.pipeline_parallel_size > 1)
+    return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, transfers], kv=kv), transfers
 
 
 def _kv_groups(config: SimulationConfig, shape: InstanceShape):

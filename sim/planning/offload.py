@@ -4,10 +4,11 @@
     results = simulate_offload(config, OffloadConfig(cpu_bytes=64e9, link="pcie5"))
     results.summary["gpu_prefix_hit_rate"], results.summary["cpu_prefix_hit_rate"]
 
-The tier (sim.core.kv_offload) keeps blocks the GPU cache evicts; a request whose prefix hits there
-loads those blocks back before it computes: the step that admits it lasts longer by the copy
-(latency + bytes / (tensor_parallel_size x link bandwidth): each GPU loads its own KV shard over
-its own PCIe link). Size: `cpu_bytes` of host memory (vLLM's `kv_offloading_size`) or
+The tier (sim.core.kv_offload) keeps every full block the engine computes (write-through, as
+vLLM 0.19's offloading connector); a request whose prefix hits there loads those blocks while the
+other requests run, and computes once they land. Copies are priced per block
+(kernels_cost_model.host_copies: measured on PCIe 5; each GPU moves its own KV shard over its own
+link). Size: `cpu_bytes` of host memory (vLLM's `kv_offloading_size`, all GPUs together) or
 `num_cpu_blocks` directly.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import simpy
 
 from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.host_copies import HostCopies, host_copies
+from kernels_cost_model.kv_memory import kv_bytes_per_token
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
@@ -72,23 +75,80 @@ class OffloadConfig:
         return int(self.cpu_bytes // block_bytes)
 
 
-class ReloadPricing(EngineHook):
-    """Adds the host-to-device copy of the blocks reloaded for a step to that step's duration."""
+class OffloadTransfers(EngineHook):
+    """Times the CPU tier's copies (sim.core.kv_offload) as vLLM 0.19's offloading connector runs them.
 
-    def __init__(self, seconds_per_blocks, check: bool):
-        self.seconds_per_blocks, self.check = seconds_per_blocks, check
-        self.load_s = 0.0
+    - A load starts with the first step planned after its request parks (or when the host-to-device
+      copies before it end) and runs beside the steps; the request waits for it: at the end of the
+      first step that ends after the load lands, it returns to the front of the waiting queue.
+    - A step's stores start after its compute (or when the device-to-host copies before them end).
+    - A finished request that stored blocks holds its GPU blocks until its stores landed and a step
+      planned after its finish ended (the step that tells the workers it finished).
+    - With only loads or stores in flight the engine waits for the next to land (an empty step).
+    """
+
+    def __init__(self, copies: HostCopies, block_copy_bytes: float, check: bool, starts_when_planned: bool = False):
+        self.copies, self.block_copy_bytes, self.check = copies, block_copy_bytes, check
+        self.starts_when_planned = starts_when_planned   # (pipeline stages: a batch enters when planned)
+        self.load_s = self.store_s = 0.0
+        self.h2d_free = self.d2h_free = self.gpu_free = 0.0
+        self.load_end: dict = {}        # parked request -> when its load lands
+        self.store_end: dict = {}       # request -> when its last store lands
+        self.finished_after: dict = {}  # finished request -> steps planned when it finished
+        self.planned = self.ended = 0
+        self.kv = None
+
+    def on_attach(self, engine) -> None:
+        self.kv = engine.state.kv
+
+    def has_work(self) -> bool:
+        return bool(self.kv.parked or self.kv.finished)
+
+    def _copy(self, blocks: int, direction: str) -> float:
+        return self.copies.seconds(blocks, self.block_copy_bytes, direction)
 
     def on_plan(self, engine, step) -> None:
-        blocks = engine.state.kv.take_loaded_blocks()
-        if blocks:
-            seconds = self.seconds_per_blocks(blocks)
-            step.duration += seconds
-            self.load_s += seconds
+        self.planned += 1
+        start = step.start if self.starts_when_planned else max(step.start, self.gpu_free)
+        for req, hashes in self.kv.parked.items():
+            if req not in self.load_end:
+                seconds = self._copy(len(hashes), "h2d")
+                self.h2d_free = self.load_end[req] = max(start, self.h2d_free) + seconds
+                self.load_s += seconds
+        if not step.plan.scheduled:
+            step.duration += max(0.0, self._next_landing(start) - start)
+        end = start + step.duration
+        for req, blocks in self.kv.prepare_stores(step.plan.scheduled):
+            seconds = self._copy(blocks, "d2h")
+            self.d2h_free = self.store_end[req] = max(end, self.d2h_free) + seconds
+            self.store_s += seconds
+        self.gpu_free = end
+
+    def _next_landing(self, now: float) -> float:
+        """When the next load or store the engine waits for lands (`now` if one has already)."""
+        times = [self.load_end[r] for r in self.kv.parked] + [self.store_end.get(r, now) for r in self.kv.finished]
+        return max(now, min(times)) if times else now
 
     def on_step_end(self, engine, now: float) -> None:
+        self.ended += 1
+        kv = self.kv
+        landed = [r for r in kv.parked if self.load_end[r] <= now]
+        for req in landed:
+            kv.finish_load(req)
+            del self.load_end[req]
+        for req in reversed(landed):
+            engine.state.waiting.appendleft(req)
+        for req in list(self.load_end):
+            if req not in kv.parked:    # aborted while loading
+                del self.load_end[req]
+        for req in list(kv.finished):
+            after = self.finished_after.setdefault(req, self.planned)
+            if self.ended > after and self.store_end.get(req, now) <= now:
+                kv.release(req)
+                del self.finished_after[req]
+                self.store_end.pop(req, None)
         if self.check:
-            check_cpu_tier(engine.state.kv)
+            check_cpu_tier(kv)
 
 
 def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, workload=None,
@@ -100,19 +160,29 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), e)
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
-    link, model, tp = get_link(offload.link), config.deployment.model, config.deployment.tensor_parallel_size
-    hook = ReloadPricing(lambda n: link.transfer_time_s(kv_transfer_bytes(model, n * e.block_size), tp),
-                         e.check_invariants)
+    hook = offload_transfers(config, offload)
     engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*speculation_hooks(config), hook], kv=kv)
     proc = EngineProcess(simpy.Environment(), engine)
-    results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks, "link": link.name}})
+    results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks,
+                                                                "link": hook.copies.link.name}})
     results.summary.update(tier_summary(kv, hook, results.requests["num_prompt_tokens"].sum()))
     return results
 
 
-def tier_summary(kv: CPUOffloadKVCacheManager, hook: ReloadPricing, prompt_tokens: int) -> dict:
-    """Hit rate per tier (cached tokens / prompt tokens), blocks moved each way, seconds of reloads."""
+def offload_transfers(config: SimulationConfig, offload: OffloadConfig, *,
+                      starts_when_planned: bool = False) -> OffloadTransfers:
+    """The hook timing `offload`'s copies for `config`'s model: each block one copy of all its layers'
+    K and V on each GPU (vLLM's cross-layer layout), the GPUs over their own links at once.
+    `starts_when_planned`: a step starts when it is planned (pipeline stages), else when the one
+    planned before it ends."""
+    d, e = config.deployment, config.engine
+    block_bytes = kv_bytes_per_token(d.model, d.tensor_parallel_size, d.kv_cache_dtype) * e.block_size
+    return OffloadTransfers(host_copies(offload.link), block_bytes, e.check_invariants, starts_when_planned)
+
+
+def tier_summary(kv: CPUOffloadKVCacheManager, hook: OffloadTransfers, prompt_tokens: int) -> dict:
+    """Hit rate per tier (cached tokens / prompt tokens), blocks moved each way, seconds of copies."""
     return {"gpu_prefix_hit_rate": kv.gpu_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
             "cpu_prefix_hit_rate": kv.cpu_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
             "cpu_offloaded_blocks": kv.num_offloaded_blocks, "cpu_loaded_blocks": kv.num_loaded_blocks,
-            "cpu_load_s": hook.load_s}
+            "cpu_load_s": hook.load_s, "cpu_store_s": hook.store_s}
