@@ -66,3 +66,14 @@ def test_malformed_measurements_are_named_errors(tmp_path, monkeypatch, row, mat
             hc._measured("bad.csv")
     finally:
         hc._measured.cache_clear()
+
+
+def test_a_second_host_measured_apart_agrees_with_the_curve():
+    """The H100 host (PCIe Gen5 x16, measured the same day, not used by the curve): within 6 % per size,
+    2 % at the median."""
+    copies = host_copies("pcie5")
+    with (MEASURED_DIR / "h100-sxm-host-copies.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["method"] == "per_block"]
+    errors = sorted(abs(copies.seconds(1, int(r["copy_bytes"]), r["direction"]) * int(r["copies"])
+                        / float(r["seconds"]) - 1) for r in rows)
+    assert len(errors) == 24 and errors[-1] < 0.06 and errors[len(errors) // 2] < 0.025
