@@ -103,7 +103,7 @@ class Policy:
             return None
         kv = state.kv
         if (state.config.scheduler_reserve_full_isl and not self._fit_is_allocations(kv, req, n, num_cached)
-                and not kv.can_fit(req, req.num_tokens - num_cached, cached_blocks)):
+                and not kv.can_fit(req, req.num_tokens - req.num_computed_tokens - num_cached, cached_blocks)):
             return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
         if kv.allocate(req, n, cached_blocks) is None:
             return None

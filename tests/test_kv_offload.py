@@ -175,3 +175,35 @@ def test_a_request_aborted_while_it_loads_leaves_cleanly():
     assert again["finish_reason"] == "abort" and again["num_output_tokens"] == 0
     assert again["finish_time"] == pytest.approx(20.1)
     assert out.summary["cpu_loaded_blocks"] == 32
+
+
+@st.composite
+def _shared_prefix_traffic(draw):
+    """Requests over a few shared prefixes (so the tier gets hits), some aborted mid-way."""
+    prefixes = [_prompt(100 + i, draw(st.integers(16, 160))) for i in range(draw(st.integers(1, 3)))]
+    specs, t = [], 0.0
+    for i in range(draw(st.integers(2, 14))):
+        t += draw(st.floats(0.0, 0.3))
+        prompt = np.concatenate([draw(st.sampled_from(prefixes)), _prompt(i, draw(st.integers(1, 40)))])
+        out = draw(st.integers(1, 40))
+        abort = t + draw(st.floats(0.0, 0.4)) if draw(st.booleans()) and i % 3 == 0 else None
+        specs.append(RequestSpec(t, prompt, output_len=out, abort_time_s=abort, request_id=f"q{i}",
+                                 sampling_params=SamplingParams(max_tokens=out, ignore_eos=True)))
+    return specs
+
+
+@given(_shared_prefix_traffic(), st.integers(24, 80), st.integers(1, 200), st.booleans(),
+       st.sampled_from([2e8, 5e9, 6.4e10]))
+def test_loads_stores_preemptions_and_aborts_keep_every_invariant(specs, gpu_blocks, cpu_blocks, async_on, speed):
+    """Invariants after every step (GPU tier conserved, CPU tier within its size, loads consistent), every
+    request finished once, and a rerun identical, over small caches that preempt and slow links."""
+    config = SimulationConfig(engine=EngineConfig(num_gpu_blocks=gpu_blocks, max_model_len=256, check_invariants=True,
+                                                  async_scheduling=async_on, max_num_batched_tokens=256))
+    offload = OffloadConfig(num_cpu_blocks=cpu_blocks, link=Link("test-host", speed, 1e-6))
+    out = simulate_offload(config, offload, workload=specs)
+    again = simulate_offload(config, offload, workload=specs)
+    assert out.requests.equals(again.requests) and out.steps.equals(again.steps)
+    assert len(out.requests) == len(specs) and out.requests["finish_time"].notna().all()
+    wanted = {s.request_id: s.output_len for s in specs}
+    for _, r in out.requests.iterrows():
+        assert r["finish_reason"] == "abort" or r["num_output_tokens"] == wanted[r["request_id"]]

@@ -51,7 +51,7 @@ class CPUOffloadKVCacheManager(KVCacheManager):
         self.gpu_hits_of: dict[Request, int] = {}          # loading requests -> tokens they hit on the GPU
         self.next_store: dict[Request, int] = {}           # blocks of each request stored or tried
         self.storing: dict[Request, list[int]] = {}        # hashes each request stored, not yet loadable
-        self.finished: set[Request] = set()                # finished, blocks held until its stores land
+        self.finished: dict[Request, None] = {}            # finished, blocks held until its stores land (in order)
         self.landed: set[Request] = set()                  # loads landed, back in the waiting queue
         self.num_offloaded_blocks = self.num_loaded_blocks = 0
         self.gpu_hit_tokens = self.cpu_hit_tokens = 0
@@ -210,7 +210,7 @@ class CPUOffloadKVCacheManager(KVCacheManager):
         if req.is_finished:
             self.next_store.pop(req, None)
             if req in self.storing:
-                self.finished.add(req)
+                self.finished[req] = None
                 return
         else:
             self._stores_land(req)
@@ -218,7 +218,7 @@ class CPUOffloadKVCacheManager(KVCacheManager):
 
     def release(self, req: Request) -> None:
         """A finished request's stores landed: they become loadable and its blocks go."""
-        self.finished.discard(req)
+        self.finished.pop(req, None)
         self._stores_land(req)
         super().free(req, forget=True)
 

@@ -84,7 +84,7 @@ class OffloadTransfers(EngineHook):
     - A step's stores start after its compute (or when the device-to-host copies before them end).
     - A finished request that stored blocks holds its GPU blocks until its stores landed and a step
       planned after its finish ended (the step that tells the workers it finished).
-    - With only loads or stores in flight the engine waits for the next to land (an empty step).
+    - With no request running and copies in flight the engine waits for the next to land (an empty step).
     """
 
     def __init__(self, copies: HostCopies, block_copy_bytes: float, check: bool, starts_when_planned: bool = False):
@@ -96,13 +96,15 @@ class OffloadTransfers(EngineHook):
         self.store_end: dict = {}       # request -> when its last store lands
         self.finished_after: dict = {}  # finished request -> steps planned when it finished
         self.planned = self.ended = 0
-        self.kv = None
+        self.kv = self.state = None
 
     def on_attach(self, engine) -> None:
-        self.kv = engine.state.kv
+        self.kv, self.state = engine.state.kv, engine.state
 
     def has_work(self) -> bool:
-        return bool(self.kv.parked or self.kv.finished)
+        """Copies in flight that nothing else would wait for: no request runs (running ones step anyway,
+        and under pipeline stages an empty batch would take a stage's slot)."""
+        return bool(self.kv.parked or self.kv.finished) and not self.state.running
 
     def _copy(self, blocks: int, direction: str) -> float:
         return self.copies.seconds(blocks, self.block_copy_bytes, direction)
