@@ -19,7 +19,7 @@ from sim.core.request import Request, RequestStatus
 from sim.core.sampling_params import SamplingParams
 from sim.engine.engine import Engine
 from kernels_cost_model.host_copies import host_copies
-from sim.planning.offload import OffloadConfig, OffloadTransfers, simulate_offload
+from sim.planning.offload import OffloadConfig, OffloadTransfers, simulate_offload, tier_block_bytes
 from tests.engine_harness import assert_outputs_match_run_until_stop, drive, engine_configs, scripted_specs
 from workloads.spec import RequestSpec
 
@@ -207,3 +207,14 @@ def test_loads_stores_preemptions_and_aborts_keep_every_invariant(specs, gpu_blo
     wanted = {s.request_id: s.output_len for s in specs}
     for _, r in out.requests.iterrows():
         assert r["finish_reason"] == "abort" or r["num_output_tokens"] == wanted[r["request_id"]]
+
+
+def test_the_tier_is_sized_as_vllm_sizes_it():
+    """vLLM: cpu_bytes // (page bytes x KV tensors x world size). Llama-3.1-8B: 32 layers x K,V x 16 tokens x
+    8 heads x 128 x 2 bytes = 2 MiB a block; FP8 KV halves it; at TP 16 each GPU keeps one of the 8 KV
+    heads (replicated), so a block takes 16 x 32 x 2 x 16 x 128 x 2 bytes = 4 MiB over all GPUs."""
+    gib = OffloadConfig(cpu_bytes=2**30)
+    base = SimulationConfig()
+    assert gib.cpu_blocks(base) == 512
+    assert gib.cpu_blocks(base.replace(deployment={"kv_cache_dtype": "fp8"})) == 1024
+    assert tier_block_bytes(base.replace(deployment={"tensor_parallel_size": 16, "gpu": "h200"})) == 4 * 2**20

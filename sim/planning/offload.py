@@ -20,7 +20,7 @@ import simpy
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.host_copies import HostCopies, host_copies
 from kernels_cost_model.kv_memory import kv_bytes_per_token
-from kernels_cost_model.links import get_link, kv_transfer_bytes
+from kernels_cost_model.links import get_link
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
@@ -63,7 +63,7 @@ class OffloadConfig:
 
     def cpu_blocks(self, config: SimulationConfig) -> int:
         """The tier's size in blocks; a tier smaller than one block is a named error."""
-        block_bytes = kv_transfer_bytes(config.deployment.model, config.engine.block_size)
+        block_bytes = tier_block_bytes(config)
         if self.num_cpu_blocks is not None:
             require(isinstance(self.num_cpu_blocks, int) and self.num_cpu_blocks >= 1, "offload.num_cpu_blocks",
                     self.num_cpu_blocks, "the CPU tier must hold at least one block")
@@ -73,6 +73,14 @@ class OffloadConfig:
                               f"smaller than one KV block ({block_bytes} bytes: {config.engine.block_size} tokens "
                               f"of {config.deployment.model})")
         return int(self.cpu_bytes // block_bytes)
+
+
+def tier_block_bytes(config: SimulationConfig) -> int:
+    """Host bytes one block takes in the tier, all GPUs together, as vLLM sizes it (page bytes x KV tensors
+    x world size): a GPU's share of a block's KV (KV dtype, replicated KV heads) times the TP ranks."""
+    d = config.deployment
+    per_gpu = kv_bytes_per_token(d.model, d.tensor_parallel_size, d.kv_cache_dtype) * config.engine.block_size
+    return per_gpu * d.tensor_parallel_size
 
 
 class OffloadTransfers(EngineHook):
