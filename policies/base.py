@@ -142,14 +142,22 @@ class Policy:
                       whole_prompt: bool) -> int:
         """Admit waiting requests in order while budget, `max_num_seqs` and KV allow.
 
-        The first that does not fit blocks those behind it (head-of-line). Returns budget left.
+        The first that does not fit blocks those behind it (head-of-line). One whose prefix is being
+        loaded for another request (a CPU tier) is passed over for this step and stays first in line.
+        Returns budget left.
         """
-        max_num_seqs = state.config.max_num_seqs
+        max_num_seqs, passed = state.config.max_num_seqs, []
         while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
-            used = self.try_admit(state, state.waiting[0], budget, out, whole_prompt)
+            head = state.waiting[0]
+            used = self.try_admit(state, head, budget, out, whole_prompt)
             if used is None:
-                break
+                if state.kv.loads_first(head) is not None:
+                    break
+                passed.append(state.waiting.popleft())
+                continue
             budget -= used
+        for req in reversed(passed):
+            state.waiting.appendleft(req)
         return budget
 
     def decode_running(self, state: EngineState, budget: int, out: SchedulerOutput,

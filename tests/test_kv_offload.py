@@ -218,3 +218,19 @@ def test_the_tier_is_sized_as_vllm_sizes_it():
     assert gib.cpu_blocks(base) == 512
     assert gib.cpu_blocks(base.replace(deployment={"kv_cache_dtype": "fp8"})) == 1024
     assert tier_block_bytes(base.replace(deployment={"tensor_parallel_size": 16, "gpu": "h200"})) == 4 * 2**20
+
+
+def test_a_request_whose_hits_load_for_another_is_passed_over():
+    """Two requests hit the same CPU blocks: the second waits for the first's load (passed over, first in
+    line), while a third behind them is admitted at once; the second then hits the GPU copy (31 blocks:
+    the last token computes) and loads its 32nd block from the CPU."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    specs = _specs() + [RequestSpec(20.0, _prompt(0, 512), output_len=4, sampling_params=params, request_id="twin"),
+                        RequestSpec(20.0, _prompt(77, 64), output_len=4, sampling_params=params, request_id="other")]
+    out = simulate_offload(_config(), OffloadConfig(num_cpu_blocks=1000, link=Link("slow-host", 2e8, 0.0)),
+                           workload=specs)
+    r = out.requests.set_index("request_id")
+    landed = r.loc["again", "first_scheduled_time"]
+    assert r.loc["other", "first_scheduled_time"] < 20.01 < landed
+    assert r.loc["twin", "first_scheduled_time"] >= landed
+    assert r.loc["twin", "num_cached_tokens"] == 511 and out.summary["cpu_loaded_blocks"] == 32 + 1  # its 32nd from CPU

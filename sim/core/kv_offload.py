@@ -18,7 +18,8 @@ CPU manager and LRU policy):
   it takes GPU blocks for its hits and leaves the queue while they load (vLLM's
   WAITING_FOR_REMOTE_KVS; `parked`). When the load lands (`finish_load`) its blocks are registered,
   it counts them as computed (all but the last token on a whole-prompt hit) and it goes back to the
-  front of the waiting queue. A request whose hits are still being loaded for another waits.
+  front of the waiting queue. A request whose hits are still being loaded for another is passed over
+  (`loads_first` None) and stays first in line.
 
 The timing (when copies start and land, what they cost) is the caller's: sim.planning.offload.
 Per-tier hit counters count each request's hits when it is first admitted.
