@@ -157,6 +157,8 @@ class OffloadTransfers(EngineHook):
                 kv.release(req)
                 del self.finished_after[req]
                 self.store_end.pop(req, None)
+        if not self.ended % 1024:   # requests whose stores landed at a preemption and that left since
+            self.store_end = {r: t for r, t in self.store_end.items() if r in kv.storing or r in kv.finished}
         if self.check:
             check_cpu_tier(kv)
 
