@@ -18,19 +18,22 @@ def _rows(method="per_block"):
         return [r for r in csv.DictReader(f) if r["method"] == method]
 
 
-def test_the_curve_reproduces_every_measured_size():
-    copies = host_copies("pcie5")
-    rows = _rows()
+@pytest.mark.parametrize("release, method", [("0.19", "per_block"), ("0.33", "batch")])
+def test_the_curve_reproduces_every_measured_size(release, method):
+    copies = host_copies("pcie5", release)
+    rows = _rows(method)
     assert len(rows) >= 20
     for r in rows:
         per_copy = float(r["seconds"]) / int(r["copies"])
         assert copies.seconds(3, int(r["copy_bytes"]), r["direction"]) == pytest.approx(3 * per_copy, rel=1e-12)
-    assert "h200-host-copies.csv" in copies.source
+    assert "h200-host-copies.csv" in copies.source and method in copies.source
+    with pytest.raises(ConfigError, match="release"):
+        host_copies("pcie5", "0.7")
 
 
-@given(st.sampled_from(["h2d", "d2h"]), st.floats(1, 2**26), st.floats(1, 2**26))
-def test_a_bigger_copy_never_costs_less(direction, a, b):
-    copies = host_copies("pcie5")
+@given(st.sampled_from(["0.19", "0.33"]), st.sampled_from(["h2d", "d2h"]), st.floats(1, 2**26), st.floats(1, 2**26))
+def test_a_bigger_copy_never_costs_less(release, direction, a, b):
+    copies = host_copies("pcie5", release)
     small, big = sorted((a, b))
     assert 0 < copies.seconds(1, small, direction) <= copies.seconds(1, big, direction)
 
