@@ -48,7 +48,8 @@ def test_small_copies_are_bound_by_their_count_not_their_bytes():
 
 def test_a_link_without_a_measurement_prices_each_copy_by_its_figures():
     link = get_link("pcie4")
-    assert host_copies("pcie4").seconds(5, 2**20, "d2h") == pytest.approx(5 * (link.latency_s + 2**20 / link.bytes_per_s))
+    one = link.latency_s + 2**20 / link.bytes_per_s
+    assert host_copies("pcie4").seconds(5, 2**20, "d2h") == pytest.approx(5 * one)
     assert host_copies("pcie5").seconds(0, 2**20, "h2d") == 0.0
     with pytest.raises(ConfigError, match="direction"):
         host_copies("pcie5").seconds(1, 2**20, "sideways")
@@ -61,7 +62,8 @@ def test_a_link_without_a_measurement_prices_each_copy_by_its_figures():
 ])
 def test_malformed_measurements_are_named_errors(tmp_path, monkeypatch, row, match):
     good = "\n".join(f"per_block,{d},{s},8,{s / 5e10 * 8 + 1e-5},0,1" for d in ("h2d", "d2h") for s in (8192, 65536))
-    (tmp_path / "bad.csv").write_text(f"method,direction,copy_bytes,copies,seconds,issue_s,bytes_per_s\n{good}\n{row}\n")
+    header = "method,direction,copy_bytes,copies,seconds,issue_s,bytes_per_s"
+    (tmp_path / "bad.csv").write_text(f"{header}\n{good}\n{row}\n")
     monkeypatch.setattr(hc, "MEASURED_DIR", tmp_path)
     hc._measured.cache_clear()
     try:

@@ -76,7 +76,8 @@ def test_an_evicted_prefix_reloads_from_cpu_and_is_priced():
     # copy; vLLM 0.33 (the default profile) batches them: the measured batch row at 2 MiB host-to-device
     # took 4.84425592 ms for 128 copies; vLLM 0.19 copies one by one: 5.21030378 ms for 128
     assert out.summary["cpu_load_s"] == pytest.approx(32 * 0.00484425592 / 128, rel=1e-9)
-    v019 = simulate_offload(config.replace(engine={"scheduler_profile": "vllm-0.19"}), OffloadConfig(num_cpu_blocks=1000),
+    v019 = simulate_offload(config.replace(engine={"scheduler_profile": "vllm-0.19"}),
+                            OffloadConfig(num_cpu_blocks=1000),
                             workload=_specs())
     assert v019.summary["cpu_load_s"] == pytest.approx(32 * 0.00521030378 / 128, rel=1e-9)
     assert r.loc["again", "first_scheduled_time"] == pytest.approx(20.0 + out.summary["cpu_load_s"])

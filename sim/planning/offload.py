@@ -185,8 +185,8 @@ def offload_transfers(config: SimulationConfig, offload: OffloadConfig, *,
                       starts_when_planned: bool = False) -> OffloadTransfers:
     """The hook timing `offload`'s copies for `config`'s model: each block one copy of all its layers'
     K and V on each GPU (vLLM's cross-layer layout), issued as the scheduler profile's release issues
-    them, the GPUs over their own links at once. `starts_when_planned`: a step starts when it is planned (pipeline stages), else when the one
-    planned before it ends."""
+    them, the GPUs over their own links at once. `starts_when_planned`: a step starts when it is
+    planned (pipeline stages), else when the one planned before it ends."""
     d, e = config.deployment, config.engine
     block_bytes = kv_bytes_per_token(d.model, d.tensor_parallel_size, d.kv_cache_dtype) * e.block_size
     copies = host_copies(offload.link, get_scheduler_profile(e.scheduler_profile).release)
