@@ -239,3 +239,35 @@ def test_a_request_whose_hits_load_for_another_is_passed_over():
     assert r.loc["other", "first_scheduled_time"] < 20.01 < landed
     assert r.loc["twin", "first_scheduled_time"] >= landed
     assert r.loc["twin", "num_cached_tokens"] == 511 and out.summary["cpu_loaded_blocks"] == 32 + 1  # its 32nd from CPU
+
+
+OFFLOAD_DIGEST = """
+import hashlib, sys, warnings
+warnings.simplefilter("ignore")
+sys.path[:0] = [sys.argv[1]]
+from tests.test_kv_offload import _sessions_digest
+print(_sessions_digest())
+"""
+
+
+def _sessions_digest() -> str:
+    """sha256 of a tier run's requests and steps (sessions over a small GPU cache: loads, stores, preemptions)."""
+    import hashlib
+    config = _config().replace(workload={"kind": "sessions", "rate": 2.0, "num_requests": 40, "think_time_s": 5.0},
+                               engine={"num_gpu_blocks": 600})
+    out = simulate_offload(config, OffloadConfig(num_cpu_blocks=3000))
+    assert out.summary["cpu_loaded_blocks"] > 0
+    return hashlib.sha256((out.requests.to_csv() + out.steps.to_csv()).encode()).hexdigest()
+
+
+def test_a_tier_run_is_identical_in_a_fresh_process():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", OFFLOAD_DIGEST, str(root)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == _sessions_digest()
