@@ -20,6 +20,7 @@ import simpy
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.host_copies import HostCopies, host_copies
 from kernels_cost_model.kv_memory import kv_bytes_per_token
+from kernels_cost_model.models import get_model
 from kernels_cost_model.links import get_link
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
@@ -95,8 +96,10 @@ class OffloadTransfers(EngineHook):
     - With no request running and copies in flight the engine waits for the next to land (an empty step).
     """
 
-    def __init__(self, copies: HostCopies, block_copy_bytes: float, check: bool, starts_when_planned: bool = False):
-        self.copies, self.block_copy_bytes, self.check = copies, block_copy_bytes, check
+    def __init__(self, copies: HostCopies, copy_bytes: float, check: bool, starts_when_planned: bool = False,
+                 copies_per_block: int = 1):
+        self.copies, self.copy_bytes, self.check = copies, copy_bytes, check
+        self.copies_per_block = copies_per_block   # one per block (all layers), or one per layer
         self.starts_when_planned = starts_when_planned   # (pipeline stages: a batch enters when planned)
         self.load_s = self.store_s = 0.0
         self.h2d_free = self.d2h_free = self.gpu_free = 0.0
@@ -115,7 +118,7 @@ class OffloadTransfers(EngineHook):
         return bool(self.kv.parked or self.kv.finished) and not self.state.running
 
     def _copy(self, blocks: int, direction: str) -> float:
-        return self.copies.seconds(blocks, self.block_copy_bytes, direction)
+        return self.copies.seconds(blocks * self.copies_per_block, self.copy_bytes, direction)
 
     def on_plan(self, engine, step) -> None:
         self.planned += 1
@@ -183,14 +186,17 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
 
 def offload_transfers(config: SimulationConfig, offload: OffloadConfig, *,
                       starts_when_planned: bool = False) -> OffloadTransfers:
-    """The hook timing `offload`'s copies for `config`'s model: each block one copy of all its layers'
-    K and V on each GPU (vLLM's cross-layer layout), issued as the scheduler profile's release issues
-    them, the GPUs over their own links at once. `starts_when_planned`: a step starts when it is
-    planned (pipeline stages), else when the one planned before it ends."""
+    """The hook timing `offload`'s copies for `config`'s model, as the scheduler profile's release
+    issues them, the GPUs over their own links at once: vLLM 0.19 lays the cache out across layers
+    for its connector (one copy of all a block's layers on a GPU), 0.33 copies each layer's page of
+    a block apart, batched. `starts_when_planned`: a step starts when it is planned (pipeline
+    stages), else when the one planned before it ends."""
     d, e = config.deployment, config.engine
     block_bytes = kv_bytes_per_token(d.model, d.tensor_parallel_size, d.kv_cache_dtype) * e.block_size
-    copies = host_copies(offload.link, get_scheduler_profile(e.scheduler_profile).release)
-    return OffloadTransfers(copies, block_bytes, e.check_invariants, starts_when_planned)
+    release = get_scheduler_profile(e.scheduler_profile).release
+    per_block = 1 if release == "0.19" else get_model(d.model).num_layers
+    return OffloadTransfers(host_copies(offload.link, release), block_bytes / per_block, e.check_invariants,
+                            starts_when_planned, per_block)
 
 
 def tier_summary(kv: CPUOffloadKVCacheManager, hook: OffloadTransfers, prompt_tokens: int) -> dict:
