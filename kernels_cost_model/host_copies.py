@@ -6,7 +6,8 @@ out across layers (`prefer_cross_layer_blocks`), so each block is one copy of al
 that GPU. A transfer's copies run one after another on the copy engine of their direction, and each
 direction's transfers run one after another (a stream per transfer, each waiting for the one before).
 
-vLLM 0.33 issues a transfer's copies in one cuMemcpyBatchAsync call instead (`host_copies(link, "0.33")`).
+vLLM 0.33 copies each layer's page of a block apart and issues a transfer's copies in one
+cuMemcpyBatchAsync call (`host_copies(link, "0.33")`; the caller counts the copies).
 
 `HostCopies.seconds(copies, copy_bytes, direction)` prices that from servesim's own measurement
 (`data/measured/h200-host-copies.csv`, benchmarks/measure_host_copies.py: an H200 on PCIe Gen5 x16,

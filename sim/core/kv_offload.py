@@ -132,10 +132,7 @@ class CPUOffloadKVCacheManager(KVCacheManager):
 
     def finish_load(self, req: Request) -> None:
         """`req`'s load landed: register its blocks and count them as computed."""
-        for block_hash in self.parked.pop(req):
-            self.loads_of[block_hash] -= 1
-            if not self.loads_of[block_hash]:
-                del self.loads_of[block_hash]
+        self._end_load(req)
         self.landed.add(req)
         loaded = len(self.req_blocks[req]) * self.block_size
         self.cache_full_blocks(req, loaded)
@@ -145,6 +142,13 @@ class CPUOffloadKVCacheManager(KVCacheManager):
             req.num_cached_tokens = computed
             self.gpu_hit_tokens += on_gpu
             self.cpu_hit_tokens += computed - on_gpu
+
+    def _end_load(self, req: Request) -> None:
+        """`req` no longer loads: the CPU blocks it read may be evicted again (once no other load reads them)."""
+        for block_hash in self.parked.pop(req):
+            self.loads_of[block_hash] -= 1
+            if not self.loads_of[block_hash]:
+                del self.loads_of[block_hash]
 
     # ----- store ----------------------------------------------------------------------------
     def prepare_stores(self, scheduled: list) -> list[tuple[Request, int]]:
@@ -204,10 +208,7 @@ class CPUOffloadKVCacheManager(KVCacheManager):
         self.landed.discard(req)
         if req in self.parked:
             del self.gpu_hits_of[req]
-            for block_hash in self.parked.pop(req):
-                self.loads_of[block_hash] -= 1
-                if not self.loads_of[block_hash]:
-                    del self.loads_of[block_hash]
+            self._end_load(req)
         if req.is_finished:
             self.next_store.pop(req, None)
             if req in self.storing:
