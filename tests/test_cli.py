@@ -201,7 +201,7 @@ def saved_run(tmp_path_factory):
     ("summary.json", "{bad", "not valid JSON (line 1, column 2); not a servesim summary"),
     ("summary.json", "[]", "not a servesim summary (an object with 'summary' and 'meta' objects)"),
     ("requests.csv", "a,b\n", "missing column(s) ['request_id', 'tenant', 'session_id', 'priority',"
-                              " 'num_prompt_tokens'] and 15 more"),
+                              " 'num_prompt_tokens'] and 16 more"),
     ("requests.csv", "", "not a table servesim wrote (No columns to parse from file)"),
 ])
 def test_plot_and_report_of_a_damaged_run_folder_name_the_file(capsys, tmp_path, saved_run, name, content, message):

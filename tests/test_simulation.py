@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from unittest import mock
 
 import numpy as np
@@ -303,3 +304,24 @@ def test_run_engine_names_a_bad_argument_before_the_run(kwargs, field):
     with pytest.raises(ConfigError) as err:
         run_engine(args.pop("workload"), args.pop("config"), args.pop("cost_model"), **args)
     assert err.value.field == field
+
+
+def test_a_length_finish_is_a_cut_only_short_of_max_tokens():
+    """An output that ends at max_model_len on the token its max_tokens allows is complete, not cut;
+    one that ends there short of its max_tokens (or with none) is, and the warning says so."""
+    from sim.api.results import Results
+    from sim.api.validation import length_cuts, warn_length_cuts
+    cfg = EngineConfig(num_gpu_blocks=64, max_model_len=64)
+    specs = [_spec(0.0, prompt_len=60, out=40, rid="exact", max_tokens=4),
+             _spec(0.1, prompt_len=60, out=40, rid="none", max_tokens=None),
+             _spec(0.2, prompt_len=50, out=40, rid="fits", max_tokens=4)]
+    requests = Results.from_records(run_engine(specs, cfg, COST)).requests.set_index("request_id")
+    assert list(requests["max_tokens"].fillna(-1)) == [4, -1, 4]
+    assert list(requests["finish_reason"]) == ["length"] * 3
+    assert list(requests["num_output_tokens"]) == [4, 4, 4]
+    assert list(length_cuts(requests, 64)) == [False, True, False]
+    with pytest.warns(UserWarning, match="1 of 3 requests .* cut at engine.max_model_len=64"):
+        warn_length_cuts(requests, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_length_cuts(requests.drop(index="none"), 64)

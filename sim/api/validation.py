@@ -258,13 +258,23 @@ def warn_rejections(requests, max_model_len: int, refuses_over_length: bool = Fa
                       f" {why}; their latencies are not in the summary", stacklevel=3)
 
 
+def length_cuts(requests, max_model_len: int):
+    """Which requests had their output cut at max_model_len (prompt + output), short of their
+    max_tokens: a request that reached its max_tokens on the same token was not cut (tables saved
+    before the max_tokens column count every output that ended there)."""
+    full = requests["num_prompt_tokens"] + requests["num_output_tokens"] >= max_model_len
+    cut = (requests["finish_reason"] == "length") & ~requests["rejected"].astype(bool) & full
+    if "max_tokens" in requests:
+        cut &= ~(requests["num_output_tokens"] >= requests["max_tokens"])  # (NaN: no max_tokens)
+    return cut
+
+
 def warn_length_cuts(requests, max_model_len: int) -> None:
     """A warning when outputs ended at max_model_len (prompt + output), short of what was asked."""
     import warnings
     if not len(requests):
         return
-    full = requests["num_prompt_tokens"] + requests["num_output_tokens"] >= max_model_len
-    cut = int(((requests["finish_reason"] == "length") & ~requests["rejected"].astype(bool) & full).sum())
+    cut = int(length_cuts(requests, max_model_len).sum())
     if cut:
         warnings.warn(f"{cut} of {len(requests)} requests ({cut / len(requests):.0%}) had their output cut at "
                       f"engine.max_model_len={max_model_len} (prompt + output tokens), short of their "

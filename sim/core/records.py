@@ -33,6 +33,8 @@ class RequestRecords:
     session_id: list = field(default_factory=list)
     priority: list = field(default_factory=list)
     num_prompt_tokens: array = field(default_factory=_counts)
+    #: the request's `max_tokens` (NaN where it set none)
+    max_tokens: array = field(default_factory=_floats)
     arrival_time: array = field(default_factory=_floats)
     first_scheduled_time: array = field(default_factory=_floats)
     first_token_time: array = field(default_factory=_floats)
@@ -54,6 +56,8 @@ class RequestRecords:
         self.session_id.append(spec.session_id)
         self.priority.append(spec.priority)
         self.num_prompt_tokens.append(spec.num_prompt_tokens)
+        max_tokens = spec.sampling_params.max_tokens
+        self.max_tokens.append(NAN if max_tokens is None else max_tokens)
         self.arrival_time.append(arrival)
         for column in (self.first_scheduled_time, self.first_token_time, self.finish_time):
             column.append(NAN)
