@@ -10,8 +10,9 @@ Poisson arrivals. Scenarios with ShareGPT-like lengths, the vLLM (V1) policy and
 and the setup issue 15 measured (Azure conversation lengths, Llama-2-7B on A100 with the roofline cost
 model, vLLM V0's policy, 128 sequences, 4096-token budget) at 4 req/s and at 20 req/s (about 2x its capacity).
 
-For each it runs both engine modes alternately `--repeat` times and reports the best CPU time of each
-(the machine may be shared), the ratio, requests and output tokens per CPU-second, and checks that the
+For each it runs both engine modes alternately `--repeat` times (each mode first in every other turn, and
+no run's records kept while the next runs) and reports the best CPU time of each (the machine may be
+shared), the ratio, requests and output tokens per CPU-second, and checks that the
 two modes' records are identical. `--baseline PATH` also times another checkout (e.g. the main branch
 before this work) on the same scenarios in a subprocess, against this checkout in a subprocess too (a run
 after others in one process is ~5-8% slower, so the in-process fast time is not compared with it).
@@ -30,6 +31,7 @@ Azure-conversation run (servesim's step engine then: ~840 requests/s on that run
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -81,24 +83,30 @@ def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bo
     return time.process_time() - start, records
 
 
-def fingerprint(records) -> tuple:
-    """Everything the two modes must agree on, as reprs."""
-    steps = {k: repr(list(v)) for k, v in records.steps.columns().items()}
-    reqs = {k: repr(list(v)) for k, v in records.requests.columns().items()}
-    times = repr([None if t is None else list(t) for t in records.requests.times()])
-    return steps, reqs, times, repr(records.end_time)
+def fingerprint(records) -> str:
+    """A digest of everything the two modes must agree on (every record's repr), so that no copy of
+    one run's records is held while the next runs."""
+    digest = hashlib.sha256()
+    for table in (records.steps, records.requests):
+        for name, column in table.columns().items():
+            digest.update(f"{name}={list(column)!r};".encode())
+    for times in records.requests.times():
+        digest.update(b"-" if times is None else repr(list(times)).encode())
+    digest.update(repr(records.end_time).encode())
+    return digest.hexdigest()
 
 
 def compare(scenario: str, num_requests: int, repeat: int, baseline: str | None) -> dict:
     best = {"step": float("inf"), "fast": float("inf"), "baseline": float("inf"), "fresh": float("inf")}
     prints = {}
-    for _ in range(repeat):
-        for mode in ("step", "fast"):
+    for turn in range(repeat):
+        for mode in ("step", "fast") if turn % 2 == 0 else ("fast", "step"):  # (neither always runs second)
             cpu, records = run_once(scenario, num_requests, mode)
             best[mode] = min(best[mode], cpu)
             prints[mode] = fingerprint(records)
             tokens, steps = sum(records.requests.num_output_tokens), len(records.steps)
             preempted = sum(records.requests.num_preemptions)
+            del records  # (the next run starts without this one's records)
         if baseline:  # both trees in fresh processes (a run after others in one process is slower)
             best["baseline"] = min(best["baseline"], _baseline_cpu(baseline, scenario, num_requests))
             best["fresh"] = min(best["fresh"], _baseline_cpu(os.path.dirname(_here()), scenario, num_requests))
