@@ -247,7 +247,7 @@ def test_a_stretch_passes_evictions_of_the_waiting_heads_prefix():
 def test_synthetic_streams_emit_filler_ids_but_eos(output_len, index, position, eos):
     """What the leap's stop test for synthetic rows rests on: every token is in FILLER_RANGE except
     the EOS id at the EOS position (so a stop set without filler ids can only fire there)."""
-    from sim.engine.leap import FILLER_RANGE
+    from workloads.token_streams import FILLER_RANGE
     stream = stream_for(RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len), index, eos)
     if eos is None:
         assert stream.synthetic is None  # (the leap reads such a stream's tokens one by one)

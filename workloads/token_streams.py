@@ -11,6 +11,7 @@ import numpy as np
 
 FILLER_BASE_TOKEN_ID = 1000
 FILLER_SPAN = 20000
+FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' filler ids
 
 
 def filler_token(request_index: int, position: int) -> int:

@@ -22,6 +22,7 @@ from sim.core.request import Request, RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
 from sim.core.token_runs import TokenRuns
+from sim.engine.quiet import ALWAYS_CHECK, quiet_until
 from workloads.token_streams import stream_for
 
 
@@ -100,7 +101,8 @@ class Engine:
                       spec.priority, text, spec, index)
         self.by_id[request_id] = req
         self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
-        self.streams.append(stream_for(spec, index, self.config.eos_token_id))
+        self.streams.append(None)
+        self.set_stream(req, stream_for(spec, index, self.config.eos_token_id))
         if self._refused(req.num_prompt_tokens, params.max_tokens):
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
@@ -136,11 +138,16 @@ class Engine:
                       prefilled.text_state, spec, index)
         req.output_token_ids.extend(prefilled.output_token_ids)
         self.by_id[req.request_id] = req
-        quick = None if req.text_state else stop_candidates(req, self.config.max_model_len)
-        self.quick_stop.append(quick)
-        self.streams.append(stream)
+        self.quick_stop.append(None if req.text_state else stop_candidates(req, self.config.max_model_len))
+        self.streams.append(None)
+        self.set_stream(req, stream)
         self._track_prefix(req, False)
         return req
+
+    def set_stream(self, req: Request, stream) -> None:
+        """`req` reads its tokens from `stream` (position -> token id) from its next token on."""
+        self.streams[req.index] = stream
+        req.quiet_until = quiet_until(stream, self.quick_stop[req.index], len(req.output_token_ids))
 
     def start_prefilled(self, req: Request, now: float) -> None:
         """The prompt's KV has arrived: `req` joins the running batch as a decode (its next step
@@ -337,6 +344,11 @@ class Engine:
             times = token_times[index]
             if times is not None:
                 times.append(now)
+            quiet = req.quiet_until
+            if position < quiet:
+                continue  # cannot stop on this token under any profile, known without reading it
+            if quiet != ALWAYS_CHECK:
+                req.quiet_until = quiet_until(streams[index], quick_stop[index], position + 1)
             quick = quick_stop[index]
             if quick is not None and token not in quick[0] and position + 1 < quick[1]:
                 continue  # cannot stop on this token under any profile

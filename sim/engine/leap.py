@@ -40,7 +40,7 @@ from sim.engine.leap_kv import StretchKV, head_may_enter
 from sim.engine.leap_steady import (MAX_UNITS, MIN_UNITS, ArrivalTimeout, events_due, flying_rows, least_units,
                                     plan_stop, quiet_horizon, rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
-from workloads.token_streams import FILLER_BASE_TOKEN_ID, FILLER_SPAN, synthetic_rows, synthetic_spans
+from workloads.token_streams import FILLER_RANGE, synthetic_rows, synthetic_spans
 
 #: Policies whose pure-decode step is "each running request, in order, one token" and whether they
 #: try the waiting head with the whole budget (V0: prefills first) or with what decodes leave (V1).
@@ -49,7 +49,6 @@ SPAN_FROM = 48     # read more tokens than this per row with the stream's vector
 MAX_COOLDOWN = 16  # loop turns between leap attempts after many misses
 WATCH_UNITS = 16  # after a refusal by a row near its length rule, watch the rows this much further too
 ROW_MISSES_FREE = 2  # refusals by the pass over the rows in a row before any back-off (one turn per so many)
-FILLER_RANGE = range(FILLER_BASE_TOKEN_ID, FILLER_BASE_TOKEN_ID + FILLER_SPAN)  # synthetic streams' ids
 PLAIN_KV = (KVCacheManager, StackedKVCacheManager)  # the managers whose moves a leap replays
 
 

@@ -39,7 +39,7 @@ def decode_request(engine, original_spec, prefilled, stream, now: float):
     outputs empty, on the prefill's token stream (the caller allocates its blocks and admits it)."""
     req = engine.add_request(dataclasses.replace(original_spec, request_id=prefilled.request_id), now)
     engine.state.waiting.remove(req)
-    engine.streams[req.index] = stream
+    engine.set_stream(req, stream)
     return req
 
 
