@@ -66,20 +66,29 @@ class RequestRecords:
         self.finish_reason.append(None)
         self.stop_reason.append(None)
         self.rejected.append(False)
-        self.token_times.append(array("d") if record_token_times else None)
+        self.token_times.append([] if record_token_times else None)  # (an array once it finished)
         if self.token_runs is not None:
             self.token_runs.add_request()
         return len(self.request_id) - 1
 
     def compact_token_times(self, index: int) -> None:
-        """Request `index` finished: its token times become runs (when kept as runs)."""
+        """Request `index` finished: its token times become an `array('d')`, then runs (when kept as
+        runs). While it runs they grow in a list: appending a float to a list costs a fraction of
+        appending it to an array, which parses its argument each time."""
+        times = self.token_times[index]
+        if type(times) is list:
+            self.token_times[index] = array("d", times)
         if self.token_runs is not None:
             self.token_runs.finish(index, self.token_times)
 
     def times(self):
         """Every request's token times (`array('d')` or None each), wherever they are kept."""
+        token_times = self.token_times
+        for index, times in enumerate(token_times):
+            if type(times) is list:  # (a request still running when the run ended)
+                token_times[index] = array("d", times)
         if self.token_runs is None:
-            return self.token_times
+            return token_times
         self.token_runs.compact(self.token_times)
         return TokenTimes(self.token_times, self.token_runs)
 

@@ -23,7 +23,6 @@ vLLM V1's async plans the tail's plan leaves out the rows whose last token is in
 from __future__ import annotations
 
 import math
-from array import array
 from bisect import bisect_left
 from itertools import accumulate, repeat
 
@@ -453,7 +452,7 @@ class _StretchPlan(StretchKV):
         units, times = self.units, self.times
         if self.tokens is None:
             self._read_synthetic(units)
-        finish_times = array('d', times[1:])  # (an array extends an array by copying its bytes)
+        finish_times = times[1:]  # (the floats themselves: a running request's times are a list)
         requests = self.engine.requests
         token_times, first_token = requests.token_times, requests.first_token_time
         lag = self.lag
