@@ -1,29 +1,15 @@
 """benchmarks/loop_breakdown.py: its timers change no record, time every part they name and leave no
 method wrapped behind them."""
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from tests.benchmark_loader import load_benchmark
 
 
 @pytest.mark.parametrize("scenario,mode", [("issue-light", "fast"), ("issue-2x", "step"), ("busy", "fast")])
 def test_timed_run_has_the_records_of_an_untimed_one(scenario, mode, capsys):
-    breakdown, sim_speed = _load("loop_breakdown"), _load("sim_speed")
+    breakdown, sim_speed = load_benchmark("loop_breakdown"), load_benchmark("sim_speed")
     methods = {(owner, name): owner.__dict__.get(name)
                for _, owner, name in breakdown.PARTS + breakdown.ACROSS}
     plain = sim_speed.fingerprint(sim_speed.run_once(scenario, 150, mode)[1])

@@ -1,25 +1,12 @@
 """benchmarks/opcode_counts.py: its counts of the project's functions are the run's own (the same
 twice), name the engine's hot functions, and leave no tracer behind."""
-import importlib.util
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from tests.benchmark_loader import load_benchmark
 
 
 def test_counts_are_deterministic_and_name_the_step_functions():
-    opcodes = _load("opcode_counts")
+    opcodes = load_benchmark("opcode_counts")
     tracer = sys.gettrace()  # (coverage or a debugger may hold one)
     first = opcodes.count_opcodes("issue-2x", 40, "step")
     assert sys.gettrace() is tracer
