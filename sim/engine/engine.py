@@ -100,9 +100,7 @@ class Engine:
         req = Request(request_id, spec.prompt_token_ids, params, self.config.eos_token_id, now,
                       spec.priority, text, spec, index)
         self.by_id[request_id] = req
-        self.quick_stop.append(None if text else stop_candidates(req, self.config.max_model_len))
-        self.streams.append(None)
-        self.set_stream(req, stream_for(spec, index, self.config.eos_token_id))
+        self._add_stop_and_stream(req, stream_for(spec, index, self.config.eos_token_id))
         if self._refused(req.num_prompt_tokens, params.max_tokens):
             self.requests.rejected[index] = True
             self._finish(req, RequestStatus.FINISHED_IGNORED, now)
@@ -138,11 +136,15 @@ class Engine:
                       prefilled.text_state, spec, index)
         req.output_token_ids.extend(prefilled.output_token_ids)
         self.by_id[req.request_id] = req
-        self.quick_stop.append(None if req.text_state else stop_candidates(req, self.config.max_model_len))
-        self.streams.append(None)
-        self.set_stream(req, stream)
+        self._add_stop_and_stream(req, stream)
         self._track_prefix(req, False)
         return req
+
+    def _add_stop_and_stream(self, req: Request, stream) -> None:
+        """A new request's stop candidates (none known with stop strings) and token stream."""
+        self.quick_stop.append(None if req.text_state else stop_candidates(req, self.config.max_model_len))
+        self.streams.append(stream)
+        self.set_stream(req, stream)
 
     def set_stream(self, req: Request, stream) -> None:
         """`req` reads its tokens from `stream` (position -> token id) from its next token on."""
