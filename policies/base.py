@@ -19,11 +19,15 @@ UNLIMITED = 1 << 62
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step's plan: (request, num_new_tokens) in batch row order, and who was preempted."""
+    """One step's plan: (request, num_new_tokens) in batch row order, and who was preempted.
+    `num_decodes`: how many of the first rows are one-token decodes that sample (a request with every
+    token computed but its last; `Policy.decode_running`), so that the engine advances them without
+    testing each (0: unknown, every row is tested)."""
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    num_decodes: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -168,15 +172,19 @@ class Policy:
         preempted request is skipped). Returns the budget left.
         """
         rows = list(state.running if reqs is None else reqs)
+        first = not out.scheduled  # (a preemption deletes only rows of this pass: they stay first)
         if budget >= len(rows) and state.kv.grows_in_place:  # (the budget cannot run out)
-            return self._decode_in_place(state, budget, out, rows)
-        running = RequestStatus.RUNNING
-        for req in rows:
-            if budget <= 0:
-                break
-            if req.status is not running:
-                continue  # preempted earlier in this step
-            budget += self._decode_allocating(state, req, out)
+            budget = self._decode_in_place(state, budget, out, rows)
+        else:
+            running = RequestStatus.RUNNING
+            for req in rows:
+                if budget <= 0:
+                    break
+                if req.status is not running:
+                    continue  # preempted earlier in this step
+                budget += self._decode_allocating(state, req, out)
+        if first:
+            out.num_decodes = len(out.scheduled)
         return budget
 
     def _decode_in_place(self, state: EngineState, budget: int, out: SchedulerOutput, rows: list) -> int:

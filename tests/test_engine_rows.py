@@ -1,6 +1,7 @@
 """The plain engine reads and advances a step's rows in one pass (`Engine._rows_advanced`); with a
 hook it reads them, lets the hook see them, then advances them (`Engine._rows`, `Engine._advance`).
-A hook that does nothing must not change a run: both paths give the same records."""
+A hook that does nothing must not change a run: both paths give the same records (the plain path
+advances the decode pass's rows untested, `SchedulerOutput.num_decodes`)."""
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
@@ -20,7 +21,7 @@ def _records(specs, config, hooks=()) -> str:
     return repr((steps, requests, times, records.end_time))
 
 
-@given(scripted_specs(), engine_configs(), st.booleans(), st.sampled_from(["vllm", "vllm-v0"]))
+@given(scripted_specs(), engine_configs(), st.booleans(), st.sampled_from(["vllm", "vllm-v0", "orca", "sarathi", "static"]))
 def test_a_do_nothing_hook_changes_no_record(specs, config, async_scheduling, policy):
     config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step", check_invariants=False)
     assert _records(specs, config) == _records(specs, config, hooks=[EngineHook()])

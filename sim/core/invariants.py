@@ -86,3 +86,10 @@ def check_budget(plan, config) -> None:
     _ensure(len(ids) == len(set(ids)), "a request is scheduled twice in one step")
     for req, n in plan.scheduled:
         _ensure(n > 0 and not req.is_finished, f"{req.request_id}: bad schedule ({n} tokens, {req.status.name})")
+
+
+def check_decode_rows(plan) -> None:
+    """The plan's first `num_decodes` rows, before they advance, are one-token decodes that sample."""
+    for req, n in plan.scheduled[:plan.num_decodes]:
+        _ensure(n == 1 and req.num_computed_tokens + 1 >= req.num_prompt_tokens + len(req.output_token_ids)
+                + req.num_output_placeholders, f"{req.request_id}: counted as a decode but does not sample")

@@ -12,7 +12,7 @@ from policies.base import EngineState, SchedulerOutput
 from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
 from sim.core.config import EngineConfig
-from sim.core.invariants import check_budget, check_invariants
+from sim.core.invariants import check_budget, check_decode_rows, check_invariants
 from sim.core import kv_lazy
 from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_groups import make_kv_manager
@@ -199,11 +199,13 @@ class Engine:
             self._deliver_frontend_aborts(now)
             return None
         scheduled = plan.scheduled
+        if self.config.check_invariants:
+            check_decode_rows(plan)
         if self.hooks:  # a hook reads the rows before they advance
             new = [n for _, n in scheduled]
             context, samples = self._rows(scheduled)
         else:
-            new, context, samples = self._rows_advanced(scheduled)
+            new, context, samples = self._rows_advanced(plan)
         first_scheduled = self.requests.first_scheduled_time
         for req in plan.admitted:
             if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
@@ -229,10 +231,38 @@ class Engine:
                    for c, (r, n) in zip(context, scheduled)]
         return context, samples
 
-    def _rows_advanced(self, scheduled: list) -> tuple[list, list, list]:
+    def _rows_advanced(self, plan) -> tuple[list, list, list]:
         """The rows' new tokens, then `_rows` and `_advance`, in one pass over the rows (the plain
-        engine's hot path)."""
-        new, context, samples = [], [], []
+        engine's hot path). The plan's first `num_decodes` rows are one-token decodes that sample
+        (`SchedulerOutput.num_decodes`): they advance untested."""
+        scheduled = plan.scheduled
+        decodes = plan.num_decodes
+        if not decodes:
+            return self._rows_tested(scheduled, [], [], [])
+        rows = scheduled if decodes == len(scheduled) else scheduled[:decodes]
+        context = []
+        to_context = context.append
+        if self.is_async:  # each leaves a placeholder until its token is known
+            for req, _ in rows:
+                computed = req.num_computed_tokens
+                to_context(computed)
+                req.num_computed_tokens = computed + 1
+                req.num_in_flight_tokens += 1
+                req.num_output_placeholders += 1
+        else:
+            for req, _ in rows:
+                computed = req.num_computed_tokens
+                to_context(computed)
+                req.num_computed_tokens = computed + 1
+                req.num_in_flight_tokens += 1
+        new, samples = [1] * decodes, [True] * decodes
+        if decodes == len(scheduled):
+            return new, context, samples
+        return self._rows_tested(scheduled[decodes:], new, context, samples)
+
+    def _rows_tested(self, scheduled: list, new: list, context: list, samples: list) -> tuple[list, list, list]:
+        """`_rows_advanced` for rows of any kind, appended to the lists given: each row is tested for
+        whether it catches up (samples)."""
         to_new, to_context, to_samples = new.append, context.append, samples.append
         async_ = self.is_async
         for req, n in scheduled:
