@@ -53,7 +53,7 @@ class VllmV1Policy(Policy):
         i = 0
         while i < len(running) and budget > 0:
             if in_place:  # the rows that grow within their blocks or by one free block: the hot path
-                i, budget = self._grow_in_place(state, i, budget, scheduled)
+                i, budget = self._grow_in_place(state, i, budget, out)
                 if i >= len(running) or budget <= 0:
                     break
             req = running[i]
@@ -73,6 +73,8 @@ class VllmV1Policy(Policy):
             scheduled.append((req, n))
             budget -= n
             i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
+        if out.preempted:
+            out.num_decodes = 0  # (a preemption may have taken one of the first rows out)
         return budget
 
     def _tokens_for(self, state: EngineState, req, budget: int) -> int:
@@ -86,11 +88,16 @@ class VllmV1Policy(Policy):
             return 0
         return min(self.chunk(state, req, budget), max_model_len - 1 - computed)
 
-    def _grow_in_place(self, state: EngineState, start: int, budget: int, scheduled: list) -> tuple[int, int]:
+    def _grow_in_place(self, state: EngineState, start: int, budget: int, out: SchedulerOutput) -> tuple[int, int]:
         """Schedule the running requests from `start` on while each fits within the blocks it holds or
         one more free block (`KVCacheManager.allocate`'s growth, inlined with `_tokens_for`: this runs
         for every row of every step). Returns (the first request it left for the caller, the budget
-        left); it never preempts, so the running list does not change under it."""
+        left); it never preempts, so the running list does not change under it. When it plans the
+        step's first rows it counts the one-token decodes that sample among them, up to the first
+        row that is not one (`SchedulerOutput.num_decodes`)."""
+        scheduled = out.scheduled
+        leading = not scheduled  # still counting the plan's first rows
+        decodes = 0
         kv, max_model_len, threshold = state.kv, state.config.max_model_len, self._threshold
         plain_chunk = (type(self).chunk is Policy.chunk
                        and type(self).prefill_threshold is VllmV1Policy.prefill_threshold)
@@ -135,6 +142,13 @@ class VllmV1Policy(Policy):
             scheduled.append((req, n))
             budget -= n
             i += 1
+            if leading:
+                if n == 1 and total >= num_tokens + placeholders:
+                    decodes += 1
+                else:
+                    leading = False
+        if decodes:
+            out.num_decodes = decodes
         return i, budget
 
     @staticmethod
