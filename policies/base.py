@@ -189,21 +189,27 @@ class Policy:
 
     def _decode_in_place(self, state: EngineState, budget: int, out: SchedulerOutput, rows: list) -> int:
         """`decode_running` where the budget holds every row and `KVCacheManager.allocate`'s hot path
-        is inlined: growth within the blocks a request holds or by one free block. The budget is
-        settled at the end and around each row that takes `_decode_allocating`: the rows scheduled
-        in between are the in-place ones, one token each."""
+        is inlined: growth within the blocks a request holds or by one free block. Below a request's
+        `kv_grow_at` there is neither a block to take nor one to register: the row is scheduled at
+        once; else the blocks are checked and the bound moves on. The budget is settled at the end
+        and around each row that takes `_decode_allocating`: the rows scheduled in between are the
+        in-place ones, one token each."""
         kv, running = state.kv, RequestStatus.RUNNING
         scheduled = out.scheduled  # (a preemption deletes from the same list)
         schedule = scheduled.append
         blocks_of, block_size, caching = kv.req_blocks.get, kv.block_size, kv.enable_prefix_caching
         hashed_get, take_next_block = kv.num_hashed_blocks.get, kv.take_next_block
         exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
+        bounded = not (caching and exact)  # (an exact check on every row keeps no bound)
         mark = len(scheduled)  # the rows after it are in-place rows
         for req in rows:
             if req.status is not running:
                 continue  # preempted earlier in this step
-            blocks = blocks_of(req)
             total = req.num_computed_tokens + 1
+            if total < req.kv_grow_at:
+                schedule((req, 1))
+                continue
+            blocks = blocks_of(req)
             if blocks is not None and (total <= len(blocks) * block_size or take_next_block(blocks, total)):
                 if caching and (total >= req.kv_register_at or exact):
                     target = req.num_prompt_tokens + len(req.output_token_ids)
@@ -214,6 +220,9 @@ class Policy:
                         kv.cache_full_blocks(req, target)
                     else:
                         req.kv_register_at = (done + 1) * block_size
+                if bounded:
+                    grow_at = len(blocks) * block_size + 1
+                    req.kv_grow_at = req.kv_register_at if caching and req.kv_register_at < grow_at else grow_at
                 schedule((req, 1))
                 continue
             budget -= len(scheduled) - mark

@@ -7,7 +7,8 @@
   with a manager that does not allow it, every row goes through `allocate_or_preempt`.
 - The inlined decode paths skip the exact check for a full block to register below `req.kv_register_at`
   tokens; with a manager that does not allow it (`registers_at` False) every row checks, registering
-  nothing more, and the bound never passes the true one.
+  nothing more, and the bound never passes the true one. The decode pass skips every block check below
+  `req.kv_grow_at`, which never passes the token count that takes a block or fills one.
 - `Policy.try_admit` skips `can_fit` where allocating the whole sequence asks the same; asking it too
   changes no record."""
 from __future__ import annotations
@@ -42,9 +43,19 @@ class BoundCheckingKV(KVCacheManager):
     the token count at which its next block is full (so no skipped check missed a registration)."""
 
     def cache_full_blocks(self, req, num_tokens=None) -> None:
-        for other in self.req_blocks:
-            assert other.kv_register_at <= (self.num_hashed_blocks.get(other, 0) + 1) * self.block_size
+        self._check_bounds()
         super().cache_full_blocks(req, num_tokens)
+
+    def take_next_block(self, blocks: list[int], total: int) -> bool:
+        self._check_bounds()
+        return super().take_next_block(blocks, total)
+
+    def _check_bounds(self) -> None:
+        """Neither bound passes the true one; `kv_grow_at` (the decode pass's) neither the block to take."""
+        for other, blocks in self.req_blocks.items():
+            full = (self.num_hashed_blocks.get(other, 0) + 1) * self.block_size
+            assert other.kv_register_at <= full
+            assert other.kv_grow_at <= min(full, len(blocks) * self.block_size + 1)
 
     registers_at = True  # (overriding cache_full_blocks would turn it off)
 
@@ -103,7 +114,7 @@ def _kv(kind, config):
                 get_scheduler_profile(config.scheduler_profile).free_uncached_first)
 
 
-@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0"]), st.booleans(),
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0", "orca", "sarathi"]), st.booleans(),
        st.sampled_from(["fast", "step"]))
 def test_registering_below_the_bound_changes_no_record(specs, config, policy, async_scheduling, mode):
     config = for_policy(config, policy, async_scheduling=async_scheduling, enable_prefix_caching=True,

@@ -36,6 +36,19 @@ def test_blocks_follow_computed_tokens():
     assert kv.num_free_blocks == kv.num_usable_blocks == 9  # block 0 is vLLM's null block
 
 
+@pytest.mark.parametrize("make", [lambda: KVCacheManager(10, 4, enable_prefix_caching=True),
+                                  lambda: StackedKVCacheManager(10, 4)])
+def test_dropping_a_requests_blocks_drops_its_growth_bounds(make):
+    """A decode pass skips the block checks below `kv_grow_at` (and registration below
+    `kv_register_at`): bounds that held for the blocks freed must not outlive them."""
+    kv = make()
+    req = _req(range(10))
+    _compute(kv, req, 6)
+    req.kv_grow_at = 9
+    kv.free(req)
+    assert req.kv_grow_at == 0 and req.kv_register_at == 0
+
+
 def test_allocation_that_does_not_fit_changes_nothing():
     kv = KVCacheManager(4, 4, enable_prefix_caching=False)  # 3 usable: block 0 is the null block
     a = _req(range(8), "a")

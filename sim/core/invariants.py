@@ -32,11 +32,25 @@ def check_invariants(engine) -> None:
             needed = -(-req.num_computed_tokens // kv.block_size)
             _ensure(len(blocks) >= needed,
                     f"{req.request_id} has {len(blocks)} blocks for {req.num_computed_tokens} computed tokens")
+            _check_grow_bound(kv, req, blocks)
         _ensure(req.num_computed_tokens <= req.num_tokens + req.num_output_placeholders,
                 f"{req.request_id} computed past its tokens and placeholders")
     for req in kv.req_blocks:
         _ensure(req.status.name == "RUNNING" or kv.holds_outside_queues(req),
                 f"{req.request_id} holds KV while {req.status.name}")
+
+
+def _check_grow_bound(kv, req, blocks: list) -> None:
+    """`req.kv_grow_at` (0: none) is no higher than the token count that takes a block or, with
+    registration bounded by `kv_register_at`, fills one to register; with the exact check, none."""
+    bound = req.kv_grow_at
+    if not bound:
+        return
+    _ensure(bound <= len(blocks) * kv.block_size + 1, f"{req.request_id}: kv_grow_at {bound} past its blocks")
+    if kv.enable_prefix_caching:
+        _ensure(kv.registers_at, f"{req.request_id}: kv_grow_at {bound} with exact registration checks")
+        full = (kv.num_hashed_blocks.get(req, 0) + 1) * kv.block_size
+        _ensure(bound <= full, f"{req.request_id}: kv_grow_at {bound} past its next full block ({full})")
 
 
 def _check_kv(kv) -> None:

@@ -418,7 +418,7 @@ class KVCacheManager:
         """Forget that `req` holds blocks (and, with `forget`, its memoised hashes); its blocks."""
         blocks = self.req_blocks.pop(req, None)
         self.num_hashed_blocks.pop(req, None)
-        req.kv_register_at = 0
+        req.kv_register_at = req.kv_grow_at = 0
         if forget:
             self.req_hashes.pop(req, None)
         return blocks

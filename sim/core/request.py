@@ -57,7 +57,7 @@ class Request:
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
         "num_spec_tokens",
         "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens", "client_finished",
-        "kv_register_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
+        "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -88,6 +88,10 @@ class Request:
         #: is full (to register in the prefix cache): below it a hot path skips the exact check
         #: (`KVCacheManager.registers_at`)
         self.kv_register_at = 0
+        #: a bound below which this request's token count grows with no block to take nor to register
+        #: (0: none known); a decode pass that inlines the KV manager's growth keeps it
+        #: (`Policy._decode_in_place`), the KV manager zeroes it when it drops the request's blocks
+        self.kv_grow_at = 0
         #: the engine's bound below which no output token can stop it (sim.engine.quiet; -1: none)
         self.quiet_until = -1
         #: the KV manager's deferred registration (sim.core.kv_lazy): first-block key while tracked,
