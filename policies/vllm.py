@@ -104,6 +104,7 @@ class VllmV1Policy(Policy):
         req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
         hashed, take_next_block = kv.num_hashed_blocks, kv.take_next_block
         exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
+        bounded = not (caching and exact)  # (an exact check on every row keeps no bound)
         i = start
         for req in (islice(state.running, start, None) if start else state.running):
             if budget <= 0:
@@ -128,17 +129,21 @@ class VllmV1Policy(Policy):
             if n <= 0:
                 i += 1
                 continue
-            blocks = req_blocks.get(req)
             total = computed + n
-            if blocks is None or (total > len(blocks) * block_size and not take_next_block(blocks, total)):
-                break  # it needs `allocate` (or a preemption)
-            if caching and (total >= req.kv_register_at or exact):
-                target = total if total < num_tokens else num_tokens
-                done = hashed.get(req, 0)
-                if target // block_size > done:
-                    kv.cache_full_blocks(req, target)
-                else:
-                    req.kv_register_at = (done + 1) * block_size
+            if total >= req.kv_grow_at:  # (below it: no block to take nor to register)
+                blocks = req_blocks.get(req)
+                if blocks is None or (total > len(blocks) * block_size and not take_next_block(blocks, total)):
+                    break  # it needs `allocate` (or a preemption)
+                if caching and (total >= req.kv_register_at or exact):
+                    target = total if total < num_tokens else num_tokens
+                    done = hashed.get(req, 0)
+                    if target // block_size > done:
+                        kv.cache_full_blocks(req, target)
+                    else:
+                        req.kv_register_at = (done + 1) * block_size
+                if bounded:
+                    grow_at = len(blocks) * block_size + 1
+                    req.kv_grow_at = req.kv_register_at if caching and req.kv_register_at < grow_at else grow_at
             scheduled.append((req, n))
             budget -= n
             i += 1
