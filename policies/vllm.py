@@ -92,9 +92,10 @@ class VllmV1Policy(Policy):
         """Schedule the running requests from `start` on while each fits within the blocks it holds or
         one more free block (`KVCacheManager.allocate`'s growth, inlined with `_tokens_for`: this runs
         for every row of every step). Returns (the first request it left for the caller, the budget
-        left); it never preempts, so the running list does not change under it. When it plans the
-        step's first rows it counts the one-token decodes that sample among them, up to the first
-        row that is not one (`SchedulerOutput.num_decodes`)."""
+        left); it never preempts, so the running list does not change under it. Below a request's
+        `kv_grow_at` there is neither a block to take nor one to register (`Policy._decode_in_place`).
+        When it plans the step's first rows it counts the one-token decodes that sample among them,
+        up to the first row that is not one (`SchedulerOutput.num_decodes`)."""
         scheduled = out.scheduled
         leading = not scheduled  # still counting the plan's first rows
         decodes = 0
