@@ -266,7 +266,8 @@ class Policy:
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_spec_tokens = 0  # its drafts are dropped with its KV
-        victim.num_stale_tokens = victim.num_in_flight_tokens  # its in-flight token still arrives
+        # its in-flight tokens still arrive; its placeholders go (they stay counted in flight)
+        victim.num_stale_tokens = victim.num_in_flight_extra = victim.num_in_flight_tokens
         victim.num_output_placeholders = 0
         victim.num_preemptions += 1
         state.waiting.appendleft(victim)

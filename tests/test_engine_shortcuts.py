@@ -10,7 +10,10 @@
   nothing more, and the bound never passes the true one. The decode pass skips every block check below
   `req.kv_grow_at`, which never passes the token count that takes a block or fills one.
 - `Policy.try_admit` skips `can_fit` where allocating the whole sequence asks the same; asking it too
-  changes no record."""
+  changes no record.
+- A decode row's one token in flight is its placeholder under async scheduling, so the hot paths move one
+  counter for it (`Request.num_in_flight_extra`): a request's tokens in flight are still those of the
+  steps in flight that schedule it."""
 from __future__ import annotations
 
 import sys
@@ -129,3 +132,44 @@ def test_admitting_without_can_fit_changes_no_record(specs, config, policy, asyn
     config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step",
                         scheduler_reserve_full_isl=True)
     assert _run(specs, config) == _run(specs, config, kv=_kv(CanFitAlwaysKV, config))
+
+
+def _in_flight_checked(specs, config) -> int:
+    """Run the step engine, checking after every plan and every finish that each request's
+    `num_in_flight_tokens` is the sum of its rows' tokens in the steps planned and not finished."""
+    env = simpy.Environment()
+    engine = Engine(config, LinearCostModel(), config.num_gpu_blocks)
+    flying, plan, finish, checks = [], engine.plan_step, engine.finish_step, [0]
+
+    def check():
+        rows = {}
+        for step in flying:
+            for req, n in step.plan.scheduled:
+                rows[req] = rows.get(req, 0) + n
+        for req in {*rows, *engine.state.running, *engine.state.waiting}:
+            assert req.num_in_flight_tokens == rows.get(req, 0), req.request_id
+        checks[0] += 1
+
+    def planned(now):
+        step = plan(now)
+        if step is not None:
+            flying.append(step)
+        check()
+        return step
+
+    def finished(step, now):
+        out = finish(step, now)
+        flying.remove(step)
+        check()
+        return out
+
+    engine.plan_step, engine.finish_step = planned, finished
+    start_workload(env, specs, EngineProcess(env, engine).submit, seed=0)
+    env.run()
+    return checks[0]
+
+
+@given(scripted_specs(), engine_configs(), st.sampled_from(["vllm", "vllm-v0", "sarathi"]), st.booleans())
+def test_tokens_in_flight_are_those_of_the_steps_in_flight(specs, config, policy, async_scheduling):
+    config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step")
+    assert _in_flight_checked(specs, config) > 0

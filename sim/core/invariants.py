@@ -23,6 +23,7 @@ def check_invariants(engine) -> None:
     _ensure(not set(map(id, running)) & set(map(id, waiting)), "a request is both running and waiting")
     for req in running + waiting:
         _ensure(not req.is_finished, f"finished request {req.request_id} still queued")
+        _check_in_flight(req, engine.steps_in_flight)
     groups = getattr(kv, "groups", None)
     for req in running:
         if groups:
@@ -38,6 +39,15 @@ def check_invariants(engine) -> None:
     for req in kv.req_blocks:
         _ensure(req.status.name == "RUNNING" or kv.holds_outside_queues(req),
                 f"{req.request_id} holds KV while {req.status.name}")
+
+
+def _check_in_flight(req, steps_in_flight: int) -> None:
+    """A queued request's placeholders are among its tokens in flight (`Request.num_in_flight_extra`
+    is what is left), and with no step in flight it has neither."""
+    _ensure(req.num_in_flight_extra >= 0, f"{req.request_id}: fewer tokens in flight than placeholders")
+    if not steps_in_flight:
+        _ensure(not req.num_in_flight_tokens, f"{req.request_id}: tokens in flight with no step in flight")
+        _ensure(not req.num_stale_tokens, f"{req.request_id}: stale tokens with no step in flight")
 
 
 def _check_grow_bound(kv, req, blocks: list) -> None:

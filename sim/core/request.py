@@ -56,7 +56,7 @@ class Request:
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
         "num_spec_tokens",
-        "num_output_placeholders", "num_in_flight_tokens", "num_stale_tokens", "client_finished",
+        "num_output_placeholders", "num_in_flight_extra", "num_stale_tokens", "client_finished",
         "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
     )
 
@@ -81,7 +81,10 @@ class Request:
         self.index = index
         self.num_spec_tokens = 0  # draft tokens proposed for the next step (vLLM's spec_token_ids)
         self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
-        self.num_in_flight_tokens = 0     # tokens scheduled in steps whose results are not applied
+        #: tokens scheduled in steps whose results are not applied, less the placeholders among them
+        #: (`num_in_flight_tokens`): a decode row's one token is its placeholder under async scheduling,
+        #: so the hot path moves one counter, not two
+        self.num_in_flight_extra = 0
         self.num_stale_tokens = 0         # in-flight tokens of a step planned before a preemption
         self.client_finished = False      # the front end found a stop string; the engine's abort follows
         #: a lower bound the KV manager keeps on the token count at which this request's next block
@@ -100,6 +103,11 @@ class Request:
         self.kv_lazy = False
         self.kv_lazy_resident = 0
         self.kv_lazy_blocks = None
+
+    @property
+    def num_in_flight_tokens(self) -> int:
+        """Tokens scheduled in steps whose results are not applied yet (placeholders included)."""
+        return self.num_output_placeholders + self.num_in_flight_extra
 
     @property
     def num_tokens(self) -> int:

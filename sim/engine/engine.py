@@ -242,19 +242,18 @@ class Engine:
         rows = scheduled if decodes == len(scheduled) else scheduled[:decodes]
         context = []
         to_context = context.append
-        if self.is_async:  # each leaves a placeholder until its token is known
+        if self.is_async:  # each leaves a placeholder until its token is known: its token in flight
             for req, _ in rows:
                 computed = req.num_computed_tokens
                 to_context(computed)
                 req.num_computed_tokens = computed + 1
-                req.num_in_flight_tokens += 1
                 req.num_output_placeholders += 1
         else:
             for req, _ in rows:
                 computed = req.num_computed_tokens
                 to_context(computed)
                 req.num_computed_tokens = computed + 1
-                req.num_in_flight_tokens += 1
+                req.num_in_flight_extra += 1
         new, samples = [1] * decodes, [True] * decodes
         if decodes == len(scheduled):
             return new, context, samples
@@ -270,13 +269,15 @@ class Engine:
             computed = req.num_computed_tokens
             to_context(computed)
             req.num_computed_tokens = computed = computed + n
-            req.num_in_flight_tokens += n
             if computed >= req.num_prompt_tokens + len(req.output_token_ids) + req.num_output_placeholders:
                 to_samples(True)
-                if async_:
+                if async_:  # a placeholder: one of its tokens in flight
                     req.num_output_placeholders += 1
+                    req.num_in_flight_extra += n - 1
+                    continue
             else:
                 to_samples(False)
+            req.num_in_flight_extra += n
         return new, context, samples
 
     def _deliver_frontend_aborts(self, now: float) -> None:
@@ -297,13 +298,14 @@ class Engine:
         if not self.is_async:
             for req, n in step.plan.scheduled:
                 req.num_computed_tokens += n
-                req.num_in_flight_tokens += n
+                req.num_in_flight_extra += n
             return
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             req.num_computed_tokens += n
-            req.num_in_flight_tokens += n
-            if samples:
+            if samples:  # a placeholder: one of its tokens in flight
                 req.num_output_placeholders += 1
+                n -= 1
+            req.num_in_flight_extra += n
 
     def finish_step(self, step: Step, now: float) -> list[Request]:
         """Apply the step's results at its end: aborts that came meanwhile first, then sample the
@@ -346,13 +348,15 @@ class Engine:
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
-            in_flight = req.num_in_flight_tokens - n
-            req.num_in_flight_tokens = in_flight
             if req.num_stale_tokens or not samples or req.status is not running:
                 num_decode -= self._apply_other_row(req, n, samples, now, finished)
                 continue
-            if async_:
+            if not async_:
+                req.num_in_flight_extra -= n
+            else:  # its placeholder was one of its tokens in flight (a decode's only one)
                 req.num_output_placeholders -= 1
+                if n != 1:
+                    req.num_in_flight_extra -= n - 1
             output = req.output_token_ids
             position = len(output)
             index = req.index
@@ -366,13 +370,15 @@ class Engine:
                     finished.append(req)
                 continue
             output.append(token)
-            if caching and (every_row or not in_flight) and (req.num_computed_tokens >= req.kv_register_at or exact):
-                known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
-                written = req.num_computed_tokens - in_flight
-                if written < known:
-                    known = written
-                if known // block_size > hashed_get(req, 0):
-                    kv.cache_full_blocks(req, known)
+            if caching and (req.num_computed_tokens >= req.kv_register_at or exact):
+                in_flight = req.num_output_placeholders + req.num_in_flight_extra
+                if every_row or not in_flight:
+                    known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
+                    written = req.num_computed_tokens - in_flight
+                    if written < known:
+                        known = written
+                    if known // block_size > hashed_get(req, 0):
+                        kv.cache_full_blocks(req, known)
             times = token_times[index]
             if times is not None:
                 times.append(now)
@@ -399,9 +405,13 @@ class Engine:
         if stale:
             req.num_stale_tokens = stale - n
         if not samples or req.is_finished:
+            req.num_in_flight_extra -= n
             return 1 if n == 1 else 0
-        if self.is_async and not stale:
+        if self.is_async and not stale:  # (a stale row's placeholder went at the preemption)
             req.num_output_placeholders -= 1
+            req.num_in_flight_extra -= n - 1
+        else:
+            req.num_in_flight_extra -= n
         position = len(req.output_token_ids)
         if self.emit_token(req, self.streams[req.index](position), now):
             finished.append(req)

@@ -435,7 +435,7 @@ class _StretchPlan(StretchKV):
         for r in self.left:  # (not in the step now in flight)
             req = rows[r]
             req.num_computed_tokens -= 1
-            req.num_in_flight_tokens = req.num_output_placeholders = 0
+            req.num_in_flight_extra = req.num_output_placeholders = 0
         in_flight = self._decode_step(units)
         if not in_flight.plan.scheduled:  # every row left out: nothing planned (`Engine.plan_step`)
             self.engine.steps_in_flight -= 1
@@ -463,7 +463,8 @@ class _StretchPlan(StretchKV):
             if column is not None:
                 column.extend(finish_times[skip:] if skip else finish_times)
             if lag:
-                req.num_in_flight_tokens = req.num_output_placeholders = 1  # the step now in flight's
+                req.num_output_placeholders = 1  # the step now in flight's token (in flight, a placeholder)
+                req.num_in_flight_extra = 0
                 if not o:
                     first_token[req.index] = times[1]
 
@@ -489,8 +490,8 @@ class _StretchPlan(StretchKV):
         lag = self.lag
         for req in self.rows:
             req.num_computed_tokens += 1
-            req.num_in_flight_tokens += 1
-            req.num_output_placeholders += lag
+            req.num_output_placeholders += lag  # (under async its token in flight is a placeholder)
+            req.num_in_flight_extra += 1 - lag
         self.engine.steps_in_flight += 1
         return self._decode_step(self.units + 1)
 

@@ -118,19 +118,19 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         if lag:
             n = flying.get(req)
             if n is None:  # not in the step in flight: a decode with nothing in flight
-                if (req.num_in_flight_tokens or req.num_output_placeholders or not o or skips is None
+                if (req.num_in_flight_extra or req.num_output_placeholders or not o or skips is None
                         or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
                     return None
                 skips.append(1)
             else:          # samples at the end of the step in flight
-                if (req.num_in_flight_tokens != n or req.num_output_placeholders != 1
+                if (req.num_output_placeholders != 1 or req.num_in_flight_extra != n - 1
                         or req.num_computed_tokens != req.num_prompt_tokens + o):
                     return None
                 if skips is not None:
                     skips.append(0)
                 if n == 1 and o:
                     decodes += 1
-        elif (req.num_in_flight_tokens or req.num_output_placeholders or not o
+        elif (req.num_in_flight_extra or req.num_output_placeholders or not o
               or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
             return None
         if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:

@@ -92,7 +92,8 @@ class SpecDecoder(EngineHook):
         max_model_len = engine.config.max_model_len
         for (req, _n), samples, drafts in zip(step.plan.scheduled, step.samples, per_row):
             if samples:
-                req.num_output_placeholders += drafts
+                req.num_output_placeholders += drafts  # (tokens in flight already: not counted twice)
+                req.num_in_flight_extra -= drafts
                 most = self.tree.depths[drafts] if self.tree else drafts  # it may emit 1 + most
                 in_flight = req.num_output_placeholders - drafts + most + 1
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight, self.tree)
@@ -110,7 +111,7 @@ class SpecDecoder(EngineHook):
         num_decode = 0
         rows = zip(step.plan.scheduled, step.samples, self.row_drafts.pop(id(step)))
         for (req, n), samples, drafts in rows:
-            req.num_in_flight_tokens -= n
+            req.num_in_flight_extra -= n  # (less the placeholders: those cleared below move back)
             stale = req.num_stale_tokens > 0
             if stale:
                 req.num_stale_tokens -= n
@@ -128,6 +129,7 @@ class SpecDecoder(EngineHook):
                 req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
                 if async_:
                     req.num_output_placeholders -= 1 + drafts
+                    req.num_in_flight_extra += 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
             if any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1)):
