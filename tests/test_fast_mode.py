@@ -20,7 +20,7 @@ from sim.engine.leap_steady import quiet_horizon
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
 from workloads.spec import RequestSpec
-from workloads.token_streams import stream_for, synthetic_rows, synthetic_spans
+from workloads.token_streams import natural_length, read_tokens, stream_for, synthetic_rows, synthetic_spans
 
 EOS = 2
 
@@ -129,6 +129,31 @@ def test_a_long_decode_is_leapt_not_stepped(async_scheduling):
     assert process.leaper.steps_leapt >= 490
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_token_update_reads_each_stream_ahead_and_drops_it_at_the_finish(async_scheduling):
+    """A request that runs past its EOS (`ignore_eos`) emits its stream's tokens, read ahead past the
+    natural length and then twice as far each time; no read-ahead list outlives its request."""
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    specs = [RequestSpec(0.0, np.arange(10, dtype=np.int32) + 100, output_len=40 + i, sampling_params=params)
+             for i in range(3)]
+    config = EngineConfig(num_gpu_blocks=200, max_model_len=1024, async_scheduling=async_scheduling, mode="step")
+    env = simpy.Environment()
+    engine = Engine(config, LinearCostModel(), 200)
+    finish, outputs = engine._finish, {}
+
+    def finished(req, status, now):
+        outputs[req.index] = (list(req.output_token_ids), engine.streams[req.index])
+        finish(req, status, now)
+
+    engine._finish = finished
+    start_workload(env, specs, EngineProcess(env, engine).submit, seed=0)
+    env.run()
+    assert engine.requests.finish_reason == ["length"] * 3
+    for tokens, stream in outputs.values():
+        assert tokens == [stream(p) for p in range(300)]
+    assert engine.stream_tokens == [None] * 3
+
+
 def test_unknown_mode_is_a_config_error():
     with pytest.raises(ConfigError, match="mode"):
         EngineConfig(mode="turbo")
@@ -148,6 +173,19 @@ def test_a_streams_span_reads_what_its_positions_read(scripted, output_len, inde
                        output_token_ids=None if scripted is None else tuple(scripted))
     stream = stream_for(spec, index, EOS)
     assert stream.span(start, start + count).tolist() == [stream(p) for p in range(start, start + count)]
+
+
+@given(st.none() | st.lists(st.integers(0, 50), max_size=30), st.none() | st.integers(1, 60), st.integers(0, 9),
+       st.integers(0, 80), st.integers(0, 40), st.sampled_from([EOS, None]))
+def test_a_streams_tokens_read_ahead_are_what_its_positions_read(scripted, output_len, index, start, count, eos):
+    """`read_tokens` (what the engine's token update reads ahead) gives each position's token, for
+    scripted streams, synthetic ones and those with no EOS id; `natural_length` ends at the EOS."""
+    spec = RequestSpec(0.0, np.arange(3, dtype=np.int32) + 5, output_len=output_len,
+                       output_token_ids=None if scripted is None else tuple(scripted))
+    stream = stream_for(spec, index, eos)
+    assert read_tokens(stream, start, start + count) == [stream(p) for p in range(start, start + count)]
+    synthetic = scripted is None and eos is not None and output_len is not None
+    assert natural_length(stream) == (output_len if synthetic else 0)
 
 
 @given(st.lists(st.tuples(st.none() | st.integers(1, 60), st.integers(0, 10**6), st.integers(0, 80)),

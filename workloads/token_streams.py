@@ -65,6 +65,21 @@ def stream_for(spec, request_index: int, eos_token_id: int):
     return stream
 
 
+def read_tokens(stream, start: int, stop: int) -> list[int]:
+    """Positions start .. stop-1 of a stream as a list: a synthetic stream's as slices of its filler
+    cycle (`synthetic_rows`), any other's one call per position."""
+    synthetic = getattr(stream, "synthetic", None)
+    if synthetic is not None:
+        return synthetic_rows([synthetic], [start], stop - start)[0]
+    return list(map(stream, range(start, stop)))
+
+
+def natural_length(stream) -> int:
+    """Outputs up to and including a synthetic stream's EOS (0: none known), where most requests stop."""
+    synthetic = getattr(stream, "synthetic", None)
+    return 0 if synthetic is None else synthetic[1] + 1
+
+
 def synthetic_spans(params: list, starts: np.ndarray, count: int) -> np.ndarray:
     """Positions starts[r] .. starts[r]+count-1 of several synthetic streams at once (rows x count,
     int64): row r is the stream whose `synthetic` is params[r]."""
