@@ -146,6 +146,7 @@ def test_every_token_id_has_text_and_stop_strings_work_beyond_the_byte_range():
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"prompt_token_ids": [1, -2]}, "request.prompt_token_ids"),
+    ({"prompt_token_ids": np.array([1, -2], dtype=np.int32)}, "request.prompt_token_ids"),
     ({"prompt_token_ids": [2**40]}, "request.prompt_token_ids"),
     ({"prompt_token_ids": [1.5]}, "request.prompt_token_ids"),
     ({"prompt_token_ids": [1], "output_token_ids": (3, -1)}, "request.output_token_ids"),

@@ -65,6 +65,8 @@ def _token_array(values, field: str) -> np.ndarray:
     require(ids.ndim == 1 and ids.size >= 1, field, ids.size, "must be a non-empty 1-d sequence of token ids")
     if ids.dtype.kind not in "iu":  # (str(dtype) costs microseconds: built for the error only)
         require(False, field, str(ids.dtype), "token ids must be integers")
+    if ids.dtype == np.int32 and int(ids.view(np.uint32).max()) <= MAX_TOKEN_ID:
+        return ids  # (one reduction: a negative id, seen unsigned, lies past MAX_TOKEN_ID)
     low, high = int(ids.min()), int(ids.max())
     require(low >= 0 and high <= MAX_TOKEN_ID, field, (low, high), f"token ids must be in [0, {MAX_TOKEN_ID}]")
     return ids if ids.dtype == np.int32 else ids.astype(np.int32)
