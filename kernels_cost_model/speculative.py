@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import ConfigError, require
 
 from .l2_cache import ElementwiseOp
 from .kv_memory import kv_bytes_per_token, kv_cache_blocks, weight_bytes_per_gpu
@@ -122,7 +122,10 @@ def drafter_spec(method: str, target, draft_model=None) -> ModelSpec | None:
         return replace(get_model(target), name=f"{get_model(target).name}-{method}-head", num_layers=1)
     if method == "draft_model":
         require(draft_model is not None, "speculative_config.model", draft_model, "draft_model needs a model")
-        return get_model(draft_model)
+        try:
+            return get_model(draft_model)
+        except ConfigError as exc:  # (get_model names the deployment's field)
+            raise ConfigError("speculative_config.model", draft_model, exc.reason) from None
     return None
 
 

@@ -48,6 +48,7 @@ class Policy:
     """Base class: shared moves (admit, preempt, chunk sizing). Subclasses implement schedule."""
 
     name = "base"
+    whole_prompts = False  # schedules whole prompts only: the budget must hold max_model_len
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         raise NotImplementedError
@@ -244,7 +245,7 @@ class Policy:
         """Whole-prompt policies: the longest prompt (or recompute) must fit one step's budget."""
         if config.max_num_batched_tokens >= config.max_model_len:
             return  # (checked every step: no error message built when it holds)
-        require(config.max_num_batched_tokens >= config.max_model_len, "max_num_batched_tokens",
+        require(config.max_num_batched_tokens >= config.max_model_len, "engine.max_num_batched_tokens",
                 config.max_num_batched_tokens,
                 f"must be >= max_model_len={config.max_model_len} with policy={config.policy!r}:"
                 " it schedules whole prompts, so a longer prompt could never run")

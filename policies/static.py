@@ -13,6 +13,7 @@ from policies.base import EngineState, Policy, SchedulerOutput
 
 class StaticBatchingPolicy(Policy):
     name = "static"
+    whole_prompts = True
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         self.require_whole_prompt_budget(state.config)

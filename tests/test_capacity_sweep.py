@@ -42,11 +42,20 @@ def test_grid_is_the_product_with_one_row_per_config_and_seed(base):
     ({}, "sweep"), ({"rate": []}, "sweep.rate"), ({"engine.nope": [1]}, "sweep.engine.nope"),
     ({"bogus": [1]}, "sweep"), ({"rate": [0.0]}, "workload.rate"), ({"rate": [-1]}, "workload.rate"),
     ({"gpu": ["tpu-v9"]}, "deployment.gpu"), ({"replicas": [0]}, "replicas"), ({"router": ["random"]}, "router"),
+    ({"speculative_config.nope": [1]}, "sweep.speculative_config.nope"), ({"seed.x": [1]}, "sweep"),
 ])
 def test_bad_sweeps_name_field_and_value(base, axes, field):
     with pytest.raises(ConfigError) as err:
         grid(base, axes)
     assert err.value.field == field
+
+
+def test_speculative_config_fields_are_axes(base):
+    """An axis over speculative decoding (it once crashed: the section has no default to read fields
+    from); the fields given merge with the base's config, if any."""
+    pts = grid(base, {"speculative_config.method": ["ngram", "eagle3"], "speculative_config.num_speculative_tokens": [2]})
+    assert [(p.config.speculative_config.method, p.config.speculative_config.num_speculative_tokens)
+            for p in pts] == [("ngram", 2), ("eagle3", 2)]
 
 
 def test_empty_list_and_empty_run_are_config_errors(base):

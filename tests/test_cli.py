@@ -62,11 +62,25 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
     (["--workload", "gamma", "--cv", "1e-300"], "servesim: error: workload.cv=1e-300: must be in [0.001, 1000.0]"),
     (["--max-num-batched-tokens", "10", "--max-num-seqs", "256"],
      "servesim: error: engine.max_num_batched_tokens=10: must be >= max_num_seqs=256"),
+    # each named another field, or none, before
+    (["--workload", "closed_loop", "--num-users", "3", "--burstiness", "2"],
+     "servesim: error: --burstiness=2.0: shapes open-loop arrivals (poisson or gamma); the workload is 'closed_loop'"),
+    (["--policy", "orca"], "servesim: error: engine.max_num_batched_tokens=8192: must be >= max_model_len=131072"),
+    (["--speculative-config", '{"method": "draft_model", "model": "nope", "num_speculative_tokens": 3}'],
+     "servesim: error: speculative_config.model='nope': unknown model"),
+    (["--pipeline-link", "nope"], "servesim: error: --pipeline-link='nope': unknown link"),
+    (["--model", "qwen2.5-0.5b", "--gpu", "mi300x", "--block-size", "1", "-pp", "2"],
+     "servesim: error: engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for 29045295 KV blocks"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "run", *FAST, *argv)
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_folder_given_as_trace_is_named_as_one(capsys):
+    code, _, err = run_cli(capsys, "run", "--trace", "/")
+    assert code == 2 and err == "servesim: error: workload.path='/': is a folder, not a trace file\n"
 
 
 @pytest.mark.parametrize("toml, message", [

@@ -127,6 +127,19 @@ def test_save_result_writes_vllm_bench_serve_json(capsys, tmp_path):
     assert doc["ttfts"][0] * 1e3 == pytest.approx(json.loads(json.dumps(doc))["ttfts"][0] * 1e3)
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--label", "x" * 300], "--label='xxxx"), (["--label", "a/b"], "--label='a/b': starts the result file's name"),
+    (["--result-filename", "y" * 300], "--result-filename='yyyy"), (["--result-filename", "{dir}"], "is a folder"),
+])
+def test_a_result_file_name_that_cannot_be_written_is_named_before_the_run(capsys, tmp_path, flags, named):
+    """Each once ran the whole simulation, then failed to write (a raw OSError, exit 1 for a long name)."""
+    folder = tmp_path / "new"
+    flags = [flag.replace("{dir}", str(folder)) for flag in flags]
+    assert main(["run", *FAST, "--save-result", "--result-dir", str(folder), *flags]) == 2
+    captured = capsys.readouterr()
+    assert named in captured.err and not captured.out and not any(folder.glob("*"))
+
+
 def test_bench_serve_result_from_simulate_uses_vllm_defaults():
     config = SimulationConfig().replace(workload={"num_requests": 20, "rate": 20.0, "kind": "gamma", "cv": 2.0})
     doc = bench_serve_result(simulate(config), date="20250101-000000")

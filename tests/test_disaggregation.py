@@ -118,6 +118,32 @@ def test_a_request_that_stops_on_its_first_token_never_leaves_prefill():
     assert (out.requests.finish_reason == "length").all()
 
 
+@pytest.mark.parametrize("first_token", ["prefill", "decode"])
+def test_a_request_the_front_end_refuses_is_refused_on_arrival(first_token):
+    """Behind `vllm serve` a prompt + max_tokens over max_model_len is refused. The prefill instance
+    runs a relaxed copy under first_token="decode", but the decode instance would refuse the client's
+    own request: it is refused on arrival (it once reached the decode instance and crashed the run).
+    With three prefill instances one sees no request; its empty table must keep its columns' types
+    (a rejected row once counted as completed, with E2E 0, when they did not)."""
+    engine = EngineConfig(num_gpu_blocks=400, max_model_len=1024, usage_context="openai_api_server")
+    specs = _long_specs(4)
+    long = SamplingParams(max_tokens=800, ignore_eos=True)   # 300 + 800 > 1024
+    specs[1:3] = [dataclasses.replace(s, sampling_params=long) for s in specs[1:3]]
+    cluster, out = _run(engine, specs, num_prefill=3, first_token=first_token)
+    r = out.requests.set_index("request_id")
+    assert r.rejected.dtype == bool and r.completed.dtype == bool
+    assert list(r.rejected) == [False, True, True, False]
+    assert list(r.completed) == [True, False, False, True]
+    assert out.summary["num_rejected"] == 2 and out.summary["completed"] == 2
+    assert (r.loc[["q0", "q3"], "num_output_tokens"] == 20).all()
+    assert min(len(prefill.requests) for prefill in cluster.prefill) == 0
+
+
+def test_the_front_end_is_shared_by_both_pools():
+    with pytest.raises(ConfigError, match="disaggregation.decode.engine.usage_context"):
+        DisaggConfig.from_dict({"decode": {"engine": {"usage_context": "llm_class"}}})
+
+
 def test_decode_prefix_hits_shrink_the_transfer():
     engine = EngineConfig(num_gpu_blocks=400, max_model_len=1024)
     one = _long_specs(1)[0]

@@ -272,3 +272,16 @@ def test_a_tier_run_is_identical_in_a_fresh_process():
                          env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == _sessions_digest()
+
+
+def test_a_stall_behind_loaded_requests_is_a_named_error():
+    """A closed loop on a cache of 200 blocks: a request whose prefix loaded from the CPU tier holds
+    146 blocks in the waiting queue behind a preempted head that needs 54 of the 53 free, and nothing
+    runs. vLLM's first-come-first-served queue waits there for good; the run says so, naming the
+    cache, where it used to end in an InvariantError (a crash)."""
+    from tests.fuzz_harness import run_cli
+    code, _, err = run_cli("run", "--num-requests", "27", "--workload", "closed_loop", "--num-users", "3",
+                           "--lengths", "bwb_translation", "--max-model-len", "auto", "--num-gpu-blocks", "200",
+                           "--kv-offloading-size", "10", "--seed", "702", "--no-progress")
+    assert code == 2 and "Traceback" not in err
+    assert "engine.num_gpu_blocks=200: the KV cache stalled" in err and "hold 146 blocks" in err

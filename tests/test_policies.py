@@ -127,12 +127,16 @@ def test_policy_keeps_content_and_shape(name, data):
 
 @pytest.mark.parametrize("name", WHOLE_PROMPT)
 def test_whole_prompt_policies_reject_a_budget_below_max_model_len(name):
+    """Named when the engine is built, before any request (it once waited for the first step, outside
+    the config's context, without the section in its name)."""
     config = EngineConfig(num_gpu_blocks=64, max_model_len=256, max_num_batched_tokens=255,
                           policy=name, eos_token_id=EOS)
-    engine = make_engine(config)
-    engine.add_request(RequestSpec(0.0, np.arange(10, dtype=np.int32) + 10, output_len=2), 0.0)
-    with pytest.raises(ConfigError, match="max_num_batched_tokens=255"):
-        engine.plan_step(0.0)
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=255"):
+        make_engine(config)
+    state = make_engine(replace(config, max_num_batched_tokens=256)).state
+    state.config = config  # the policy checks its budget at every step too
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=255"):
+        POLICIES[name]().schedule(state)
 
 
 def _prompt(n: int) -> np.ndarray:

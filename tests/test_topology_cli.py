@@ -135,11 +135,15 @@ def test_conversation_time_scale_must_be_finite_and_positive(capsys, tmp_path, v
 def test_conversation_time_scale_needs_a_mooncake_conversation_file(capsys, tmp_path):
     assert main([*CONVERSATION_RUN, "--conversation-time-scale", "2"]) == 2
     assert "--conversation-time-scale=2.0: applies only with --conversations" in capsys.readouterr().err
-    spans = tmp_path / "spans.json"
-    spans.write_text(json.dumps({"resourceSpans": []}))
+    from tests.test_conversations import _otel_fixture
+    spans = _otel_fixture(tmp_path)
     for flag in ("--conversation-time-scale", "--num-prompts"):
         assert main([*CONVERSATION_RUN, "--conversations", str(spans), flag, "2"]) == 2
         assert f"{flag}=2" in capsys.readouterr().err
+    table = tmp_path / "turns.csv"   # neither kind: the file is named, not the flag (it once was)
+    table.write_text("a,b\n1,2\n")
+    assert main([*CONVERSATION_RUN, "--conversations", str(table), "--num-prompts", "2"]) == 2
+    assert f"{table}:1: not JSON" in capsys.readouterr().err
 
 
 TOPOLOGY_PLAN = """

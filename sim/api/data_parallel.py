@@ -15,9 +15,8 @@ import simpy
 
 from kernels_cost_model.errors import require
 from sim.api.dp_balancer import DelayedLoadView
-from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
-from sim.engine.simulation import run_env, start_workload, watch_finishes
+from sim.engine.simulation import check_all_finished, run_env, start_workload, watch_finishes
 
 
 class LockstepDP:
@@ -138,7 +137,5 @@ def run_lockstep(engines: list[Engine], cost, workload, *, seed: int = 0, until:
             watch_finishes(env, engine, progress)
     start_workload(env, workload, lockstep.submit, seed)
     run_env(env, until)
-    stuck = sum(len(e.by_id) for e in engines)
-    if until is None and stuck:
-        raise InvariantError(f"{stuck} requests never finished")
+    check_all_finished(engines, until)
     return [e.records(env.now) for e in engines]

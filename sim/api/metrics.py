@@ -101,7 +101,7 @@ def add_latency_columns(df: pd.DataFrame) -> pd.DataFrame:
     df["queueing_s"] = df["first_scheduled_time"] - df["arrival_time"]
     decode_tokens = (df["num_output_tokens"] - 1).where(df["num_output_tokens"] > 1)
     df["tpot_s"] = (df["e2e_s"] - df["ttft_s"]) / decode_tokens
-    df["completed"] = df["finish_reason"].isin(["stop", "length"]) & ~df["rejected"]
+    df["completed"] = df["finish_reason"].isin(["stop", "length"]) & ~df["rejected"].astype(bool)
     return df
 
 

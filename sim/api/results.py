@@ -49,7 +49,9 @@ class Results:
         steps = StepTable(records.steps, records.num_gpu_blocks)
         kv = kv_occupancy(steps, records.num_gpu_blocks)  # before the request table: its float column is gone
         # as_numpy's arrays are fresh copies: the table takes them as they are (no second copy)
-        requests = pd.DataFrame({k: as_numpy(v) for k, v in records.requests.columns().items()}, copy=False)
+        columns = {k: as_numpy(v) for k, v in records.requests.columns().items()}
+        columns["rejected"] = np.asarray(columns["rejected"], dtype=bool)  # (bool even with no request)
+        requests = pd.DataFrame(columns, copy=False)
         requests = add_latency_columns(requests)
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
                     end_time=records.end_time, slo=slo or {}, percentiles=list(percentiles))

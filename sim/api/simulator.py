@@ -116,7 +116,8 @@ class WorkloadConfig:
             return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
-            require(Path(self.path).is_file(), "workload.path", self.path, "trace file not found")
+            require(Path(self.path).is_file(), "workload.path", self.path,
+                    "is a folder, not a trace file" if Path(self.path).is_dir() else "trace file not found")
             trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                     max_requests=self.num_requests, **common)
             if self.target_rate is not None:
@@ -351,10 +352,11 @@ def longest_fitting_len(config: SimulationConfig) -> int:
 
 def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
     if config.deployment.data_parallel_size > 1:
-        return _data_parallel_blocks(config)
+        return require_bookable_blocks(_data_parallel_blocks(config), config)
     if config.speculative_config is not None:
         with within("deployment"):
-            return spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
+            blocks = spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
+        return require_bookable_blocks(blocks, config)
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
     with within("deployment"):
@@ -362,6 +364,13 @@ def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
                                  d.gpu_memory_utilization, e.max_num_batched_tokens, kv_cache_dtype=d.kv_cache_dtype,
                                  max_num_seqs=e.max_num_seqs,
                                  cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+    return require_bookable_blocks(blocks, config)
+
+
+def require_bookable_blocks(blocks: int, config: SimulationConfig) -> int:
+    """`blocks` (sized from GPU memory) if the engine can keep books for that many; else an error that
+    names the block size, the setting that made them so many (num_gpu_blocks itself was not set)."""
+    d, e = config.deployment, config.engine
     require(blocks <= MAX_NUM_GPU_BLOCKS, "engine.block_size", e.block_size,
             f"{d.model} on {d.gpu} leaves room for {blocks} KV blocks, more than the {MAX_NUM_GPU_BLOCKS}"
             " the engine keeps books for; use a larger block_size")

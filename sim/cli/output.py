@@ -133,6 +133,23 @@ def result_folder(args) -> tuple[Path, str]:
     return (args.out, "--out") if args.out else (Path("."), "--result-dir")
 
 
+#: Longest --label: the default file name adds ~70 bytes (rate, model, date) under the usual 255-byte limit.
+MAX_LABEL_BYTES = 160
+
+
+def _check_label(label: str | None) -> None:
+    """--label starts the default file name: one name, not a path, short enough for one."""
+    from kernels_cost_model.errors import ConfigError
+    if label is None:
+        return
+    if "/" in label or "\0" in label:
+        raise ConfigError("--label", label, "starts the result file's name: no '/' or NUL; give the folder "
+                          "with --result-dir")
+    if len(label.encode()) > MAX_LABEL_BYTES:
+        raise ConfigError("--label", label[:40] + "...", f"is {len(label.encode())} bytes; the file name it "
+                          f"starts must stay under 255: at most {MAX_LABEL_BYTES}")
+
+
 def check_result_path(args) -> None:
     """Before the run: the --save-result folder can be made, and --result-filename's own folder exists."""
     from kernels_cost_model.errors import ConfigError
@@ -141,9 +158,13 @@ def check_result_path(args) -> None:
         return
     folder = check_output_folder(*result_folder(args))
     if not args.result_filename:
+        _check_label(args.label)
         return
     path = folder / args.result_filename
-    if path.is_dir():
+    if len(path.name.encode()) > 255:
+        raise ConfigError("--result-filename", args.result_filename[:40] + "...", "is longer than a file name "
+                          "may be (255 bytes)")
+    if path.is_dir() or path.absolute() == Path(folder).absolute():
         raise ConfigError("--result-filename", args.result_filename, f"{path} is a folder; give a file name")
     if Path(args.result_filename).parent != Path(".") and not path.parent.is_dir():
         raise ConfigError("--result-filename", args.result_filename,

@@ -225,6 +225,11 @@ def config_from_args(args):
         low, high = (cv ** -2 for cv in reversed(GAMMA_CV))  # the gamma CVs kept, as shapes
         if not low <= burstiness <= high:
             raise ConfigError("--burstiness", burstiness, f"must be in [{low:g}, {high:g}] (gamma shape 1 / cv^2)")
+        kind = sections.get("workload", {}).get("kind", config.workload.kind)
+        kind = "trace" if getattr(args, "trace", None) else kind
+        if kind not in ("poisson", "gamma"):
+            raise ConfigError("--burstiness", burstiness, f"shapes open-loop arrivals (poisson or gamma); the "
+                              f"workload is {kind!r}")
         sections.setdefault("workload", {}).update(kind="gamma", cv=burstiness ** -0.5)
     if getattr(args, "trace", None):
         sections["workload"]["kind"] = "trace"

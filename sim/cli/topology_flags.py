@@ -43,10 +43,17 @@ WORKLOAD_FLAGS = {"workload": "--workload", "rate": "--request-rate", "lengths":
 
 def instance_shape(args):
     """The InstanceShape the flags ask for, or None for the plain engine."""
+    from kernels_cost_model.links import get_link
     from sim.planning.instances import InstanceShape
     from sim.planning.offload import OffloadConfig, check_offloading_size
     from sim.planning.pipeline import PipelineConfig
     pp, size = getattr(args, "pp", None), getattr(args, "kv_offloading_size", None)
+    for flag, dest in (("--pipeline-link", "pipeline_link"), ("--kv-offloading-link", "kv_offloading_link")):
+        link = getattr(args, dest, None)
+        try:  # (named even where the link is not used: a typo should not pass unseen)
+            link is None or get_link(link)
+        except ConfigError as exc:
+            raise ConfigError(flag, link, exc.reason) from None
     if (pp is None or pp == 1) and size is None:
         return None
     require(pp is None or pp >= 1, "--pipeline-parallel-size", pp, "must be an integer >= 1")
@@ -81,10 +88,11 @@ def conversation_workload(args, config):
     if _is_mooncake(path):
         return ConversationReplay(mooncake_conversations(path, getattr(args, "num_requests", None), ignore_eos,
                                                          scale or 1.0))
+    conversations = otel_genai_conversations(path, ignore_eos)  # (a file of neither kind is named here)
     for dest, flag in (("num_requests", "--num-prompts"), ("conversation_time_scale", "--conversation-time-scale")):
         require(getattr(args, dest, None) is None, flag, getattr(args, dest, None),
                 "applies to a Mooncake conversation trace; OpenTelemetry GenAI spans replay whole, as recorded")
-    return ConversationReplay(otel_genai_conversations(path, ignore_eos))
+    return ConversationReplay(conversations)
 
 
 def _check_replaced_workload(args, config, path: Path) -> None:

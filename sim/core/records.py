@@ -183,9 +183,10 @@ def _fits(typecode: str, values) -> bool:
 
 
 def as_numpy(column):
-    """A typed column as numpy, integers widened to int64 (the width tables have always had; a copy);
-    any other column (and an empty one) as it is."""
-    if not isinstance(column, array) or not len(column):
+    """A typed column as numpy, integers widened to int64 (the width tables have always had; a copy;
+    empty too, so that tables of an engine that saw no request keep their types); any other column as
+    it is."""
+    if not isinstance(column, array):
         return column
     values = np.frombuffer(column, dtype=column.typecode)
     return values.astype(np.int64) if values.dtype.kind == "i" else values.copy()

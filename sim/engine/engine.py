@@ -56,6 +56,8 @@ class Engine:
         self.is_async = config.is_async  # (a property that looks up the scheduler profile)
         self.cost_model = cost_model
         self.policy = get_policy(config.policy)
+        if self.policy.whole_prompts:  # (named now, not at the first step)
+            self.policy.require_whole_prompt_budget(config)
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
         if kv is None:
@@ -112,6 +114,10 @@ class Engine:
             self._track_prefix(req, True)
             self.state.waiting.append(req)
         return req
+
+    def refuses(self, spec) -> bool:
+        """Whether the front end refuses `spec` before this engine sees it (`_refused`)."""
+        return self._refused(spec.num_prompt_tokens, spec.sampling_params.max_tokens)
 
     def _refused(self, prompt_len: int, max_tokens: int | None) -> bool:
         """Whether the front end refuses a request of this prompt and max_tokens (vLLM 0.19's OpenAI

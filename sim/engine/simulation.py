@@ -242,6 +242,37 @@ def check_outgrown(engine: Engine) -> None:
         engine.state.kv.require_ever_fits(req, req.num_tokens)
 
 
+def check_stalled(engine: Engine) -> None:
+    """A named error where the engine ended with nothing running while its waiting head does not fit
+    and waiting requests hold KV blocks (their prefix loaded from a CPU tier: vLLM's
+    WAITING_FOR_REMOTE_KVS, then back in line behind a request preempted meanwhile). vLLM's
+    first-come-first-served queue waits there for good: only the head is tried, and nothing running
+    will free a block."""
+    state, kv = engine.state, engine.state.kv
+    held = [len(kv.blocks_of(req)) for req in state.waiting]
+    if state.running or not any(held):
+        return
+    head = state.waiting[0]
+    raise ConfigError("engine.num_gpu_blocks", kv.num_gpu_blocks,
+                      f"the KV cache stalled: nothing runs and the waiting head {head.request_id} does not fit "
+                      f"in the {kv.num_free_blocks} free blocks, while {sum(map(bool, held))} waiting request(s) "
+                      f"hold {sum(held)} blocks their prefix was loaded into; vLLM's first-come-first-served "
+                      "queue waits there for good. Give the GPU more KV blocks")
+
+
+def check_all_finished(engines: list[Engine], until: float | None) -> None:
+    """After a run to the end (`until` None): every request finished, else a named error where the
+    cause is known (`check_outgrown`, `check_stalled`) or an InvariantError (a bug)."""
+    unfinished = [e for e in engines if e.by_id]
+    if until is not None or not unfinished:
+        return
+    for engine in unfinished:
+        check_outgrown(engine)
+        check_stalled(engine)
+    stuck = sorted(rid for e in unfinished for rid in e.by_id)
+    raise InvariantError(f"{len(stuck)} requests never finished (e.g. {stuck[:5]})")
+
+
 def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int | None = None, *,
                seed: int = 0, token_text=None, until: float | None = None, hooks=(),
                progress=None, kv_groups=None) -> RunRecords:
@@ -270,10 +301,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
         watch_finishes(env, engine, progress)
     start_workload(env, workload, proc.submit, seed, proc.enqueue)
     run_env(env, until)
-    if until is None and engine.by_id:
-        check_outgrown(engine)
-        stuck = sorted(engine.by_id)[:5]
-        raise InvariantError(f"{len(engine.by_id)} requests never finished (e.g. {stuck})")
+    check_all_finished([engine], until)
     if until is None and engine.state.kv.num_used_blocks:
         raise InvariantError(f"{engine.state.kv.num_used_blocks} KV blocks still held after every request finished")
     return engine.records(env.now)

@@ -56,7 +56,7 @@ class CapacityTarget:
         require(self.min_attainment is None or (is_number(self.min_attainment) and 0 < self.min_attainment <= 1),
                 "min_attainment", self.min_attainment, "must be in (0, 1]")
         require(any(getattr(self, f.name) is not None for f in dataclasses.fields(self) if f.name != "percentile"),
-                "target", self, "give at least one bound")
+                "target", {}, "give at least one bound: ttft_p99_s, tpot_p99_s, e2e_p99_s or min_attainment")
 
     def as_slo(self) -> dict:
         """The bounds as a per-request SLO ({"ttft_s": ..., ...}): a p99 bound holds while at least

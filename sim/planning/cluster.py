@@ -21,11 +21,11 @@ from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_gro
 from sim.api.spec_setup import speculation_hooks
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require
-from sim.core.invariants import InvariantError
 from sim.api.results import Results, merge_results  # noqa: F401 - merge_results re-exported
 from sim.planning.routers import make_router
 from sim.core.fields import is_int
-from sim.engine.simulation import EngineProcess, check_kv_capacity, check_traffic, check_until, run_env, start_workload
+from sim.engine.simulation import (EngineProcess, check_all_finished, check_kv_capacity, check_traffic, check_until,
+                                   run_env, start_workload)
 
 
 @dataclass
@@ -88,9 +88,7 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
         config.engine.eos_token_id, config.engine.max_model_len)
     start_workload(env, traffic, submit, config.seed)
     run_env(env, until)
-    stuck = sum(len(e.by_id) for e in engines)
-    if until is None and stuck:
-        raise InvariantError(f"{stuck} requests never finished")
+    check_all_finished(engines, until)
     slo = config.slo.as_dict()
     meta = {"config": dataclasses.asdict(config), "replicas": len(configs), "router": router}
     parts = [Results.from_records(e.records(env.now), slo=slo, meta=dict(meta, replica=i))

@@ -33,7 +33,7 @@ from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
-from sim.engine.simulation import run_env, start_workload
+from sim.engine.simulation import check_stalled, run_env, start_workload
 from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
 from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
@@ -171,7 +171,10 @@ class DisaggregatedCluster:
                         f"the {pool} instance's KV cache holds {tokens} tokens, less than one "
                         f"max_model_len={config.engine.max_model_len} request"
                         + ("; its KV transfer could never fit" if pool == "decode" else ""))
-        return build_engine(config, shape, [hook], blocks)[0]
+        try:
+            return build_engine(config, shape, [hook], blocks)[0]
+        except ConfigError as exc:  # (an engine setting of this pool, e.g. its policy's budget)
+            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
 
     # ----- arrivals ----------------------------------------------------------------------------
     def submit(self, spec) -> simpy.Event:
@@ -180,8 +183,8 @@ class DisaggregatedCluster:
         i = self.prefill_router.choose(spec)
         self.prefill_router.outstanding[i] += 1
         done = self.env.event()
-        req = self.prefill[i].add_request(prefill_spec(spec, self.disagg.first_token,
-                                                       self.config.engine.max_model_len), self.env.now)
+        req = self.prefill[i].add_request(prefill_spec(spec, self.disagg.first_token, self.prefill[i]),
+                                          self.env.now)
         if req.is_finished:   # rejected (prompt over max_model_len): finished on arrival
             return done.succeed(req)
         self.done_events[req.request_id] = done
@@ -282,6 +285,13 @@ class DisaggregatedCluster:
         start_workload(self.env, workload, self.submit, self.config.seed)
         run_env(self.env, until)
         if until is None and self.done_events:
+            for pool in ("prefill", "decode"):
+                for engine in getattr(self, pool):
+                    try:
+                        check_stalled(engine)
+                    except ConfigError as exc:
+                        raise ConfigError(f"disaggregation.{pool}.{exc.field.removeprefix('engine.')}", exc.value,
+                                          exc.reason) from None
             stuck = sorted(self.done_events)[:5]
             raise InvariantError(f"{len(self.done_events)} requests never finished (e.g. {stuck})")
         return collect_results(self)

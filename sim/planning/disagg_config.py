@@ -17,7 +17,9 @@
 
 Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's GPU (or the pool's
 `gpu`). `engine` overrides the shared [engine] settings for that pool; `block_size` and
-`max_model_len` stay shared (a transferred block must mean the same tokens on both sides).
+`max_model_len` stay shared (a transferred block must mean the same tokens on both sides), and so does
+`usage_context` (both pools serve the proxy's requests through the same kind of front end, which refuses
+the same over-long requests).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from sim.planning.offload import OffloadConfig, check_offloading_size
 from sim.planning.pipeline import PipelineConfig
 from sim.planning.routers import ROUTERS
 
-SHARED_ENGINE_KEYS = ("block_size", "max_model_len")
+SHARED_ENGINE_KEYS = ("block_size", "max_model_len", "usage_context")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from sim.api.results import Results
 from sim.api.validation import warn_length_cuts, warn_rejections
-from sim.core.invariants import InvariantError
-from sim.engine.simulation import run_env, start_workload
+from sim.engine.simulation import check_all_finished, run_env, start_workload
 
 
 def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
@@ -14,8 +13,7 @@ def serve(config, proc, workload, until: float | None, meta: dict) -> Results:
     traffic = workload if workload is not None else config.workload.build(e.eos_token_id, e.max_model_len)
     start_workload(env, traffic, proc.submit, config.seed)
     run_env(env, until)
-    if until is None and engine.by_id:
-        raise InvariantError(f"{len(engine.by_id)} requests never finished")
+    check_all_finished([engine], until)
     results = Results.from_records(engine.records(env.now), slo=config.slo.as_dict(), meta=meta)
     warn_rejections(results.requests, e.max_model_len, e.refuses_over_length)
     warn_length_cuts(results.requests, e.max_model_len)

@@ -27,9 +27,13 @@ FIRST_TOKEN = ("decode", "prefill")
 RELAXED = SamplingParams(max_tokens=None, ignore_eos=True)
 
 
-def prefill_spec(spec, mode: str, max_model_len: int):
-    """The request the prefill instance runs: under "decode", one no first token can stop."""
-    if mode == "prefill" or spec.num_prompt_tokens + 1 >= max_model_len:
+def prefill_spec(spec, mode: str, engine):
+    """The request the prefill instance (`engine`) runs: under "decode", one no first token can stop.
+    A request the front end refuses as it is (its prompt + max_tokens over max_model_len behind `vllm
+    serve`) stays as it is, so the prefill instance refuses it on arrival: the decode instance, which
+    gets the client's own request, would refuse it, and that refusal is the client's answer."""
+    if (mode == "prefill" or spec.num_prompt_tokens + 1 >= engine.config.max_model_len
+            or engine.refuses(spec)):
         return spec
     return dataclasses.replace(spec, sampling_params=RELAXED)
 

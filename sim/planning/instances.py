@@ -23,7 +23,7 @@ from sim.api.data_parallel import single_rank_only
 from sim.planning.pipeline import check_no_auto_length
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
-                               resolve_kv_groups, resolve_num_gpu_blocks, within)
+                               require_bookable_blocks, resolve_kv_groups, resolve_num_gpu_blocks, within)
 from sim.api.spec_setup import speculation_hooks
 from sim.core.kv_offload import CPUOffloadKVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
@@ -58,10 +58,11 @@ class InstanceShape:
             check_pipeline_size(d.model, pp)
         check_no_auto_length(config, pp)
         with within("deployment"):
-            return pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                            d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
-                                            kv_cache_dtype=d.kv_cache_dtype,
-                                            cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+            blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
+                                              d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
+                                              kv_cache_dtype=d.kv_cache_dtype,
+                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+        return require_bookable_blocks(blocks, config)
 
 
 def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),

@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim.api.table_io import write_text
-from sim.api.simulator import SimulationConfig, simulate
+from sim.api.simulator import SECTIONS, SimulationConfig, simulate
+from sim.core.speculative import SpeculativeConfig
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
 from sim.planning.executors import make_executor
@@ -66,10 +67,10 @@ def canonical_axis(name: str) -> str:
     if name in CLUSTER_AXES:
         return name
     section, _, key = name.partition(".")
-    fields = {f.name: f for f in dataclasses.fields(SimulationConfig)}
-    require(section in fields and section != "seed" and key, "sweep", name,
+    sections = dict(SECTIONS, speculative_config=SpeculativeConfig)
+    require(section in sections and key, "sweep", name,
             f"unknown axis; use section.field, one of {sorted(ALIASES)} or {CLUSTER_AXES}")
-    known = {f.name for f in dataclasses.fields(fields[section].default_factory)}
+    known = {f.name for f in dataclasses.fields(sections[section])}
     require(key in known, f"sweep.{name}", key, f"unknown field of [{section}]; known: {sorted(known)}")
     return name
 
