@@ -6,6 +6,13 @@ Writes `<out>/<gpu>-torch.profile.csv` (appended model by model, so a run cut sh
 measured) and `<out>/<gpu>-torch.env.json` (device, driver, software versions, date, SMs, L2). Before
 timing anything it checks the Triton paged decode kernel against PyTorch's attention on a gathered
 copy of the same cache. A family that fails is reported and skipped; the others still run.
+
+`--prefill-kernel fa3` (Hopper, with the `fa3_fwd` package) times prefill attention with
+FlashAttention-3's forward kernel instead of PyTorch's FlashAttention-2, into `<gpu>-fa3.*`, after
+checking it against PyTorch's attention:
+
+    python benchmarks/measure_gpu_profile.py --gpu h200 --out measured/ --families prefill_attention \
+        --prefill-kernel fa3 --models llama-3.1-8b,llama-2-7b,qwen2.5-7b,qwen3-32b
 """
 from __future__ import annotations
 
@@ -68,6 +75,26 @@ def check_paged_decode(torch) -> float:
     return worst
 
 
+def check_fa3(torch) -> float:
+    """Largest difference between FlashAttention-3 and PyTorch's attention on chunks over a cached
+    context (bf16, causal aligned to the chunk's last token, GQA and MHA)."""
+    from fa3_fwd_interface import flash_attn_func
+    from torch.nn.attention.bias import causal_lower_right
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    worst = 0.0
+    for heads, kv_heads, chunk, ctx in ((32, 8, 100, 900), (28, 4, 16, 3000), (32, 32, 512, 0)):
+        q = torch.randn(1, chunk, heads, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, ctx + chunk, kv_heads, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        got = flash_attn_func(q, k, v, causal=True, num_splits=0)
+        got = got[0] if isinstance(got, tuple) else got
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal_lower_right(chunk, ctx + chunk),
+            enable_gqa=kv_heads != heads).transpose(1, 2)
+        worst = max(worst, (got.float() - want.float()).abs().max().item())
+    return worst
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", required=True, help="catalog name written in the device column (e.g. h200)")
@@ -76,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated models, each in --families "
                         "(default: the built-in plan)")
     parser.add_argument("--families", default=",".join(ALL), help="comma-separated families to measure")
+    parser.add_argument("--prefill-kernel", choices=("sdpa", "fa3"), default="sdpa",
+                        help="prefill attention kernel: PyTorch's FlashAttention-2 or (Hopper) FlashAttention-3")
     args = parser.parse_args(argv)
     wanted = tuple(args.families.split(","))
     plan = [(m, wanted) for m in args.models.split(",")] if args.models else PLAN
@@ -91,24 +120,29 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(torch)
-    (args.out / f"{args.gpu}-torch.env.json").write_text(json.dumps(env, indent=1) + "\n")
+    tag = "torch" if args.prefill_kernel == "sdpa" else args.prefill_kernel
+    (args.out / f"{args.gpu}-{tag}.env.json").write_text(json.dumps(env, indent=1) + "\n")
     print(json.dumps(env), flush=True)
-    err = check_paged_decode(torch)
-    print(f"paged decode vs SDPA: max abs difference {err:.4f}", flush=True)
-    if err > 0.05:
-        print("paged decode kernel disagrees with SDPA; not timing it", file=sys.stderr)
-        return 1
+    checks = [("paged decode", check_paged_decode)] if "decode_attention" in wanted else []
+    checks += [("FlashAttention-3 prefill", check_fa3)] if args.prefill_kernel == "fa3" else []
+    for name, check in checks:
+        err = check(torch)
+        print(f"{name} vs SDPA: max abs difference {err:.4f}", flush=True)
+        if err > 0.05:
+            print(f"{name} kernel disagrees with SDPA; not timing it", file=sys.stderr)
+            return 1
     rows: list[dict] = []
     for model, families in plan:
         for family in (f for f in families if f in wanted):
             start = time.perf_counter()
             try:
-                got = measure_profile(model, "cuda", quick=args.quick, gpu=args.gpu, families=(family,))
+                got = measure_profile(model, "cuda", quick=args.quick, gpu=args.gpu, families=(family,),
+                                      prefill_kernel=args.prefill_kernel)
             except Exception:  # report and go on: one broken family must not cost the others
                 traceback.print_exc()
                 continue
             rows += got
-            write_profile(rows, args.out / f"{args.gpu}-torch.profile.csv")
+            write_profile(rows, args.out / f"{args.gpu}-{tag}.profile.csv")
             print(f"{model} {family}: {len(got)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 

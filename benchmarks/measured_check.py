@@ -3,7 +3,10 @@
     python benchmarks/measured_check.py
 
 Their matmuls and attention feed no calibration, so they are kernel measurements the fits have not
-seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode. Their
+seen: cuBLAS through PyTorch, FlashAttention-2 through PyTorch, servesim's Triton paged decode, and
+(`<gpu>-fa3.profile.csv`) FlashAttention-3's prefill, the kernel family vLLM runs on Hopper, over cached
+contexts no table of vLLM's times; for it the script also prints how what a cached context adds to a
+chunk is priced against what it adds to the kernel. Their
 norms and activations (Inductor's) are what the H100's and H200's elementwise fits are made from, so
 those rows show the fit's error over all its rows, held-out and fitted; `<gpu>-torch.unseen.profile.csv`,
 where there is one, holds them at widths the fit never saw. Prints, per GPU and operator (attention: per
@@ -42,8 +45,27 @@ def errors_by_group(gpu: str, path=None) -> dict[tuple, np.ndarray]:
 def profiles() -> list[tuple]:
     """(label, GPU, profile path or None: its own profile) of every profile to check."""
     unseen = [(gpu, MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv") for gpu in GPUS]
+    fa3 = [(gpu, MEASURED_DIR / f"{gpu}-fa3.profile.csv") for gpu in GPUS]
     return ([(gpu, gpu, None) for gpu in GPUS]
-            + [(f"{gpu} (unseen widths)", gpu, path) for gpu, path in unseen if path.is_file()])
+            + [(f"{gpu} (unseen widths)", gpu, path) for gpu, path in unseen if path.is_file()]
+            + [(f"{gpu} (FlashAttention-3 prefill)", gpu, path) for gpu, path in fa3 if path.is_file()])
+
+
+def context_increments(gpu: str, path) -> tuple[np.ndarray, np.ndarray]:
+    """Prefill rows of a profile over a cached context: (chunk, priced / measured - 1 of what the cached
+    context adds to the same chunk over an empty cache). Where the calibration and the kernel differ by
+    an amount per launch, this still compares how each grows with the cached keys."""
+    rows = [r for r in read_profile(path) if r["operator"] == "prefill_attention"]
+    priced = predict(rows, shipped_calibration(gpu))
+    empty = {(r["num_heads"], r["num_kv_heads"], r["chunk"]): (p, r["measured_s"])
+             for r, p in zip(rows, priced) if r["context"] == 0}
+    chunks, errors = [], []
+    for r, p in zip(rows, priced):
+        base = empty.get((r["num_heads"], r["num_kv_heads"], r["chunk"]))
+        if r["context"] and base:
+            chunks.append(r["chunk"])
+            errors.append((p - base[0]) / (r["measured_s"] - base[1]) - 1.0)
+    return np.array(chunks), np.array(errors)
 
 
 def main() -> None:
@@ -60,6 +82,12 @@ def main() -> None:
         for family, e in sorted(by_family.items()):
             print(f"{gpu:9s} {family:18s} {'(all)':13s} {'':6s} {len(e):4d} {100 * np.median(np.abs(e)):8.1f}% "
                   f"{100 * np.median(e):+9.1f}%")
+        if path is not None and "fa3" in path.name:
+            chunks, e = context_increments(gpu, path)
+            for label, part in (("chunks < 512", e[chunks < 512]), ("chunks >= 512", e[chunks >= 512])):
+                print(f"{gpu:9s} what a cached context adds, {label}: {len(part)} rows, median "
+                      f"{100 * np.median(part):+.1f}% (p10 {100 * np.percentile(part, 10):+.1f}%, "
+                      f"p90 {100 * np.percentile(part, 90):+.1f}%)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require
 
 from .models import get_model
 from .profile_schema import validate_row
@@ -39,6 +39,9 @@ class Grid:
     warmup: int
     repeats: int
 
+
+PREFILL_KERNELS = ("sdpa", "fa3")
+"""Prefill attention kernels the backend can time (`measure_profile`'s `prefill_kernel`)."""
 
 GRIDS = {  # (device kind, quick)
     ("cpu", True): Grid((1, 8, 32, 96, 256), (16, 64, 192), (0, 256, 768), (1, 4, 16), (128, 512, 1536), 1, 3),
@@ -82,24 +85,28 @@ class _Session:
     rand: object
     measure: object
     row: object
+    prefill_kernel: str = "sdpa"
 
 
 def measure_profile(model: str = "", device: str = "cpu", quick: bool = False,
                     cpu_threads: int | None = 1, gpu: str = "",
                     families: tuple[str, ...] = ("matmul", "elementwise", "prefill_attention",
-                                                 "decode_attention")) -> list[dict]:
+                                                 "decode_attention"), prefill_kernel: str = "sdpa") -> list[dict]:
     """Run the grid for `model` on `device` ("cpu" or "cuda[:i]"); returns validated profile rows.
 
     `gpu` names the catalog GPU written in the rows' device column (default: the name CUDA reports).
     On CPU, `cpu_threads` (default 1) pins PyTorch's intra-op threads for the duration: a single
     thread is far less disturbed by other work on a small shared machine; None keeps PyTorch's choice.
+    `prefill_kernel`: "sdpa" (PyTorch's FlashAttention-2) or, on Hopper, "fa3" (FlashAttention-3's
+    forward kernel from the `fa3_fwd` package, the kernel family vLLM's FLASH_ATTN backend runs there).
     """
+    require(prefill_kernel in PREFILL_KERNELS, "prefill_kernel", prefill_kernel, f"must be one of {PREFILL_KERNELS}")
     torch = _torch()
     previous = torch.get_num_threads()
     if cpu_threads and not device.startswith("cuda"):
         torch.set_num_threads(cpu_threads)
     try:
-        return _measure(torch, model, device, quick, gpu, families)
+        return _measure(torch, model, device, quick, gpu, families, prefill_kernel)
     finally:
         torch.set_num_threads(previous)
 
@@ -117,7 +124,8 @@ def software(torch) -> str:
     return ", ".join(parts)
 
 
-def _measure(torch, model: str, device: str, quick: bool, gpu: str, families: tuple[str, ...]) -> list[dict]:
+def _measure(torch, model: str, device: str, quick: bool, gpu: str, families: tuple[str, ...],
+             prefill_kernel: str = "sdpa") -> list[dict]:
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA is not available on this machine")
@@ -146,7 +154,7 @@ def _measure(torch, model: str, device: str, quick: bool, gpu: str, families: tu
                             "<torch backend>")
 
     timer = cuda_timer(torch, device, grid.warmup, grid.repeats) if cuda else cpu_timer(grid.warmup, grid.repeats)
-    session = _Session(torch, device, cuda, rand, timer, row)
+    session = _Session(torch, device, cuda, rand, timer, row, prefill_kernel)
     rows: list[dict] = []
     with torch.inference_mode():
         for family in families:
@@ -272,6 +280,8 @@ def _prefill_kernel(s: _Session, nh: int, kvh: int, hd: int):
     CPU: the mask materialised."""
     torch = s.torch
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    if s.prefill_kernel == "fa3":
+        return _fa3_prefill(s, nh, kvh, hd)
     if not s.cuda:
         def attend(chunk, ctx):
             q, k, v = s.rand(1, nh, chunk, hd), s.rand(1, kvh, ctx + chunk, hd), s.rand(1, kvh, ctx + chunk, hd)
@@ -297,6 +307,26 @@ def _prefill_kernel(s: _Session, nh: int, kvh: int, hd: int):
         return flash(kvh), "FlashAttention (PyTorch SDPA), causal lower-right"
     except (RuntimeError, ValueError, NotImplementedError):
         return flash(nh), "FlashAttention (PyTorch SDPA), causal lower-right, KV heads repeated"
+
+
+def _fa3_prefill(s: _Session, nh: int, kvh: int, hd: int):
+    """(make a chunk's attention over its context, kernel name) with FlashAttention-3's forward kernel:
+    GQA native, causal aligned to the chunk's last token (seqlen_q < seqlen_k), KV splits by FA3's own
+    heuristic (num_splits=0, as vLLM's call leaves them), the KV contiguous (vLLM's call reads it through
+    a block table)."""
+    require(s.cuda and s.torch.cuda.get_device_capability(s.device)[0] == 9, "prefill_kernel", "fa3",
+            "FlashAttention-3 runs on Hopper GPUs (compute capability 9.x)")
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except ImportError as exc:
+        raise ConfigError("prefill_kernel", "fa3", "needs the fa3_fwd package (FlashAttention-3's forward "
+                          "kernel): pip install fa3-fwd") from exc
+
+    def attend(chunk, ctx):
+        q = s.rand(1, chunk, nh, hd)
+        k, v = s.rand(1, ctx + chunk, kvh, hd), s.rand(1, ctx + chunk, kvh, hd)
+        return lambda: flash_attn_func(q, k, v, causal=True, num_splits=0)
+    return attend, "FlashAttention-3 (fa3_fwd), causal lower-right, splits by its heuristic"
 
 
 def _decode(s: _Session, spec, grid) -> list[dict]:

@@ -80,3 +80,14 @@ def test_torch_backend_rejects_unknown_device():
     from kernels_cost_model.errors import ConfigError
     with pytest.raises(ConfigError):
         measure_profile(device="tpu")
+
+
+def test_torch_backend_names_a_prefill_kernel_it_cannot_run():
+    """FlashAttention-3 needs a Hopper GPU (and the fa3_fwd package); an unknown kernel is named."""
+    pytest.importorskip("torch")
+    from kernels_cost_model.torch_backend import measure_profile
+    from kernels_cost_model.errors import ConfigError
+    with pytest.raises(ConfigError, match="prefill_kernel='fa3': FlashAttention-3 runs on Hopper"):
+        measure_profile("qwen2.5-0.5b", "cpu", quick=True, families=("prefill_attention",), prefill_kernel="fa3")
+    with pytest.raises(ConfigError, match="prefill_kernel='fa4': must be one of"):
+        measure_profile(device="cpu", prefill_kernel="fa4")
