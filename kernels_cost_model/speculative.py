@@ -117,9 +117,12 @@ def default_draft_overhead(method: str) -> float:
 
 
 def drafter_spec(method: str, target, draft_model=None) -> ModelSpec | None:
-    """The network that drafts: a one-layer head of the target's shape, the draft model, or None."""
+    """The network that drafts: a one-layer head of the target's shape, the draft model, or None. The
+    head's one layer is of the target's later kind (DeepSeek-V3's MTP block is a MoE block, though its
+    first three layers are dense)."""
     if method in HEAD_METHODS:
-        return replace(get_model(target), name=f"{get_model(target).name}-{method}-head", num_layers=1)
+        spec = get_model(target)
+        return replace(spec, name=f"{spec.name}-{method}-head", num_layers=1, first_k_dense_replace=0)
     if method == "draft_model":
         require(draft_model is not None, "speculative_config.model", draft_model, "draft_model needs a model")
         try:

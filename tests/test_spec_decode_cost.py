@@ -128,3 +128,19 @@ def test_top_p_sampling_slows_a_batch_but_emits_the_same_tokens():
     assert top_p["output_throughput"] < greedy["output_throughput"]
     for key in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"):
         assert top_p[key] == greedy[key]
+
+
+def test_an_mtp_head_of_a_model_with_leading_dense_layers_is_one_moe_layer():
+    """DeepSeek-V3's first three layers are dense; its MTP block is a MoE block of ~14 B parameters. The
+    one-layer head once kept `first_k_dense_replace=3`: -2 MoE layers, a negative parameter count, and
+    more KV blocks with MTP on than off."""
+    from kernels_cost_model.speculative import drafter_spec
+    from sim import SimulationConfig
+    from sim.api.simulator import resolve_num_gpu_blocks
+    head = drafter_spec("mtp", "deepseek-v3")
+    assert head.num_layers == 1 and 13e9 < head.num_params() < 15e9
+    deployment = {"model": "deepseek-v3", "gpu": "h200", "tensor_parallel_size": 8}
+    off = resolve_num_gpu_blocks(SimulationConfig(deployment=deployment))
+    on = resolve_num_gpu_blocks(SimulationConfig(deployment=deployment,
+                                                 speculative_config={"method": "mtp", "num_speculative_tokens": 1}))
+    assert on < off
