@@ -90,3 +90,19 @@ def test_prefix_hit_needs_only_the_window_in_a_sliding_group():
     assert hit == 40                              # 10 full blocks of 4; the last token is recomputed
     assert len(tables[0]) == 10 and None not in tables[0]
     assert tables[1][:8] == [None] * 8 and None not in tables[1][8:]
+
+
+def test_a_pinned_cache_too_small_for_one_request_per_layer_group_is_named():
+    """gemma-3-27b's full-attention group holds 448 tokens in 200 pinned blocks (its sliding-window
+    group takes the rest): below one 1,024-token request. Checked once the cache was sized only; pinned,
+    the run ended with requests that never finished, or (without scheduler_reserve_full_isl) never ended."""
+    import pytest
+    from kernels_cost_model.errors import ConfigError
+    from sim import SimulationConfig, simulate
+    for engine in ({"max_model_len": 1024, "num_gpu_blocks": 200},
+                   {"block_size": 128, "num_gpu_blocks": 65, "max_num_batched_tokens": 512,
+                    "scheduler_reserve_full_isl": False}):
+        config = SimulationConfig(engine=engine, deployment={"model": "gemma-3-27b", "cost_model": "linear"},
+                                  workload={"num_requests": 2, "rate": 1.0, "max_tokens": 100})
+        with pytest.raises(ConfigError, match=f"engine.num_gpu_blocks={engine['num_gpu_blocks']}: .* less than one request"):
+            simulate(config)

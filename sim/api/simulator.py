@@ -320,10 +320,11 @@ def engine_graph_settings(engine: EngineConfig) -> dict:
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
     """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory (which
     must hold one max_model_len request, or vLLM does not start)."""
-    if config.engine.num_gpu_blocks is not None:
-        return config.engine.num_gpu_blocks
-    blocks = _sized_num_gpu_blocks(config)
-    check_kv_holds_one_request(config.engine, config.deployment, blocks, resolve_kv_layout(config))
+    pinned = config.engine.num_gpu_blocks
+    blocks = pinned if pinned is not None else _sized_num_gpu_blocks(config)
+    layout = resolve_kv_layout(config)
+    if pinned is None or (layout is not None and layout.is_hybrid):  # (a plain one: with the engine's config)
+        check_kv_holds_one_request(config.engine, config.deployment, blocks, layout)
     return blocks
 
 

@@ -204,11 +204,16 @@ def unresolved_engine_values(config) -> dict:
 
 
 def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=None) -> None:
-    """vLLM refuses to start when the sized KV cache cannot hold one max_model_len request (per layer
-    group, as its hybrid manager budgets one, when `layout` is given)."""
+    """vLLM refuses to start when the KV cache (sized, or pinned by `engine.num_gpu_blocks`) cannot hold
+    one max_model_len request (per layer group, as its hybrid manager budgets one, when `layout` is
+    given)."""
     tokens = layout.tokens(num_gpu_blocks) if layout is not None else num_gpu_blocks * engine.block_size
     fits = (layout.vllm_max_concurrency(num_gpu_blocks, engine.max_model_len, engine.max_num_batched_tokens) >= 1
             if layout is not None else tokens >= engine.max_model_len)
+    if engine.num_gpu_blocks is not None:
+        require(fits, "engine.num_gpu_blocks", num_gpu_blocks,
+                f"{num_gpu_blocks} blocks hold {tokens} KV tokens of {deployment.model} (per layer group), less than"
+                f" one request of max_model_len={engine.max_model_len}: raise num_gpu_blocks or lower max_model_len")
     require(fits, "engine.max_model_len", engine.max_model_len,
             f"one request of this length needs {engine.max_model_len} KV tokens, more than the {tokens} the KV"
             f" cache holds ({deployment.model} on {deployment.gpu}, tensor_parallel_size="
