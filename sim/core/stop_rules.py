@@ -178,8 +178,9 @@ def stop_candidates(req: Request, max_model_len: int | None) -> tuple[frozenset,
     if not params.ignore_eos and req.eos_token_id is not None:
         ids.add(req.eos_token_id)
     limit = length_limit(req, max_model_len)
-    if params.repetition_detection is not None:
-        limit = params.min_tokens  # any token from there on may complete a repetition
+    if params.repetition_detection is not None and params.min_tokens < limit:
+        limit = params.min_tokens  # any token from there on may complete a repetition (the length rule
+        # still binds first where min_tokens lies beyond it)
     return frozenset(ids), limit
 
 
