@@ -54,6 +54,7 @@ def resolve_lengths(lengths):
     """A pair sampler from a preset name ("sharegpt", "sharegpt:lognormal") or a sampler as is."""
     if isinstance(lengths, str):
         name, _, shape = lengths.partition(":")
+        require(shape in ("", *SHAPES), "lengths", lengths, f"the part after ':' is a shape, one of {SHAPES}")
         return length_preset(name, shape or "quantile")
     require(hasattr(lengths, "sample"), "lengths", lengths,
             "must be a preset name or a (prompt, output) sampler with .sample(rng, n)")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kernels_cost_model.errors import require
-from sim.core.fields import MAX_TOKEN_ID, is_int, is_number
+from sim.core.fields import MAX_ARRIVAL_S, MAX_TOKEN_ID, is_int, is_number
 from sim.core.sampling_params import SamplingParams
 
 
@@ -41,18 +41,29 @@ class RequestSpec:
     def __post_init__(self) -> None:
         label = self.request_id or "request"
         object.__setattr__(self, "prompt_token_ids", _token_array(self.prompt_token_ids, f"{label}.prompt_token_ids"))
-        require(is_number(self.arrival_time_s) and self.arrival_time_s >= 0, f"{label}.arrival_time_s",
-                self.arrival_time_s, "must be a finite number >= 0")
+        require(is_number(self.arrival_time_s) and 0 <= self.arrival_time_s <= MAX_ARRIVAL_S,
+                f"{label}.arrival_time_s", self.arrival_time_s, f"must be a finite number in [0, {MAX_ARRIVAL_S:g}]"
+                " seconds (a float clock resolves microseconds no further)")
+        if isinstance(self.sampling_params, dict):
+            object.__setattr__(self, "sampling_params", SamplingParams(**self.sampling_params))
+        require(isinstance(self.sampling_params, SamplingParams), f"{label}.sampling_params",
+                self.sampling_params, "must be a SamplingParams (or a dict of its fields)")
         require(self.output_len is None or (is_int(self.output_len) and self.output_len >= 1),
                 f"{label}.output_len", self.output_len, "must be an integer >= 1 or None")
         if self.output_token_ids is not None:
+            require(isinstance(self.output_token_ids, (tuple, list, np.ndarray)), f"{label}.output_token_ids",
+                    self.output_token_ids, "must be a sequence of token ids")
             ids = tuple(self.output_token_ids)
             require(all(is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in ids), f"{label}.output_token_ids",
                     ids[:8], f"must be integers in [0, {MAX_TOKEN_ID}]")
             object.__setattr__(self, "output_token_ids", ids)
         require(is_int(self.priority), f"{label}.priority", self.priority, "must be an integer")
-        require(self.abort_time_s is None or (is_number(self.abort_time_s) and self.abort_time_s >= self.arrival_time_s),
-                f"{label}.abort_time_s", self.abort_time_s, "must be a finite number, not before arrival_time_s")
+        require(self.request_id is None or (isinstance(self.request_id, str) and self.request_id != ""),
+                "request_id", self.request_id, "must be a non-empty string or None (the engine names it)")
+        require(self.abort_time_s is None or (is_number(self.abort_time_s)
+                                              and self.arrival_time_s <= self.abort_time_s <= MAX_ARRIVAL_S),
+                f"{label}.abort_time_s", self.abort_time_s,
+                f"must be a finite number, not before arrival_time_s, at most {MAX_ARRIVAL_S:g} seconds")
 
     @property
     def num_prompt_tokens(self) -> int:

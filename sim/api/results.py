@@ -109,6 +109,7 @@ class Results:
         marks the folder complete (an old one is removed first), so a save cut short by a signal
         never loads as a whole run; each file is written under a temporary name and renamed.
         """
+        require_folder(directory)
         if fmt not in ("parquet", "csv", None):
             raise ConfigError("fmt", fmt, "must be 'parquet' or 'csv'")
         if fmt == "parquet" and not parquet_available():
@@ -129,6 +130,7 @@ class Results:
     @classmethod
     def load(cls, directory: str | Path) -> "Results":
         """Read what `save` wrote."""
+        require_folder(directory)
         src = Path(directory)
         summary_path = src / "summary.json"
         if not summary_path.exists():
@@ -209,6 +211,12 @@ def _jsonable(value):
     if isinstance(value, (np.floating,)):
         return float(value)
     return str(value)
+
+
+def require_folder(directory) -> None:
+    """`directory` names a folder: a str or a path."""
+    if not isinstance(directory, (str, Path)) or str(directory) == "":
+        raise ConfigError("directory", directory, "must be a folder's path (str or pathlib.Path)")
 
 
 def merge_results(parts: list[Results], slo: dict, meta: dict) -> Results:

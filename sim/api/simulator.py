@@ -35,6 +35,7 @@ from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
+from sim.core.text import check_token_text
 from sim.engine.engine import Engine
 from sim.engine.simulation import check_progress, check_traffic, check_until, run_engine
 
@@ -117,7 +118,8 @@ class WorkloadConfig:
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
             require(Path(self.path).is_file(), "workload.path", self.path,
-                    "is a folder, not a trace file" if Path(self.path).is_dir() else "trace file not found")
+                    "is a folder, not a trace file" if str(self.path) and Path(self.path).is_dir()
+                    else "trace file not found")
             trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                     max_requests=self.num_requests, **common)
             if self.target_rate is not None:
@@ -444,6 +446,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
     check_traffic(workload)
     check_until(until)
     check_progress(progress)
+    check_token_text(token_text)
     check_names(config.engine)
     check_model_limits(config)
     check_step_budget(config.engine)

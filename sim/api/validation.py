@@ -10,14 +10,12 @@ import dataclasses
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.batch_defaults import DEFAULT_USAGE_CONTEXT, batch_defaults, with_batch_defaults
 from sim.core.config import AUTO_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN
-from sim.core.fields import MAX_NUM_REQUESTS, at_least, check_types, in_range, is_int, one_of, positive
+from sim.core.fields import MAX_NUM_REQUESTS, MAX_SECONDS, at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
 MIN_RATE = 1e-6
 """Slowest arrival rate (req/s): slower ones push simulated times past ~1e9 s, where a float
 clock no longer resolves microseconds and step durations would vanish in rounding."""
-MAX_SECONDS = 1e9
-"""Longest time-like setting (think time, SLO), for the same reason."""
 MAX_COLLECTIVE_SCALE = 100.0
 """Largest multiplier on measured collective times (hosts fitted so far need 1-3.5)."""
 

@@ -81,3 +81,12 @@ def one_of(field: str, value, choices) -> None:
     """ConfigError unless value is one of `choices`."""
     if value not in tuple(choices):
         raise ConfigError(field, value, f"must be one of {tuple(choices)}")
+
+
+MAX_SECONDS = 1e9
+"""Longest time-like setting (a think time, an SLO): beyond it a float clock no longer resolves
+microseconds and step durations would vanish in rounding."""
+MAX_ARRIVAL_S = 1e10
+"""Latest time a request may arrive (or be aborted at): a closed loop's think times of up to
+MAX_SECONDS add up beyond MAX_SECONDS; at 1e10 s the clock still resolves 2 µs, a thousandth of a short
+step (at 1e15 s every latency rounded to 0)."""

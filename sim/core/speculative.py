@@ -69,8 +69,9 @@ class SpeculativeConfig:
         require(self.method != "draft_model" or isinstance(self.model, str),
                 "speculative_config.model", self.model, "method 'draft_model' needs a draft model name")
         if self.acceptance_rates is not None:
-            rates = tuple(self.acceptance_rates)
-            require(len(rates) >= 1 and all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in rates),
+            rates = tuple(self.acceptance_rates) if isinstance(self.acceptance_rates, (list, tuple)) else ()
+            require(len(rates) >= 1 and all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1
+                                            for r in rates),
                     "speculative_config.acceptance_rates", self.acceptance_rates,
                     "must be a non-empty list of probabilities in [0, 1]")
             object.__setattr__(self, "acceptance_rates", rates)

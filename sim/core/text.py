@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from kernels_cost_model.errors import require
+
 BYTE_EOS_TOKEN_ID = 256
 """EOS of the default byte tokenizer: ids 0-255 are bytes, 256 is EOS (a special token, no text)."""
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -31,13 +33,23 @@ def byte_token_text(token_id: int) -> str:
 
 def as_token_text(token_text: Mapping[int, str] | Callable[[int], str] | None) -> Callable[[int], str]:
     """Normalise a dict or callable (or None for the byte tokenizer) to a callable."""
+    check_token_text(token_text)
     if token_text is None:
         return byte_token_text
     if isinstance(token_text, Mapping):
         return lambda token_id: token_text.get(token_id, "")
-    if callable(token_text):
-        return token_text
-    raise TypeError(f"token_text must be a dict or a callable, got {type(token_text).__name__}")
+    return token_text
+
+
+def check_token_text(token_text) -> None:
+    """`token_text`: None, a dict of token id -> str, or a callable returning the text of an id; else a
+    ConfigError (checked before a run: a callable's results are checked as it runs, `TextState`)."""
+    if token_text is None or (callable(token_text) and not isinstance(token_text, Mapping)):
+        return
+    require(isinstance(token_text, Mapping), "token_text", token_text,
+            "must be a dict of token id -> text or a callable(token_id) -> str")
+    bad = next((k for k, v in token_text.items() if not isinstance(v, str)), None)
+    require(bad is None, f"token_text[{bad!r}]", token_text.get(bad), "must be a str")
 
 
 def find_stop_string(text: str, new_chars: int, stop: tuple[str, ...],
@@ -90,6 +102,8 @@ class TextState:
     def append(self, token_id: int, num_output_tokens: int, hide: bool, check: bool) -> str | None:
         """Add one token's text (unless `hide`) and return the stop string it completes, if any."""
         piece = "" if hide else self.token_text(token_id)
+        if type(piece) is not str:
+            require(False, f"token_text({token_id})", piece, "must return a str")
         self.text += piece
         if not (check and self.stop and self._past_floor(num_output_tokens)):
             return None

@@ -20,6 +20,7 @@ from sim.engine.leap import make_leaper
 from sim.engine.leap_steady import ArrivalTimeout
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
+from sim.core.text import check_token_text
 
 
 class EngineProcess:
@@ -148,8 +149,8 @@ def arrivals(env: simpy.Environment, specs: Iterable, submit):
         following = next(specs, None)
         delay = spec.arrival_time_s - env.now
         if delay < 0:
-            raise ValueError(f"{spec.request_id or 'request'}.arrival_time_s={spec.arrival_time_s}: "
-                             f"arrivals must be sorted (previous arrival at {env.now})")
+            raise ConfigError(f"{spec.request_id or 'request'}.arrival_time_s", spec.arrival_time_s,
+                              f"arrivals must be sorted (previous arrival at {env.now})")
         if delay > 0:
             yield ArrivalTimeout(env, delay, spec, submit,
                                  math.inf if following is None else following.arrival_time_s)
@@ -175,6 +176,11 @@ def check_traffic(workload, *, empty_ok: bool = False) -> None:
     if bad is not None:
         item = workload[bad]
         raise ConfigError(f"workload[{bad}]", item, f"must be a RequestSpec, not a {type(item).__name__}")
+    late = next((i for i in range(1, len(workload)) if workload[i].arrival_time_s < workload[i - 1].arrival_time_s),
+                None)
+    if late is not None:
+        raise ConfigError(f"workload[{late}].arrival_time_s", workload[late].arrival_time_s,
+                          f"arrivals must be sorted: workload[{late - 1}] arrives at {workload[late - 1].arrival_time_s}")
     _check_unique_ids(workload)
 
 
@@ -185,13 +191,18 @@ def check_progress(progress) -> None:
 
 
 def _check_unique_ids(specs: list) -> None:
-    """Request ids given in a spec list name one request each (the results are keyed by them)."""
+    """Request ids given in a spec list name one request each (the results are keyed by them), and none
+    is the id the engine gives a spec without one ("req-<its position>")."""
     first: dict = {}
     for i, spec in enumerate(specs):
         if spec.request_id is None:
             continue
         j = first.setdefault(spec.request_id, i)
         require(j == i, f"workload[{i}].request_id", spec.request_id, f"repeats workload[{j}]'s; ids must be unique")
+    for i, spec in enumerate(specs):
+        j = first.get(f"req-{i}") if spec.request_id is None else None
+        require(j is None, f"workload[{i}].request_id", None, f"would be 'req-{i}', the id workload[{j}] gives;"
+                " give every request an id, or none")
 
 
 def start_workload(env: simpy.Environment, workload, submit, seed: int, enqueue=None) -> None:
@@ -291,6 +302,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     require(callable(getattr(cost_model, "step_time", None)), "cost_model", cost_model,
             "must be a cost model with step_time(batch), e.g. kernels_cost_model.make_cost_model(...)")
     check_progress(progress)
+    check_token_text(token_text)
     config = config.resolved()
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks,
                                config)
