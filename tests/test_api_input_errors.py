@@ -24,6 +24,9 @@ CONFIG = SimulationConfig(engine={"max_model_len": 256, "num_gpu_blocks": 64}, d
     ({"output_token_ids": 5}, "request.output_token_ids=5: must be a sequence of token ids"),
     ({"request_id": ""}, "request_id='': must be a non-empty string"),
     ({"request_id": ("a", 1)}, "request_id=('a', 1): must be a non-empty string"),
+    ({"tenant": None}, "request.tenant=None: must be a string"),
+    ({"session_id": 3}, "request.session_id=3: must be a string or None"),
+    ({"return_hidden_states": "yes"}, "request.return_hidden_states='yes': must be true or false"),
 ])
 def test_a_bad_request_spec_is_named(fields, named):
     with pytest.raises(ConfigError) as err:
@@ -76,6 +79,13 @@ def test_a_token_text_callable_that_returns_no_str_is_named():
 def test_acceptance_rates_must_be_a_list_of_probabilities(rates):
     with pytest.raises(ConfigError, match="speculative_config.acceptance_rates"):
         SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rates=rates)
+
+
+@pytest.mark.parametrize("fields, named", [({"tree_sibling_decay": True}, "speculative_config.tree_sibling_decay"),
+                                           ({"model": 5}, "speculative_config.model=5")])
+def test_a_bool_or_a_number_is_no_speculative_setting_of_another_type(fields, named):
+    with pytest.raises(ConfigError, match=named):
+        SpeculativeConfig(method="eagle", num_speculative_tokens=2, **fields)
 
 
 def test_a_result_folder_must_be_a_path():

@@ -60,6 +60,11 @@ class RequestSpec:
         require(is_int(self.priority), f"{label}.priority", self.priority, "must be an integer")
         require(self.request_id is None or (isinstance(self.request_id, str) and self.request_id != ""),
                 "request_id", self.request_id, "must be a non-empty string or None (the engine names it)")
+        require(isinstance(self.tenant, str), f"{label}.tenant", self.tenant, "must be a string")
+        require(self.session_id is None or isinstance(self.session_id, str), f"{label}.session_id",
+                self.session_id, "must be a string or None")
+        require(isinstance(self.return_hidden_states, bool), f"{label}.return_hidden_states",
+                self.return_hidden_states, "must be true or false")
         require(self.abort_time_s is None or (is_number(self.abort_time_s)
                                               and self.arrival_time_s <= self.abort_time_s <= MAX_ARRIVAL_S),
                 f"{label}.abort_time_s", self.abort_time_s,

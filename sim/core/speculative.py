@@ -68,6 +68,8 @@ class SpeculativeConfig:
                 "speculative_config.num_speculative_tokens", k, "must be an integer in [1, 64]")
         require(self.method != "draft_model" or isinstance(self.model, str),
                 "speculative_config.model", self.model, "method 'draft_model' needs a draft model name")
+        require(self.model is None or isinstance(self.model, str), "speculative_config.model", self.model,
+                "must be a model name (a string) or null")
         if self.acceptance_rates is not None:
             rates = tuple(self.acceptance_rates) if isinstance(self.acceptance_rates, (list, tuple)) else ()
             require(len(rates) >= 1 and all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1
@@ -87,7 +89,8 @@ class SpeculativeConfig:
         require(vocab is None or self.method == "eagle3", "speculative_config.draft_vocab_size", vocab,
                 f"applies to method 'eagle3' only (method is {self.method!r})")
         decay = self.tree_sibling_decay
-        require(isinstance(decay, (int, float)) and 0 <= decay <= 1, "speculative_config.tree_sibling_decay",
+        require(isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 <= decay <= 1,
+                "speculative_config.tree_sibling_decay",
                 decay, "must be a number in [0, 1]")
         if self.speculative_token_tree is not None:
             self._check_tree()
