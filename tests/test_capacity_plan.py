@@ -121,6 +121,32 @@ def test_a_price_for_an_unknown_gpu_names_the_prices_key():
     assert err.value.field == "prices.h1000" and err.value.value == 2.0 and "unknown GPU" in err.value.reason
 
 
+@pytest.mark.parametrize("content, field, value", [
+    ("gpu,usd_per_gpu_hour\nh100,-3\n", "usd_per_gpu_hour", "-3"), ("gpu,usd_per_gpu_hour\nh100,0\n", "usd_per_gpu_hour", "0"),
+    ("gpu,usd_per_gpu_hour\nh100,abc\n", "usd_per_gpu_hour", "abc"), ("gpu,usd_per_gpu_hour\n,3\n", "gpu", None),
+])
+def test_a_price_file_row_is_checked_and_named_with_its_line(tmp_path, content, field, value):
+    """A negative or zero price once gave negative or zero costs; text, a crash."""
+    path = tmp_path / "prices.csv"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_prices(path)
+    assert err.value.field == f"{path}:2: {field}" and (value is None or err.value.value == value)
+
+
+@pytest.mark.parametrize("content, named", [
+    (b"", "not a readable CSV file"), (b"\x00\xff\xfe", "not a readable CSV file"),
+    (b"gpu,usd_per_gpu_hour\nh100,1\nh100-sxm,5\n", "prices this GPU a second time"),
+])
+def test_an_unreadable_or_repeating_price_file_is_named(tmp_path, content, named):
+    path = tmp_path / "prices.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=named):
+        load_prices(path)
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_prices(tmp_path)
+
+
 def test_prices_have_sources_and_missing_price_is_named():
     table = load_prices()
     assert {"provider", "price_date", "source"} <= set(table.columns) and table["source"].notna().all()

@@ -101,6 +101,7 @@ class Plan:
         base = SimulationConfig.from_dict(data)
         rate = target.pop("rate", base.workload.rate)
         path = prices.pop("path", None)
+        require(path is None or isinstance(path, str), "prices.path", path, "must be the path of a CSV file")
         if path is not None and root is not None:
             path = str((root / path).resolve())
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()
