@@ -93,3 +93,14 @@ def test_a_result_folder_must_be_a_path():
     for call in (lambda: results.save(None), lambda: Results.load(None)):
         with pytest.raises(ConfigError, match="directory=None: must be a folder's path"):
             call()
+
+
+@pytest.mark.parametrize("replica, named", [({"gpu": "h999"}, "deployment.gpu='h999': unknown GPU"),
+                                            ({"model": "nope"}, "deployment.model='nope': unknown model")])
+def test_an_unknown_gpu_or_model_of_a_replica_is_named(replica, named):
+    """Sizing the replica's cache read the batch defaults an unknown GPU leaves unset first, and named
+    deployment.max_num_batched_tokens=None."""
+    from sim.planning.cluster import simulate_cluster
+    with pytest.raises(ConfigError) as err:
+        simulate_cluster(SimulationConfig(workload={"num_requests": 5}), [replica])
+    assert str(err.value).startswith(named)

@@ -354,6 +354,9 @@ def longest_fitting_len(config: SimulationConfig) -> int:
 
 
 def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
+    from kernels_cost_model import get_gpu, get_model
+    with within("deployment"):  # (named before the sizing reads the defaults an unknown GPU leaves unset)
+        get_gpu(config.deployment.gpu), get_model(config.deployment.model)
     if config.deployment.data_parallel_size > 1:
         return require_bookable_blocks(_data_parallel_blocks(config), config)
     if config.speculative_config is not None:
