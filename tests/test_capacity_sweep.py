@@ -99,3 +99,19 @@ def test_rerun_reuses_finished_results(base, tmp_path, monkeypatch):
     second = run_sweep(pts, seeds=[0, 1], executor="serial", out_dir=tmp_path)
     assert len(calls) == 1
     pd.testing.assert_frame_equal(first, second)
+    # damaged results (truncated, another key, an empty summary) run again: they once crashed the
+    # rerun or gave a row of empty metrics
+    files[1].write_text(files[1].read_text()[:20])
+    files[2].write_text('{"key": "x", "summary": {"completed": 1}}')
+    files[3].write_text('{"summary": {}}')
+    calls.clear()
+    with pytest.warns(UserWarning, match="damaged stored result"):
+        third = run_sweep(pts, seeds=[0, 1], executor="serial", out_dir=tmp_path)
+    assert len(calls) == 3
+    pd.testing.assert_frame_equal(first, third)
+
+
+def test_a_sweep_folder_whose_results_cannot_be_kept_is_named(base, tmp_path):
+    (tmp_path / "results").write_text("not a folder")
+    with pytest.raises(ConfigError, match="holds a file named results"):
+        run_sweep(grid(base, {"rate": [2]}), seeds=[0], executor="serial", out_dir=tmp_path)

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,12 +176,26 @@ class ResultStore:
     def __init__(self, out_dir: str | Path | None):
         self.dir = Path(out_dir) / "results" if out_dir is not None else None
         if self.dir is not None:
+            require(not self.dir.exists() or self.dir.is_dir(), "out", str(out_dir),
+                    f"holds a file named {self.dir.name}, where the sweep keeps its results folder")
             self.dir.mkdir(parents=True, exist_ok=True)
 
     def get(self, key: str) -> dict | None:
-        if self.dir is None or not (self.dir / f"{key}.json").exists():
+        """The summary a previous run stored for `key`; None where there is none, or where the file is
+        damaged (truncated, not a stored summary): the point runs again and the file is rewritten."""
+        path = None if self.dir is None else self.dir / f"{key}.json"
+        if path is None or not path.exists():
             return None
-        return json.loads((self.dir / f"{key}.json").read_text())["summary"]
+        require(path.is_file(), "out", str(path), "is a folder where the sweep keeps a result file")
+        try:
+            doc = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("key") == key and isinstance(doc.get("summary"), dict) \
+                and "completed" in doc["summary"]:
+            return doc["summary"]
+        warnings.warn(f"{path}: a damaged stored result; running the point again", stacklevel=2)
+        return None
 
     def put(self, key: str, summary: dict) -> None:
         if self.dir is None:
