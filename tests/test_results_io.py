@@ -51,6 +51,16 @@ def test_load_names_a_folder_without_summary(tmp_path):
         Results.load(tmp_path)
 
 
+def test_tokens_of_requests_the_table_lacks_are_named(results, tmp_path):
+    """A folder whose requests table lost its rows while its tokens kept theirs (report and plot once
+    crashed on it with an IndexError)."""
+    results.save(tmp_path, fmt="csv")
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    requests.iloc[0:0].to_csv(tmp_path / "requests.csv", index=False)
+    with pytest.raises(ValueError, match="has times of request_index 0, but the requests table has 0 rows"):
+        Results.load(tmp_path)
+
+
 def test_bad_format_is_named(results, tmp_path):
     with pytest.raises(ValueError, match="fmt='xlsx'"):
         results.save(tmp_path, fmt="xlsx")

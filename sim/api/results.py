@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require
 from sim.api.metrics import (METRIC_PERCENTILES, Summary, add_latency_columns, check_percentiles, kv_occupancy,
                              summarize)
 from sim.api.slo import SLOConfig
@@ -147,7 +147,7 @@ class Results:
                                    for n in ("requests", "steps", "tokens"))
         summary = Summary({k: float(doc.get("nonfinite", {}).get(k, "nan")) if v is None else v
                            for k, v in doc["summary"].items()})
-        token_times = _token_lists(tokens, len(requests), doc.get("token_times_recorded", False))
+        token_times = _token_lists(tokens, len(requests), doc.get("token_times_recorded", False), src / f"tokens.{fmt}")
         meta = doc["meta"]
         if "completed" not in summary:  # saved before vLLM's names: summarise the tables again
             summary = summarize(requests, steps, token_times, meta["num_gpu_blocks"], meta.get("slo"))
@@ -194,9 +194,13 @@ def summary_json(summary: dict) -> dict:
     return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in summary.items()}
 
 
-def _token_lists(tokens: pd.DataFrame, n: int, recorded: bool) -> list:
+def _token_lists(tokens: pd.DataFrame, n: int, recorded: bool, path: Path) -> list:
+    """Each request's token times from the tokens table; a row of a request the requests table does not
+    have (a damaged folder) is a ConfigError naming the file."""
     lists = [array("d") for _ in range(n)] if recorded else [None] * n
     for index, group in tokens.groupby("request_index", sort=True):
+        require(0 <= int(index) < n, "tokens", str(path), f"has times of request_index {int(index)}, but the"
+                f" requests table has {n} rows; the folder is damaged")
         lists[int(index)] = array("d", group.sort_values("position")["time"].to_numpy())
     return lists
 
