@@ -94,6 +94,8 @@ def _report(title: str, errors: dict) -> None:
 def run_calibrate(args) -> int:
     """Handler of `servesim calibrate`; 0 on success, 2 on a user error."""
     try:
+        if args.out is not None and Path(args.out).is_dir():  # (before measuring or fitting anything)
+            raise ConfigError("--out", str(args.out), "is a folder; give the calibration file's path")
         rows = _rows(args)
         devices = sorted({r["device"] for r in rows})
         device = _fit_device(args, rows)

@@ -103,13 +103,17 @@ def read_profile(path: str | Path) -> list[dict]:
     """Read and validate a profile CSV; errors name the file, line and column."""
     path = require_path("profile", path, "a profile CSV file")
     if not path.is_file():
-        raise ConfigError("profile", str(path), "no such file")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in ("operator", "dtype", "measured_s", "device") if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError("profile", str(path), f"header lacks columns {missing}; expected {list(COLUMNS)}")
-        rows = [validate_row(raw, str(path), i) for i, raw in enumerate(reader, start=2)]
+        reason = "is a folder, not a profile CSV file" if path.is_dir() else "no such file"
+        raise ConfigError("profile", str(path), reason)
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in ("operator", "dtype", "measured_s", "device") if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError("profile", str(path), f"header lacks columns {missing}; expected {list(COLUMNS)}")
+            rows = [validate_row(raw, str(path), i) for i, raw in enumerate(reader, start=2)]
+    except UnicodeDecodeError as exc:
+        raise ConfigError("profile", str(path), f"not a text file (byte {exc.start} is not UTF-8)") from None
     if not rows:
         raise ConfigError("profile", str(path), "no measurement rows")
     return rows

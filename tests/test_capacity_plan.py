@@ -94,6 +94,7 @@ def test_bad_plans_name_field_and_value(tmp_path, edit, field):
     (("rel_tol = 0.1", 'rel_tol = "5%"'), "search.rel_tol", "5%"),
     (("seeds = [0]", "seeds = 3"), "search.seeds", 3),
     (("seeds = [0]", "seeds = [true]"), "search.seeds", (True,)),
+    (("seeds = [0]", "seeds = [1, 1]"), "search.seeds", (1, 1)),
     (("curve_points = [0.5, 1.0]", 'curve_points = "all"'), "search.curve_points", "all"),
     (("curve_points = [0.5, 1.0]", "curve_points = [-1.0, 0.5]"), "search.curve_points", (-1.0, 0.5)),
     (("curve_points = [0.5, 1.0]", "curve_points = [nan]"), "search.curve_points", (math.nan,)),

@@ -170,6 +170,11 @@ def test_profile_missing_columns_or_rows(tmp_path):
         read_profile(write_csv(tmp_path / "e.csv", []))
     with pytest.raises(ConfigError, match="no such file"):
         read_profile(tmp_path / "absent.csv")
+    with pytest.raises(ConfigError, match="is a folder, not a profile CSV file"):
+        read_profile(tmp_path)
+    (tmp_path / "binary.csv").write_bytes(b"\x00\xff\xfe")   # (a UnicodeDecodeError once)
+    with pytest.raises(ConfigError, match="not a text file"):
+        read_profile(tmp_path / "binary.csv")
 
 
 def test_fit_without_fallback_needs_every_family():

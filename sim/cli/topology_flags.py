@@ -80,7 +80,8 @@ def conversation_workload(args, config):
     from workloads.otel_genai import otel_genai_conversations
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("--conversations", str(path), "file not found")
+        raise ConfigError("--conversations", str(path),
+                          "is a folder, not a file" if path.is_dir() else "file not found")
     require(scale is None or math.isfinite(scale) and scale > 0, "--conversation-time-scale", scale,
             "must be a finite number > 0")
     _check_replaced_workload(args, config, path)

@@ -79,6 +79,8 @@ class Plan:
         require(isinstance(self.seeds, (tuple, list)) and all(is_int(s) and s >= 0 for s in self.seeds),
                 "search.seeds", self.seeds, "must be a list of integers >= 0")
         require(len(self.seeds) > 0, "search.seeds", self.seeds, "give at least one seed")
+        require(len(set(self.seeds)) == len(self.seeds), "search.seeds", self.seeds,
+                "repeats a seed (a repeated run narrows the interval without new information)")
         require(is_number(self.rel_tol) and 0 < self.rel_tol < 1, "search.rel_tol", self.rel_tol,
                 "must be a number in (0, 1)")
         points = self.curve_points
