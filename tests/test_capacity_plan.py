@@ -220,6 +220,19 @@ def test_a_capacity_from_runs_too_short_to_show_a_queue_says_so():
     assert "lasts only" not in describe_recommended(best, 20.0, num_requests=3000)
 
 
+def test_a_capacity_no_rate_failed_is_a_lower_bound_and_says_so():
+    """A target that held at every rate tried (doubling max_steps times) once read as a capacity found."""
+    from sim.cli.capacity import describe_recommended
+    from sim.planning.capacity import bracket_and_bisect, summarize_seeds
+    lo, hi = bracket_and_bisect(lambda rate: True, 5.0, max_steps=3)
+    result = summarize_seeds([{"seed": 0, "rate": lo, "fail_rate": hi, "runs": []}])
+    assert (lo, hi) == (40.0, math.inf) and not result.bounded and str(result).startswith("at least 40 req/s")
+    best = {"label": "h100 TP1 agg", "replicas": 1, "rate": lo, "low": lo, "high": lo, "seeds": 1,
+            "usd_per_hour": 12.0, "bounded": False}
+    text = describe_recommended(best, 20.0, num_requests=3000)
+    assert "sustains at least 40 req/s" in text and "not a limit found" in text
+
+
 def test_parsers_plug_into_any_subparsers():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

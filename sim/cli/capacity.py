@@ -99,7 +99,8 @@ def recommended(table: pd.DataFrame) -> dict | None:
     row = feasible.iloc[0]
     return {"label": row["candidate"], "replicas": int(row["replicas"]), "rate": float(row["capacity_per_replica"]),
             "low": float(row["capacity_low"]), "high": float(row["capacity_high"]),
-            "seeds": int(row.get("capacity_seeds", 0)), "usd_per_hour": float(row["usd_per_hour"])}
+            "seeds": int(row.get("capacity_seeds", 0)), "usd_per_hour": float(row["usd_per_hour"]),
+            "bounded": bool(row.get("capacity_bounded", True))}
 
 
 MIN_ARRIVAL_SPAN_S = 30.0  # shorter runs end before a slightly overloaded queue shows: ramp-up and drain flatter them
@@ -110,11 +111,15 @@ def describe_recommended(best: dict | None, target_rate: float, num_requests: in
     if best is None:
         return f"no candidate sustains {target_rate:g} req/s within [search] max_replicas"
     text = (f"recommended: {best['label']} x {best['replicas']} units, ${best['usd_per_hour']:.2f}/hour; "
-            f"one unit (an instance or a P+D group) sustains {best['rate']:.3g} req/s ")
+            f"one unit (an instance or a P+D group) sustains {'' if best.get('bounded', True) else 'at least '}"
+            f"{best['rate']:.3g} req/s ")
     if best["seeds"] <= 1:
         text += "(one seed, so no 95% interval: add seeds ([search] seeds) to get one)"
     else:
         text += f"(95% interval {best['low']:.3g} to {best['high']:.3g} over {best['seeds']} seeds)"
+    if not best.get("bounded", True):
+        text += ("; the target held at every rate the search tried, so this is the highest it tried, not a"
+                 " limit found (a looser target, e.g. min_attainment with no [slo], may never fail)")
     if best["seeds"] > 1 and best["low"] < 0.5 * best["rate"]:
         text += "; the interval is wide: add seeds ([search] seeds) to narrow it"
     span = num_requests / best["rate"] if num_requests and best["rate"] > 0 else math.inf

@@ -85,11 +85,18 @@ class CapacityResult:
     per_seed: pd.DataFrame
     evaluations: pd.DataFrame
 
+    @property
+    def bounded(self) -> bool:
+        """Whether every seed's search found a rate at which the target fails: else its answer is only
+        the highest rate it tried (doubling `max_steps` times), a lower bound of the capacity."""
+        return all(math.isfinite(rate) for rate in self.per_seed["fail_rate"])
+
     def __str__(self) -> str:
         n = len(self.per_seed)
-        return (f"{self.rate:.4g} req/s ± {(self.high - self.low) / 2:.2g} (95% CI over {n} seed"
+        text = (f"{self.rate:.4g} req/s ± {(self.high - self.low) / 2:.2g} (95% CI over {n} seed"
                 f"{'s' if n > 1 else ''}; per-seed range {self.per_seed['rate'].min():.4g}"
                 f"-{self.per_seed['rate'].max():.4g})")
+        return text if self.bounded else f"at least {text}: the target held at every rate tried"
 
 
 def set_rate(config: SimulationConfig, rate: float) -> SimulationConfig:

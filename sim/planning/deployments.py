@@ -162,6 +162,7 @@ def _row(plan: Plan, c: Candidate, cap: CapacityResult | None, done: dict, price
            "usd_per_million_output_tokens": usd_h / (out_tps * 3600) * 1e6 if s and out_tps > 0 else math.nan,
            "capacity_per_replica": cap.rate if cap else 0.0, "capacity_low": cap.low if cap else 0.0,
            "capacity_high": cap.high if cap else 0.0, "capacity_seeds": len(cap.per_seed) if cap else 0,
+           "capacity_bounded": cap.bounded if cap else True,
            "headroom": n * cap.rate / plan.target_rate if cap and n else math.nan, "feasible": feasible}
     for key in ("p99_ttft_ms", "p99_tpot_ms", "slo_attainment", "output_throughput"):
         row[f"{key}_at_target"] = s[key] if s else math.nan

@@ -394,6 +394,7 @@ def _row(plan, t: Topology, cap, done: dict, price: float) -> dict:
            "usd_per_million_tokens": usd_h * per_million / tokens_per_req, "output_tokens_per_request": out_per_req,
            "goodput_per_gpu": cap.rate / t.gpus_per_unit, "capacity_per_replica": cap.rate,
            "capacity_low": cap.low, "capacity_high": cap.high, "capacity_seeds": len(cap.per_seed),
+           "capacity_bounded": cap.bounded,
            "headroom": n * cap.rate / plan.target_rate if n else math.nan, "feasible": feasible}
     for key in ("p99_ttft_ms", "p99_tpot_ms", "slo_attainment", "output_throughput"):
         row[f"{key}_at_target"] = s[key] if s else math.nan
