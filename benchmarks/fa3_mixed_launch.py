@@ -61,7 +61,8 @@ def measure(gpu: str, out_dir: Path) -> Path:
     from kernels_cost_model.torch_timing import cuda_timer
     timer = cuda_timer(torch, "cuda", 3, 10)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    source = f"servesim {datetime.date.today().isoformat()} ({software(torch)}, {torch.cuda.get_device_name(0)}, fa3_fwd)"
+    device = torch.cuda.get_device_name(0)
+    source = f"servesim {datetime.date.today().isoformat()} ({software(torch)}, {device}, fa3_fwd)"
 
     def make(nh, kvh, lengths_q, lengths_k):
         q = torch.randn(sum(lengths_q), nh, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)

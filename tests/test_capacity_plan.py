@@ -123,7 +123,8 @@ def test_a_price_for_an_unknown_gpu_names_the_prices_key():
 
 
 @pytest.mark.parametrize("content, field, value", [
-    ("gpu,usd_per_gpu_hour\nh100,-3\n", "usd_per_gpu_hour", "-3"), ("gpu,usd_per_gpu_hour\nh100,0\n", "usd_per_gpu_hour", "0"),
+    ("gpu,usd_per_gpu_hour\nh100,-3\n", "usd_per_gpu_hour", "-3"),
+    ("gpu,usd_per_gpu_hour\nh100,0\n", "usd_per_gpu_hour", "0"),
     ("gpu,usd_per_gpu_hour\nh100,abc\n", "usd_per_gpu_hour", "abc"), ("gpu,usd_per_gpu_hour\n,3\n", "gpu", None),
 ])
 def test_a_price_file_row_is_checked_and_named_with_its_line(tmp_path, content, field, value):

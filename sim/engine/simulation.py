@@ -179,8 +179,9 @@ def check_traffic(workload, *, empty_ok: bool = False) -> None:
     late = next((i for i in range(1, len(workload)) if workload[i].arrival_time_s < workload[i - 1].arrival_time_s),
                 None)
     if late is not None:
+        before = workload[late - 1].arrival_time_s
         raise ConfigError(f"workload[{late}].arrival_time_s", workload[late].arrival_time_s,
-                          f"arrivals must be sorted: workload[{late - 1}] arrives at {workload[late - 1].arrival_time_s}")
+                          f"arrivals must be sorted: workload[{late - 1}] arrives at {before}")
     _check_unique_ids(workload)
 
 
