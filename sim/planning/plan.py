@@ -84,8 +84,13 @@ class Plan:
         require(is_number(self.rel_tol) and 0 < self.rel_tol < 1, "search.rel_tol", self.rel_tol,
                 "must be a number in (0, 1)")
         points = self.curve_points
-        require(isinstance(points, (tuple, list)) and all(is_number(f) and f > 0 for f in points),
-                "search.curve_points", self.curve_points, "must be a list of fractions of capacity > 0")
+        require(isinstance(points, (tuple, list)) and len(points) > 0 and all(is_number(f) and f > 0 for f in points),
+                "search.curve_points", self.curve_points, "must be a non-empty list of fractions of capacity > 0")
+        slo = self.base.slo
+        require(self.target.min_attainment is None or any(
+            getattr(slo, name) is not None for name in ("ttft_s", "tpot_s", "e2e_s")), "target.min_attainment",
+            self.target.min_attainment, "is the fraction of requests meeting [slo]; set an [slo] bound (ttft_s,"
+            " tpot_s or e2e_s), or it counts completed requests only")
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "Plan":
