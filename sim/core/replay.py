@@ -8,7 +8,7 @@ from kernels_cost_model.errors import require
 from sim.core.request import Request, RequestStatus
 from sim.core.sampling_params import SamplingParams
 from sim.core.stop_rules import StopProfile, get_profile
-from sim.core.text import TextState, as_token_text
+from sim.core.text import TextState, as_token_text, check_token_text
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ def run_until_stop(token_stream: Iterable[int], eos_token_id: int | None,
     require(isinstance(prompt_len, int) and prompt_len >= 0, "prompt_len", prompt_len, "must be >= 0")
     require(max_model_len is None or max_model_len > prompt_len, "max_model_len", max_model_len,
             f"must exceed prompt_len={prompt_len}")
+    check_token_text(token_text)
     rules = get_profile(profile)
     req = Request("scripted", range(prompt_len), sampling_params, eos_token_id,
                   text_state=make_text_state(sampling_params, rules, token_text))

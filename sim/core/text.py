@@ -33,21 +33,28 @@ def byte_token_text(token_id: int) -> str:
 
 def as_token_text(token_text: Mapping[int, str] | Callable[[int], str] | None) -> Callable[[int], str]:
     """Normalise a dict or callable (or None for the byte tokenizer) to a callable."""
-    check_token_text(token_text)
     if token_text is None:
         return byte_token_text
     if isinstance(token_text, Mapping):
         return lambda token_id: token_text.get(token_id, "")
+    _require_kind(token_text)
     return token_text
+
+
+def _require_kind(token_text) -> None:
+    require(callable(token_text) or isinstance(token_text, Mapping), "token_text", token_text,
+            "must be a dict of token id -> text or a callable(token_id) -> str")
 
 
 def check_token_text(token_text) -> None:
     """`token_text`: None, a dict of token id -> str, or a callable returning the text of an id; else a
-    ConfigError (checked before a run: a callable's results are checked as it runs, `TextState`)."""
-    if token_text is None or (callable(token_text) and not isinstance(token_text, Mapping)):
+    ConfigError. Once per run, before it (a dict may hold a whole vocabulary: `as_token_text`, per
+    request, checks only the kind); a callable's results are checked as it runs (`TextState`)."""
+    if token_text is None:
         return
-    require(isinstance(token_text, Mapping), "token_text", token_text,
-            "must be a dict of token id -> text or a callable(token_id) -> str")
+    _require_kind(token_text)
+    if not isinstance(token_text, Mapping):
+        return
     bad = next((k for k, v in token_text.items() if not isinstance(v, str)), None)
     require(bad is None, f"token_text[{bad!r}]", token_text.get(bad), "must be a str")
 
