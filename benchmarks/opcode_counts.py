@@ -27,7 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def count_opcodes(scenario: str, num_requests: int, mode: str) -> collections.Counter:
     """Bytecodes executed per function ("path:name", paths relative to the project) in one run."""
-    sim_speed.run_once(scenario, 50, mode)
+    from kernels_cost_model import decode_stretch
+    decode_stretch._FIXED.clear()  # (the priced-batch memo starts empty: earlier work in this process could
+    sim_speed.run_once(scenario, 50, mode)  # fill it to its cap mid-count, and the counts would depend on it)
     counts: collections.Counter = collections.Counter()
 
     def on_call(frame, event, arg):
