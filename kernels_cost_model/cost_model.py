@@ -118,6 +118,9 @@ class RooflineCostModel:
     #: FA2 decodes beside a prefill chunk as units of the chunk's launch (mixed_launch.py): (L2 bytes, s per
     #: byte of DRAM re-reads); () = the measured mixed-batch rates price them (attention_backend.py).
     mixed_launch: tuple = ()
+    #: Layers that RMS-normalise each query and key head before RoPE (Qwen3, Gemma-3: ModelSpec.qk_norm_layers):
+    #: one launch of the RMSNorm operator a layer whose rows are the q and k heads (LLMServingSim times it as one).
+    qk_norm_layers: float = 0.0
     #: Prices of small batches that are not pure decodes, by their rows (a prefill step's few rows
     #: recur: prompt lengths and prefix hits repeat); cleared past STEP_MEMO_SIZE entries.
     step_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -305,6 +308,11 @@ class RooflineCostModel:
                  + self.act.cost(d * 3.0 * t * act_width, t, d * act_width)
                  + self.rope.cost(d * 2.0 * t * rope_width, t, d * rope_width))
         once = self.embed.cost(d * 2.0 * t * h, t, d * h) + norm
+        layer_norms = L * norms
+        if self.qk_norm_layers:  # each q and k head a row, read and written in place, plus both norms' weights
+            hd = self.model.head_dim
+            qk = self.norm.cost(d * (2.0 * t * rope_width + 2.0 * hd), t * rope_width / hd, d * hd)
+            layer_norms = layer_norms + self.qk_norm_layers * qk
         lm = self.lm_head.time(sampled, d) if sampled else 0.0
         ar = 0.0
         tp = self.tensor_parallel_size
@@ -319,7 +327,7 @@ class RooflineCostModel:
             elif sampled:
                 lm += self.collective_scale * ((tp - 1) / tp * d * sampled * self.model.vocab_size * c.s_per_byte
                                                + c.overhead_s)
-        return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, L * norms + once,
+        return (L * qkv, L * o, L * mlp, L * routing, L * attn_pf, L * attn_dec, layer_norms + once,
                 lm, ar * self.collective_scale)
 
     def _attention(self, n_dec: int, dec_keys: float, n_pf: int, pf_tok: float, pf_ctx: float,
@@ -555,7 +563,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),
                       -(-(max_model_len or spec.max_position_embeddings) // key_block(hd))),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
-        mixed_launch=_mixed_launch_of(hw, mixed_decode),
+        mixed_launch=_mixed_launch_of(hw, mixed_decode), qk_norm_layers=float(spec.qk_norm_layers),
     )
     if enable_expert_parallel:
         plain = expert_sharded(plain)

@@ -16,7 +16,8 @@ from .profile_schema import validate_row
 
 LICENCE = ("measurements: casys-kaist/LLMServingSim profiler/perf (vLLM 0.19, bf16), "
            "MIT licence (c) casys-kaist; see data/LICENSE-llmservingsim-MIT.txt")
-#: Layers with no operator of ours: Qwen3's per-head q/k norms, the sampler (priced in the LM head).
+#: Layers no fit reads: Qwen3's per-head q/k norms (priced at the RMSNorm operator's rates over head rows and
+#: checked against these rows, tests/test_qk_norm.py), the sampler (priced in the LM head).
 SKIPPED_LAYERS = ("qk_norm", "q_norm", "k_norm", "sampler")
 
 

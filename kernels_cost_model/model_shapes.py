@@ -39,6 +39,25 @@ def layer_types(cfg: dict, num_layers: int) -> tuple[str, ...]:
     return () if all(k == FULL for k in kinds) else kinds
 
 
+#: Model types whose softmax-attention layers RMS-normalise each query and key head (over head_dim) before
+#: RoPE: Hugging Face's and vLLM's Qwen3Attention, Qwen3MoeAttention, Qwen3NextAttention, Gemma3Attention.
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text")
+
+
+def qk_norm_layers_of(cfg: dict, outer_type: str | None, num_layers: int) -> int:
+    """Layers that normalise their query and key heads: every softmax-attention layer of the model types
+    above (`outer_type`: a multimodal config's own model_type) or of a config with `use_qk_norm` (GLM-4.5);
+    Llama-4's `use_qk_norm` only in its RoPE (chunked) layers, as vLLM's Llama4Attention. Decided by
+    `model_type`: a config.json without it gets none."""
+    kinds = layer_types(cfg, num_layers) or (FULL,) * num_layers
+    model_type = str(cfg.get("model_type") or outer_type or "")
+    if model_type in QK_NORM_MODEL_TYPES or (cfg.get("use_qk_norm") and not model_type.startswith("llama4")):
+        return sum(1 for kind in kinds if kind != LINEAR)
+    if cfg.get("use_qk_norm"):
+        return sum(1 for kind in kinds if kind == CHUNKED)
+    return 0
+
+
 def weight_bytes(cfg: dict, dtype_bytes: int) -> tuple[float, float, str]:
     """(bytes per dense weight, bytes per expert weight, quantisation method) from quantization_config."""
     quant = cfg.get("quantization_config") or {}

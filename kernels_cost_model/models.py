@@ -13,7 +13,8 @@ from pathlib import Path
 from kernels_cost_model.errors import ConfigError, require
 
 from ._catalog import alias_index, normalise, read_catalog, read_config_catalog
-from .model_shapes import LINEAR, extended_fields, head_dim_of, num_experts_of, num_mtp_layers_of, split_params
+from .model_shapes import (LINEAR, extended_fields, head_dim_of, num_experts_of, num_mtp_layers_of, qk_norm_layers_of,
+                           split_params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class ModelSpec:
     quant_method: str = ""
     weight_block_size: int = 0             # FP8 block-scale tile (DeepSeek: 128); 0 = per-tensor scales
     num_mtp_layers: int = 0                # the checkpoint's own multi-token-prediction layers (vLLM's "mtp")
+    qk_norm_layers: int = 0                # layers that RMS-normalise each query and key head before RoPE
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -65,6 +67,8 @@ class ModelSpec:
             require(getattr(self, field) > 0, field, getattr(self, field), "must be > 0")
         require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
                 f"must divide num_heads={self.num_heads}")
+        require(0 <= self.qk_norm_layers <= self.num_layers, "qk_norm_layers", self.qk_norm_layers,
+                f"must be in 0..num_layers={self.num_layers}")
         if self.num_experts:
             require(0 < self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
                     self.num_experts_per_tok, f"must be in 1..num_experts={self.num_experts}")
@@ -125,8 +129,10 @@ def _row_to_spec(row: dict[str, str]) -> ModelSpec:
     ints = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
             "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
             "max_position_embeddings", "dtype_bytes")
+    qk_norm = row["qk_norm"].lower() == "true"
     return ModelSpec(name=row["name"], source=row["source"],
                      tie_word_embeddings=row["tie_word_embeddings"].lower() == "true",
+                     qk_norm_layers=int(row["num_layers"]) if qk_norm else 0,
                      **{k: int(row[k]) for k in ints})
 
 
@@ -163,7 +169,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
 
 def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: str = "") -> ModelSpec:
     """ModelSpec of a config.json dict (a multimodal config's `text_config` is read)."""
-    outer_quant = cfg.get("quantization_config")
+    outer_quant, outer_type = cfg.get("quantization_config"), cfg.get("model_type")
     cfg = cfg.get("text_config", cfg)
     if outer_quant and "quantization_config" not in cfg:
         cfg = dict(cfg, quantization_config=outer_quant)
@@ -194,7 +200,8 @@ def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: st
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2),
-            num_mtp_layers=num_mtp_layers_of(cfg), source=source, **extra,
+            num_mtp_layers=num_mtp_layers_of(cfg), qk_norm_layers=qk_norm_layers_of(cfg, outer_type, layers),
+            source=source, **extra,
         )
     except KeyError as exc:
         raise ConfigError("model", source, f"config.json lacks required key {exc}") from exc

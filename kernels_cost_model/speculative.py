@@ -119,10 +119,13 @@ def default_draft_overhead(method: str) -> float:
 def drafter_spec(method: str, target, draft_model=None) -> ModelSpec | None:
     """The network that drafts: a one-layer head of the target's shape, the draft model, or None. The
     head's one layer is of the target's later kind (DeepSeek-V3's MTP block is a MoE block, though its
-    first three layers are dense)."""
+    first three layers are dense) and runs full attention: a hybrid target's per-layer kinds (sliding,
+    chunked, linear) describe its own layers, not the head's (Qwen3-Next's MTP layer and the EAGLE heads
+    are full-attention layers). Only an MTP head is the target's own layer, with its q/k norms."""
     if method in HEAD_METHODS:
         spec = get_model(target)
-        return replace(spec, name=f"{spec.name}-{method}-head", num_layers=1, first_k_dense_replace=0)
+        return replace(spec, name=f"{spec.name}-{method}-head", num_layers=1, first_k_dense_replace=0,
+                       layer_types=(), qk_norm_layers=min(spec.qk_norm_layers, 1) if method == "mtp" else 0)
     if method == "draft_model":
         require(draft_model is not None, "speculative_config.model", draft_model, "draft_model needs a model")
         try:

@@ -2,6 +2,8 @@
 the rejection sampler priced by how requests sample (kernels_cost_model.speculative)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,3 +146,24 @@ def test_an_mtp_head_of_a_model_with_leading_dense_layers_is_one_moe_layer():
     on = resolve_num_gpu_blocks(SimulationConfig(deployment=deployment,
                                                  speculative_config={"method": "mtp", "num_speculative_tokens": 1}))
     assert on < off
+
+
+@pytest.mark.parametrize("target, method", [("gemma-3-27b", "eagle3"), ("llama-4-scout", "eagle3"),
+                                            ("gpt-oss-120b", "eagle3"), ("qwen3-next-80b-a3b", "mtp")])
+def test_a_hybrid_targets_head_is_one_full_attention_layer(target, method):
+    """The head's one layer runs full attention: the target's per-layer kinds (sliding, chunked, linear)
+    are its own 36-62 layers, and the head priced every one of them (Gemma-3's at ~9x its one layer)."""
+    spec = drafter_spec(method, target)
+    assert spec.num_layers == 1 and spec.layer_types == ()
+    model = make_cost_model(spec, "h200", cpu_overhead=False)
+    assert getattr(model, "counts", {"full_attention": 1}) == {"full_attention": 1}
+    one_layer = make_cost_model(dataclasses.replace(spec, name="plain"), "h200", cpu_overhead=False)
+    batch = BatchShape([1] * 64, [2000] * 64, 64)
+    assert model.step_time(batch) == one_layer.step_time(batch)
+
+
+def test_only_an_mtp_head_keeps_the_targets_qk_norms():
+    """Qwen3-Next's MTP layer is its own attention layer (q/k norms); an EAGLE head is a Llama layer."""
+    assert drafter_spec("mtp", "qwen3-next-80b-a3b").qk_norm_layers == 1
+    assert drafter_spec("eagle3", "qwen3-next-80b-a3b").qk_norm_layers == 0
+    assert drafter_spec("eagle3", "qwen3-32b").qk_norm_layers == 0
