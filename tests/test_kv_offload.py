@@ -116,6 +116,21 @@ def test_a_load_waits_beside_the_running_requests():
     assert out.summary["cpu_load_s"] <= waited <= out.summary["cpu_load_s"] + 2 * r.loc["busy", "tpot_s"]
 
 
+def test_a_load_parked_by_a_plan_that_schedules_nothing_still_starts():
+    """Async scheduling: "again" is parked (its prefix loads from the CPU) by a plan in which the only
+    running request's last token is in flight, so nothing is scheduled. vLLM's connector starts the load
+    in a step with no forward pass; the run used to crash (`KeyError` in the transfers hook)."""
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    specs = sorted(_specs() + [RequestSpec(19.999, _prompt(99, 64), output_len=2, sampling_params=params,
+                                           request_id="busy")], key=lambda s: s.arrival_time_s)
+    config = _config().replace(engine={"async_scheduling": True})
+    out = simulate_offload(config, OffloadConfig(num_cpu_blocks=1000), workload=specs)
+    r = out.requests.set_index("request_id")
+    assert r["finish_time"].notna().all() and out.summary["cpu_loaded_blocks"] == 32
+    assert r.loc["again", "num_cached_tokens"] == 511
+    assert r.loc["again", "first_scheduled_time"] >= 20.0 + out.summary["cpu_load_s"]
+
+
 def test_stores_become_loadable_when_their_request_lets_go():
     kv = CPUOffloadKVCacheManager(64, 4, True, 16)
     a = Request("a", np.arange(100, 109, dtype=np.int32), SamplingParams(), eos_token_id=0)

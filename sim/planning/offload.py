@@ -113,9 +113,14 @@ class OffloadTransfers(EngineHook):
         self.kv, self.state = engine.state.kv, engine.state
 
     def has_work(self) -> bool:
-        """Copies in flight that nothing else would wait for: no request runs (running ones step anyway,
-        and under pipeline stages an empty batch would take a stage's slot)."""
-        return bool(self.kv.parked or self.kv.finished) and not self.state.running
+        """A load to issue: a plan parked a request and scheduled nothing (async scheduling, the running
+        requests' last tokens in flight), and vLLM's connector starts the load in a step with no forward
+        pass (`kv_connector_no_forward`). Or copies in flight that nothing else would wait for: no request
+        runs (running ones step anyway, and under pipeline stages an empty batch would take a stage's slot)."""
+        kv = self.kv
+        if kv.parked and any(req not in self.load_end for req in kv.parked):
+            return True
+        return bool(kv.parked or kv.finished) and not self.state.running
 
     def _copy(self, blocks: int, direction: str) -> float:
         return self.copies.seconds(blocks * self.copies_per_block, self.copy_bytes, direction)
