@@ -12,6 +12,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     MODELS = [make_cost_model("llama-3.1-8b", "h100"), make_cost_model("llama-3.1-70b", "a100", 4),
               make_cost_model("mixtral-8x7b", "h100", 2), make_cost_model("qwen3-30b-a3b", "l40s"),
+              # shapes beyond plain attention (sliding + q/k norms, linear + MoE + shared experts, MLA + FP8);
+              # not Llama-4's chunked layers, where a row past a chunk boundary attends to fewer keys
+              make_cost_model("gemma-3-27b", "h200"), make_cost_model("qwen3-next-80b-a3b", "h200", 2),
+              make_cost_model("deepseek-v3", "h200", 8), make_cost_model("qwen3-32b", "l40s", 2),
               # a noisy user calibration: prefill cheaper than decode per FLOP/byte, tile penalties
               make_cost_model("qwen2.5-7b", "h100", calibration=Calibration("noisy", {
                   **{f: Coeffs(1e-15, 4e-13, 5e-6, 20.0) for f in FAMILIES},
@@ -33,9 +37,12 @@ def test_more_new_tokens_never_faster(cm, pairs, data):
     # the step's last row priced as a decode (a decode, or a 2-token chunk: cost_model._no_cheaper_than_decodes
     # prices those as decodes) turned into a chunk of 3 or more tokens may be cheaper, as measured: a decode
     # launch (split-KV units and their combine) costs more than a few-token prefill launch on FA2 GPUs (the
-    # guard holds every step that keeps such a row)
+    # guard holds every step that keeps such a row). Likewise the step's last decode turned into a 2-token chunk
+    # beside other chunks: its decode part goes, and a prefill row's per-row cost (H100 FA3 fits: ~1.89 us a
+    # layer) lies a few hundredths of a microsecond under a decode row's (~1.93): up to ~0.01 % cheaper
     others = [c for j, (c, _) in enumerate(pairs) if j != i]
     assume(not (pairs[i][0] in (1, 2) and pairs[i][0] + extra >= 3 and 1 not in others and 2 not in others))
+    assume(not (pairs[i][0] == 1 and extra == 1 and 1 not in others))
     grown = list(pairs)
     grown[i] = (pairs[i][0] + extra, pairs[i][1])
     assert cm.step_time(batch(grown)) >= cm.step_time(batch(pairs))
@@ -55,7 +62,7 @@ def test_more_requests_never_faster(cm, pairs, extra):
     # FA2 GPUs (A100, L40S here): a decode launch's waves before the last are priced at the mean row, which a
     # short row added lowers, and FA2's split count moves with the batch (the measured kernels do get faster
     # where a bigger batch splits better): up to ~0.6 % cheaper in a random search (docs/cost_model.md)
-    slack = 1e-2 if cm.decode_waves[0] else 0.0
+    slack = 1e-2 if getattr(cm, "base", cm).decode_waves[0] else 0.0
     assert cm.step_time(batch(pairs + [extra], len(pairs))) >= cm.step_time(batch(pairs, len(pairs))) * (1 - slack)
 
 
