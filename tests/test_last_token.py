@@ -253,3 +253,38 @@ def test_compare_strategies_length_bound_has_no_speculation():
     assert prefill.asked_mean_e2e_delta_s > 0 and prefill.stats.prefill_tokens > 0
     assert hybrid.peak_extra_mib > 0 and prefill.peak_extra_mib > hybrid.peak_extra_mib
     assert set(cmp.table().index) == {"hybrid", "post_sampling_prefill"}
+
+
+@given(specs_with_stops(), configs)
+def test_async_plans_hold_every_stop_in_the_real_loop(specs, config):
+    """Under async scheduling (step N+1 planned before step N's tokens are known: `run_engine`'s loop, not
+    `drive`) each step's plan, taken at its own end, holds every stop; a definite_last row stops unless
+    the step before stopped its request (wasted); the wasted count is exactly the extracted rows whose
+    request did not stop in that step."""
+    config = dataclasses.replace(config, async_scheduling=True)
+    hook = HybridExtraction(keep_plans=True)
+    records = run_engine(sorted(specs, key=lambda s: s.arrival_time_s), config, LinearCostModel(),
+                         token_text=TOKEN_TEXT, hooks=[hook])
+    finished_before, wasted, stops = set(), 0, 0
+    for plan, stopped in hook.plans:
+        definite, speculative = plan.ids("definite_last"), plan.ids("speculative")
+        assert stopped <= definite | speculative
+        assert definite <= stopped | finished_before
+        asked = {r.request_id for r in plan.extracted if wants_hidden_states(r)}
+        wasted += len(asked - stopped)
+        finished_before |= stopped
+        stops += len(stopped)
+    assert hook.stats.wasted_rows == wasted
+    assert stops == sum(1 for rejected in records.requests.rejected if not rejected)
+
+
+def test_async_hybrid_extracts_the_length_bound_last_tokens():
+    """A default (async) run of length-bound requests copies exactly one row per request that asked, the
+    definite last one, and wastes none."""
+    workload = with_hidden_states(poisson_workload(rate=4, num_requests=40, lengths="sharegpt",
+                                                   max_tokens=64, ignore_eos=True), 0.5)
+    config = EngineConfig(num_gpu_blocks=4000, max_model_len=8192, async_scheduling=True)
+    cmp = compare_strategies(workload, config, LinearCostModel(), seed=1)
+    stats = cmp.results["hybrid"].stats
+    assert stats.rows == stats.definite_rows == len(stats.asked) > 0
+    assert stats.wasted_rows == 0 and stats.speculative_rows == 0

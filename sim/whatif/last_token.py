@@ -13,7 +13,10 @@ that will sample into
 
 It asks the engine's own stop profile (`sim.core.stop_rules.must_stop_by_length`,
 `can_stop_by_content`), so plan and engine cannot drift apart: every request that stops is in
-`definite_last` or `speculative`, and every `definite_last` request stops.
+`definite_last` or `speculative`, and every `definite_last` request stops, unless (async scheduling)
+the token of the step in flight stopped it first: its row in this step is wasted, as vLLM's is.
+Under async scheduling a row's token is its output position after the placeholders of the step in
+flight.
 
 Two strategies for requests with `RequestSpec.return_hidden_states`, as engine hooks (`sim.core.hooks`):
 
@@ -28,6 +31,7 @@ Two strategies for requests with `RequestSpec.return_hidden_states`, as engine h
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from kernels_cost_model.batch import BatchShape
@@ -66,8 +70,8 @@ def plan_extraction(scheduled, profile: StopProfile, max_model_len: int | None) 
     will sample this step (the catch-up rule) by whether their next token may be the last."""
     definite, speculative, none = [], [], []
     for req, n in scheduled:
-        num_output = len(req.output_token_ids)
-        if req.num_computed_tokens + n != req.num_prompt_tokens + num_output:
+        num_output = len(req.output_token_ids) + req.num_output_placeholders  # (async: tokens in flight)
+        if req.num_computed_tokens + n < req.num_prompt_tokens + num_output:
             continue  # mid-prefill chunk: samples nothing
         after = num_output + 1
         if must_stop_by_length(req, profile, after, max_model_len):
@@ -174,42 +178,41 @@ class HybridExtraction(_CostedHook):
     def __init__(self, cost: HiddenStatesCost | None = None, keep_plans: bool = False):
         super().__init__(cost)
         self.plans: list[tuple[ExtractionPlan, frozenset]] | None = [] if keep_plans else None
-        self._plan = ExtractionPlan()
-        self._stopped: set[str] = set()
-        self._pending_speculative = 0
+        self._in_flight: deque = deque()  # (plan, rows extracted) per step planned and not ended, oldest first
+        self._stopped: set[Request] = set()  # stopped at the end of the step ending now
 
     def on_plan(self, engine, step) -> None:
-        self._plan = plan = plan_extraction(step.plan.scheduled, engine.stop_profile,
-                                            engine.config.max_model_len)
-        definite = sum(1 for r in plan.definite_last if wants_hidden_states(r))
-        speculative = sum(1 for r in plan.speculative if wants_hidden_states(r))
-        rows = definite + speculative
-        if not rows:
+        plan = plan_extraction(step.plan.scheduled, engine.stop_profile, engine.config.max_model_len)
+        extracted = [r for r in plan.extracted if wants_hidden_states(r)]
+        self._in_flight.append((plan, extracted))  # (steps end in the order they are planned)
+        if not extracted:
             return
+        definite = sum(1 for r in plan.definite_last if wants_hidden_states(r))
         cost, s = self._resolved(engine), self.stats
-        seconds = cost.extraction_s(rows)
+        seconds = cost.extraction_s(len(extracted))
         step.duration += seconds
         s.steps += 1
         s.extra_s += seconds
-        s.rows += rows
+        s.rows += len(extracted)
         s.definite_rows += definite
-        s.speculative_rows += speculative
-        s.wasted_rows += speculative  # less those that stop (on_stop)
-        s.peak_bytes = max(s.peak_bytes, rows * cost.row_bytes)
+        s.speculative_rows += len(extracted) - definite
+        s.peak_bytes = max(s.peak_bytes, len(extracted) * cost.row_bytes)
 
     def on_stop(self, engine, req, now: float) -> bool:
-        if self.plans is not None:
-            self._stopped.add(req.request_id)
+        self._stopped.add(req)
         if wants_hidden_states(req):
             self.stats.asked.append(req.index)
-            if any(r is req for r in self._plan.speculative):
-                self.stats.wasted_rows -= 1
         return False
 
     def on_step_end(self, engine, now: float) -> None:
+        """The step planned first ends: its extracted rows whose request did not stop in it were wasted
+        (a speculative row that did not stop; under async scheduling also one whose request the step
+        before stopped)."""
+        plan, extracted = self._in_flight.popleft()
+        stopped, self._stopped = self._stopped, set()
+        self.stats.wasted_rows += sum(1 for r in extracted if r not in stopped)
         if self.plans is not None:
-            self.plans.append((self._plan, frozenset(self._stopped)))
-            self._stopped = set()
+            self.plans.append((plan, frozenset(r.request_id for r in stopped)))
 
 
 class PostSamplingPrefill(_CostedHook):
