@@ -109,3 +109,12 @@ def test_piecewise_and_trace_times_name_values_that_are_not_numbers():
         TraceTimes([0.0, float("nan")])
     with pytest.raises(ConfigError, match=r"seed=True: must be an integer >= 0"):
         make_rng(True, "workload")
+
+
+def test_a_gamma_cv_out_of_range_points_to_an_arrival_process_that_exists():
+    """The hint for evenly spaced arrivals names what the Python API has (there is no "constant" kind)."""
+    with pytest.raises(ConfigError, match="workloads.Constant") as err:
+        Gamma(rate=1.0, cv=1e-4)
+    assert 'kind = "constant"' not in str(err.value)
+    gaps = np.diff(Constant(4.0).sample(np.random.default_rng(0), 5))
+    assert np.allclose(gaps, 0.25)

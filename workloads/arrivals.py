@@ -57,7 +57,7 @@ class Gamma:
         _positive("cv", self.cv)
         require(GAMMA_CV[0] <= self.cv <= GAMMA_CV[1], "cv", self.cv,
                 f"must be in [{GAMMA_CV[0]}, {GAMMA_CV[1]}] (the gaps' shape is 1 / cv^2; for evenly spaced"
-                " arrivals use kind = \"constant\")")
+                " arrivals give a SyntheticWorkload workloads.Constant(rate) as its arrivals, in Python)")
 
     def sample(self, rng: np.random.Generator, n: int, start_s: float = 0.0) -> np.ndarray:
         shape = 1.0 / self.cv**2
