@@ -257,3 +257,11 @@ def test_an_output_folder_that_cannot_be_created_is_named(capsys, tmp_path, monk
     code, _, err = run_cli(capsys, "run", *FAST, "--out", str(tmp_path / "x"))
     assert code == 2
     assert err == f"servesim: error: --out='{tmp_path / 'x'}': cannot create folder: Operation not permitted\n"
+
+
+def test_disagg_transfer_lines_keep_a_space_between_label_and_value():
+    from sim.cli.disagg import TRANSFER_LINES, pool_lines
+    summary = {f"{pool}_kv_occupancy_{k}": 0.5 for pool in ("prefill", "decode") for k in ("mean", "peak")}
+    summary.update({key: 123.0 for key, _, _, _ in TRANSFER_LINES})
+    for line, (_, label, _, _) in zip(pool_lines(summary)[2:], TRANSFER_LINES):
+        assert line.startswith(label + " ") and line.split()[-1][0].isdigit()

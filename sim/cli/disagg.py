@@ -72,7 +72,8 @@ def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:
     lines = [f"{pool:<8} " + (f"{blocks[pool]:,} KV blocks of {size} tokens per instance; " if pool in blocks else "")
              + f"KV occupancy mean {summary[f'{pool}_kv_occupancy_mean']:.1%}, "
              f"peak {summary[f'{pool}_kv_occupancy_peak']:.1%}" for pool in ("prefill", "decode")]
-    lines += [f"{label:<32}{fmt.format(summary[key] * scale)}" for key, label, scale, fmt in TRANSFER_LINES]
+    width = max(len(label) for _, label, _, _ in TRANSFER_LINES) + 2  # (a value never touches its label)
+    lines += [f"{label:<{width}}{fmt.format(summary[key] * scale)}" for key, label, scale, fmt in TRANSFER_LINES]
     return lines
 
 

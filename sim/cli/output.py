@@ -65,7 +65,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--percentile-metrics", type=csv_list(str, tuple(LATENCY_METRICS)), metavar="LIST",
                    help=f"latency rows to report: {','.join(LATENCY_METRICS)} (default all)")
     g.add_argument("--metric-percentiles", type=csv_list(percentile), metavar="LIST",
-                   help="percentiles beside mean and median, e.g. 50,90,99.9 (default 90,99)")
+                   help="percentiles beside mean and median, e.g. 50,90,99.9 (default: 90,99 printed;"
+                        " 99 in the --save-result JSON, as vllm bench serve)")
     g.add_argument("--save-result", action="store_true",
                    help="write the results as JSON in vllm bench serve's --save-result schema")
     g.add_argument("--save-detailed", action="store_true", help="with per-request lists (ttfts, itls, ...)")
