@@ -557,7 +557,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=(capture_sizes(max_num_seqs, max_num_batched_tokens, str(vllm_release), hw.compute_capability,
                                         performance_mode == "interactivity")
-                          if serves_with_graphs(hw, enforce_eager) else ()),
+                          if serves_with_graphs(hw, enforce_eager, str(vllm_release)) else ()),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),
         decode_waves=(fa2_sms(hw.name), heads, float(kv_heads), key_block(hd),

@@ -7,7 +7,7 @@ to the next captured size (the padded rows run through every captured operator).
 512 to 1024 on data-centre Blackwell (compute capability 10.x) and also captures max_num_batched_tokens
 and max_num_seqs themselves where they fit under that largest size. `--performance-mode interactivity`
 captures every size from 1 to 32. `enforce_eager` turns graphs off, and so does a platform that serves
-without them by default (`EAGER_ARCHITECTURES`).
+without them by default in the releases before 0.33 (`EAGER_ARCHITECTURES`).
 """
 from __future__ import annotations
 
@@ -20,17 +20,21 @@ MAX_CAPTURE_SIZE = 512
 BLACKWELL_DC_CAPTURE_SIZE = 1024
 #: Releases (major.minor) with 0.33's rules: the Blackwell cap, budget and batch size captured themselves.
 NEWER_CAPTURE_RULES = ("0.33",)
-#: GPU architectures whose vLLM platform serves eagerly unless told otherwise, and why.
+#: GPU architectures whose vLLM platform serves eagerly unless told otherwise, and why: up to 0.19 (0.19.1
+#: read) and the releases between. vLLM 0.33's XPU platform captures graphs wherever its torch supports
+#: XPU graphs, and drops the variable and the single-GPU rule (0.33.0 vllm/platforms/xpu.py).
 EAGER_ARCHITECTURES = {
     "xe2": "vLLM's XPU platform sets cudagraph_mode NONE unless VLLM_XPU_ENABLE_XPU_GRAPH=1, a mode it calls "
            "experimental and single-GPU only (vllm/platforms/xpu.py, check_and_update_config)",
 }
 
 
-def serves_with_graphs(gpu, enforce_eager: bool = False) -> bool:
-    """Whether vLLM replays captured graphs on `gpu` (a catalog GPU): not with `enforce_eager`, nor on
-    an `EAGER_ARCHITECTURES` platform."""
-    return not enforce_eager and gpu.architecture not in EAGER_ARCHITECTURES
+def serves_with_graphs(gpu, enforce_eager: bool = False, release: str = "0.19") -> bool:
+    """Whether vLLM `release` (major.minor) replays captured graphs on `gpu` (a catalog GPU): not with
+    `enforce_eager`, nor on an `EAGER_ARCHITECTURES` platform before 0.33's rules."""
+    if enforce_eager:
+        return False
+    return release in NEWER_CAPTURE_RULES or gpu.architecture not in EAGER_ARCHITECTURES
 
 
 @lru_cache(maxsize=None)

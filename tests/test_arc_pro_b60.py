@@ -1,5 +1,5 @@
-"""The Intel Arc Pro B60: an XPU served eagerly, its collectives through oneCCL, calibrated from
-AIConfigurator's b60 tables like the NVIDIA GPUs."""
+"""The Intel Arc Pro B60: an XPU served eagerly before vLLM 0.33, its collectives through oneCCL,
+calibrated from AIConfigurator's b60 tables like the NVIDIA GPUs."""
 import pytest
 
 from kernels_cost_model.aiconfigurator_tables import read_table
@@ -37,10 +37,15 @@ def test_catalog_row_and_l2():
     assert l2_bytes("arc-pro-b60") == 18 * 2**20
 
 
-def test_served_eagerly_unless_the_gpu_captures_graphs():
-    b60 = make_cost_model("llama-3.1-8b", "arc-pro-b60")
-    h100 = make_cost_model("llama-3.1-8b", "h100-sxm")
-    assert b60.cuda_graph_sizes == () and h100.cuda_graph_sizes
+def test_served_eagerly_up_to_0_19_and_with_graphs_from_0_33():
+    """vLLM 0.19's XPU platform turns graphs off unless VLLM_XPU_ENABLE_XPU_GRAPH=1; 0.33's captures them
+    wherever its torch supports XPU graphs (the variable and the single-GPU rule are gone)."""
+    b60_019 = make_cost_model("llama-3.1-8b", "arc-pro-b60", vllm_release="0.19")
+    b60_033 = make_cost_model("llama-3.1-8b", "arc-pro-b60", vllm_release="0.33")
+    h100 = make_cost_model("llama-3.1-8b", "h100-sxm", vllm_release="0.19")
+    assert b60_019.cuda_graph_sizes == () and h100.cuda_graph_sizes
+    assert b60_033.cuda_graph_sizes == make_cost_model("llama-3.1-8b", "h100-sxm").cuda_graph_sizes
+    assert make_cost_model("llama-3.1-8b", "arc-pro-b60", enforce_eager=True).cuda_graph_sizes == ()
     assert make_cost_model("llama-3.1-8b", "h100-sxm", enforce_eager=True).cuda_graph_sizes == ()
 
 

@@ -52,8 +52,8 @@ class DeploymentConfig:
         roofline only).
     cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
     kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
-    cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: vLLM releases that
-        capture graphs after sizing the cache; newer ones estimate it first and log it).
+    cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: none; vLLM 0.21 and later
+        subtract their estimate, logged as "CUDA graph pool memory: ... (estimated)": set it to that).
     enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
         (vLLM's --enable-expert-parallel; no effect on a dense model).
     data_parallel_size: DP ranks (vLLM's --data-parallel-size), each its own engine and KV cache; above 1
