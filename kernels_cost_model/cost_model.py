@@ -479,7 +479,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     performance_mode: str = "balanced",
                     kv_cache_dtype: str = "auto",
                     enable_expert_parallel: bool = False,
-                    interconnect: str | None = "auto") -> RooflineCostModel:
+                    interconnect: str | None = "auto", num_speculative_tokens: int = 0) -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
@@ -488,9 +488,9 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     async_scheduling, collective_scale, cpu_per_request_s: see the RooflineCostModel fields (None =
     the default CPU_PER_REQUEST_S).
     max_num_seqs, max_num_batched_tokens (None: no cap), enforce_eager, vllm_release (major.minor),
-    performance_mode (vLLM's; "interactivity" captures every size up to 32): the engine's; they set the
-    CUDA-graph padding (cuda_graph.py; none on a platform that serves eagerly, e.g.
-    Intel's XPU).
+    performance_mode (vLLM's; "interactivity" captures every size up to 32), num_speculative_tokens (the
+    drafts a decode row verifies): the engine's; they set the CUDA-graph padding (cuda_graph.py; none on
+    a platform that serves eagerly, e.g. Intel's XPU before vLLM 0.33).
     max_model_len: the engine's (None: the model's own maximum, as vLLM); on FA2 GPUs a captured decode
     graph's split-KV count is decided at it (prefill_waves.decode_path).
     kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
@@ -509,6 +509,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     require(max_num_batched_tokens is None or (is_int(max_num_batched_tokens) and max_num_batched_tokens >= 1),
             "max_num_batched_tokens", max_num_batched_tokens, "must be an integer >= 1 (or None)")
     require(kv_cache_dtype in ("auto", "fp8"), "kv_cache_dtype", kv_cache_dtype, "must be one of auto, fp8")
+    require(is_int(num_speculative_tokens) and num_speculative_tokens >= 0, "num_speculative_tokens",
+            num_speculative_tokens, "must be an integer >= 0")
     require(calibration is None or isinstance(calibration, (str, Path, Calibration)), "calibration", calibration,
             "must be \"default\", None, a shipped variant name, a calibration JSON path or a Calibration")
     spec, hw = get_model(model), get_gpu(gpu)
@@ -556,7 +558,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
         async_scheduling=bool(async_scheduling), collective_scale=float(collective_scale),
         cpu_per_request_s=float(cpu_per_request_s),
         cuda_graph_sizes=(capture_sizes(max_num_seqs, max_num_batched_tokens, str(vllm_release), hw.compute_capability,
-                                        performance_mode == "interactivity")
+                                        performance_mode == "interactivity", num_speculative_tokens)
                           if serves_with_graphs(hw, enforce_eager, str(vllm_release)) else ()),
         decode_imbalance=imbalance,
         prefill_waves=(fa2_sms(hw.name), heads, key_block(hd)),

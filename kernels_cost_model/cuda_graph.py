@@ -39,15 +39,20 @@ def serves_with_graphs(gpu, enforce_eager: bool = False, release: str = "0.19") 
 
 @lru_cache(maxsize=None)
 def capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, release: str = "0.19",
-                  compute_capability: str = "", interactivity: bool = False) -> tuple[int, ...]:
+                  compute_capability: str = "", interactivity: bool = False,
+                  num_speculative_tokens: int = 0) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes for an engine with `max_num_seqs` and `max_num_batched_tokens`
     (None: no cap) under vLLM `release` (major.minor) on a GPU of `compute_capability`; `interactivity`:
-    vLLM's `--performance-mode interactivity` (every size up to 32)."""
+    vLLM's `--performance-mode interactivity` (every size up to 32). With `num_speculative_tokens` k a
+    decode row is 1 + k tokens: the largest size is 2 x max_num_seqs x (1 + k) (capped as above), and
+    0.33 also captures every uniform decode batch, n x (1 + k) tokens for n on the same grid of
+    request counts (`VllmConfig._set_cudagraph_sizes`, vLLM 0.19.1 and 0.33.0)."""
     require(isinstance(max_num_seqs, int) and max_num_seqs >= 1, "max_num_seqs", max_num_seqs,
             "must be an integer >= 1")
     newer = release in NEWER_CAPTURE_RULES
     cap = BLACKWELL_DC_CAPTURE_SIZE if newer and compute_capability.startswith("10.") else MAX_CAPTURE_SIZE
-    largest = uncapped = min(2 * max_num_seqs, cap)
+    query = 1 + num_speculative_tokens
+    largest = uncapped = min(2 * max_num_seqs * query, cap)
     if max_num_batched_tokens is not None:
         largest = min(largest, max_num_batched_tokens)
     sizes = {1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)}
@@ -55,6 +60,16 @@ def capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = 
         sizes.update(range(1, 33))
     if newer and max_num_batched_tokens is not None:
         sizes.add(max_num_batched_tokens)  # (kept below only where it fits under the largest)
-        if max_num_seqs <= uncapped and max_num_seqs <= max_num_batched_tokens:
-            sizes.add(max_num_seqs)
+        sizes.update(_uniform_decode_sizes(max_num_seqs, query, cap, uncapped))
     return tuple(sorted(s for s in sizes if s <= largest)) or (1,)
+
+
+def _uniform_decode_sizes(max_num_seqs: int, query: int, cap: int, uncapped: int) -> list[int]:
+    """vLLM 0.33's uniform decode batches: max_num_seqs itself where a row is one token, else n x `query`
+    tokens for n in 1, 2, 4, 8..248 by 8, 256.. by 16 up to max_num_seqs (itself included, at most `cap`)."""
+    if query == 1:
+        return [max_num_seqs] if max_num_seqs <= uncapped else []
+    most = min(max_num_seqs, cap)
+    counts = {n for n in (1, 2, 4) if n <= most} | set(range(8, min(most + 1, 256), 8))
+    counts |= set(range(256, most + 1, 16)) | {most}
+    return [n * query for n in counts if n * query <= uncapped]

@@ -100,6 +100,19 @@ def test_capture_sizes_follow_vllm_defaults():
     assert 300 in capture_sizes(256, 300, "0.33") and 300 not in capture_sizes(256, 300, "0.19")
 
 
+def test_capture_sizes_widen_to_speculative_decode_rows():
+    """A decode row verifies 1 + k tokens: the largest size is 2 x max_num_seqs x (1 + k) (capped), and vLLM
+    0.33 captures each uniform decode batch of n rows, n x (1 + k) tokens (n = 1, 2, 4, 8.., max_num_seqs)."""
+    assert capture_sizes(64, 8192, "0.19")[-1] == 128 and capture_sizes(64, 8192, "0.19", "", False, 3)[-1] == 512
+    new, old = capture_sizes(60, 8192, "0.33", "9.0", False, 2), capture_sizes(60, 8192, "0.19", "", False, 2)
+    assert new[-1] == old[-1] == 352                                        # on the grid below 2 x 60 x 3
+    assert {3, 6, 12, 180} <= set(new) and not {3, 6, 12, 180} & set(old)   # 1, 2, 4 and all 60 rows x 3 tokens
+    assert 9 not in new                                                     # 3 rows: not on the request grid
+    assert capture_sizes(60, 200, "0.33", "9.0", False, 2)[-1] == 200       # never above the step budget
+    spec = make_cost_model("llama-3.1-8b", "h100", max_num_seqs=60, max_num_batched_tokens=8192, num_speculative_tokens=3)
+    assert spec.cuda_graph_sizes[-1] == 480 and 240 in spec.cuda_graph_sizes
+
+
 def test_batches_are_padded_to_the_next_capture_size_and_not_beyond_it():
     def qkv(n: int, eager: bool = False) -> float:
         cm = make_cost_model("llama-3.1-8b", "h100", calibration=None, enforce_eager=eager)
@@ -191,3 +204,12 @@ def test_a_moe_fits_cost_per_routed_row_carries_over_at_the_bandwidth_of_the_gpu
     assert carried.s_per_seq == pytest.approx(2e-9 * b200.hbm_bytes_per_s / pro.hbm_bytes_per_s)
     attention = from_efficiency(to_efficiency(fitted, b200, "decode_attention"), pro, "decode_attention")
     assert attention.s_per_seq == pytest.approx(2e-9)     # a launch's per-sequence cost is carried as fitted
+
+
+def test_a_speculative_run_builds_its_cost_model_with_its_drafts():
+    from sim.api.simulator import SimulationConfig, build_cost_model
+    from sim.core.speculative import SpeculativeConfig
+    config = SimulationConfig().replace(engine={"max_num_seqs": 60, "max_model_len": 8192})
+    plain = build_cost_model(config.deployment, config.engine)
+    spec = build_cost_model(config.deployment, config.engine, SpeculativeConfig(num_speculative_tokens=3))
+    assert plain.cuda_graph_sizes[-1] == 120 and spec.cuda_graph_sizes[-1] == 480

@@ -290,9 +290,10 @@ def cpu_gpu_overlap(deployment: DeploymentConfig, engine: EngineConfig | None = 
     return (engine if engine is not None else EngineConfig()).is_async
 
 
-def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None):
+def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None, speculative=None):
     """The step-time model a deployment asks for. `engine` (None: the default engine) sets the CUDA-graph
-    capture sizes decode batches pad to (vLLM's for its max_num_seqs), the max_model_len an FA2 decode
+    capture sizes decode batches pad to (vLLM's for its max_num_seqs; `speculative`, a SpeculativeConfig,
+    widens them to its decode rows of 1 + k tokens), the max_model_len an FA2 decode
     graph's split count is decided at and, when
     `deployment.cpu_gpu_overlap` is unset, whether CPU time overlaps GPU time (its async scheduling)."""
     if deployment.cost_model == "linear":
@@ -308,15 +309,17 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
                                kv_cache_dtype=deployment.kv_cache_dtype,
                                enable_expert_parallel=deployment.enable_expert_parallel,
                                calibration=deployment.calibration, interconnect=deployment.interconnect,
-                               **(engine_graph_settings(engine) if engine is not None else {}))
+                               **(engine_graph_settings(engine, speculative) if engine is not None else {}))
 
 
-def engine_graph_settings(engine: EngineConfig) -> dict:
-    """The engine settings the cost model's CUDA-graph capture sizes and decode splits follow."""
+def engine_graph_settings(engine: EngineConfig, speculative=None) -> dict:
+    """The engine settings the cost model's CUDA-graph capture sizes and decode splits follow (and the
+    drafts a decode row verifies, with `speculative`)."""
     return {"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
             "vllm_release": get_scheduler_profile(engine.scheduler_profile).release,
-            "performance_mode": engine.performance_mode}
+            "performance_mode": engine.performance_mode,
+            "num_speculative_tokens": speculative.num_speculative_tokens if speculative is not None else 0}
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
@@ -461,7 +464,7 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
         require(cost_model is None, "cost_model", type(cost_model).__name__,
                 "is for single-replica runs (deployment.data_parallel_size = 1)")
         return simulate_data_parallel(config, traffic, until=until, progress=progress)
-    cost_model = cost_model or build_cost_model(config.deployment, config.engine)
+    cost_model = cost_model or build_cost_model(config.deployment, config.engine, config.speculative_config)
     blocks = resolve_num_gpu_blocks(config)
     spec = config.speculative_config
     hooks = [build_spec_decoder(spec, config.deployment, config.seed)] if spec is not None else []

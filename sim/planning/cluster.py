@@ -99,5 +99,5 @@ def simulate_cluster(config: SimulationConfig, replicas: int | list = 1, router:
 def _engine(config: SimulationConfig) -> Engine:
     single_rank_only(config.deployment, "a cluster of replicas")
     blocks = check_kv_capacity(resolve_num_gpu_blocks(config), config.engine)
-    return Engine(config.engine, build_cost_model(config.deployment, config.engine), blocks,
+    return Engine(config.engine, build_cost_model(config.deployment, config.engine, config.speculative_config), blocks,
                   hooks=speculation_hooks(config), kv_groups=resolve_kv_groups(config))

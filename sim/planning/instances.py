@@ -74,11 +74,13 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)
     groups = _kv_groups(config, shape)
     if shape.offload is None:
-        return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=list(hooks), kv_groups=groups), None
+        cost = build_cost_model(config.deployment, e, config.speculative_config)
+        return Engine(e, cost, blocks, hooks=list(hooks), kv_groups=groups), None
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     transfers = offload_transfers(config, shape.offload, starts_when_planned=shape.pipeline_parallel_size > 1)
-    return Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*hooks, transfers], kv=kv), transfers
+    cost = build_cost_model(config.deployment, e, config.speculative_config)
+    return Engine(e, cost, blocks, hooks=[*hooks, transfers], kv=kv), transfers
 
 
 def _kv_groups(config: SimulationConfig, shape: InstanceShape):

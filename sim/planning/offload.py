@@ -181,7 +181,8 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     hook = offload_transfers(config, offload)
-    engine = Engine(e, build_cost_model(config.deployment, e), blocks, hooks=[*speculation_hooks(config), hook], kv=kv)
+    engine = Engine(e, build_cost_model(config.deployment, e, config.speculative_config), blocks,
+                    hooks=[*speculation_hooks(config), hook], kv=kv)
     proc = EngineProcess(simpy.Environment(), engine)
     results = serve(config, proc, workload, until, {"offload": {"num_cpu_blocks": kv.num_cpu_blocks,
                                                                 "link": hook.copies.link.name}})
