@@ -13,7 +13,6 @@ from dataclasses import dataclass, fields
 
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.request import Request
-from sim.core.stop_rules import length_limit
 from sim.core.token_tree import TokenTree
 
 SPEC_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
@@ -144,12 +143,14 @@ class SpeculativeConfig:
 
 def draft_limit(req: Request, num_speculative_tokens: int, max_model_len: int | None,
                 in_flight: int = 0, tree: TokenTree | None = None) -> int:
-    """Drafts `req` may be given for its next step: at most k, and never more than it may still
-    emit beyond the bonus token (`max_tokens`, and `max_model_len` on prompt + output, which also
-    keeps every scheduled position below max_model_len as vLLM's scheduler does). `in_flight`:
-    tokens steps still running may yet emit (async scheduling's placeholders), counted as emitted.
-    With a draft `tree`: its leading nodes whose subtree is at most `room` deep."""
-    room = length_limit(req, max_model_len) - len(req.output_token_ids) - in_flight - 1
+    """Drafts `req` may be given for its next step: k, fewer only where a scheduled position would
+    reach `max_model_len` (vLLM's scheduler caps a row at max_model_len - 1 - computed). Not capped at
+    `max_tokens`: vLLM 0.19.1 and 0.33.0 verify 1 + k tokens up to the last step and drop what passes
+    max_tokens at the stop (a partial row would break its uniform decode batches). `in_flight`: tokens
+    steps still running may yet emit (async scheduling's placeholders), counted as emitted. With a
+    draft `tree`: its leading nodes whose subtree is at most `room` deep."""
+    limit = max_model_len - req.num_prompt_tokens if max_model_len is not None else 1 << 62
+    room = limit - len(req.output_token_ids) - in_flight - 1
     if tree is not None:
         return tree.nodes_within(max(0, room))
     return max(0, min(num_speculative_tokens, room))
