@@ -252,3 +252,24 @@ def test_speculative_decoding_with_disaggregation_is_a_named_error():
         DisaggregatedCluster(config, DisaggConfig())
     assert err.value.field == "speculative_config.method" and err.value.value == "ngram"
     assert "[disaggregation]" in err.value.reason
+
+
+@pytest.mark.parametrize("first, prefill_stop, decode_stop", [(7, {"stop_token_ids": (7,)}, {"stop": ("\x06",)}),
+                                                              (6, {"stop": ("\x06",)}, {"stop_token_ids": (9,)})])
+def test_stop_reasons_of_both_kinds_join_across_the_pools(first, prefill_stop, decode_stop):
+    """One request stops on its first token (on the prefill instance), another on the decode instance,
+    one by a token id and one by a stop string: the joined table holds both (the prefill table's inferred
+    dtype refused the other's value with a raw pandas TypeError)."""
+    prompt = np.arange(20, dtype=np.int32) + 100
+    specs = [RequestSpec(0.0, prompt, output_token_ids=(first, 3, 4), request_id="r0",
+                         sampling_params=SamplingParams(max_tokens=20, **prefill_stop)),
+             RequestSpec(0.0, prompt + 50, output_token_ids=(3, 4, 5, 6, 9, 8), request_id="r1",
+                         sampling_params=SamplingParams(max_tokens=20, **decode_stop))]
+    config = SimulationConfig(engine={"num_gpu_blocks": 64, "max_model_len": 256, "block_size": 16},
+                              deployment={"cost_model": "linear"})
+    out = simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1), first_token="prefill"),
+                                 workload=specs)
+    r = out.requests.set_index("request_id")
+    assert (r["finish_reason"] == "stop").all() and r["stop_reason"].dtype == object
+    assert r.loc["r0", "num_output_tokens"] == 1 and r.loc["r1", "num_output_tokens"] > 1
+    assert r.loc["r0", "stop_reason"] == (7 if first == 7 else "\x06")

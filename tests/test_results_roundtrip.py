@@ -56,3 +56,19 @@ def test_a_run_without_token_times_or_steps_round_trips(tmp_path):
         loaded = Results.load(results.save(tmp_path / fmt, fmt))
         assert dict(loaded.steps.dtypes) == dict(results.steps.dtypes) and loaded.steps.equals(results.steps)
         assert loaded.token_times == [None] and loaded.requests.equals(results.requests)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stop_token_ids_alone_stay_ints(tmp_path, fmt):
+    """Token ids and None alone (no stop string) are still an object column of ints: pandas would infer
+    float64 (7.0, NaN), and a disaggregated run's join refused a stop string into such a column."""
+    specs = [RequestSpec(0.0, [1, 2, 3], output_token_ids=(65, 7, 67),
+                         sampling_params=SamplingParams(max_tokens=10, stop_token_ids=[7])),
+             RequestSpec(0.1, [1, 2, 3], output_len=3, sampling_params=SamplingParams(max_tokens=10))]
+    config = SimulationConfig().replace(engine={"num_gpu_blocks": 64, "max_model_len": 512},
+                                        deployment={"cost_model": "linear"})
+    results = simulate(config, workload=specs)
+    assert results.requests["stop_reason"].dtype == object
+    assert [type(v) for v in results.requests["stop_reason"]] == [int, type(None)]
+    loaded = Results.load(results.save(tmp_path, fmt))
+    assert [type(v) for v in loaded.requests["stop_reason"]] == [int, type(None)]

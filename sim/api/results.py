@@ -51,6 +51,8 @@ class Results:
         # as_numpy's arrays are fresh copies: the table takes them as they are (no second copy)
         columns = {k: as_numpy(v) for k, v in records.requests.columns().items()}
         columns["rejected"] = np.asarray(columns["rejected"], dtype=bool)  # (bool even with no request)
+        # token ids (ints), stop strings or None, as vLLM's: never floats (ints and None alone would infer float64)
+        columns["stop_reason"] = pd.Series(columns["stop_reason"], dtype=object)
         requests = pd.DataFrame(columns, copy=False)
         requests = add_latency_columns(requests)
         meta = dict(meta or {}, num_gpu_blocks=records.num_gpu_blocks, block_size=records.block_size,
