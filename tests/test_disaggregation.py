@@ -273,3 +273,51 @@ def test_stop_reasons_of_both_kinds_join_across_the_pools(first, prefill_stop, d
     assert (r["finish_reason"] == "stop").all() and r["stop_reason"].dtype == object
     assert r.loc["r0", "num_output_tokens"] == 1 and r.loc["r1", "num_output_tokens"] > 1
     assert r.loc["r0", "stop_reason"] == (7 if first == 7 else "\x06")
+
+
+def _prompt(n: int, base: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.int32) % 37) + base
+
+
+def test_a_transfer_waiting_for_blocks_a_cpu_tier_frees_starts_when_they_are_freed():
+    """A decode pool with a CPU tier: finished requests hold their blocks until their stores land, which a
+    step end of the tier's releases after the admission hook's; the queued transfer then started at no
+    step end and its request never finished (an InvariantError)."""
+    specs = [RequestSpec(0.000, _prompt(65, 100), output_len=48, sampling_params=SamplingParams(max_tokens=146),
+                         request_id="a"),
+             RequestSpec(0.020, _prompt(14, 200), output_len=11, sampling_params=SamplingParams(max_tokens=1),
+                         request_id="b"),
+             RequestSpec(0.0205, _prompt(209, 300), output_len=148,
+                         sampling_params=SamplingParams(max_tokens=19, ignore_eos=True), request_id="c")]
+    config = SimulationConfig(
+        engine={"block_size": 16, "num_gpu_blocks": 17, "max_model_len": 256, "max_num_seqs": 1,
+                "max_num_batched_tokens": 358, "enable_chunked_prefill": False, "enable_prefix_caching": True,
+                "usage_context": "llm_class"},
+        deployment={"cost_model": "linear"})
+    out = simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1, kv_offloading_size=0.01),
+                                                      link="nvlink4"), workload=specs)
+    r = out.requests.set_index("request_id")
+    assert list(r["num_output_tokens"]) == [48, 1, 19]
+
+
+def test_a_two_stage_decode_pool_with_one_seat_finishes():
+    """Decode PP 2, one seat: the seated request was preempted over and over while requests whose KV had
+    landed held the blocks (the pipeline hid the request in flight from the scheduler's preemption)."""
+    free = SamplingParams(max_tokens=None, ignore_eos=True)
+    specs = [RequestSpec(0.000, _prompt(98, 100), output_len=130, sampling_params=free, request_id="r20"),
+             RequestSpec(0.000, _prompt(98, 200), output_len=32,
+                         sampling_params=SamplingParams(max_tokens=58, ignore_eos=True), request_id="r21"),
+             RequestSpec(0.003, _prompt(114, 300), output_len=45, sampling_params=SamplingParams(max_tokens=None),
+                         request_id="r22"),
+             RequestSpec(0.203, _prompt(110, 400), output_len=35, sampling_params=SamplingParams(max_tokens=None),
+                         request_id="r23"),
+             RequestSpec(0.2435, _prompt(36, 500), output_len=25, sampling_params=SamplingParams(max_tokens=34),
+                         request_id="r27")]
+    config = SimulationConfig(
+        engine={"block_size": 4, "num_gpu_blocks": 97, "max_model_len": 128, "max_num_seqs": 1,
+                "max_num_batched_tokens": 256, "long_prefill_token_threshold": 50, "enable_prefix_caching": False,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.19", "usage_context": "llm_class"},
+        deployment={"cost_model": "linear"})
+    out = simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1, pipeline_parallel_size=2)),
+                                 workload=specs, until=1e4)
+    assert out.requests["finish_time"].notna().all() and len(out.requests) == 5

@@ -94,3 +94,45 @@ def test_an_instance_runs_a_hybrid_model_as_simulate_does_and_pp_says_what_it_ap
     assert instance.requests["finish_time"].tolist() == plain.requests["finish_time"].tolist()
     with pytest.warns(UserWarning, match="gpt-oss-20b.*pipeline_parallel_size > 1.*hybrid KV manager"):
         simulate_instance(config, InstanceShape(pipeline=PipelineConfig(2)))
+
+
+def test_a_prefill_in_flight_gets_its_next_chunk_in_the_next_batch():
+    """vLLM V1's scheduler passes over only the requests whose tokens are all scheduled: a long prompt's
+    chunks fill consecutive batches (two batches in flight carry chunks of the same request)."""
+    import numpy as np
+    from sim.core.sampling_params import SamplingParams
+    from workloads.spec import RequestSpec
+    config = SimulationConfig(engine={"num_gpu_blocks": 400, "max_model_len": 2048, "max_num_batched_tokens": 256},
+                              deployment={"cost_model": "linear"})
+    spec = RequestSpec(0.0, np.arange(1024, dtype=np.int32) + 100, output_len=4,
+                       sampling_params=SamplingParams(max_tokens=4))
+    two = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2), workload=[spec])
+    one = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=1), workload=[spec])
+    assert two.summary["max_batches_in_flight"] == 2
+    assert list(two.steps["num_prefill_tokens"][:4]) == [256] * 4
+    assert two.requests["ttft_s"].iloc[0] < one.requests["ttft_s"].iloc[0]   # the chunks overlap in the stages
+
+
+def test_two_requests_that_each_fill_the_cache_finish_under_two_stages():
+    """A cache of exactly one max_model_len request and two nearly that long, in 8-token chunks: with the
+    requests in flight hidden from the scheduler they preempted each other for ever under PP 2 (each the
+    other's victim); as vLLM schedules, the one in flight may be the victim and the older one finishes."""
+    import numpy as np
+    from sim.core.sampling_params import SamplingParams
+    from workloads.spec import RequestSpec
+    free = SamplingParams(max_tokens=None)
+    specs = [RequestSpec(0.0, (np.arange(133, dtype=np.int32) % 37) + 100, output_len=117, sampling_params=free,
+                         request_id="a"),
+             RequestSpec(0.2, (np.arange(251, dtype=np.int32) % 37) + 200, output_len=77, sampling_params=free,
+                         request_id="b")]
+    config = SimulationConfig(
+        engine={"block_size": 16, "num_gpu_blocks": 17, "max_model_len": 256, "max_num_seqs": 64,
+                "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 8, "enable_prefix_caching": False,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.19", "usage_context": "llm_class",
+                "check_invariants": True},
+        deployment={"cost_model": "linear"})
+    with pytest.warns(UserWarning, match="cut at engine.max_model_len"):
+        out = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2), workload=specs, until=1e4)
+    r = out.requests.set_index("request_id")
+    assert r["finish_time"].notna().all()
+    assert r.loc["a", "num_output_tokens"] == 117 and r.loc["b", "finish_reason"] == "length"

@@ -94,9 +94,14 @@ class DecodeAdmission(EngineHook):
         self.cluster, self.index = cluster, index
 
     def has_work(self) -> bool:
-        """Arrived requests and a free seat: step (even with nothing scheduled) to seat them."""
-        engine = self.cluster.decode[self.index]
-        return bool(self.cluster.arrived[self.index]) and len(engine.state.running) < engine.config.max_num_seqs
+        """Arrived requests and a free seat, or a queued transfer whose blocks fit now (another hook's step
+        end may have freed them after this one's, e.g. a CPU tier's stores landing): step (even with
+        nothing scheduled) to seat them or start it."""
+        cluster, d = self.cluster, self.index
+        engine = cluster.decode[d]
+        if cluster.arrived[d] and len(engine.state.running) < engine.config.max_num_seqs:
+            return True
+        return bool(cluster.pending[d]) and cluster.transfer_fits(d)
 
     def on_step_end(self, engine, now: float) -> None:
         self.cluster.admit_arrived(self.index, now)
@@ -211,6 +216,12 @@ class DisaggregatedCluster:
         self.handoffs[req.request_id] = t
         self.pending[d].append(t)
         self.start_transfers(d)
+
+    def transfer_fits(self, d: int) -> bool:
+        """Whether the first queued transfer to decode instance `d` would get its blocks now."""
+        kv, req = self.decode[d].state.kv, self.pending[d][0].decode_req
+        hits, num_cached = kv.lookup_gpu_prefix(req)
+        return kv.can_fit(req, req.num_prompt_tokens - num_cached, hits)
 
     def start_transfers(self, d: int) -> None:
         """Start the queued transfers to decode instance `d` whose blocks fit, in order."""

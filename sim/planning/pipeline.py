@@ -27,6 +27,7 @@ from sim.api.results import Results
 from sim.api.simulator import SimulationConfig, build_cost_model, check_names, within
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
+from policies.vllm import VllmV1Policy
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
 
@@ -74,8 +75,13 @@ class PipelineProcess(EngineProcess):
             yield env.timeout(stage)   # the first stage takes the next batch
 
     def _plan(self):
-        """Plan a batch from the running requests not in flight (they rejoin in front, in order)."""
+        """Plan the next batch. vLLM V1's scheduler sees every running request: one whose tokens are all
+        scheduled (a decode in flight) asks for none and is passed over, a prefill in flight gets its next
+        chunk in this batch, and any may be preempted (its rows in flight then land stale). Other policies
+        plan from the running requests not in flight (they rejoin in front, in order)."""
         state = self.engine.state
+        if isinstance(self.engine.policy, VllmV1Policy):
+            return self.engine.plan_step(self.env.now)
         hidden = [r for r in state.running if r in self.busy]
         if not hidden:
             return self.engine.plan_step(self.env.now)
