@@ -152,6 +152,7 @@ class Policy:
         Returns budget left.
         """
         max_num_seqs, passed = state.config.max_num_seqs, []
+        slots = getattr(self, "row_slots", 0)  # (a drafter's slots per scheduled row: VllmV1Policy)
         while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
             head = state.waiting[0]
             used = self.try_admit(state, head, budget, out, whole_prompt)
@@ -160,7 +161,7 @@ class Policy:
                     break
                 passed.append(state.waiting.popleft())
                 continue
-            budget -= used
+            budget -= used + slots if used else 0  # (a request that only starts a load takes no row)
         for req in reversed(passed):
             state.waiting.appendleft(req)
         return budget

@@ -23,9 +23,14 @@ from sim.core.scheduler_profiles import get_scheduler_profile
 
 class VllmV1Policy(Policy):
     name = "vllm"
+    #: Slots the drafter adds to the batch per scheduled request (vLLM's `max_num_new_slots_for_drafting`:
+    #: 1 for a draft model, which runs over the verified tokens plus one; 0 for EAGLE, MTP and n-gram). Set
+    #: by the speculative decoding hook.
+    draft_slots = 0
 
     def __init__(self):
         self._threshold = 0
+        self.row_slots = 0  # (per step: `_first_budget`)
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         config = state.config
@@ -34,11 +39,23 @@ class VllmV1Policy(Policy):
         if profile.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
             self._threshold = 0  # nobody to starve: a lone request uses the whole budget
         out = SchedulerOutput()
-        budget = self.schedule_running(state, config.max_num_batched_tokens, out,
-                                       profile.self_preemption_continues)
+        budget = self._first_budget(config, profile)
+        budget = self.schedule_running(state, budget, out, profile.self_preemption_continues)
         if not out.preempted:
             self.admit_waiting(state, budget, out, whole_prompt=not config.enable_chunked_prefill)
         return out
+
+    def _first_budget(self, config, profile) -> int:
+        """Tokens the step's first row may take, and `row_slots`, what each row then costs beyond its
+        tokens. vLLM 0.19 takes the drafter's slots off the budget for every seat at once
+        (`max_num_scheduled_tokens` = budget - slots x max_num_seqs); 0.33 charges each scheduled row
+        its slots (`input_budget -= num_new_tokens + draft_slots`, a row taking at most what leaves them)."""
+        budget, slots = config.max_num_batched_tokens, self.draft_slots
+        if slots and profile.release == "0.19":
+            self.row_slots = 0
+            return budget - slots * config.max_num_seqs
+        self.row_slots = slots
+        return budget - slots
 
     def prefill_threshold(self, state: EngineState) -> int:
         return self._threshold  # vLLM applies it with chunked prefill off too
@@ -49,7 +66,8 @@ class VllmV1Policy(Policy):
                          self_preemption_continues: bool) -> int:
         running, scheduled = state.running, out.scheduled
         resumes = self_preemption_continues and state.config.scheduling == "priority"
-        in_place = state.kv.grows_in_place
+        slots = self.row_slots
+        in_place = state.kv.grows_in_place and not slots  # (the hot path charges no slots)
         i = 0
         while i < len(running) and budget > 0:
             if in_place:  # the rows that grow within their blocks or by one free block: the hot path
@@ -61,17 +79,17 @@ class VllmV1Policy(Policy):
             if n <= 0:
                 i += 1  # nothing to compute, or its in-flight step already samples its last token
                 continue
-            num_preempted = len(out.preempted)
+            num_preempted, num_rows = len(out.preempted), len(scheduled)
             later = running[i + 1:] if resumes else None  # only a priority self-preemption reads it
             fits, refund = self.allocate_or_preempt(state, req, n, out)
-            budget += refund
+            budget += refund + slots * (num_rows - len(scheduled))  # (a victim's row gives its slots back)
             if not fits:
                 if resumes and req.status == RequestStatus.PREEMPTED:
                     i = self._position_of_first(running, later)
                     continue  # the requests after it are more important and may fit now
                 break
             scheduled.append((req, n))
-            budget -= n
+            budget -= n + slots
             i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
         if out.preempted:
             out.num_decodes = 0  # (a preemption may have taken one of the first rows out)

@@ -274,3 +274,28 @@ def test_a_draft_model_keeps_async_scheduling_off_by_default_under_vllm_019_only
     asked = SimulationConfig(engine={"scheduler_profile": "vllm-0.19", "async_scheduling": True},
                              deployment={"model": "qwen2.5-7b"}, speculative_config=spec)
     assert asked.engine.is_async  # allowed when asked for
+
+
+def _first_chunks(method: str, profile: str, prompts=(600,), budget=256, max_num_seqs=32) -> list[int]:
+    """Tokens each prompt gets in the first step of an engine speculating with `method`."""
+    config = EngineConfig(block_size=16, num_gpu_blocks=400, max_model_len=2048, max_num_batched_tokens=budget,
+                          max_num_seqs=max_num_seqs, scheduler_profile=profile, async_scheduling=False,
+                          eos_token_id=EOS, check_invariants=True)
+    model = "qwen2.5-0.5b" if method == "draft_model" else None
+    hook = SpecDecoder(SpeculativeConfig(method, model=model, num_speculative_tokens=3), ACCEPT_ALL)
+    engine = Engine(config, LinearCostModel(), 400, token_text=TEXT, hooks=[hook])
+    for i, n in enumerate(prompts):
+        engine.add_request(RequestSpec(0.0, np.arange(n, dtype=np.int32) + 100, output_len=4,
+                                       sampling_params=SamplingParams(max_tokens=4), request_id=f"r{i}"), 0.0)
+    return [n for _, n in engine.plan_step(0.0).plan.scheduled]
+
+
+def test_a_draft_model_takes_its_slots_out_of_the_token_budget():
+    """vLLM runs a draft model over the verified tokens plus one slot a request: 0.19 takes one slot per
+    seat off the step budget (max_num_scheduled_tokens = 256 - 32), 0.33 charges each scheduled row its
+    slot (a row takes at most what leaves it). EAGLE adds no slot."""
+    assert _first_chunks("eagle3", "vllm-0.33") == [256]
+    assert _first_chunks("draft_model", "vllm-0.19") == [224]
+    assert _first_chunks("draft_model", "vllm-0.33") == [255]
+    assert _first_chunks("draft_model", "vllm-0.33", prompts=(100, 600)) == [100, 154]   # 256 - 101 - 1
+    assert _first_chunks("eagle3", "vllm-0.33", prompts=(100, 600)) == [100, 156]

@@ -57,6 +57,8 @@ class SpecDecoder(EngineHook):
                 "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
                 "set async_scheduling to false or pick a GPU proposer")
         engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
+        if self.config.method == "draft_model" and hasattr(engine.policy, "draft_slots"):
+            engine.policy.draft_slots = 1  # (vLLM's max_num_new_slots_for_drafting: its own slot per row)
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
