@@ -30,7 +30,7 @@ class VllmV1Policy(Policy):
 
     def __init__(self):
         self._threshold = 0
-        self.row_slots = 0  # (per step: `_first_budget`)
+        self.row_slots = 0  # (set by `_draft_budget` where the drafter has slots)
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         config = state.config
@@ -39,19 +39,19 @@ class VllmV1Policy(Policy):
         if profile.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
             self._threshold = 0  # nobody to starve: a lone request uses the whole budget
         out = SchedulerOutput()
-        budget = self._first_budget(config, profile)
+        budget = self._draft_budget(config, profile) if self.draft_slots else config.max_num_batched_tokens
         budget = self.schedule_running(state, budget, out, profile.self_preemption_continues)
         if not out.preempted:
             self.admit_waiting(state, budget, out, whole_prompt=not config.enable_chunked_prefill)
         return out
 
-    def _first_budget(self, config, profile) -> int:
-        """Tokens the step's first row may take, and `row_slots`, what each row then costs beyond its
-        tokens. vLLM 0.19 takes the drafter's slots off the budget for every seat at once
-        (`max_num_scheduled_tokens` = budget - slots x max_num_seqs); 0.33 charges each scheduled row
-        its slots (`input_budget -= num_new_tokens + draft_slots`, a row taking at most what leaves them)."""
+    def _draft_budget(self, config, profile) -> int:
+        """With a drafter's slots: the tokens the step's first row may take, and `row_slots`, what each row
+        then costs beyond its tokens. vLLM 0.19 takes the slots off the budget for every seat at once
+        (`max_num_scheduled_tokens` = budget - slots x max_num_seqs); 0.33 charges each scheduled row its
+        slots (`input_budget -= num_new_tokens + draft_slots`, a row taking at most what leaves them)."""
         budget, slots = config.max_num_batched_tokens, self.draft_slots
-        if slots and profile.release == "0.19":
+        if profile.release == "0.19":
             self.row_slots = 0
             return budget - slots * config.max_num_seqs
         self.row_slots = slots
