@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from sim import SamplingParams, run_until_stop
 from sim.core.text import BYTE_EOS_TOKEN_ID
 from workloads.strategies import sampling_params, stop_scenarios, stop_strings, word_streams
 
-PROFILES = ("vllm", "vllm-v1-2025", "vllm-v0")
+PROFILES = ("vllm", "vllm-v1-2025", "vllm-v0", "vllm-0.19")
 profiles = st.sampled_from(PROFILES)
 
 
@@ -61,6 +61,8 @@ def _token_verdict(profile, token, count, eos, params, prompt_len, max_model_len
     at_cap = count == params.max_tokens or (
         max_model_len is not None and prompt_len + count == max_model_len)
     content_allowed = count > params.min_tokens  # vLLM masks EOS and stop ids in the first min_tokens
+    if profile == "vllm-0.19" and count < params.min_tokens:
+        return None  # 0.19.1's check_stop returns first while num_output_tokens < min_tokens
     if profile == "vllm-v1-2025" and at_cap:
         return ("length", None)
     if content_allowed and token == eos and not params.ignore_eos:
@@ -101,7 +103,10 @@ def _winning_stop_string(profile, text, seen_len, stop):
 
 @given(stop_scenarios(), profiles)
 def test_matches_oracle_on_byte_streams(scenario, profile):
-    """Every profile agrees with the longhand oracle on planted stoppers and random filler."""
+    """Every profile agrees with the longhand oracle on planted stoppers and random filler (vLLM 0.19.1's
+    only where min_tokens fits within max_model_len: beyond it the request never stops, a named error)."""
+    assume(not (profile == "vllm-0.19" and scenario.max_model_len is not None
+                and scenario.params.min_tokens > scenario.max_model_len - scenario.prompt_len))
     result = run_until_stop(scenario.token_ids, scenario.eos_token_id, scenario.params,
                             prompt_len=scenario.prompt_len, max_model_len=scenario.max_model_len,
                             profile=profile)
@@ -144,7 +149,7 @@ def token_with_stop_substrings(draw):
 
 @given(token_with_stop_substrings(), st.booleans(), profiles)
 def test_several_stop_strings_completed_by_one_token(case, include, profile):
-    """Earliest completion wins under vllm (ties: list order); list order under the others."""
+    """Earliest completion wins under vllm (ties: list order); list order under the others (0.19.1 too)."""
     prefix, token, stop = case
     words = {0: prefix, 1: token}
     params = SamplingParams(max_tokens=4, stop=stop, include_stop_str_in_output=include)

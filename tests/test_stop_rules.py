@@ -238,12 +238,23 @@ def test_stop_string_beats_length_cap_on_the_same_token(profile):
                                                                        "Our robot waters ")
 
 
-@pytest.mark.parametrize("profile", sorted(PROFILES))
+@pytest.mark.parametrize("profile", sorted(set(PROFILES) - {"vllm-0.19"}))
 def test_min_tokens_does_not_lift_max_model_len(profile):
     """Our design: min_tokens gates EOS, stop ids and stop strings only; length rules bind."""
     params = SamplingParams(max_tokens=10, min_tokens=8)
     result = run([EOS] * 12, params, profile=profile, prompt_len=5, max_model_len=8)
     assert (len(result.output_token_ids), result.finish_reason) == (3, "length")
+
+
+def test_under_vllm_0_19_min_tokens_gates_the_length_checks_too():
+    """vLLM 0.19.1's check_stop returns while num_output_tokens < min_tokens, length included: at
+    min_tokens == max_tokens it stops there by length; with min_tokens beyond what max_model_len leaves
+    it would never stop, which is named (the engine names it at the request's arrival)."""
+    both = SamplingParams(max_tokens=3, min_tokens=3)
+    assert (len(run([5] * 10, both, profile="vllm-0.19").output_token_ids)) == 3
+    with pytest.raises(ConfigError, match="min_tokens=8"):
+        run([EOS] * 12, SamplingParams(max_tokens=10, min_tokens=8), profile="vllm-0.19", prompt_len=5,
+            max_model_len=8)
 
 
 # --- profiles are data --------------------------------------------------------------------
@@ -268,3 +279,17 @@ def test_run_until_stop_rejects_a_prompt_that_fills_the_model():
     with pytest.raises(ConfigError) as caught:
         run_until_stop([1], EOS, SamplingParams(), prompt_len=4, max_model_len=4)
     assert (caught.value.field, caught.value.value) == ("max_model_len", 4)
+
+
+def test_the_engine_names_a_min_tokens_beyond_max_model_len_under_vllm_0_19():
+    import numpy as np
+    from sim import SimulationConfig, simulate
+    from workloads.spec import RequestSpec
+    spec = RequestSpec(0.0, np.arange(100, dtype=np.int32) + 100, output_len=60,
+                       sampling_params=SamplingParams(min_tokens=50, max_tokens=60))
+    config = SimulationConfig(engine={"num_gpu_blocks": 64, "max_model_len": 128, "stop_profile": "vllm-0.19",
+                                      "usage_context": "llm_class"}, deployment={"cost_model": "linear"})
+    with pytest.raises(ConfigError, match="min_tokens=50: request 'req-0' has room for 28"):
+        simulate(config, workload=[spec])
+    within = simulate(config.replace(engine={"stop_profile": "vllm"}), workload=[spec]).requests
+    assert list(within["num_output_tokens"]) == [28]

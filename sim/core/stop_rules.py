@@ -105,7 +105,7 @@ class StopProfile:
     strict_min_tokens: stop strings need more than `min_tokens` outputs (V1) rather than at least.
     earliest_stop_string: of several stop strings completed by one token, the one completing
         earliest in the text wins (V1 today); otherwise the first in list order (V0, older V1).
-    min_tokens_gates_length: below `min_tokens` outputs nothing is checked, length included (V0).
+    min_tokens_gates_length: below `min_tokens` outputs nothing is checked, length included (vLLM 0.19.1).
     """
 
     name: str
@@ -117,9 +117,10 @@ class StopProfile:
 
     def check_token(self, req: Request, max_model_len: int | None):
         """(status, stop_reason) decided by the token checks alone, or None."""
-        below_floor = not token_rules_armed(len(req.output_token_ids), req.sampling_params.min_tokens)
-        if below_floor and self.min_tokens_gates_length:
-            return None
+        num_output, min_tokens = len(req.output_token_ids), req.sampling_params.min_tokens
+        if self.min_tokens_gates_length and num_output < min_tokens:
+            return None  # (vLLM 0.19.1's check_stop: `num_output_tokens < min_tokens`, the new token counted)
+        below_floor = not token_rules_armed(num_output, min_tokens)
         for name in self.order:
             check = CONTENT_CHECKS.get(name)
             if check is None:
@@ -154,7 +155,13 @@ PROFILES: dict[str, StopProfile] = {
                                 True, earliest_stop_string=False),
     "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
                            earliest_stop_string=False),
+    # vLLM 0.19.1: below min_tokens `check_stop` returns before every check, length too (v1/core/sched/
+    # utils.py); stop strings in list order (v1/engine/detokenizer.py `check_stop_strings`)
+    "vllm-0.19": StopProfile("vllm-0.19", ("eos", "stop_token_ids", "length", "repetition"), True, True,
+                             earliest_stop_string=False, min_tokens_gates_length=True),
 }
+#: The stop profile of each scheduler profile's release (sim.core.scheduler_profiles).
+RELEASE_STOP_PROFILES = {"vllm-0.19": "vllm-0.19", "vllm-0.33": "vllm", "vllm": "vllm"}
 
 
 def get_profile(name: str | StopProfile) -> StopProfile:

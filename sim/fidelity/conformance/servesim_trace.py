@@ -16,6 +16,7 @@ from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.hooks import EngineHook
 from sim.core.sampling_params import SamplingParams
+from sim.core.stop_rules import RELEASE_STOP_PROFILES
 from sim.engine.simulation import run_engine
 from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, token_text
 from workloads.spec import RequestSpec
@@ -40,7 +41,9 @@ class StepRecorder(EngineHook):
 
 
 def engine_config(scenario: dict, scheduler_profile: str, **engine) -> EngineConfig:
+    """The scenario's engine under `scheduler_profile` and its release's stop profile."""
     config = {name: scenario["config"][name] for name in CONFIG_FIELDS}
+    engine.setdefault("stop_profile", RELEASE_STOP_PROFILES.get(scheduler_profile, "vllm"))
     return EngineConfig(**config, scheduler_profile=scheduler_profile, eos_token_id=EOS_TOKEN_ID,
                         check_invariants=True, **engine)
 
