@@ -109,7 +109,8 @@ def test_capture_sizes_widen_to_speculative_decode_rows():
     assert {3, 6, 12, 180} <= set(new) and not {3, 6, 12, 180} & set(old)   # 1, 2, 4 and all 60 rows x 3 tokens
     assert 9 not in new                                                     # 3 rows: not on the request grid
     assert capture_sizes(60, 200, "0.33", "9.0", False, 2)[-1] == 200       # never above the step budget
-    spec = make_cost_model("llama-3.1-8b", "h100", max_num_seqs=60, max_num_batched_tokens=8192, num_speculative_tokens=3)
+    spec = make_cost_model("llama-3.1-8b", "h100", max_num_seqs=60, max_num_batched_tokens=8192,
+                           num_speculative_tokens=3)
     assert spec.cuda_graph_sizes[-1] == 480 and 240 in spec.cuda_graph_sizes
 
 
