@@ -299,3 +299,9 @@ def test_a_draft_model_takes_its_slots_out_of_the_token_budget():
     assert _first_chunks("draft_model", "vllm-0.33") == [255]
     assert _first_chunks("draft_model", "vllm-0.33", prompts=(100, 600)) == [100, 154]   # 256 - 101 - 1
     assert _first_chunks("eagle3", "vllm-0.33", prompts=(100, 600)) == [100, 156]
+
+
+def test_a_draft_model_under_0_19_needs_a_budget_above_its_seats():
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=32: must exceed max_num_seqs=32"):
+        _first_chunks("draft_model", "vllm-0.19", budget=32, max_num_seqs=32)
+    assert _first_chunks("draft_model", "vllm-0.33", budget=32, max_num_seqs=32) == [31]

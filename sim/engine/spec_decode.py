@@ -33,6 +33,7 @@ from kernels_cost_model.errors import require
 from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
 from sim.core.request import RequestStatus
+from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig, draft_limit
 from workloads.acceptance import accepted_on_tree
 
@@ -59,6 +60,11 @@ class SpecDecoder(EngineHook):
         engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
         if self.config.method == "draft_model" and hasattr(engine.policy, "draft_slots"):
             engine.policy.draft_slots = 1  # (vLLM's max_num_new_slots_for_drafting: its own slot per row)
+            config = engine.config
+            if get_scheduler_profile(config.scheduler_profile).release == "0.19":  # (a slot per seat, at once)
+                require(config.max_num_batched_tokens > config.max_num_seqs, "engine.max_num_batched_tokens",
+                        config.max_num_batched_tokens, f"must exceed max_num_seqs={config.max_num_seqs} with a "
+                        "draft model under vLLM 0.19, which takes one drafting slot per seat off the budget")
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
