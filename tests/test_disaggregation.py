@@ -321,3 +321,50 @@ def test_a_two_stage_decode_pool_with_one_seat_finishes():
     out = simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1, pipeline_parallel_size=2)),
                                  workload=specs, until=1e4)
     assert out.requests["finish_time"].notna().all() and len(out.requests) == 5
+
+
+def test_a_prefill_pool_under_pp_hands_off_a_request_whose_first_token_was_in_flight():
+    """A four-stage prefill pool: the scheduler may not preempt a request whose first token is in flight
+    (its token then landed on a request without KV, which decoded on the prefill instance to
+    max_model_len: 'length' with 152 outputs where run_until_stop stops on the first, EOS)."""
+    def prompt(shared, body):
+        return np.concatenate([np.arange(shared, dtype=np.int32) + 500, np.asarray(body, np.int32)])
+
+    r2_body = [26, 4, 11, 19, 38, 10, 16, 40, 25, 40, 28, 15, 9, 19, 11, 8, 31, 38, 27, 31, 5, 31, 38, 21, 18, 6,
+               25, 4, 4, 5, 27, 12, 22, 33, 22, 22, 33, 30, 37, 10, 35, 33, 6, 30, 10, 11, 20, 13, 26, 27, 32, 27,
+               23, 40, 25, 14, 29, 4, 24, 14, 30, 40, 10, 39, 8, 21, 40, 34, 17, 6, 6, 16, 25, 28, 39, 17, 28, 9,
+               13, 13, 39, 22, 17, 35, 13, 39, 33, 30, 11, 36, 30, 34, 28, 16, 6, 19, 33, 38, 33, 4, 35, 40, 28,
+               27, 22, 8, 28, 3, 9, 37, 30, 39, 13, 4, 34, 35, 39, 31, 14, 31, 10, 34, 9, 29, 5, 18, 32, 22, 38,
+               23, 23, 17, 20, 15, 19, 16, 16, 26, 13, 30, 29, 14, 7, 13, 28, 7, 29, 26, 17, 27, 9, 10, 25, 24, 22,
+               14, 35, 16, 13]
+    r4_body = [5, 27, 39, 27, 30, 29, 18, 38, 15, 27, 12, 30, 38, 20, 36, 28, 25, 34, 11, 9, 4, 24, 29, 25, 28, 7,
+               39, 40, 13, 34, 8, 38, 20, 20, 4, 30, 11, 38, 20, 3, 29, 32, 11, 17, 23, 25, 25, 6, 25, 9, 11, 23,
+               33, 27, 38, 38, 36, 11, 34, 36, 21, 18, 12, 19]
+
+    specs = [
+        RequestSpec(0.22, prompt(16, r2_body), output_len=3,
+                    sampling_params=SamplingParams(max_tokens=10, stop_token_ids=(7,), stop=()),
+                    request_id='r2', priority=0),
+        RequestSpec(0.2205, prompt(40, r4_body), output_len=1,
+                    sampling_params=SamplingParams(max_tokens=3, stop_token_ids=(), stop=('\x07',)),
+                    request_id='r4', priority=2),
+    ]
+    config = SimulationConfig(
+        engine={"block_size": 16, "num_gpu_blocks": 17, "max_model_len": 256, "max_num_seqs": 8,
+                "max_num_batched_tokens": 64, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
+                "async_scheduling": False, "eos_token_id": 2},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=4), PoolConfig(1), first_token="decode")
+    out = simulate_disaggregated(config, disagg, workload=specs).requests.set_index("request_id")
+    assert (out.loc["r4", "finish_reason"], out.loc["r4", "num_output_tokens"]) == ("stop", 1)
+    assert (out.loc["r2", "finish_reason"], out.loc["r2", "num_output_tokens"]) == ("stop", 3)
+
+
+def test_a_pool_with_no_usable_block_is_named():
+    spec = RequestSpec(0.0, np.array([15, 12], dtype=np.int32), output_len=8,
+                       sampling_params=SamplingParams(max_tokens=5), request_id="r0")
+    config = SimulationConfig(engine={"block_size": 32, "num_gpu_blocks": 1, "max_model_len": 32, "max_num_seqs": 2,
+                                      "max_num_batched_tokens": 2, "eos_token_id": 2},
+                              deployment={"cost_model": "linear"})
+    with pytest.raises(ConfigError, match="disaggregation.prefill.num_gpu_blocks=1: request 'r0' needs 1 blocks"):
+        simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1)), workload=[spec])

@@ -305,3 +305,5 @@ def test_a_draft_model_under_0_19_needs_a_budget_above_its_seats():
     with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=32: must exceed max_num_seqs=32"):
         _first_chunks("draft_model", "vllm-0.19", budget=32, max_num_seqs=32)
     assert _first_chunks("draft_model", "vllm-0.33", budget=32, max_num_seqs=32) == [31]
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=1: must be at least 2"):
+        _first_chunks("draft_model", "vllm-0.33", budget=1, max_num_seqs=1)

@@ -65,6 +65,8 @@ class SpecDecoder(EngineHook):
                 require(config.max_num_batched_tokens > config.max_num_seqs, "engine.max_num_batched_tokens",
                         config.max_num_batched_tokens, f"must exceed max_num_seqs={config.max_num_seqs} with a "
                         "draft model under vLLM 0.19, which takes one drafting slot per seat off the budget")
+            require(config.max_num_batched_tokens > 1, "engine.max_num_batched_tokens", config.max_num_batched_tokens,
+                    "must be at least 2 with a draft model: each row takes a drafting slot beside its tokens")
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len

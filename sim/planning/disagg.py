@@ -33,7 +33,7 @@ from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
-from sim.engine.simulation import check_stalled, run_env, start_workload
+from sim.engine.simulation import check_outgrown, check_stalled, run_env, start_workload
 from sim.planning.disagg_aborts import abort_at, land_aborted
 from sim.planning.disagg_config import DisaggConfig
 from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
@@ -73,6 +73,11 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
 class HandOff(EngineHook):
     """On a prefill instance: after each step, take out the requests that just sampled their first
     token and did not stop; they keep their blocks until their KV has been sent."""
+
+    #: Under pipeline parallelism a request whose first token is in flight stays out of the plans (it is
+    #: never a preemption victim then): preempted there, its first token would land on a request that lost
+    #: its KV and it would decode on the prefill instance (sim.planning.pipeline, `PipelineProcess._plan`).
+    keeps_in_flight_out_of_plans = True
 
     def __init__(self, cluster: "DisaggregatedCluster", index: int):
         self.cluster, self.index = cluster, index
@@ -299,6 +304,7 @@ class DisaggregatedCluster:
             for pool in ("prefill", "decode"):
                 for engine in getattr(self, pool):
                     try:
+                        check_outgrown(engine)
                         check_stalled(engine)
                     except ConfigError as exc:
                         raise ConfigError(f"disaggregation.{pool}.{exc.field.removeprefix('engine.')}", exc.value,

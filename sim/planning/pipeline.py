@@ -53,6 +53,8 @@ class PipelineProcess(EngineProcess):
         self.busy: set = set()
         self.last_exit = 0.0
         self.max_in_flight = 0
+        self.sees_in_flight = isinstance(engine.policy, VllmV1Policy) and not any(
+            getattr(hook, "keeps_in_flight_out_of_plans", False) for hook in engine.hooks)
         super().__init__(env, engine)
 
     def loop(self):
@@ -77,10 +79,11 @@ class PipelineProcess(EngineProcess):
     def _plan(self):
         """Plan the next batch. vLLM V1's scheduler sees every running request: one whose tokens are all
         scheduled (a decode in flight) asks for none and is passed over, a prefill in flight gets its next
-        chunk in this batch, and any may be preempted (its rows in flight then land stale). Other policies
-        plan from the running requests not in flight (they rejoin in front, in order)."""
+        chunk in this batch, and any may be preempted (its rows in flight then land stale). Other policies,
+        and an engine whose hook keeps them out (a disaggregated prefill instance, `HandOff`), plan from
+        the running requests not in flight (they rejoin in front, in order)."""
         state = self.engine.state
-        if isinstance(self.engine.policy, VllmV1Policy):
+        if self.sees_in_flight:
             return self.engine.plan_step(self.env.now)
         hidden = [r for r in state.running if r in self.busy]
         if not hidden:
