@@ -14,6 +14,7 @@ scheduling's one-step look-ahead, so the engine runs with `async_scheduling` off
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -69,11 +70,14 @@ class PipelineProcess(EngineProcess):
             stage = step.duration / self.stages
             sends = (self.stages - 1) * self.send_time(sum(step.batch.num_new_tokens))
             exit_at = max(env.now + self.stages * stage + sends, self.last_exit + stage)
-            self.last_exit = exit_at
+            delay = exit_at - env.now
+            while env.now + delay < exit_at:  # (the timeout fires at now + delay: never before the last exit)
+                delay = math.nextafter(delay, math.inf)
+            self.last_exit = env.now + delay
             self.in_flight.append(step)
             self.busy.update(req for req, _ in step.plan.scheduled)
             self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
-            env.process(self._leave(step, exit_at - env.now))
+            env.process(self._leave(step, delay))
             yield env.timeout(stage)   # the first stage takes the next batch
 
     def _plan(self):
