@@ -49,6 +49,7 @@ class Policy:
 
     name = "base"
     whole_prompts = False  # schedules whole prompts only: the budget must hold max_model_len
+    row_slots = 0  # budget each scheduled row costs beyond its tokens (a draft model's slot: VllmV1Policy)
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         raise NotImplementedError
@@ -152,7 +153,7 @@ class Policy:
         Returns budget left.
         """
         max_num_seqs, passed = state.config.max_num_seqs, []
-        slots = getattr(self, "row_slots", 0)  # (a drafter's slots per scheduled row: VllmV1Policy)
+        slots = self.row_slots
         while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
             head = state.waiting[0]
             used = self.try_admit(state, head, budget, out, whole_prompt)
