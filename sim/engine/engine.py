@@ -23,6 +23,7 @@ from sim.core.request import Request, RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
 from sim.core.token_runs import TokenRuns
+from sim.engine.livelock import SpinWatch
 from sim.engine.quiet import ALWAYS_CHECK, quiet_until
 from workloads.token_streams import natural_length, read_tokens, stream_for
 
@@ -74,6 +75,8 @@ class Engine:
         self.streams: list = []        # per request index: position -> token id
         self.stream_tokens: list = []  # per request index: its stream's first tokens, read ahead (or None)
         self.on_finish = None          # callback(request) set by the simulation
+        self.on_spin = None            # callback() set by the simulation: a preempt-only plan recurred
+        self.spin_watch = SpinWatch()  # (sim.engine.livelock)
         self.pending_aborts: list[Request] = []
         self.frontend_aborts: list[Request] = []  # stop strings found; abort lands during the next step
         self.strings_in_frontend = config.stop_strings_in_frontend
@@ -247,6 +250,9 @@ class Engine:
                 hook.on_plan(self, step)
             self._advance(step)
         self._deliver_frontend_aborts(now)
+        if not scheduled and plan.preempted and not self.state.running and self.on_spin is not None \
+                and self.spin_watch.recurred(self):
+            self.on_spin()
         return step
 
     @staticmethod

@@ -17,6 +17,7 @@ from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
+from sim.engine.livelock import check_livelock
 from sim.engine.leap_steady import ArrivalTimeout
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
@@ -32,9 +33,10 @@ class EngineProcess:
         self.wakeup: simpy.Event | None = None
         self.done_events: dict = {}
         engine.on_finish = self._on_finish
+        engine.on_spin = self._on_spin
         self.leaper = (make_leaper(engine, env, (self.submit, self.enqueue)) if engine.config.mode == "fast"
                        else None)
-        env.process(self.loop())
+        self.process = env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
         """Hand a request to the engine now; the event succeeds when it finishes."""
@@ -65,6 +67,14 @@ class EngineProcess:
         done = self.done_events.pop(req, None)
         if done is not None:
             done.succeed(req)
+
+    def own_processes(self) -> set:
+        """The SimPy processes that run this engine's steps."""
+        return {self.process}
+
+    def _on_spin(self) -> None:
+        """The engine's requests came back unchanged at a preempt-only plan (`sim.engine.livelock`)."""
+        check_livelock(self.env, self.own_processes(), self.engine)
 
     def _wake(self) -> None:
         if self.wakeup is not None and not self.wakeup.triggered:

@@ -51,6 +51,7 @@ class PipelineProcess(EngineProcess):
     def __init__(self, env: simpy.Environment, engine: Engine, stages: int, send_time):
         self.stages, self.send_time = stages, send_time
         self.in_flight: deque = deque()
+        self.leaving: deque = deque()   # the processes that land the batches in flight, in order
         self.busy: set = set()
         self.last_exit = 0.0
         self.max_in_flight = 0
@@ -77,7 +78,7 @@ class PipelineProcess(EngineProcess):
             self.in_flight.append(step)
             self.busy.update(req for req, _ in step.plan.scheduled)
             self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
-            env.process(self._leave(step, delay))
+            self.leaving.append(env.process(self._leave(step, delay)))
             yield env.timeout(stage)   # the first stage takes the next batch
 
     def _plan(self):
@@ -103,11 +104,15 @@ class PipelineProcess(EngineProcess):
             state.running = hidden + state.running
             state.config = config
 
+    def own_processes(self) -> set:
+        return {self.process, *self.leaving}
+
     def _leave(self, step, delay: float):
         yield self.env.timeout(delay)
         if self.in_flight[0] is not step:
             raise InvariantError("pipeline batches left the last stage out of order")
         self.in_flight.popleft()
+        self.leaving.popleft()
         self.busy.difference_update(req for req, _ in step.plan.scheduled)
         self.engine.finish_step(step, self.env.now)
         self._wake()

@@ -1,0 +1,137 @@
+"""An engine that spins for good (every running request preempted, the head readmitted into the same
+wall while waiting requests hold the blocks it needs) ends with a named error, not a run that never
+returns; one that an event from outside would rescue runs on (sim.engine.livelock)."""
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+
+from kernels_cost_model.errors import ConfigError
+from sim import SimulationConfig
+from sim.core.sampling_params import SamplingParams
+from sim.engine.livelock import SpinWatch, only_own_events
+from sim.planning.disagg import simulate_disaggregated
+from sim.planning.disagg_config import DisaggConfig, PoolConfig
+from sim.planning.offload import OffloadConfig, simulate_offload
+from workloads.spec import RequestSpec
+
+WORKLOADS = json.loads((Path(__file__).parent / "data" / "livelock_workloads.json").read_text())
+
+
+def specs(name: str, **changes) -> list[RequestSpec]:
+    """A recorded fuzz workload (sim found spinning by a fuzzing campaign); `changes` by request id."""
+    out = []
+    for row in WORKLOADS[name]:
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in row["sampling_params"].items()}
+        ids = row["output_token_ids"]
+        spec = RequestSpec(row["arrival_time_s"], np.asarray(row["prompt_token_ids"], np.int32),
+                           output_len=row["output_len"], output_token_ids=tuple(ids) if ids else None,
+                           sampling_params=SamplingParams(**params), request_id=row["request_id"])
+        out.append(dataclasses.replace(spec, **changes.get(row["request_id"], {})))
+    return out
+
+
+def cpu_tier_run(profile: str, mode: str, workload):
+    """EAGLE (5 lookahead slots), one seat, a 7-block cache and a CPU tier that loads prefixes."""
+    config = SimulationConfig(
+        engine={"block_size": 16, "num_gpu_blocks": 7, "max_model_len": 64, "max_num_seqs": 1,
+                "max_num_batched_tokens": 16, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": profile, "async_scheduling": False,
+                "usage_context": "openai_api_server", "eos_token_id": 2, "mode": mode},
+        deployment={"cost_model": "linear"},
+        speculative_config={"method": "eagle", "num_speculative_tokens": 5, "acceptance_rates": [0.095]})
+    return simulate_offload(config, OffloadConfig(num_cpu_blocks=200), workload=workload)
+
+
+def disagg_run(pp: int, profile: str, mode: str):
+    """A decode pool of one seat under PP while transferred requests hold most of its cache."""
+    config = SimulationConfig(
+        engine={"block_size": 32, "num_gpu_blocks": 26, "max_model_len": 256, "max_num_seqs": 8,
+                "max_num_batched_tokens": 490, "long_prefill_token_threshold": 50, "enable_prefix_caching": False,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": profile, "usage_context": "llm_class",
+                "eos_token_id": 2, "mode": mode},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    disagg = DisaggConfig(PoolConfig(1), PoolConfig(1, pipeline_parallel_size=pp, engine={"max_num_seqs": 1}),
+                          link="ib-ndr", abort_in_transfer="cancel")
+    return simulate_disaggregated(config, disagg, workload=specs("disagg_decode_pp3"))
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_cpu_tier_spin_is_named(mode):
+    with pytest.raises(ConfigError, match=r"engine.num_gpu_blocks=7: the engine livelocked.*head r17.*r15: 3"):
+        cpu_tier_run("vllm-0.19", mode, specs("cpu_tier_eagle"))
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_a_pending_abort_is_waited_for(mode):
+    """The holder's client disconnects at 5 s: the engine spins until then (nothing is named while an event
+    from outside is scheduled), and the abort frees the blocks the head needs."""
+    results = cpu_tier_run("vllm-0.19", mode, specs("cpu_tier_eagle", r15={"abort_time_s": 5.0}))
+    reqs = results.requests.set_index("request_id")
+    assert reqs.loc["r15", "finish_reason"] == "abort"
+    assert reqs.loc["r15", "finish_time"] == pytest.approx(5.0)
+    assert reqs.loc["r17", "finish_time"] > 5.0
+    assert reqs.drop(index="r15")["finish_reason"].isin(["stop", "length"]).all()
+
+
+def test_other_release_does_not_spin():
+    results = cpu_tier_run("vllm-0.33", "fast", specs("cpu_tier_eagle"))
+    assert len(results.requests) == 5
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_disaggregated_decode_pool_spin_is_named(mode):
+    with pytest.raises(ConfigError, match=r"livelocked.*head r5.*3 request\(s\) not running hold 23 blocks"):
+        disagg_run(3, "vllm-0.19", mode)
+
+
+def test_disaggregated_decode_pool_with_two_stages_finishes():
+    assert len(disagg_run(2, "vllm-0.19", "fast").requests) == 4
+
+
+def test_only_own_events():
+    env = simpy.Environment()
+
+    def stepping():
+        while True:
+            yield env.timeout(1.0)
+
+    def at_once():
+        yield env.timeout(0.0)
+
+    own = env.process(stepping())
+    env.process(at_once())   # ends at once: its end event resumes nobody
+    env.run(until=0.5)
+    assert only_own_events(env, {own})
+    env.timeout(3.0).callbacks.append(lambda event: None)   # someone else's event
+    assert not only_own_events(env, {own})
+
+
+class FakeKV:
+    def __init__(self, free):
+        self.free_queue, self.num_cached_hashes = list(free), 0
+
+    num_free_blocks = property(lambda self: len(self.free_queue))
+    blocks_of = staticmethod(lambda req: [])
+
+
+class FakeEngine:
+    def __init__(self, free):
+        self.state = type("State", (), {"kv": FakeKV(free), "waiting": [], "running": []})()
+        self.requests, self.by_id = [], {}
+
+
+def test_spin_watch_needs_recurrences_then_an_exact_repeat():
+    """The request state must come back RECURRENCES times in a row; then the full state (here the free queue
+    alternating between two orders) must repeat one seen since."""
+    watch, orders = SpinWatch(), [[1, 2], [2, 1]]
+    seen = [watch.recurred(FakeEngine(orders[i % 2])) for i in range(3)]
+    assert seen == [False, False, True]
+    assert not watch.repeats_exactly(FakeEngine(orders[0]))
+    assert not watch.repeats_exactly(FakeEngine(orders[1]))
+    assert watch.repeats_exactly(FakeEngine(orders[0]))
+    assert not watch.recurred(FakeEngine([1, 2, 3]))   # a block freed: the count starts again
+    assert not watch.repeats_exactly(FakeEngine(orders[0]))
