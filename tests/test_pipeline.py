@@ -1,6 +1,7 @@
 """Pipeline parallelism: batches in flight, content invariance, KV conservation, pricing, named errors."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -10,8 +11,10 @@ from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.replay import run_until_stop
+from sim.core.sampling_params import SamplingParams
 from sim.planning.pipeline import PipelineConfig, simulate_pipeline
 from tests.engine_harness import EOS, engine_configs, scripted_specs
+from workloads.spec import RequestSpec
 from workloads.token_streams import TokenSource
 
 
@@ -136,3 +139,30 @@ def test_two_requests_that_each_fill_the_cache_finish_under_two_stages():
     r = out.requests.set_index("request_id")
     assert r["finish_time"].notna().all()
     assert r.loc["a", "num_output_tokens"] == 117 and r.loc["b", "finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_an_empty_batch_leaves_after_the_one_ahead_of_it(mode):
+    """A fuzz case: the second batch only preempts a request in flight (no rows, no duration), so its exit is
+    the first batch's. The first's timeout fires at now + (exit - now), which rounding puts one ulp past its
+    exit (0.0005 + (0.007707375999999999 - 0.0005) == 0.007707376): the empty batch's exit is taken from
+    when the first one really fires, not from the sum it was aimed at, so it never leaves first."""
+    assert 0.0005 + (0.007707375999999999 - 0.0005) > 0.007707375999999999
+    shared = list(range(500, 540))
+    specs = [RequestSpec(0.0005, np.asarray([10, 25, 19, 25, 21, 22], np.int32), output_len=1,
+                         sampling_params=SamplingParams(max_tokens=None, min_tokens=3, stop=("\x03\x04", "\x0b")),
+                         request_id="r0"),
+             RequestSpec(0.0005, np.asarray(shared + [10, 12, 7, 22, 24, 38, 5, 4, 19, 14, 18, 15, 16, 12, 38, 25,
+                                                      15, 39, 23], np.int32),
+                         output_len=9, output_token_ids=(5, 8, 8, 6, 7, 4, 3),
+                         sampling_params=SamplingParams(max_tokens=None, min_tokens=3, stop_token_ids=(5, 9)),
+                         request_id="r1")]
+    config = SimulationConfig(
+        engine={"block_size": 4, "num_gpu_blocks": 17, "max_model_len": 64, "max_num_seqs": 6,
+                "max_num_batched_tokens": 250, "enable_chunked_prefill": False, "long_prefill_token_threshold": 50,
+                "enable_prefix_caching": True, "eos_token_id": 2, "stop_profile": "vllm-v0",
+                "usage_context": "openai_api_server", "scheduler_reserve_full_isl": False, "mode": mode},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    results = simulate_pipeline(config, PipelineConfig(2, "pcie4"), workload=specs)
+    assert results.requests["finish_reason"].tolist() == ["length", "length"]
+    assert results.requests["num_output_tokens"].tolist() == [58, 5]

@@ -289,7 +289,7 @@ def test_the_engine_names_a_min_tokens_beyond_max_model_len_under_vllm_0_19():
                        sampling_params=SamplingParams(min_tokens=50, max_tokens=60))
     config = SimulationConfig(engine={"num_gpu_blocks": 64, "max_model_len": 128, "stop_profile": "vllm-0.19",
                                       "usage_context": "llm_class"}, deployment={"cost_model": "linear"})
-    with pytest.raises(ConfigError, match="min_tokens=50: request 'req-0' has room for 28"):
+    with pytest.raises(ConfigError, match="min_tokens=50: exceeds the 28 output tokens max_model_len leaves request 'req-0'"):
         simulate(config, workload=[spec])
     within = simulate(config.replace(engine={"stop_profile": "vllm"}), workload=[spec]).requests
     assert list(within["num_output_tokens"]) == [28]

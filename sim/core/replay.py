@@ -42,11 +42,8 @@ def run_until_stop(token_stream: Iterable[int], eos_token_id: int | None,
             f"must exceed prompt_len={prompt_len}")
     check_token_text(token_text)
     rules = get_profile(profile)
-    require(not (rules.min_tokens_gates_length and max_model_len is not None
-                 and sampling_params.min_tokens > max_model_len - prompt_len), "min_tokens", sampling_params.min_tokens,
-            f"exceeds the {max_model_len - prompt_len if max_model_len else 0} output tokens max_model_len "
-            f"leaves; under profile={rules.name!r} (vLLM 0.19.1) its length check waits for min_tokens, so it "
-            "would never stop")
+    rules.require_min_tokens_room(sampling_params.min_tokens,
+                                  None if max_model_len is None else max_model_len - prompt_len, "the request")
     req = Request("scripted", range(prompt_len), sampling_params, eos_token_id,
                   text_state=make_text_state(sampling_params, rules, token_text))
     req.status = RequestStatus.RUNNING

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels_cost_model.errors import ConfigError
+from kernels_cost_model.errors import ConfigError, require
 from sim.core.request import Request, RequestStatus
 from sim.core.text import strings_armed
 
@@ -114,6 +114,14 @@ class StopProfile:
     strict_min_tokens: bool
     earliest_stop_string: bool = True
     min_tokens_gates_length: bool = False
+
+    def require_min_tokens_room(self, min_tokens: int, room: int | None, whose: str) -> None:
+        """Where `min_tokens_gates_length`, a named error for a `min_tokens` above the `room` (output tokens
+        max_model_len leaves; None: unbounded): the length check waits for min_tokens, so the request would
+        never stop (vLLM 0.19.1's scheduler has no room to compute its next token)."""
+        require(not (self.min_tokens_gates_length and room is not None and min_tokens > room), "min_tokens",
+                min_tokens, f"exceeds the {room} output tokens max_model_len leaves {whose}; under stop_profile="
+                f"{self.name!r} (vLLM 0.19.1) its length check waits for min_tokens, so it would never stop")
 
     def check_token(self, req: Request, max_model_len: int | None):
         """(status, stop_reason) decided by the token checks alone, or None."""

@@ -11,7 +11,6 @@ from policies import get_policy
 from policies.base import EngineState, SchedulerOutput
 from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.errors import require
 from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_decode_rows, check_invariants
 from sim.core import kv_lazy
@@ -121,16 +120,12 @@ class Engine:
         return req
 
     def _require_min_tokens_room(self, req: Request) -> None:
-        """Under a stop profile whose `min_tokens` gates the length checks (vLLM 0.19.1's) a request whose
-        min_tokens exceeds what max_model_len leaves its output never stops: vLLM's scheduler has no room to
-        compute its next token and its length check waits for min_tokens. Named here, not run for ever."""
-        min_tokens = req.sampling_params.min_tokens
-        if min_tokens and self.stop_profile.min_tokens_gates_length:
-            room = self.config.max_model_len - req.num_prompt_tokens
-            require(min_tokens <= room, "min_tokens", min_tokens,
-                    f"request {req.request_id!r} has room for {room} output tokens within max_model_len="
-                    f"{self.config.max_model_len}; under stop_profile={self.stop_profile.name!r} (vLLM 0.19.1) "
-                    "its length check waits for min_tokens, so it would never stop")
+        """A request that would never stop under the stop profile (`StopProfile.require_min_tokens_room`):
+        named at arrival, not run for ever."""
+        if req.sampling_params.min_tokens:
+            self.stop_profile.require_min_tokens_room(
+                req.sampling_params.min_tokens, self.config.max_model_len - req.num_prompt_tokens,
+                f"request {req.request_id!r} (max_model_len={self.config.max_model_len})")
 
     def refuses(self, spec) -> bool:
         """Whether the front end refuses `spec` before this engine sees it (`_refused`)."""
