@@ -1,4 +1,5 @@
-"""Hand-made scenarios, one or two per difference issue 20 found between servesim and vLLM's scheduler.
+"""Hand-made scenarios, one or two per difference found between servesim and vLLM's scheduler (issue 20
+and since).
 
 Recorded with vLLM's own traces beside the random ones (`benchmarks/vllm_conformance.py record`) and
 replayed by tests/test_vllm_conformance.py, so each fix is pinned by what vLLM itself did.
@@ -25,7 +26,8 @@ def _toks(start: int, n: int) -> list[int]:
 
 
 def regression_cases() -> list[dict]:
-    """[{"name": ..., "scenario": ...}] for the differences of issue 20."""
+    """[{"name": ..., "scenario": ...}] for the differences of issue 20, and the release differences
+    found since."""
     cases = []
     # 1: r0 (least important) decodes first and needs a block when r1 has taken the last ones
     for async_ in (False, True):
@@ -61,6 +63,14 @@ def regression_cases() -> list[dict]:
         config=_cfg(block_size=4, num_gpu_blocks=5, max_model_len=16, enable_prefix_caching=False),
         requests=[_req(0, 0.015625, _toks(0, 8), _toks(3, 8), 6, ignore_eos=True),
                   _req(1, 0.046875, _toks(20, 8), _toks(4, 8), 6, ignore_eos=True)])))
+    # r0 (least important, admitted first) is passed over in step 3, its in-flight step sampling its last
+    # token; r1 needs a block none is free for, so r0 is the victim: 0.19.1 then skips r2 (an index)
+    cases.append(dict(name="passed_over_priority_victim", scenario=dict(
+        config=_cfg(block_size=4, num_gpu_blocks=7, max_model_len=16, enable_prefix_caching=False,
+                    scheduling="priority", async_scheduling=True),
+        requests=[_req(0, 0.015625, _toks(0, 8), _toks(5, 6), 3, ignore_eos=True, priority=5),
+                  _req(1, 0.046875, _toks(100, 8), _toks(7, 10), 6, ignore_eos=True, priority=0),
+                  _req(2, 0.078125, _toks(200, 2), _toks(9, 10), 6, ignore_eos=True, priority=1)])))
     return cases
 
 
