@@ -8,9 +8,10 @@ KV blocks allow; the first that does not fit blocks those behind it (head-of-lin
 With chunked prefill off, a prompt must fit the remaining budget whole.
 
 What changed between vLLM releases comes from the scheduler profile (sim.core.scheduler_profiles):
-whether the threshold applies to a lone request, and whether the running pass goes on after a
-priority self-preemption. Under async scheduling a request whose in-flight step already reaches
-`max_tokens` is not scheduled again, and no chunk runs past `max_model_len`.
+whether the threshold applies to a lone request, whether the running pass goes on after a
+priority self-preemption, and where it goes on after a priority victim that sat earlier in it.
+Under async scheduling a request whose in-flight step already reaches `max_tokens` is not
+scheduled again, and no chunk runs past `max_model_len`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from itertools import islice
 
 from policies.base import EngineState, Policy, SchedulerOutput
 from sim.core.request import RequestStatus
-from sim.core.scheduler_profiles import get_scheduler_profile
+from sim.core.scheduler_profiles import SchedulerProfile, get_scheduler_profile
 
 
 class VllmV1Policy(Policy):
@@ -40,7 +41,7 @@ class VllmV1Policy(Policy):
             self._threshold = 0  # nobody to starve: a lone request uses the whole budget
         out = SchedulerOutput()
         budget = self._draft_budget(config, profile) if self.draft_slots else config.max_num_batched_tokens
-        budget = self.schedule_running(state, budget, out, profile.self_preemption_continues)
+        budget = self.schedule_running(state, budget, out, profile)
         if not out.preempted:
             self.admit_waiting(state, budget, out, whole_prompt=not config.enable_chunked_prefill)
         return out
@@ -63,9 +64,9 @@ class VllmV1Policy(Policy):
     unchunked_threshold = prefill_threshold
 
     def schedule_running(self, state: EngineState, budget: int, out: SchedulerOutput,
-                         self_preemption_continues: bool) -> int:
+                         profile: SchedulerProfile) -> int:
         running, scheduled = state.running, out.scheduled
-        resumes = self_preemption_continues and state.config.scheduling == "priority"
+        resumes = profile.self_preemption_continues and state.config.scheduling == "priority"
         slots = self.row_slots
         in_place = state.kv.grows_in_place and not slots  # (the hot path charges no slots)
         i = 0
@@ -90,7 +91,12 @@ class VllmV1Policy(Policy):
                 break
             scheduled.append((req, n))
             budget -= n + slots
-            i = i + 1 if len(out.preempted) == num_preempted else running.index(req) + 1
+            if len(out.preempted) == num_preempted:
+                i += 1
+            elif profile.skips_after_unscheduled_victim:
+                i += len(scheduled) - num_rows  # back one place only per row of this step a victim took
+            else:
+                i = running.index(req) + 1
         if out.preempted:
             out.num_decodes = 0  # (a preemption may have taken one of the first rows out)
         return budget

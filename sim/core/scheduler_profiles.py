@@ -7,12 +7,17 @@ that has it; every one is pinned by scenarios recorded from that release's own `
 
 - "vllm-0.33" (the newest release; alias "vllm"): `long_prefill_token_threshold` applies only when more
   than one request is running or waiting (vllm/v1/core/sched/scheduler.py `schedule`); a running request
-  that preempts itself under priority scheduling lets the requests after it go on scheduling; freed blocks
-  that hold no cached prefix go to the front of the free queue, cached ones to the back
+  that preempts itself under priority scheduling lets the requests after it go on scheduling; a priority
+  victim that sat earlier in `running` moves the pass back one place, scheduled in this step or not;
+  freed blocks that hold no cached prefix go to the front of the free queue, cached ones to the back
   (vllm/v1/core/block_pool.py `free_blocks`).
 - "vllm-0.19" (the release of the real runs in ../shared/data/real_vllm_runs/): the threshold always
   applies; a priority self-preemption ends the step's running pass (the step schedules nothing and the
-  next one goes on); every freed block goes to the back of the free queue.
+  next one goes on); a priority victim moves the pass back only if it was scheduled in this step, so one
+  that sat earlier in `running` but was passed over (a request whose step in flight samples its last
+  token under async scheduling, or a prefill whose chunk is all in flight under pipeline parallelism)
+  makes the pass skip the request after the one that needed the block;
+  every freed block goes to the back of the free queue.
 
 Both releases turn async scheduling on by default (vllm/config/vllm.py), so the profiles do too.
 """
@@ -31,6 +36,9 @@ class SchedulerProfile:
         is running or waiting.
     self_preemption_continues: under priority scheduling, a request that preempts itself for a block
         lets the running requests after it still be scheduled in that step.
+    skips_after_unscheduled_victim: a priority victim earlier in `running` that was not scheduled in this
+        step shifts the list without moving the running pass back, so the request after the one that
+        needed the block is skipped in that step (vLLM 0.19.1's index, fixed in 0.33).
     free_uncached_first: freed blocks without a cached prefix are reused first (front of the free queue).
     async_scheduling: the release's default for async scheduling.
     """
@@ -39,6 +47,7 @@ class SchedulerProfile:
     vllm_version: str
     threshold_needs_company: bool
     self_preemption_continues: bool
+    skips_after_unscheduled_victim: bool
     free_uncached_first: bool
     async_scheduling: bool = True
 
@@ -60,9 +69,11 @@ def profile_for_version(version: str) -> str | None:
 
 PROFILES: dict[str, SchedulerProfile] = {
     "vllm-0.33": SchedulerProfile("vllm-0.33", "0.33.0", threshold_needs_company=True,
-                                  self_preemption_continues=True, free_uncached_first=True),
+                                  self_preemption_continues=True, skips_after_unscheduled_victim=False,
+                                  free_uncached_first=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
-                                  self_preemption_continues=False, free_uncached_first=False),
+                                  self_preemption_continues=False, skips_after_unscheduled_victim=True,
+                                  free_uncached_first=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 
