@@ -1,9 +1,9 @@
 """servesim's scheduler profiles against traces recorded from vLLM's own V1 Scheduler (issue 20).
 
 tests/data/vllm_conformance/vllm-<version>.jsonl.gz holds, per pinned vLLM release, hand-made scenarios
-for each difference issue 20 found plus 1,000 random ones, with the per-step schedule vLLM produced
-(`python benchmarks/vllm_conformance.py record`); vllm-<version>-stop.jsonl.gz the same for the stop
-rules (`record --stop-rules`: min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer in
+for each difference found (issue 20 and since) plus 1,000 random ones, with the per-step schedule vLLM
+produced (`python benchmarks/vllm_conformance.py record`); vllm-<version>-stop.jsonl.gz the same for the
+stop rules (`record --stop-rules`: min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer in
 the front end). Replaying them needs no vLLM. A live comparison runs when vLLM is importable (slow).
 """
 from __future__ import annotations
@@ -109,6 +109,17 @@ def test_self_preemption_continues_only_in_0_33():
     self_preempt = [s for s in new["steps"] if "r0" in s["preempted"]]
     assert self_preempt and self_preempt[0]["tokens"]
     assert any(s["preempted"] == ["r0"] and not s["tokens"] for s in old["steps"])
+
+
+def test_passed_over_priority_victim_skips_the_next_request_only_in_0_19():
+    """r0 (least important, first in running) is passed over, its step in flight sampling its last token;
+    r1 needs a block, r0 is the victim: 0.19.1 then skips r2 in that step, 0.33 schedules it."""
+    name = "passed_over_priority_victim"
+    old, new = assert_same("0.19.1", name), assert_same("0.33.0", name)
+    step = next(i for i, s in enumerate(old["steps"]) if s["preempted"] == ["r0"])
+    assert old["steps"][step]["tokens"] == {"r1": 1}
+    assert new["steps"][step] == dict(old["steps"][step], tokens={"r1": 1, "r2": 1})
+    assert first_difference(old, replay("0.19.1", name, "vllm-0.33")[1]) is not None
 
 
 @pytest.mark.parametrize("version", VERSIONS)
