@@ -12,7 +12,7 @@ import simpy
 from kernels_cost_model.errors import ConfigError
 from sim import SimulationConfig
 from sim.core.sampling_params import SamplingParams
-from sim.engine.livelock import SpinWatch, only_own_events
+from sim.engine.livelock import RECURRENCES, WINDOW, SpinWatch, only_own_events
 from sim.planning.disagg import simulate_disaggregated
 from sim.planning.disagg_config import DisaggConfig, PoolConfig
 from sim.planning.offload import OffloadConfig, simulate_offload
@@ -29,7 +29,8 @@ def specs(name: str, **changes) -> list[RequestSpec]:
         ids = row["output_token_ids"]
         spec = RequestSpec(row["arrival_time_s"], np.asarray(row["prompt_token_ids"], np.int32),
                            output_len=row["output_len"], output_token_ids=tuple(ids) if ids else None,
-                           sampling_params=SamplingParams(**params), request_id=row["request_id"])
+                           sampling_params=SamplingParams(**params), request_id=row["request_id"],
+                           priority=row.get("priority", 0))
         out.append(dataclasses.replace(spec, **changes.get(row["request_id"], {})))
     return out
 
@@ -84,8 +85,27 @@ def test_other_release_does_not_spin():
 
 @pytest.mark.parametrize("mode", ["fast", "step"])
 def test_disaggregated_decode_pool_spin_is_named(mode):
-    with pytest.raises(ConfigError, match=r"livelocked.*head r5.*3 request\(s\) not running hold 23 blocks"):
+    with pytest.raises(ConfigError, match=r"^disaggregation.decode.num_gpu_blocks=26: the engine livelocked.*head r5.*"
+                                          r"3 request\(s\) not running hold 23 blocks.*vLLM's scheduler spins"):
         disagg_run(3, "vllm-0.19", mode)
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_prefill_requests_taking_turns_under_pp_are_named(mode):
+    """A prefill instance under PP 4 plans without its requests in flight: at the wall the visible request
+    preempts itself, the other lands and does the same; the preempt-only plans alternate victims (a cycle of
+    two), and the error says the spin is servesim's plan, not vLLM's."""
+    config = SimulationConfig(
+        engine={"block_size": 16, "max_model_len": 128, "num_gpu_blocks": 9, "max_num_seqs": 7,
+                "max_num_batched_tokens": 180, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.19", "async_scheduling": False,
+                "usage_context": "llm_class", "eos_token_id": 2, "mode": mode},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=4), PoolConfig(1, pipeline_parallel_size=2),
+                          link="nvlink4", first_token="prefill")
+    with pytest.raises(ConfigError, match=r"^disaggregation.prefill.num_gpu_blocks=9: the engine livelocked.*"
+                                          r"without its requests in flight"):
+        simulate_disaggregated(config, disagg, workload=specs("disagg_prefill_pp4_turns"))
 
 
 def test_disaggregated_decode_pool_with_two_stages_finishes():
@@ -124,14 +144,24 @@ class FakeEngine:
         self.requests, self.by_id = [], {}
 
 
-def test_spin_watch_needs_recurrences_then_an_exact_repeat():
-    """The request state must come back RECURRENCES times in a row; then the full state (here the free queue
-    alternating between two orders) must repeat one seen since."""
+def test_spin_watch_counts_recent_states_then_needs_an_exact_repeat():
+    """A request state must have been seen RECURRENCES times among recent preempt-only plans (here two states
+    taking turns); then a full state (the free queue's order) must repeat one seen before."""
     watch, orders = SpinWatch(), [[1, 2], [2, 1]]
-    seen = [watch.recurred(FakeEngine(orders[i % 2])) for i in range(3)]
-    assert seen == [False, False, True]
+    turns = [FakeEngine([1, 2]), FakeEngine([1, 2, 3])]   # two request states (a free count of 2 or 3)
+    seen = [watch.recurred(turns[i % 2]) for i in range(2 * RECURRENCES)]
+    assert seen == [False] * (2 * RECURRENCES - 2) + [True, True]
     assert not watch.repeats_exactly(FakeEngine(orders[0]))
     assert not watch.repeats_exactly(FakeEngine(orders[1]))
     assert watch.repeats_exactly(FakeEngine(orders[0]))
-    assert not watch.recurred(FakeEngine([1, 2, 3]))   # a block freed: the count starts again
-    assert not watch.repeats_exactly(FakeEngine(orders[0]))
+    assert not watch.repeats_exactly(FakeEngine(orders[0]), extra=(("r1",),))   # other batches in flight
+    assert not watch.recurred(FakeEngine([4, 5, 6, 7]))   # a state not seen before
+
+
+def test_spin_watch_forgets_old_states():
+    watch = SpinWatch()
+    for _ in range(RECURRENCES - 1):
+        watch.recurred(FakeEngine([1]))
+    for free in range(2, WINDOW + 2):   # WINDOW other states push the first out
+        watch.recurred(FakeEngine(list(range(free))))
+    assert not watch.recurred(FakeEngine([1]))

@@ -4,55 +4,59 @@ vLLM's scheduler can spin: every running request is preempted with nothing sched
 waiting queue is admitted again and grows into the same wall, while waiting requests hold the blocks it
 needs (their prefix loaded from a CPU tier, or their KV received from a prefill instance). Nothing in
 the engine changes that cycle; only an event from outside it (an arrival, an abort, a transfer landing)
-can. servesim runs the same cycle step for step, so such a run used to never return.
+can. servesim runs the same cycle step for step, so such a run used to never return. (A disaggregated
+prefill instance under PP, which servesim plans without its requests in flight, can spin too: the
+visible requests take turns preempting themselves while those in flight hold the blocks.)
 
 The watch names the livelock only when nothing but the engine's own steps is scheduled in the
 simulation, the requests' state (every live request's progress and blocks, the waiting order, the free
-count) has come back at preempt-only plans in a row, and the engine's state with the free-block queue in
-order has repeated exactly (the queue may take several cycles to come back). A hook's own state (a CPU
-tier's contents) is not compared. It costs nothing on other steps: the engine calls it only from a plan
-that scheduled nothing, preempted something and left nothing running.
+count) has come back at recent preempt-only plans, and the engine's state with the free-block queue in
+order (and the batches in flight, under PP) has repeated exactly: the cycle may take several plans (the
+victims taking turns, the queue's order coming back). A hook's own state (a CPU tier's contents) is not
+compared. It costs nothing on other steps: the engine calls it only from a plan that scheduled nothing,
+preempted something and left nothing running.
 """
 from __future__ import annotations
 
 from kernels_cost_model.errors import ConfigError
 
-#: consecutive preempt-only plans with the same request state before the full state is compared
-RECURRENCES = 2
-#: full states kept while the request state recurs (the free-block queue may cycle through several)
-MAX_DIGESTS = 64
+#: times a request state must have been seen among the recent preempt-only plans before the full
+#: state is compared
+RECURRENCES = 3
+#: preempt-only plans remembered (a cycle of victims taking turns is at most this long)
+WINDOW = 64
+#: full states remembered (the free-block queue may take several cycles to come back)
+MAX_DIGESTS = 256
 
 
 class SpinWatch:
-    """Counts consecutive preempt-only plans that find the engine's requests as the last one did."""
+    """Remembers the request states of recent preempt-only plans and, once one recurs, full states."""
 
-    __slots__ = ("last", "recurrences", "digests")
+    __slots__ = ("seen", "digests")
 
     def __init__(self):
-        self.last = None
-        self.recurrences = 0
-        self.digests: set = set()
+        self.seen: dict = {}      # request state -> times seen (insertion order: oldest first)
+        self.digests: dict = {}   # full states seen (a dict for its insertion order)
 
     def recurred(self, engine) -> bool:
         """Note a plan that preempted every running request and scheduled nothing; whether the requests'
-        state has now come back `RECURRENCES` times in a row."""
+        state has now been seen `RECURRENCES` times among the last `WINDOW` such plans."""
         state = request_state(engine)
-        if state == self.last:
-            self.recurrences += 1
-        else:
-            self.last, self.recurrences = state, 0
-            self.digests.clear()
-        return self.recurrences >= RECURRENCES
+        count = self.seen.pop(state, 0) + 1
+        self.seen[state] = count
+        if len(self.seen) > WINDOW:
+            del self.seen[next(iter(self.seen))]
+        return count >= RECURRENCES
 
-    def repeats_exactly(self, engine) -> bool:
-        """Whether the full state (`full_digest`) is one this has seen since the request state recurred
-        (the free-block queue's order may cycle with a period of several plans)."""
-        digest = full_digest(engine)
+    def repeats_exactly(self, engine, extra=()) -> bool:
+        """Whether the full state (`full_digest`, with `extra`: the process's own, e.g. its batches in
+        flight) is one seen before; remembers it."""
+        digest = full_digest(engine), extra
         if digest in self.digests:
             return True
         if len(self.digests) >= MAX_DIGESTS:
-            self.digests.clear()
-        self.digests.add(digest)
+            del self.digests[next(iter(self.digests))]
+        self.digests[digest] = None
         return False
 
 
@@ -80,25 +84,34 @@ def only_own_events(env, processes) -> bool:
                for *_, event in env._queue)
 
 
-def check_livelock(env, processes, engine) -> None:
+def check_livelock(env, process, engine) -> None:
     """Called when `engine`'s requests recurred at a preempt-only plan (`SpinWatch.recurred`): the named
-    error once nothing but `processes` (those that run the engine's steps) is scheduled in `env` and the
-    engine's full state repeats exactly."""
-    if only_own_events(env, processes) and engine.spin_watch.repeats_exactly(engine):
-        raise livelock_error(engine)
+    error once nothing but `process`'s SimPy processes (`own_processes`: those that run the engine's
+    steps) is scheduled in `env` and the engine's full state, with `process.own_state()`, repeats."""
+    if only_own_events(env, process.own_processes()) and engine.spin_watch.repeats_exactly(engine,
+                                                                                        process.own_state()):
+        raise livelock_error(engine, process.blocks_field, process.spin_cause())
 
 
-def livelock_error(engine) -> ConfigError:
-    """The named error: the spinning head, the free blocks, and the waiting requests that hold blocks."""
+def livelock_error(engine, field: str, cause: str) -> ConfigError:
+    """The named error: the requests that hold blocks without running, and why the engine spins."""
     kv, state = engine.state.kv, engine.state
-    head = state.waiting[0].request_id if state.waiting else None
     holders = {r.request_id: len(kv.blocks_of(r)) for r in engine.by_id.values()
                if r not in state.running and kv.blocks_of(r)}
-    return ConfigError("engine.num_gpu_blocks", kv.num_gpu_blocks,
+    held = ", ".join(f"{k}: {v}" for k, v in list(holders.items())[:4])
+    head = state.waiting[0].request_id if state.waiting else None
+    return ConfigError(field, kv.num_gpu_blocks,
                        f"the engine livelocked: every running request is preempted with nothing scheduled and "
-                       f"the same state comes back step after step with nothing else left to happen; the head "
-                       f"{head} is admitted again and outgrows the {kv.num_free_blocks} free blocks while "
-                       f"{len(holders)} request(s) not running hold {sum(holders.values())} blocks "
-                       f"({', '.join(f'{k}: {v}' for k, v in list(holders.items())[:4])}; KV loaded from a CPU "
-                       "tier or received from a prefill instance). vLLM's scheduler spins there for good. "
-                       "Give the GPU more KV blocks")
+                       f"the same state comes back with nothing else left to happen (waiting head {head}, "
+                       f"{kv.num_free_blocks} blocks free; {len(holders)} request(s) not running hold "
+                       f"{sum(holders.values())} blocks{': ' + held if held else ''}); {cause}. Give the GPU more "
+                       "KV blocks")
+
+
+#: why an engine spins, as `EngineProcess.spin_cause` says it
+HOLDERS_CAUSE = ("the waiting head is admitted again and outgrows the free blocks while requests that do not "
+                 "run hold blocks (KV loaded from a CPU tier or received from a prefill instance); vLLM's "
+                 "scheduler spins there for good")
+HIDDEN_IN_FLIGHT_CAUSE = ("servesim plans this disaggregated prefill instance under pipeline parallelism without "
+                          "its requests in flight, so the visible ones preempt themselves in turn while those in "
+                          "flight hold the blocks (vLLM would preempt a request in flight)")

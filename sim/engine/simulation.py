@@ -17,7 +17,7 @@ from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
-from sim.engine.livelock import check_livelock
+from sim.engine.livelock import HOLDERS_CAUSE, check_livelock
 from sim.engine.leap_steady import ArrivalTimeout
 from sim.core.invariants import InvariantError
 from sim.core.records import RunRecords
@@ -68,13 +68,24 @@ class EngineProcess:
         if done is not None:
             done.succeed(req)
 
+    # ----- a spinning engine (sim.engine.livelock) -----------------------------------------
+    #: the field its livelock error names (a disaggregated pool's instances name their pool's)
+    blocks_field = "engine.num_gpu_blocks"
+
     def own_processes(self) -> set:
         """The SimPy processes that run this engine's steps."""
         return {self.process}
 
+    def own_state(self) -> tuple:
+        """What of the engine's future this process holds beyond the engine (nothing here)."""
+        return ()
+
+    def spin_cause(self) -> str:
+        return HOLDERS_CAUSE
+
     def _on_spin(self) -> None:
-        """The engine's requests came back unchanged at a preempt-only plan (`sim.engine.livelock`)."""
-        check_livelock(self.env, self.own_processes(), self.engine)
+        """The engine's requests came back at a preempt-only plan."""
+        check_livelock(self.env, self, self.engine)
 
     def _wake(self) -> None:
         if self.wakeup is not None and not self.wakeup.triggered:

@@ -146,6 +146,9 @@ class DisaggregatedCluster:
                        for i in range(disagg.decode.num_instances)]
         self.prefill_procs = [make_process(env, e, prefill_cfg, shapes["prefill"]) for e in self.prefill]
         self.decode_procs = [make_process(env, e, decode_cfg, shapes["decode"]) for e in self.decode]
+        for pool, procs in (("prefill", self.prefill_procs), ("decode", self.decode_procs)):
+            for proc in procs:   # (a spinning instance's error names its pool: sim.engine.livelock)
+                proc.blocks_field = f"disaggregation.{pool}.num_gpu_blocks"
         block = config.engine.block_size
         self.prefill_router = make_router(disagg.prefill.router, self.prefill_procs, block)
         self.decode_router = make_router(disagg.decode.router, self.decode_procs, block)

@@ -29,6 +29,7 @@ from sim.api.simulator import SimulationConfig, build_cost_model, check_names, w
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
 from policies.vllm import VllmV1Policy
+from sim.engine.livelock import HIDDEN_IN_FLIGHT_CAUSE, HOLDERS_CAUSE
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
 
@@ -106,6 +107,13 @@ class PipelineProcess(EngineProcess):
 
     def own_processes(self) -> set:
         return {self.process, *self.leaving}
+
+    def own_state(self) -> tuple:
+        """The batches in flight: each one's requests, in order."""
+        return tuple(tuple(req.request_id for req, _ in step.plan.scheduled) for step in self.in_flight)
+
+    def spin_cause(self) -> str:
+        return HOLDERS_CAUSE if self.sees_in_flight else HIDDEN_IN_FLIGHT_CAUSE
 
     def _leave(self, step, delay: float):
         yield self.env.timeout(delay)
