@@ -50,6 +50,7 @@ class Policy:
     name = "base"
     whole_prompts = False  # schedules whole prompts only: the budget must hold max_model_len
     row_slots = 0  # budget each scheduled row costs beyond its tokens (a draft model's slot: VllmV1Policy)
+    pad_decodes = 0  # 1 + k: vLLM 0.33 pads a one-token admission to a decode row (`_padded_decode`)
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         raise NotImplementedError
@@ -107,12 +108,56 @@ class Policy:
             n = self.chunk(state, req, budget, num_cached)
         if n <= 0:
             return None
+        if self.pad_decodes and self.lacking(req, num_cached) == 1:
+            n = self._padded_decode(state, req, num_cached, budget, out)
+            if n is None:
+                return None
         kv = state.kv
+        lookahead = kv.num_lookahead_tokens  # (speculative decoding's slots: see `_allocate_admitted`)
+        if lookahead:
+            kv.num_lookahead_tokens = 0  # neither release counts them in the whole-sequence check
         if (state.config.scheduler_reserve_full_isl and not self._fit_is_allocations(kv, req, n, num_cached)
                 and not kv.can_fit(req, req.num_tokens - req.num_computed_tokens - num_cached, cached_blocks)):
+            kv.num_lookahead_tokens = lookahead
             return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
+        if lookahead:
+            return self._allocate_admitted(state, req, n, cached_blocks, num_cached, out, lookahead)
         if kv.allocate(req, n, cached_blocks) is None:
             return None
+        return self._admitted(state, req, n, num_cached, out)
+
+    def _padded_decode(self, state: EngineState, req: Request, num_cached: int, budget: int,
+                       out: SchedulerOutput) -> int | None:
+        """Tokens for a waiting request with one token to compute under `pad_decodes` (vLLM 0.33 with
+        speculative decoding): a decode row of 1 + k, its k drafts placeholders that verification
+        rejects, where no running prefill is scheduled in the step, a running row is or the request has
+        tokens computed, and the row leaves room for its sample below max_model_len; else 1. None: the
+        padded row does not fit the budget (admissions stop)."""
+        width, computed = self.pad_decodes, req.num_computed_tokens + num_cached
+        rows = out.scheduled[:len(out.scheduled) - len(out.admitted)]  # the running pass's rows
+        if any(r.is_prefill_chunk for r, _ in rows) or not (rows or computed):
+            return 1
+        if computed + width + 1 > state.config.max_model_len:
+            return 1
+        return width if width <= budget else None
+
+    def _allocate_admitted(self, state: EngineState, req: Request, n: int, cached_blocks: list[int],
+                           num_cached: int, out: SchedulerOutput, lookahead: int) -> int | None:
+        """`try_admit`'s allocation with lookahead slots (speculative decoding): vLLM 0.33 reserves them
+        for a request it admits, 0.19 only from its next step (none for a request with nothing computed:
+        `KVCacheManager.admission_lookahead`)."""
+        kv = state.kv
+        if kv.admission_lookahead or req.num_computed_tokens:
+            kv.num_lookahead_tokens = lookahead
+        allocated = kv.allocate(req, n, cached_blocks)
+        kv.num_lookahead_tokens = lookahead
+        if allocated is None:
+            return None
+        return self._admitted(state, req, n, num_cached, out)
+
+    @staticmethod
+    def _admitted(state: EngineState, req: Request, n: int, num_cached: int, out: SchedulerOutput) -> int:
+        """Move the head waiting request, its blocks allocated, to the running list."""
         state.waiting.popleft()
         req.num_computed_tokens += num_cached   # (nonzero before only where a load landed)
         if req.status == RequestStatus.WAITING:

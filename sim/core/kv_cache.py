@@ -57,6 +57,14 @@ class KVCacheManager:
         #: model proposer writes the next drafts' KV there), capped at `max_model_len`.
         self.num_lookahead_tokens = 0
         self.max_model_len: int | None = None
+        #: speculative decoding (set by its hook from the scheduler profile): whether a request leaving
+        #: the waiting queue with nothing computed gets its lookahead slots at once (vLLM 0.33; 0.19 from
+        #: its next step on); whether a prefix hit drops its last block (vLLM 0.19 with EAGLE-style
+        #: drafts); tokens after each block its prefix-cache key covers (vLLM 0.33 with EAGLE-style
+        #: drafts: 1, so a block is hit, and cached, only once the token after it is known)
+        self.admission_lookahead = True
+        self.drop_last_hit_block = False
+        self.hash_lookahead = 0
         #: `allocate` may take its growth shortcut (a subclass that counts blocks its own way may not)
         self._plain_growth = type(self)._blocks_to_take is KVCacheManager._blocks_to_take
         #: `registers_at` (this class registers and drops blocks as the plain manager does)
@@ -172,6 +180,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.drop_last_hit_block and hits:
+            hits.pop()  # (its last position's hidden state feeds the EAGLE head: recomputed)
         return hits, len(hits) * self.block_size
 
     def _hashes(self, req: Request, num_blocks: int) -> list[int]:
@@ -202,6 +212,40 @@ class KVCacheManager:
         if whole < len(data):  # a partial last block
             append(hash((parent, data[whole:])))
         return hashes
+
+    def hash_next_tokens(self, num_tokens: int) -> None:
+        """Key each block's prefix-cache entry with the `num_tokens` tokens after it too, so a block is
+        hit, and registered, only once those are known (vLLM 0.33 with EAGLE-style drafts). Binds the
+        paths that honour it on this instance (a manager without it pays nothing); call it before any
+        request arrives (private prefixes, which hash later, are turned off)."""
+        self.hash_lookahead = num_tokens
+        self.lazy = None
+        self._hashes = self._hashes_ahead
+        self.cache_full_blocks = self._cache_full_blocks_ahead
+
+    def _hashes_ahead(self, req: Request, num_blocks: int) -> list[int]:
+        """`_hashes` under `hash_next_tokens`: each block's chained hash covers the tokens after it; only
+        blocks whose following tokens are known get one."""
+        hashes = self.req_hashes.setdefault(req, [])
+        bs, ahead = self.block_size, self.hash_lookahead
+        num_blocks = min(num_blocks, (req.num_tokens - ahead) // bs)
+        num_prompt = req.num_prompt_tokens
+        while len(hashes) < num_blocks:
+            start, end = len(hashes) * bs, (len(hashes) + 1) * bs + ahead
+            head = req.prompt_token_ids[start:min(end, num_prompt)].tolist() if start < num_prompt else []
+            tail = req.output_token_ids[max(0, start - num_prompt):max(0, end - num_prompt)]
+            hashes.append(hash((hashes[-1] if hashes else 0, tuple(head), tuple(tail))))
+        return hashes
+
+    def _cache_full_blocks_ahead(self, req: Request, num_tokens: int | None = None) -> None:
+        """`cache_full_blocks` under `hash_next_tokens`: a full block waits for the tokens after it."""
+        if not self.enable_prefix_caching:
+            return
+        known = req.num_computed_tokens if num_tokens is None else num_tokens
+        num_full = min(known, req.num_tokens - self.hash_lookahead) // self.block_size
+        done = self.num_hashed_blocks.get(req, 0)
+        if num_full > done:
+            self._cache_blocks(req, done, num_full)
 
     # ----- allocation -------------------------------------------------------------------------
     def _blocks_to_take(self, req: Request, num_new_tokens: int, cached_blocks) -> tuple[int, int]:

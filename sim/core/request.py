@@ -55,7 +55,7 @@ class Request:
         "request_id", "arrival_time", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
         "num_computed_tokens", "status", "sampling_params", "eos_token_id", "stop_reason",
         "priority", "text_state", "num_preemptions", "num_cached_tokens", "spec", "index",
-        "num_spec_tokens",
+        "num_spec_tokens", "is_prefill_chunk",
         "num_output_placeholders", "num_in_flight_extra", "num_stale_tokens", "client_finished",
         "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
     )
@@ -79,7 +79,8 @@ class Request:
         self.num_cached_tokens = 0
         self.spec = spec
         self.index = index
-        self.num_spec_tokens = 0  # draft tokens proposed for the next step (vLLM's spec_token_ids)
+        self.num_spec_tokens = 0
+        self.is_prefill_chunk = False  # its last step computed tokens short of sampling (set by spec decoding)  # draft tokens proposed for the next step (vLLM's spec_token_ids)
         self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
         #: tokens scheduled in steps whose results are not applied, less the placeholders among them
         #: (`num_in_flight_tokens`): a decode row's one token is its placeholder under async scheduling,

@@ -40,6 +40,17 @@ class SchedulerProfile:
         step shifts the list without moving the running pass back, so the request after the one that
         needed the block is skipped in that step (vLLM 0.19.1's index, fixed in 0.33).
     free_uncached_first: freed blocks without a cached prefix are reused first (front of the free queue).
+    admission_lookahead: with speculative decoding, a request admitted with nothing computed gets its
+        lookahead slots (num_lookahead_tokens) in the step that admits it, not only from its next step.
+    eagle_drops_last_hit_block: with EAGLE-style drafts (eagle, eagle3, mtp), a prefix-cache hit gives
+        up its last block, recomputed so the head has its last position's hidden state.
+    eagle_hashes_next_token: with EAGLE-style drafts and prefix caching, each block's prefix-cache key
+        also covers the token after the block, so a block is hit, and cached, only once that token is
+        known (the head's KV at the block's last position depends on it).
+    pads_new_decodes: with speculative decoding, a waiting request admitted with one token to compute
+        (a one-token prompt, a prefix hit of all but its last token) is padded to 1 + k tokens, k
+        placeholder drafts that verification rejects, so decode rows stay uniform, where no running
+        prefill is scheduled in the step and a running row is or the request has tokens computed.
     async_scheduling: the release's default for async scheduling.
     """
 
@@ -49,6 +60,10 @@ class SchedulerProfile:
     self_preemption_continues: bool
     skips_after_unscheduled_victim: bool
     free_uncached_first: bool
+    admission_lookahead: bool
+    eagle_drops_last_hit_block: bool
+    eagle_hashes_next_token: bool
+    pads_new_decodes: bool
     async_scheduling: bool = True
 
     @property
@@ -70,10 +85,14 @@ def profile_for_version(version: str) -> str | None:
 PROFILES: dict[str, SchedulerProfile] = {
     "vllm-0.33": SchedulerProfile("vllm-0.33", "0.33.0", threshold_needs_company=True,
                                   self_preemption_continues=True, skips_after_unscheduled_victim=False,
-                                  free_uncached_first=True),
+                                  free_uncached_first=True, admission_lookahead=True,
+                                  eagle_drops_last_hit_block=False, eagle_hashes_next_token=True,
+                                  pads_new_decodes=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
                                   self_preemption_continues=False, skips_after_unscheduled_victim=True,
-                                  free_uncached_first=False),
+                                  free_uncached_first=False, admission_lookahead=False,
+                                  eagle_drops_last_hit_block=True, eagle_hashes_next_token=False,
+                                  pads_new_decodes=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 

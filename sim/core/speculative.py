@@ -19,6 +19,9 @@ SPEC_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
 #: Methods whose proposer writes the next drafts' KV during this step: vLLM reserves
 #: `num_speculative_tokens` lookahead slots for them (scheduler `num_lookahead_tokens`).
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+#: Methods vLLM's scheduler treats as EAGLE (`use_eagle`): the head reads the target's hidden states,
+#: which shapes prefix caching (scheduler profiles' `eagle_*` fields).
+EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 #: Methods that may draft a tree (vLLM's tree attention serves the EAGLE-style proposers).
 TREE_METHODS = ("eagle", "eagle3", "mtp")
 #: How requests sample (prices the rejection sampler; kernels_cost_model.speculative).

@@ -34,7 +34,7 @@ from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
 from sim.core.request import RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
-from sim.core.speculative import SpeculativeConfig, draft_limit
+from sim.core.speculative import EAGLE_METHODS, SpeculativeConfig, draft_limit
 from workloads.acceptance import accepted_on_tree
 
 STAT_COLUMNS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -70,9 +70,18 @@ class SpecDecoder(EngineHook):
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
+        profile = get_scheduler_profile(engine.config.scheduler_profile)
+        kv.admission_lookahead = profile.admission_lookahead
+        if profile.pads_new_decodes and hasattr(engine.policy, "pad_decodes"):
+            engine.policy.pad_decodes = 1 + self.k
+        if self.config.method in EAGLE_METHODS:
+            kv.drop_last_hit_block = profile.eagle_drops_last_hit_block
+            if profile.eagle_hashes_next_token and kv.enable_prefix_caching:
+                kv.hash_next_tokens(1)  # (vLLM's num_hash_lookahead_tokens: the EAGLE head reads one ahead)
         names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.depth))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}
         self.row_drafts: dict[int, list[int]] = {}   # id(step) -> drafts per row, until applied
+        self.padded: dict[int, set] = {}             # id(step) -> its admitted requests, until applied
         engine.apply_rows = lambda step, now: self.apply_rows(engine, step, now)
 
     def on_plan(self, engine, step) -> None:
@@ -81,6 +90,10 @@ class SpecDecoder(EngineHook):
         scheduled = step.plan.scheduled
         per_row = [num_drafts(req, n) for req, n in scheduled]
         self.row_drafts[id(step)] = per_row
+        for (req, _n), samples in zip(scheduled, step.samples):
+            req.is_prefill_chunk = not samples
+        # an admitted row's drafts are padding (`Policy._padded_decode`): placeholders, all rejected
+        self.padded[id(step)] = {req for req in step.plan.admitted} if step.plan.admitted else ()
         drafts = sum(per_row)
         batch, cost = step.batch, engine.cost_model
         target = step.duration
@@ -98,15 +111,14 @@ class SpecDecoder(EngineHook):
 
     def _leave_placeholders(self, engine, step, per_row: list[int]) -> None:
         """AsyncScheduler._update_after_schedule: a sampling row's drafts become placeholders (the
-        engine adds the sampled token's) and the next step gets placeholder drafts."""
-        max_model_len = engine.config.max_model_len
+        engine adds the sampled token's) and the next step gets all k placeholder drafts; the
+        scheduler's max_model_len cap (on the optimistic computed tokens) trims them when it
+        schedules that step, as vLLM's does."""
         for (req, _n), samples, drafts in zip(step.plan.scheduled, step.samples, per_row):
             if samples:
                 req.num_output_placeholders += drafts  # (tokens in flight already: not counted twice)
                 req.num_in_flight_extra -= drafts
-                most = self.tree.depths[drafts] if self.tree else drafts  # it may emit 1 + most
-                in_flight = req.num_output_placeholders - drafts + most + 1
-                req.num_spec_tokens = draft_limit(req, self.k, max_model_len, in_flight, self.tree)
+                req.num_spec_tokens = self.k
 
     def apply_rows(self, engine, step, now: float) -> list:
         """Verify each sampling row's drafts; emit accepted tokens + bonus through the stop rules.
@@ -120,6 +132,7 @@ class SpecDecoder(EngineHook):
         counts = [0] * (3 + self.depth)
         num_decode = 0
         rows = zip(step.plan.scheduled, step.samples, self.row_drafts.pop(id(step)))
+        padded = self.padded.pop(id(step))
         for (req, n), samples, drafts in rows:
             req.num_in_flight_extra -= n  # (less the placeholders: those cleared below move back)
             stale = req.num_stale_tokens > 0
@@ -134,7 +147,7 @@ class SpecDecoder(EngineHook):
             if n - drafts == 1 and req.output_token_ids:
                 num_decode += n                  # a decode row: 1 + drafts verification tokens
             position = len(req.output_token_ids)
-            accepted = self._accepted(req.index, position, drafts) if drafts else 0
+            accepted = self._accepted(req.index, position, drafts) if drafts and req not in padded else 0
             if not stale:
                 req.num_computed_tokens -= drafts - accepted   # rejected: un-computed, slots kept
                 if async_:
