@@ -4,6 +4,7 @@
     python benchmarks/vllm_conformance.py record -n 1000             # write tests/data/vllm_conformance/
     python benchmarks/vllm_conformance.py replay tests/data/vllm_conformance/vllm-0.33.0.jsonl.gz
     python benchmarks/vllm_conformance.py record --stop-rules -n 1000   # vllm-<version>-stop.jsonl.gz
+    python benchmarks/vllm_conformance.py record --spec -n 300          # vllm-<version>-spec.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
@@ -12,7 +13,8 @@ and the random ones, with its version, so tests replay them against servesim wit
 `replay` checks servesim against a recorded file. The scheduler profile defaults to the one named
 after the vLLM version (vllm-0.33 for 0.33.x). `--stop-rules` uses the stop-rule scenarios instead
 (min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer; the hand-made ones from
-`stop_rule_cases`).
+`stop_rule_cases`). `--spec` uses speculative-decoding scenarios (EAGLE with k drafts and a seeded
+acceptance pattern both sides share, KV often tight; the hand-made ones from `spec_cases`).
 """
 from __future__ import annotations
 
@@ -24,13 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.fidelity.conformance.cases import regression_cases, stop_rule_cases  # noqa: E402
+from sim.fidelity.conformance.cases import regression_cases, spec_cases, stop_rule_cases  # noqa: E402
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
-from sim.fidelity.conformance.scenario import random_scenario  # noqa: E402
+from sim.fidelity.conformance.scenario import random_scenario, random_spec_scenario  # noqa: E402
 from sim.fidelity.conformance.servesim_trace import run_servesim  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_conformance"
+
+
+def draw(seed: int, args) -> dict:
+    """The random scenario of `seed` for the chosen mode."""
+    return random_spec_scenario(seed) if args.spec else random_scenario(seed, args.stop_rules)
 
 
 def compare(args) -> int:
@@ -38,7 +45,7 @@ def compare(args) -> int:
     profile = args.profile or profile_for_version(vllm_version())
     agree, failures = 0, []
     for seed in range(args.start, args.start + args.n):
-        scenario = random_scenario(seed, args.stop_rules)
+        scenario = draw(seed, args)
         diff = first_difference(run_vllm(scenario), run_servesim(scenario, profile))
         if diff is None:
             agree += 1
@@ -55,11 +62,12 @@ def compare(args) -> int:
 def record(args) -> int:
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    suffix = "-stop" if args.stop_rules else ""
+    suffix = "-spec" if args.spec else "-stop" if args.stop_rules else ""
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    cases = (stop_rule_cases() if args.stop_rules else regression_cases()) + [
-        {"name": f"seed {seed}", "scenario": random_scenario(seed, args.stop_rules)}
+    hand_made = spec_cases() if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
+    cases = hand_made + [
+        {"name": f"seed {seed}", "scenario": draw(seed, args)}
         for seed in range(args.start, args.start + args.n)]
     with gzip.open(out, "wt") as f:
         f.write(json.dumps({"vllm_version": version, "step_s": 1.0}) + "\n")
@@ -90,7 +98,9 @@ def main(argv=None) -> int:
         p.add_argument("--start", type=int, default=0, help="first seed")
         p.add_argument("--profile", help="servesim scheduler profile (default: from the vLLM version)")
         p.add_argument("--show", type=int, default=10, help="disagreements to print")
-        p.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
+        mode = p.add_mutually_exclusive_group()
+        mode.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
+        mode.add_argument("--spec", action="store_true", help="the speculative-decoding (EAGLE) scenarios")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")

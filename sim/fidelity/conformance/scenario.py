@@ -16,6 +16,10 @@ boundary (an idle engine restarts at an arrival, and later boundaries keep that 
 `output` is the token stream the model "samples" (EOS is `EOS_TOKEN_ID`); the request stops as its
 sampling params say. `random_scenario(seed)` draws one from a seeded generator.
 
+Speculative-decoding scenarios (`random_spec_scenario`) add `"speculative": {"method": "eagle",
+"num_speculative_tokens": k, "acceptance_rates": [...], "seed": s}`: both sides accept drafts as
+`PositionalAcceptance(rates, seed)` decides for (request's index in arrival order, output position).
+
 Stop-rule scenarios (`random_stop_scenario`) add, per request, `"min_tokens"`, `"stop"` (stop strings,
 over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`).
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from workloads.acceptance import PositionalAcceptance
 from workloads.rng import make_rng
 
 EOS_TOKEN_ID = 2
@@ -111,7 +116,28 @@ def random_scenario(seed: int, stop_rules: bool = False) -> dict:
     """A seeded random scenario (same seed, same scenario); `stop_rules`: its requests come from
     `random_stop_request`."""
     rng = make_rng(seed, "vllm-conformance-stop" if stop_rules else "vllm-conformance")
-    draw_request = random_stop_request if stop_rules else random_request
+    return _draw_scenario(rng, random_stop_request if stop_rules else random_request)
+
+
+def random_spec_scenario(seed: int) -> dict:
+    """A seeded random scenario with EAGLE-style speculative decoding: k drafts (1..4), per-position
+    acceptance rates and a seed for `workloads.acceptance.PositionalAcceptance`; the KV cache is
+    often only a few blocks above one max_model_len sequence, so the lookahead slots matter."""
+    rng = make_rng(seed, "vllm-conformance-spec")
+    scenario = _draw_scenario(rng, random_request)
+    k = int(rng.integers(1, 5))
+    scenario["speculative"] = {"method": "eagle", "num_speculative_tokens": k,
+                               "acceptance_rates": [round(float(r), 2) for r in rng.uniform(0.2, 1.0, size=k)],
+                               "seed": int(rng.integers(0, 1 << 16))}
+    config = scenario["config"]
+    if rng.random() < 0.5:
+        min_blocks = -(-config["max_model_len"] // config["block_size"]) + 1
+        config["num_gpu_blocks"] = min_blocks + int(rng.integers(0, 4))
+    return scenario
+
+
+def _draw_scenario(rng: np.random.Generator, draw_request) -> dict:
+    """A config and one to eight requests from `rng`."""
     config = random_config(rng)
     block = config["block_size"]
     prefixes = [[int(t) for t in rng.integers(3, 40, size=block * int(rng.integers(1, 4)))]
@@ -123,7 +149,13 @@ def random_scenario(seed: int, stop_rules: bool = False) -> dict:
     return {"config": config, "requests": requests}
 
 
+def make_scenario_acceptance(speculative: dict | None):
+    """The acceptance model both sides use for a spec-decoding scenario (None without one)."""
+    if speculative is None:
+        return None
+    return PositionalAcceptance(tuple(speculative["acceptance_rates"]), speculative["seed"])
+
+
 def without_request(scenario: dict, request_id: str) -> dict:
     """The scenario less one request (for shrinking a disagreement)."""
-    return {"config": scenario["config"],
-            "requests": [r for r in scenario["requests"] if r["id"] != request_id]}
+    return dict(scenario, requests=[r for r in scenario["requests"] if r["id"] != request_id])

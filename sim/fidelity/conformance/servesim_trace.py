@@ -18,7 +18,9 @@ from sim.core.hooks import EngineHook
 from sim.core.sampling_params import SamplingParams
 from sim.core.stop_rules import RELEASE_STOP_PROFILES
 from sim.engine.simulation import run_engine
-from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, token_text
+from sim.core.speculative import SpeculativeConfig
+from sim.engine.spec_decode import SpecDecoder
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, make_scenario_acceptance, token_text
 from workloads.spec import RequestSpec
 
 CONFIG_FIELDS = ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
@@ -58,13 +60,23 @@ def request_specs(scenario: dict) -> list[RequestSpec]:
             for r in scenario["requests"]]
 
 
+def spec_hooks(scenario: dict) -> list:
+    """[the spec decoder] of a spec-decoding scenario (no proposer cost: every step lasts STEP_S), else []."""
+    spec = scenario.get("speculative")
+    if spec is None:
+        return []
+    config = SpeculativeConfig(spec["method"], num_speculative_tokens=spec["num_speculative_tokens"])
+    return [SpecDecoder(config, make_scenario_acceptance(spec))]
+
+
 def run_servesim(scenario: dict, scheduler_profile: str = "vllm", **engine) -> dict:
     """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S);
     `engine`: other EngineConfig settings (e.g. stop_string_detection="engine")."""
     config = engine_config(scenario, scheduler_profile, **engine)
     recorder = StepRecorder()
     cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
-    records = run_engine(request_specs(scenario), config, cost, hooks=[recorder], token_text=token_text)
+    hooks = [recorder] + spec_hooks(scenario)
+    records = run_engine(request_specs(scenario), config, cost, hooks=hooks, token_text=token_text)
     req = records.requests
     finished = {}
     for i, rid in enumerate(req.request_id):

@@ -22,7 +22,7 @@ import os
 import tempfile
 from collections import deque
 
-from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, token_text
+from sim.fidelity.conformance.scenario import EOS_TOKEN_ID, STEP_S, make_scenario_acceptance, token_text
 
 _TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -57,12 +57,14 @@ def _use_cpu_platform() -> None:
         platforms._current_platform = CpuPlatform()
 
 
-def make_scheduler(cfg: dict):
-    """vLLM's Scheduler (AsyncScheduler with async scheduling) for a scenario config."""
+def make_scheduler(cfg: dict, speculative: dict | None = None):
+    """vLLM's Scheduler (AsyncScheduler with async scheduling) for a scenario config; `speculative`: a
+    scenario's EAGLE settings (vLLM's SpeculativeConfig, the tiny Llama's config standing in for the
+    head: the scheduler reads only the method and k)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     _use_cpu_platform()
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -77,8 +79,13 @@ def make_scheduler(cfg: dict):
         enable_chunked_prefill=cfg["enable_chunked_prefill"], async_scheduling=cfg["async_scheduling"],
         policy=cfg["scheduling"])
     cache_config = CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
+    speculative_config = None
+    if speculative is not None:
+        speculative_config = SpeculativeConfig(
+            method=speculative["method"], model=_tiny_model(), target_model_config=model_config,
+            num_speculative_tokens=speculative["num_speculative_tokens"], target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                             cache_config=cache_config)
+                             cache_config=cache_config, speculative_config=speculative_config)
     spec = FullAttentionSpec(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(num_blocks=cfg["num_gpu_blocks"], kv_cache_tensors=[],
                                     kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
@@ -88,16 +95,19 @@ def make_scheduler(cfg: dict):
                structured_output_manager=StructuredOutputManager(vllm_config), block_size=cfg["block_size"])
 
 
-def make_request(spec: dict, block_size: int, max_model_len: int):
+def make_request(spec: dict, block_size: int, max_model_len: int, hash_lookahead: int = 0):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.utils.hashing import sha256
     from vllm.v1.request import Request
 
-    if block_size not in _hashers:
+    key = (block_size, hash_lookahead)
+    if key not in _hashers:
         if not _hashers:
             init_none_hash(sha256)
-        _hashers[block_size] = get_request_block_hasher(block_size, sha256)
+        # the engine core's hasher: 0.33 with EAGLE and prefix caching hashes the token after each block too
+        extra = (hash_lookahead,) if hash_lookahead else ()
+        _hashers[key] = get_request_block_hasher(block_size, sha256, *extra)
     max_tokens = spec["max_tokens"]
     if max_tokens is None:  # the input processor's rule: up to max_model_len
         max_tokens = max_model_len - len(spec["prompt"])
@@ -107,7 +117,7 @@ def make_request(spec: dict, block_size: int, max_model_len: int):
     params.update_from_generation_config({}, EOS_TOKEN_ID)
     kwargs = dict(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]), sampling_params=params,
                   pooling_params=None, arrival_time=spec["arrival"], priority=spec["priority"],
-                  block_hasher=_hashers[block_size])
+                  block_hasher=_hashers[key])
     try:
         return Request(eos_token_id=EOS_TOKEN_ID, **kwargs)  # vLLM 0.19 takes the EOS id here
     except TypeError:
@@ -119,8 +129,11 @@ class _Driver:
 
     def __init__(self, scenario: dict):
         self.cfg = cfg = scenario["config"]
-        self.sched = make_scheduler(cfg)
+        self.spec = scenario.get("speculative")
+        self.sched = make_scheduler(cfg, self.spec)
         self.specs = {r["id"]: r for r in scenario["requests"]}
+        self.acceptance = make_scenario_acceptance(self.spec)
+        self.index = {r["id"]: i for i, r in enumerate(sorted(scenario["requests"], key=lambda r: r["arrival"]))}
         self.arrivals = deque(sorted(scenario["requests"], key=lambda r: r["arrival"]))
         self.aborts = deque(sorted((r["abort"], r["id"]) for r in scenario["requests"] if r["abort"] is not None))
         self.steps: list[dict] = []
@@ -128,6 +141,7 @@ class _Driver:
         self.finished: dict[str, list] = {}
         self.now = self.gpu_free = 0.0
         self.detokenizers: dict = {}
+        self.padded: dict[int, set] = {}  # id(scheduler output) -> requests whose drafts are padding
         self.frontend_aborts: list[str] = []  # stop strings found; aborts land during the next step
 
     def process_inputs(self) -> None:
@@ -136,7 +150,8 @@ class _Driver:
             if len(spec["prompt"]) >= self.cfg["max_model_len"]:  # the front end refuses it
                 self.finished[spec["id"]] = ["rejected", 0]
                 continue
-            request = make_request(spec, self.cfg["block_size"], self.cfg["max_model_len"])
+            request = make_request(spec, self.cfg["block_size"], self.cfg["max_model_len"],
+                                   getattr(self.sched, "num_hash_lookahead_tokens", 0))
             if request.sampling_params.stop:
                 self.detokenizers[spec["id"]] = make_detokenizer(request.sampling_params)
             self.sched.add_request(request)
@@ -170,6 +185,9 @@ class _Driver:
             step["tokens"][rid] = n
             if before[rid] in ("WAITING", "PREEMPTED"):
                 step["admitted"][rid] = self.sched.requests[rid].num_computed_tokens - n
+        # drafts of a request admitted in this step are padding (vLLM 0.33 pads a one-token admission
+        # to 1 + k): placeholder ids the proposer never drafted, which the rejection sampler rejects
+        self.padded[id(out)] = set(step["admitted"]) & set(out.scheduled_spec_decode_tokens)
         if step["tokens"] or step["preempted"]:
             self.steps.append(step)
         start = max(self.now, self.gpu_free)
@@ -177,9 +195,10 @@ class _Driver:
         samples = {rid for rid in out.num_scheduled_tokens if not self.sched.requests[rid].is_prefill_chunk}
         return out, self.gpu_free, samples
 
-    def sample(self, req) -> int:
-        """The scripted token, or a filler where the min-tokens logits processor masks it."""
-        script, position = self.specs[req.request_id]["output"], len(req.output_token_ids)
+    def sample(self, req, offset: int = 0) -> int:
+        """The scripted token `offset` places past the request's output, or a filler where the
+        min-tokens logits processor masks it."""
+        script, position = self.specs[req.request_id]["output"], len(req.output_token_ids) + offset
         token = script[position] if position < len(script) else 1000 + position
         params = req.sampling_params
         if position < params.min_tokens and token in params.all_stop_token_ids | set(params.stop_token_ids or ()):
@@ -216,11 +235,12 @@ class _Driver:
         self.process_aborts()
         self.apply_frontend_aborts()
         req_ids = list(out.num_scheduled_tokens)
+        padded = self.padded.pop(id(out), ())
         tokens = []
         for rid in req_ids:
             req = self.sched.requests.get(rid)
             if rid in samples and req is not None:
-                tokens.append([self.sample(req)])
+                tokens.append([self.sample(req, j) for j in range(1 + self.accepted(req, out, padded))])
             else:
                 tokens.append([])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -228,6 +248,24 @@ class _Driver:
         for outputs in self.sched.update_from_output(out, mro).values():
             for o in outputs.outputs:
                 self.front_end(o)
+        if self.spec is not None and not self.cfg["async_scheduling"] and req_ids:
+            self.propose(req_ids)
+
+    def accepted(self, req, out, padded) -> int:
+        """Drafts the rejection sampler accepts of those scheduled for `req` in step `out` (none of a
+        request in `padded`)."""
+        drafts = len(out.scheduled_spec_decode_tokens.get(req.request_id, ()))
+        if not drafts or req.request_id in padded:
+            return 0
+        return self.acceptance.num_accepted(self.index[req.request_id], len(req.output_token_ids), drafts)
+
+    def propose(self, req_ids: list[str]) -> None:
+        """The engine core's post-step without async scheduling: the EAGLE proposer drafted k tokens for
+        every row of the batch; the scheduler keeps them for requests past their prefill (under async
+        scheduling the AsyncScheduler sets placeholder drafts itself)."""
+        from vllm.v1.outputs import DraftTokenIds
+        k = self.spec["num_speculative_tokens"]
+        self.sched.update_draft_token_ids(DraftTokenIds(req_ids, [[3] * k for _ in req_ids]))
 
     def run(self, max_steps: int = 5000) -> dict:
         size = 2 if self.cfg["async_scheduling"] else 1
