@@ -14,7 +14,7 @@ and the random ones, with its version, so tests replay them against servesim wit
 after the vLLM version (vllm-0.33 for 0.33.x). `--stop-rules` uses the stop-rule scenarios instead
 (min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer; the hand-made ones from
 `stop_rule_cases`). `--spec` uses speculative-decoding scenarios (EAGLE with k drafts and a seeded
-acceptance pattern both sides share, KV often tight; the hand-made ones from `spec_cases`).
+acceptance pattern both sides share, KV often tight; random ones only).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.fidelity.conformance.cases import regression_cases, spec_cases, stop_rule_cases  # noqa: E402
+from sim.fidelity.conformance.cases import regression_cases, stop_rule_cases  # noqa: E402
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
 from sim.fidelity.conformance.scenario import random_scenario, random_spec_scenario  # noqa: E402
@@ -65,7 +65,7 @@ def record(args) -> int:
     suffix = "-spec" if args.spec else "-stop" if args.stop_rules else ""
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    hand_made = spec_cases() if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
+    hand_made = [] if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
     cases = hand_made + [
         {"name": f"seed {seed}", "scenario": draw(seed, args)}
         for seed in range(args.start, args.start + args.n)]

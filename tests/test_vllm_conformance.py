@@ -55,6 +55,24 @@ def test_random_scenarios_agree_step_for_step(version):
     assert not failures, failures[:3]
 
 
+#: Recorded spec-decoding seeds servesim does not match yet (vLLM 0.33, prefix caching with its
+#: next-token block hashes across preemptions: docs/policies.md), each still a disagreement.
+SPEC_OPEN = {"0.33.0": {"seed 156", "seed 160", "seed 163", "seed 193"}, "0.19.1": set()}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_spec_decoding_scenarios_agree_step_for_step(version):
+    """EAGLE with k drafts and a shared acceptance pattern (vllm_conformance.py record --spec)."""
+    _, cases = recorded(f"{version}-spec")
+    names = [name for name in cases if name.startswith("seed ")]
+    assert len(names) >= 300
+    if os.environ.get("CI"):
+        names = names[:RANDOM_IN_CI] + sorted(SPEC_OPEN[version])
+    disagree = {name: diff for name in names if (diff := first_difference(*replay(f"{version}-spec", name)))}
+    assert set(disagree) == SPEC_OPEN[version] & set(names), {k: v for k, v in disagree.items()
+                                                              if k not in SPEC_OPEN[version]}
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("async_", [False, True])
 def test_stop_string_found_in_the_front_end(version, async_):

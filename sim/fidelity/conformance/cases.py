@@ -97,8 +97,3 @@ def stop_rule_cases() -> list[dict]:
         config=_cfg(),
         requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6], 3, stop=["bc"])])))
     return cases
-
-
-def spec_cases() -> list[dict]:
-    """Hand-made speculative-decoding scenarios (none yet)."""
-    return []

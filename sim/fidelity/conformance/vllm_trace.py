@@ -9,6 +9,13 @@ request's scripted stream, except that below `min_tokens` it cannot sample EOS o
 min-tokens logits processor masks them: a filler token comes instead). Every step that schedules tokens
 lasts STEP_S; the model is a config-only tiny Llama (no weights are loaded).
 
+A spec-decoding scenario gives the scheduler an EAGLE SpeculativeConfig (the tiny Llama stands in for the
+head: the scheduler reads the method and k, so use_eagle is set and num_lookahead_tokens = k). Drafts
+reach it as the engine core feeds them: without async scheduling `update_draft_token_ids` after each step
+with k drafts for every row, under it the AsyncScheduler's own placeholders. The model samples 1 +
+accepted tokens, accepted as the scenario's `PositionalAcceptance` says (none of a padded admission's
+placeholder drafts).
+
 The front end's part is played as vLLM's does it: `max_tokens=None` becomes `max_model_len` less the
 prompt (vllm/v1/engine/input_processor.py), and stop strings are looked for by vLLM's own incremental
 detokenizer (vllm/v1/engine/detokenizer.py, with `token_text` as the vocabulary) on every output the
