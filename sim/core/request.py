@@ -79,8 +79,8 @@ class Request:
         self.num_cached_tokens = 0
         self.spec = spec
         self.index = index
-        self.num_spec_tokens = 0
-        self.is_prefill_chunk = False  # its last step computed tokens short of sampling (set by spec decoding)  # draft tokens proposed for the next step (vLLM's spec_token_ids)
+        self.num_spec_tokens = 0  # draft tokens proposed for the next step (vLLM's spec_token_ids)
+        self.is_prefill_chunk = False  # its last step stopped short of sampling (set by spec decoding)
         self.num_output_placeholders = 0  # async: tokens sampled by steps in flight, not known yet
         #: tokens scheduled in steps whose results are not applied, less the placeholders among them
         #: (`num_in_flight_tokens`): a decode row's one token is its placeholder under async scheduling,
