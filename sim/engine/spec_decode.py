@@ -32,6 +32,7 @@ from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import require
 from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
+from sim.core.kv_cache import KVCacheManager
 from sim.core.request import RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import EAGLE_METHODS, SpeculativeConfig, draft_limit
@@ -76,7 +77,7 @@ class SpecDecoder(EngineHook):
             engine.policy.pad_decodes = 1 + self.k
         if self.config.method in EAGLE_METHODS:
             kv.drop_last_hit_block = profile.eagle_drops_last_hit_block
-            if profile.eagle_hashes_next_token and kv.enable_prefix_caching:
+            if profile.eagle_hashes_next_token and kv.enable_prefix_caching and type(kv) is KVCacheManager:
                 kv.hash_next_tokens(1)  # (vLLM's num_hash_lookahead_tokens: the EAGLE head reads one ahead)
         names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.depth))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}
