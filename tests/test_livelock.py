@@ -36,15 +36,17 @@ def specs(name: str, **changes) -> list[RequestSpec]:
 
 
 def cpu_tier_run(profile: str, mode: str, workload):
-    """EAGLE (5 lookahead slots), one seat, a 7-block cache and a CPU tier that loads prefixes."""
+    """A draft model (5 tokens, 5 lookahead slots), a 34-block cache of 4-token blocks, one-token chunks
+    and a CPU tier that loads prefixes."""
     config = SimulationConfig(
-        engine={"block_size": 16, "num_gpu_blocks": 7, "max_model_len": 64, "max_num_seqs": 1,
-                "max_num_batched_tokens": 16, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
-                "scheduler_reserve_full_isl": False, "scheduler_profile": profile, "async_scheduling": False,
+        engine={"block_size": 4, "num_gpu_blocks": 34, "max_model_len": 128, "max_num_seqs": 6,
+                "max_num_batched_tokens": 8, "long_prefill_token_threshold": 1, "enable_prefix_caching": True,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": profile, "stop_profile": "vllm-v1-2025",
                 "usage_context": "openai_api_server", "eos_token_id": 2, "mode": mode},
-        deployment={"cost_model": "linear"},
-        speculative_config={"method": "eagle", "num_speculative_tokens": 5, "acceptance_rates": [0.095]})
-    return simulate_offload(config, OffloadConfig(num_cpu_blocks=200), workload=workload)
+        deployment={"cost_model": "roofline", "model": "llama-3.1-8b", "gpu": "h100"},
+        speculative_config={"method": "draft_model", "model": "qwen2.5-0.5b", "num_speculative_tokens": 5,
+                            "acceptance_rates": [0.0, 0.58]})
+    return simulate_offload(config, OffloadConfig(num_cpu_blocks=20, link="pcie4"), workload=workload)
 
 
 def disagg_run(pp: int, profile: str, mode: str):
@@ -62,25 +64,26 @@ def disagg_run(pp: int, profile: str, mode: str):
 
 @pytest.mark.parametrize("mode", ["fast", "step"])
 def test_cpu_tier_spin_is_named(mode):
-    with pytest.raises(ConfigError, match=r"engine.num_gpu_blocks=7: the engine livelocked.*head r17.*r15: 3"):
-        cpu_tier_run("vllm-0.19", mode, specs("cpu_tier_eagle"))
+    with pytest.raises(ConfigError, match=r"^engine.num_gpu_blocks=34: the engine livelocked.*head r20.*r17: 16.*"
+                                          r"vLLM's scheduler spins"):
+        cpu_tier_run("vllm-0.33", mode, specs("cpu_tier_draft_model"))
 
 
 @pytest.mark.parametrize("mode", ["fast", "step"])
 def test_a_pending_abort_is_waited_for(mode):
-    """The holder's client disconnects at 5 s: the engine spins until then (nothing is named while an event
+    """The holder's client disconnects at 15 s: the engine spins until then (nothing is named while an event
     from outside is scheduled), and the abort frees the blocks the head needs."""
-    results = cpu_tier_run("vllm-0.19", mode, specs("cpu_tier_eagle", r15={"abort_time_s": 5.0}))
+    results = cpu_tier_run("vllm-0.33", mode, specs("cpu_tier_draft_model", r17={"abort_time_s": 15.0}))
     reqs = results.requests.set_index("request_id")
-    assert reqs.loc["r15", "finish_reason"] == "abort"
-    assert reqs.loc["r15", "finish_time"] == pytest.approx(5.0)
-    assert reqs.loc["r17", "finish_time"] > 5.0
-    assert reqs.drop(index="r15")["finish_reason"].isin(["stop", "length"]).all()
+    assert reqs.loc["r17", "finish_reason"] == "abort"
+    assert reqs.loc["r17", "finish_time"] == pytest.approx(15.0)
+    assert reqs.loc["r20", "finish_time"] > 15.0 and reqs.loc["r20", "num_preemptions"] > 100
+    assert reqs.drop(index="r17")["finish_reason"].isin(["stop", "length"]).all()
 
 
 def test_other_release_does_not_spin():
-    results = cpu_tier_run("vllm-0.33", "fast", specs("cpu_tier_eagle"))
-    assert len(results.requests) == 5
+    results = cpu_tier_run("vllm-0.19", "fast", specs("cpu_tier_draft_model"))   # (0.19: a slot per seat)
+    assert len(results.requests) == 6
 
 
 @pytest.mark.parametrize("mode", ["fast", "step"])
@@ -110,6 +113,23 @@ def test_prefill_requests_taking_turns_under_pp_are_named(mode):
 
 def test_disaggregated_decode_pool_with_two_stages_finishes():
     assert len(disagg_run(2, "vllm-0.19", "fast").requests) == 4
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_two_instances_spinning_at_once_are_named(mode):
+    """The prefill instance (PP 2) and the decode instance (PP 4, one seat) both spin, each one's steps queued
+    beside the other's: neither can change the other's cycle (no request goes in or out of either)."""
+    config = SimulationConfig(
+        engine={"block_size": 1, "max_model_len": 256, "num_gpu_blocks": 258, "max_num_seqs": 1,
+                "max_num_batched_tokens": 33, "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
+                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.33", "async_scheduling": False,
+                "usage_context": "llm_class", "eos_token_id": 2, "mode": mode},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=2), PoolConfig(1, pipeline_parallel_size=4),
+                          link="nvlink4", first_token="prefill")
+    with pytest.raises(ConfigError,
+                       match=r"^disaggregation.(prefill|decode).num_gpu_blocks=258: the engine livelocked"):
+        simulate_disaggregated(config, disagg, workload=specs("disagg_two_engines"))
 
 
 def test_only_own_events():

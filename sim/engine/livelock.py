@@ -18,15 +18,17 @@ preempted something and left nothing running.
 """
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from kernels_cost_model.errors import ConfigError
 
 #: times a request state must have been seen among the recent preempt-only plans before the full
 #: state is compared
 RECURRENCES = 3
 #: preempt-only plans remembered (a cycle of victims taking turns is at most this long)
-WINDOW = 64
+WINDOW = 1024
 #: full states remembered (the free-block queue may take several cycles to come back)
-MAX_DIGESTS = 256
+MAX_DIGESTS = 1024
 
 
 class SpinWatch:
@@ -86,11 +88,27 @@ def only_own_events(env, processes) -> bool:
 
 def check_livelock(env, process, engine) -> None:
     """Called when `engine`'s requests recurred at a preempt-only plan (`SpinWatch.recurred`): the named
-    error once nothing but `process`'s SimPy processes (`own_processes`: those that run the engine's
-    steps) is scheduled in `env` and the engine's full state, with `process.own_state()`, repeats."""
-    if only_own_events(env, process.own_processes()) and engine.spin_watch.repeats_exactly(engine,
-                                                                                        process.own_state()):
+    error once the engine's full state, with `process.own_state()`, repeats exactly and nothing is
+    scheduled in `env` but the steps of this engine (`process.own_processes()`) and of engines whose own
+    state repeated too with no request in or out since (two instances of a disaggregated run may spin
+    at once, each one's steps queued beside the other's: neither can change the other's cycle)."""
+    spinning = _SPINNING.setdefault(env, {})
+    if not engine.spin_watch.repeats_exactly(engine, process.own_state()):
+        spinning.pop(process, None)
+        return
+    spinning[process] = inputs_of(engine)
+    others = [p for p, inputs in spinning.items() if p is not process and inputs_of(p.engine) == inputs]
+    if only_own_events(env, set(process.own_processes()).union(*(p.own_processes() for p in others))):
         raise livelock_error(engine, process.blocks_field, process.spin_cause())
+
+
+def inputs_of(engine) -> tuple:
+    """Changes whenever a request enters or leaves the engine (arrivals only add to `requests`)."""
+    return len(engine.requests), len(engine.by_id)
+
+
+#: per SimPy environment, the processes whose engine's state last repeated exactly, with its `inputs_of`
+_SPINNING: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def livelock_error(engine, field: str, cause: str) -> ConfigError:
