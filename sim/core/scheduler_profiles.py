@@ -51,6 +51,9 @@ class SchedulerProfile:
         (a one-token prompt, a prefix hit of all but its last token) is padded to 1 + k tokens, k
         placeholder drafts that verification rejects, so decode rows stay uniform, where no running
         prefill is scheduled in the step and a running row is or the request has tokens computed.
+    caches_after_verify: with speculative decoding, a running request's blocks filled by its verified
+        tokens enter the prefix cache as soon as those tokens are appended, not only when its next step
+        allocates, so a request preempted before that step still hits them (0.33's update_from_output).
     async_scheduling: the release's default for async scheduling.
     """
 
@@ -64,6 +67,7 @@ class SchedulerProfile:
     eagle_drops_last_hit_block: bool
     eagle_hashes_next_token: bool
     pads_new_decodes: bool
+    caches_after_verify: bool
     async_scheduling: bool = True
 
     @property
@@ -87,12 +91,12 @@ PROFILES: dict[str, SchedulerProfile] = {
                                   self_preemption_continues=True, skips_after_unscheduled_victim=False,
                                   free_uncached_first=True, admission_lookahead=True,
                                   eagle_drops_last_hit_block=False, eagle_hashes_next_token=True,
-                                  pads_new_decodes=True),
+                                  pads_new_decodes=True, caches_after_verify=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
                                   self_preemption_continues=False, skips_after_unscheduled_victim=True,
                                   free_uncached_first=False, admission_lookahead=False,
                                   eagle_drops_last_hit_block=True, eagle_hashes_next_token=False,
-                                  pads_new_decodes=False),
+                                  pads_new_decodes=False, caches_after_verify=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 

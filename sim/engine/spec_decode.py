@@ -52,6 +52,7 @@ class SpecDecoder(EngineHook):
         self.tree = config.tree               # sim.core.token_tree.TokenTree, None for a chain
         self.depth = self.tree.depth if self.tree else self.k
         self.columns: dict[str, list] = {}
+        self.caches_after_verify = False      # blocks cached once verified (the profile's, on_attach)
 
     def on_attach(self, engine) -> None:
         require(not (engine.config.is_async and self.config.method == "ngram"),
@@ -73,6 +74,7 @@ class SpecDecoder(EngineHook):
         kv.max_model_len = engine.config.max_model_len
         profile = get_scheduler_profile(engine.config.scheduler_profile)
         kv.admission_lookahead = profile.admission_lookahead
+        self.caches_after_verify = profile.caches_after_verify
         if profile.pads_new_decodes and hasattr(engine.policy, "pad_decodes"):
             engine.policy.pad_decodes = 1 + self.k
         if self.config.method in EAGLE_METHODS:
@@ -156,12 +158,16 @@ class SpecDecoder(EngineHook):
                     req.num_in_flight_extra += 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
-            if any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1)):
+            stopped = any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1))
+            if stopped:
                 finished.append(req)             # tokens after the stop are dropped
                 req.num_spec_tokens = 0
             elif not async_:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)
-            elif not stale and req.status == RequestStatus.RUNNING:
+            if not async_:
+                if self.caches_after_verify:     # (a stopped request's too, before its blocks are freed)
+                    kv.cache_full_blocks(req, min(req.num_computed_tokens, req.num_tokens))
+            elif not stopped and not stale and req.status == RequestStatus.RUNNING:
                 kv.cache_full_blocks(req, min(req.num_computed_tokens - req.num_in_flight_tokens,
                                               req.num_tokens))
         step.num_decode = num_decode
