@@ -62,6 +62,17 @@ def disagg_run(pp: int, profile: str, mode: str):
     return simulate_disaggregated(config, disagg, workload=specs("disagg_decode_pp3"))
 
 
+def pp_pools_run(engine: dict, prefill_pp: int, decode_pp: int, workload: str):
+    """One prefill and one decode instance, each under PP, the first token sampled on the prefill side."""
+    config = SimulationConfig(
+        engine={"scheduler_reserve_full_isl": False, "async_scheduling": False, "usage_context": "llm_class",
+                "eos_token_id": 2, **engine},
+        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
+    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=prefill_pp),
+                          PoolConfig(1, pipeline_parallel_size=decode_pp), link="nvlink4", first_token="prefill")
+    return simulate_disaggregated(config, disagg, workload=specs(workload))
+
+
 @pytest.mark.parametrize("mode", ["fast", "step"])
 def test_cpu_tier_spin_is_named(mode):
     with pytest.raises(ConfigError, match=r"^engine.num_gpu_blocks=34: the engine livelocked.*head r20.*r17: 16.*"
@@ -98,17 +109,11 @@ def test_prefill_requests_taking_turns_under_pp_are_named(mode):
     """A prefill instance under PP 4 plans without its requests in flight: at the wall the visible request
     preempts itself, the other lands and does the same; the preempt-only plans alternate victims (a cycle of
     two), and the error says the spin is servesim's plan, not vLLM's."""
-    config = SimulationConfig(
-        engine={"block_size": 16, "max_model_len": 128, "num_gpu_blocks": 9, "max_num_seqs": 7,
-                "max_num_batched_tokens": 180, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
-                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.19", "async_scheduling": False,
-                "usage_context": "llm_class", "eos_token_id": 2, "mode": mode},
-        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
-    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=4), PoolConfig(1, pipeline_parallel_size=2),
-                          link="nvlink4", first_token="prefill")
     with pytest.raises(ConfigError, match=r"^disaggregation.prefill.num_gpu_blocks=9: the engine livelocked.*"
                                           r"without its requests in flight"):
-        simulate_disaggregated(config, disagg, workload=specs("disagg_prefill_pp4_turns"))
+        pp_pools_run({"block_size": 16, "max_model_len": 128, "num_gpu_blocks": 9, "max_num_seqs": 7,
+                      "max_num_batched_tokens": 180, "long_prefill_token_threshold": 3, "enable_prefix_caching": True,
+                      "scheduler_profile": "vllm-0.19", "mode": mode}, 4, 2, "disagg_prefill_pp4_turns")
 
 
 def test_disaggregated_decode_pool_with_two_stages_finishes():
@@ -119,17 +124,11 @@ def test_disaggregated_decode_pool_with_two_stages_finishes():
 def test_two_instances_spinning_at_once_are_named(mode):
     """The prefill instance (PP 2) and the decode instance (PP 4, one seat) both spin, each one's steps queued
     beside the other's: neither can change the other's cycle (no request goes in or out of either)."""
-    config = SimulationConfig(
-        engine={"block_size": 1, "max_model_len": 256, "num_gpu_blocks": 258, "max_num_seqs": 1,
-                "max_num_batched_tokens": 33, "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
-                "scheduler_reserve_full_isl": False, "scheduler_profile": "vllm-0.33", "async_scheduling": False,
-                "usage_context": "llm_class", "eos_token_id": 2, "mode": mode},
-        deployment={"cost_model": "linear", "model": "qwen2.5-0.5b"})
-    disagg = DisaggConfig(PoolConfig(1, pipeline_parallel_size=2), PoolConfig(1, pipeline_parallel_size=4),
-                          link="nvlink4", first_token="prefill")
     with pytest.raises(ConfigError,
                        match=r"^disaggregation.(prefill|decode).num_gpu_blocks=258: the engine livelocked"):
-        simulate_disaggregated(config, disagg, workload=specs("disagg_two_engines"))
+        pp_pools_run({"block_size": 1, "max_model_len": 256, "num_gpu_blocks": 258, "max_num_seqs": 1,
+                      "max_num_batched_tokens": 33, "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
+                      "scheduler_profile": "vllm-0.33", "mode": mode}, 2, 4, "disagg_two_engines")
 
 
 def test_only_own_events():
