@@ -121,3 +121,9 @@ def assert_outputs_match_run_until_stop(engine: Engine, specs: list[RequestSpec]
                                   max_model_len=engine.config.max_model_len, token_text={})
         assert (rec.finish_reason[i], rec.stop_reason[i]) == (expected.finish_reason, expected.stop_reason)
         assert rec.num_output_tokens[i] == len(expected.output_token_ids)
+
+
+def padded_budget(config: EngineConfig, k: int) -> EngineConfig:
+    """`config` with a budget that holds a 1 + k decode row: vLLM 0.33 pads a one-token admission to one
+    under speculative decoding (`SpecDecoder` names a smaller budget)."""
+    return dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens, 1 + k))

@@ -21,6 +21,7 @@ from sim.core.speculative import SpeculativeConfig
 from sim.engine.simulation import run_engine
 from sim.engine.spec_decode import SpecDecoder
 from workloads import poisson_workload
+from tests.engine_harness import padded_budget
 from tests.test_fast_mode import assert_identical, configs, long_runs
 from tests.test_spec_decode_properties import TOKEN_TEXT, acceptance_scripts, spec_requests
 from tests.test_spec_decode_properties import configs as spec_configs
@@ -115,6 +116,6 @@ def test_deferred_registration_gives_the_eager_records_with_speculative_decoding
         for deferred in (False, True):
             mp.setattr(kv_lazy, "ENABLED", deferred)
             hooks = [SpecDecoder(SpeculativeConfig(method, num_speculative_tokens=k), copy.deepcopy(acceptance))]
-            cfg = replace(config, async_scheduling=None if method == "eagle3" else False)  # n-gram: sync only
+            cfg = padded_budget(replace(config, async_scheduling=None if method == "eagle3" else False), k)
             records.append(run_engine(specs, cfg, LinearCostModel(), token_text=TOKEN_TEXT, hooks=hooks))
     assert_identical(*records)

@@ -307,3 +307,15 @@ def test_a_draft_model_under_0_19_needs_a_budget_above_its_seats():
     assert _first_chunks("draft_model", "vllm-0.33", budget=32, max_num_seqs=32) == [31]
     with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=1: must be at least 2"):
         _first_chunks("draft_model", "vllm-0.33", budget=1, max_num_seqs=1)
+
+
+def test_under_0_33_the_budget_must_hold_a_padded_decode_row():
+    """vLLM 0.33 pads a one-token admission to 1 + k tokens (k = 3) and waits rather than schedule it
+    unpadded, so a budget below that (plus a draft model's slot) could leave a request waiting for good (a
+    fuzz case ended in "never finished"); 0.19 schedules the one token."""
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=3: must be at least 4 with 3 speculative"):
+        _first_chunks("eagle3", "vllm-0.33", budget=3, max_num_seqs=1)
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens=4: must be at least 5 .* draft model"):
+        _first_chunks("draft_model", "vllm-0.33", budget=4, max_num_seqs=1)
+    assert _first_chunks("eagle3", "vllm-0.33", budget=4, max_num_seqs=1) == [4]
+    assert _first_chunks("eagle3", "vllm-0.19", budget=3, max_num_seqs=1) == [3]

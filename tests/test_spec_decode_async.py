@@ -23,7 +23,7 @@ from sim.core.sampling_params import SamplingParams
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
-from tests.engine_harness import EOS, engine_configs
+from tests.engine_harness import EOS, engine_configs, padded_budget
 from tests.test_spec_decode_properties import (PROFILES, TOKEN_TEXT, acceptance_scripts,
                                               assert_outputs_equal_run_until_stop, spec_requests)
 from workloads.acceptance import ScriptedAcceptance
@@ -76,6 +76,7 @@ class AsyncChecks(EngineHook):
 
 
 def run(specs, config, acceptance, k, method="eagle3"):
+    config = padded_budget(config, k)
     spec_config = SpeculativeConfig(method, num_speculative_tokens=k)
     decoder = SpecDecoder(spec_config, acceptance)
     hooks = [decoder, AsyncChecks(k, spec_config.num_lookahead_tokens)]

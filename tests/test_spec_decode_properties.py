@@ -20,7 +20,7 @@ from sim.core.sampling_params import SamplingParams
 from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
-from tests.engine_harness import EOS, drive, engine_configs
+from tests.engine_harness import EOS, drive, engine_configs, padded_budget
 from workloads.acceptance import ScriptedAcceptance
 from workloads.spec import RequestSpec
 from workloads.strategies import stop_strings
@@ -79,6 +79,7 @@ class StepChecks(EngineHook):
 
 
 def run(specs, config, acceptance, k, method="eagle3"):
+    config = padded_budget(config, k)
     spec_config = SpeculativeConfig(method, num_speculative_tokens=k)
     hooks = [SpecDecoder(spec_config, acceptance), StepChecks(k, spec_config.num_lookahead_tokens)]
     engine = Engine(config, LinearCostModel(), config.num_gpu_blocks, token_text=TOKEN_TEXT, hooks=hooks)

@@ -18,7 +18,7 @@ from sim.core.speculative import SpeculativeConfig
 from sim.core.token_tree import PRESETS, TokenTree, chain
 from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
-from tests.engine_harness import EOS, drive, engine_configs
+from tests.engine_harness import EOS, drive, engine_configs, padded_budget
 from tests.test_spec_decode_async import AsyncChecks, drive_async
 from tests.test_spec_decode_properties import PROFILES, TOKEN_TEXT, acceptance_scripts, spec_requests
 from workloads.acceptance import PositionalAcceptance, ScriptedAcceptance
@@ -124,7 +124,7 @@ configs = st.sampled_from([56, 96]).flatmap(lambda m: engine_configs(max_model_l
 @given(spec_requests(), configs, acceptance_scripts(), trees(), st.sampled_from(PROFILES), st.booleans(),
        st.booleans())
 def test_tree_outputs_equal_run_until_stop(specs, config, script, tree, profile, async_, positional):
-    config = dataclasses.replace(config, stop_profile=profile, async_scheduling=async_)
+    config = padded_budget(dataclasses.replace(config, stop_profile=profile, async_scheduling=async_), len(tree))
     spec_config = SpeculativeConfig("eagle", num_speculative_tokens=len(tree), speculative_token_tree=tree.nodes)
     acceptance = PositionalAcceptance((0.9, 0.7), seed=len(specs)) if positional else script
     hooks = [SpecDecoder(spec_config, acceptance), AsyncChecks(len(tree), len(tree))]

@@ -60,23 +60,18 @@ class SpecDecoder(EngineHook):
                 "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
                 "set async_scheduling to false or pick a GPU proposer")
         engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
+        profile = get_scheduler_profile(engine.config.scheduler_profile)
         if self.config.method == "draft_model" and hasattr(engine.policy, "draft_slots"):
             engine.policy.draft_slots = 1  # (vLLM's max_num_new_slots_for_drafting: its own slot per row)
-            config = engine.config
-            if get_scheduler_profile(config.scheduler_profile).release == "0.19":  # (a slot per seat, at once)
-                require(config.max_num_batched_tokens > config.max_num_seqs, "engine.max_num_batched_tokens",
-                        config.max_num_batched_tokens, f"must exceed max_num_seqs={config.max_num_seqs} with a "
-                        "draft model under vLLM 0.19, which takes one drafting slot per seat off the budget")
-            require(config.max_num_batched_tokens > 1, "engine.max_num_batched_tokens", config.max_num_batched_tokens,
-                    "must be at least 2 with a draft model: each row takes a drafting slot beside its tokens")
+            self._check_draft_slots(engine.config, profile)
         kv = engine.state.kv
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
-        profile = get_scheduler_profile(engine.config.scheduler_profile)
         kv.admission_lookahead = profile.admission_lookahead
         self.caches_after_verify = profile.caches_after_verify
         if profile.pads_new_decodes and hasattr(engine.policy, "pad_decodes"):
             engine.policy.pad_decodes = 1 + self.k
+            self._check_padded_row(engine.config, engine.policy.draft_slots)
         if self.config.method in EAGLE_METHODS:
             kv.drop_last_hit_block = profile.eagle_drops_last_hit_block
             if profile.eagle_hashes_next_token and kv.enable_prefix_caching and type(kv) is KVCacheManager:
@@ -86,6 +81,28 @@ class SpecDecoder(EngineHook):
         self.row_drafts: dict[int, list[int]] = {}   # id(step) -> drafts per row, until applied
         self.padded: dict[int, set] = {}             # id(step) -> its admitted requests, until applied
         engine.apply_rows = lambda step, now: self.apply_rows(engine, step, now)
+
+    @staticmethod
+    def _check_draft_slots(config, profile) -> None:
+        """A budget that leaves a draft model's rows room beside their slots."""
+        if profile.release == "0.19":  # (a slot per seat, at once)
+            require(config.max_num_batched_tokens > config.max_num_seqs, "engine.max_num_batched_tokens",
+                    config.max_num_batched_tokens, f"must exceed max_num_seqs={config.max_num_seqs} with a "
+                    "draft model under vLLM 0.19, which takes one drafting slot per seat off the budget")
+        require(config.max_num_batched_tokens > 1, "engine.max_num_batched_tokens", config.max_num_batched_tokens,
+                "must be at least 2 with a draft model: each row takes a drafting slot beside its tokens")
+
+    def _check_padded_row(self, config, draft_slots: int) -> None:
+        """Under `pads_new_decodes` (vLLM 0.33) a one-token admission is padded to 1 + k tokens, and vLLM
+        waits rather than schedule it unpadded: a budget that cannot hold that row (and a draft model's
+        slot) leaves such a request waiting for good."""
+        width = 1 + self.k + draft_slots
+        require(config.max_num_batched_tokens >= width, "engine.max_num_batched_tokens",
+                config.max_num_batched_tokens,
+                f"must be at least {width} with {self.k} speculative tokens"
+                f"{' and a draft model slot' if draft_slots else ''} under vLLM 0.33, which pads a waiting "
+                f"request with one token to compute to a {1 + self.k}-token decode row and waits rather than "
+                "schedule it unpadded")
 
     def on_plan(self, engine, step) -> None:
         """Price the verification rows, the drafts' logits rows and the proposer's passes; under
