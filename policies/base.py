@@ -113,18 +113,20 @@ class Policy:
             if n is None:
                 return None
         kv = state.kv
-        lookahead = kv.num_lookahead_tokens  # (speculative decoding's slots: see `_allocate_admitted`)
-        if lookahead:
-            kv.num_lookahead_tokens = 0  # neither release counts them in the whole-sequence check
-        if (state.config.scheduler_reserve_full_isl and not self._fit_is_allocations(kv, req, n, num_cached)
-                and not kv.can_fit(req, req.num_tokens - req.num_computed_tokens - num_cached, cached_blocks)):
-            kv.num_lookahead_tokens = lookahead
+        if kv.num_lookahead_tokens:
+            return self._admit_with_lookahead(state, req, n, cached_blocks, num_cached, out)
+        if not self._whole_sequence_fits(state, req, n, cached_blocks, num_cached):
             return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
-        if lookahead:
-            return self._allocate_admitted(state, req, n, cached_blocks, num_cached, out, lookahead)
         if kv.allocate(req, n, cached_blocks) is None:
             return None
         return self._admitted(state, req, n, num_cached, out)
+
+    def _whole_sequence_fits(self, state: EngineState, req: Request, n: int, cached_blocks: list[int],
+                             num_cached: int) -> bool:
+        """Under `scheduler_reserve_full_isl`, whether the request's whole sequence fits, not just `n`."""
+        kv = state.kv
+        return (not state.config.scheduler_reserve_full_isl or self._fit_is_allocations(kv, req, n, num_cached)
+                or kv.can_fit(req, req.num_tokens - req.num_computed_tokens - num_cached, cached_blocks))
 
     def _padded_decode(self, state: EngineState, req: Request, num_cached: int, budget: int,
                        out: SchedulerOutput) -> int | None:
@@ -141,18 +143,19 @@ class Policy:
             return 1
         return width if width <= budget else None
 
-    def _allocate_admitted(self, state: EngineState, req: Request, n: int, cached_blocks: list[int],
-                           num_cached: int, out: SchedulerOutput, lookahead: int) -> int | None:
-        """`try_admit`'s allocation with lookahead slots (speculative decoding): vLLM 0.33 reserves them
-        for a request it admits, 0.19 only from its next step (none for a request with nothing computed:
-        `KVCacheManager.admission_lookahead`)."""
+    def _admit_with_lookahead(self, state: EngineState, req: Request, n: int, cached_blocks: list[int],
+                              num_cached: int, out: SchedulerOutput) -> int | None:
+        """`try_admit` with speculative decoding's lookahead slots: neither release counts them in the
+        whole-sequence check; vLLM 0.33 reserves them for a request it admits, 0.19 only from its next
+        step (none for a request with nothing computed: `KVCacheManager.admission_lookahead`)."""
         kv = state.kv
-        if kv.admission_lookahead or req.num_computed_tokens:
-            kv.num_lookahead_tokens = lookahead
-        allocated = kv.allocate(req, n, cached_blocks)
-        kv.num_lookahead_tokens = lookahead
-        if allocated is None:
-            return None
+        with kv.lookahead_slots(0):
+            if not self._whole_sequence_fits(state, req, n, cached_blocks, num_cached):
+                return None
+        slots = kv.num_lookahead_tokens if kv.admission_lookahead or req.num_computed_tokens else 0
+        with kv.lookahead_slots(slots):
+            if kv.allocate(req, n, cached_blocks) is None:
+                return None
         return self._admitted(state, req, n, num_cached, out)
 
     @staticmethod

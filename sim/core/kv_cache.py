@@ -13,6 +13,7 @@ allocated: `num_gpu_blocks - 1` blocks are usable.
 from __future__ import annotations
 
 import struct
+from contextlib import contextmanager
 from array import array
 from itertools import islice
 
@@ -212,6 +213,15 @@ class KVCacheManager:
         if whole < len(data):  # a partial last block
             append(hash((parent, data[whole:])))
         return hashes
+
+    @contextmanager
+    def lookahead_slots(self, num_tokens: int):
+        """Allocate and check fits with `num_tokens` lookahead slots inside the block, then restore."""
+        kept, self.num_lookahead_tokens = self.num_lookahead_tokens, num_tokens
+        try:
+            yield
+        finally:
+            self.num_lookahead_tokens = kept
 
     def hash_next_tokens(self, num_tokens: int) -> None:
         """Key each block's prefix-cache entry with the `num_tokens` tokens after it too, so a block is
