@@ -113,7 +113,7 @@ class SpecDecoder(EngineHook):
         for (req, _n), samples in zip(scheduled, step.samples):
             req.is_prefill_chunk = not samples
         # an admitted row's drafts are padding (`Policy._padded_decode`): placeholders, all rejected
-        self.padded[id(step)] = {req for req in step.plan.admitted} if step.plan.admitted else ()
+        self.padded[id(step)] = set(step.plan.admitted) if step.plan.admitted else ()
         drafts = sum(per_row)
         batch, cost = step.batch, engine.cost_model
         target = step.duration
