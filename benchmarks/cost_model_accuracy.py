@@ -73,12 +73,18 @@ def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
         print(f"  {'median over GPUs':28s} {cells}  [{label} defaults]")
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     parser.add_argument("--gpu", action="append", choices=sorted(SOURCES), help="only these GPUs (default all)")
     parser.add_argument("--torch-cpu", action="store_true", help="also measure and score this CPU")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     print("hold-out rule:", HOLDOUT_RULE)
     if args.profiles.is_dir():
         helds = {}

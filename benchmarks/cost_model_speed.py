@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import timeit
 import warnings
@@ -26,7 +27,13 @@ def batches() -> dict[str, BatchShape]:
     }
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         models = {"llama-3.1-8b / h100": make_cost_model("llama-3.1-8b", "h100"),

@@ -135,11 +135,17 @@ def check(gpu: str, path: Path) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", action="store_true", help="time the grid on this machine's Hopper GPU")
     parser.add_argument("--gpu", default="h200", choices=GPUS)
     parser.add_argument("--out", type=Path, default=MEASURED_DIR)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.measure:
         print(f"wrote {measure(args.gpu, args.out)}")

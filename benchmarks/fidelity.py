@@ -40,7 +40,8 @@ def role(name: str, fitted_host: bool) -> str:
     return f"fit run for {', '.join(fitted)}" if fitted else "held out from the host fit"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_ROOT))
     ap.add_argument("--out", default="fidelity_out")
@@ -49,7 +50,12 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="also fit two host figures end to end and show them")
     ap.add_argument("--leave-gpu-out", action="store_true",
                     help="replay with the runs' GPU uncalibrated: defaults derived from the other calibrated GPUs")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
+    args = ap.parse_args(argv)
     if args.fit and args.leave_gpu_out:
         ap.error("--fit fits host figures around the shipped calibration: give it or --leave-gpu-out, not both")
     kernels = ("the GPU uncalibrated: kernels derived from the other calibrated GPUs, datasheet peaks"

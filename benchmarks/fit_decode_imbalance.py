@@ -45,11 +45,17 @@ def fit(profiles: Path) -> list[dict]:
     return rows
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     ap.add_argument("--out", type=Path, default=ROOT / "kernels_cost_model" / "data" / "decode_imbalance.csv")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
     rows = fit(args.profiles)
     if not rows:
         raise SystemExit(f"no skew.csv under {args.profiles}/llmservingsim")

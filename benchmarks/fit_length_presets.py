@@ -109,11 +109,17 @@ def fit(name: str, data_dir: Path) -> dict:
     return entry
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=ROOT / "workloads" / "data" / "length_presets.json")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     presets = {name: fit(name, args.data) for name in SOURCES}
     doc = {"_about": "(prompt, output) length presets, Gaussian copulas with quantile-table or clipped-lognormal "
                      "marginals, fitted by benchmarks/fit_length_presets.py from the public files named in "

@@ -92,11 +92,17 @@ def search(data: dict) -> None:
     print("best:", best[1])
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     parser.add_argument("--search", action="store_true", help="rerun the grid search on the fit split")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not (args.profiles / "llmservingsim").is_dir():
         print(f"no LLMServingSim profiles under {args.profiles}")
         return 1

@@ -24,7 +24,8 @@ from kernels_cost_model.hardware import get_gpu  # noqa: E402
 from kernels_cost_model.gpu_calibration import SOURCES, device_of, fit_all  # noqa: E402
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "kernels_cost_model" / "data")
@@ -32,7 +33,12 @@ def main() -> int:
                         help="fit only these GPUs (the derived defaults are then not rewritten)")
     parser.add_argument("--defaults-only", action="store_true",
                         help="only rederive data/derived_defaults.json from the shipped calibrations")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.defaults_only:
         cals = {d: shipped_calibration(d) for d in SOURCES if device_of(d) == d}
         write_defaults(derive_defaults(cals, {d: get_gpu(d) for d in cals}), args.out_dir)

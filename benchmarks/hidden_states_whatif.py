@@ -40,13 +40,19 @@ def workloads(rate: float, num_requests: int) -> dict:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=4.0)
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.25, 1.0])
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cost_model = make_cost_model(MODEL, GPU)

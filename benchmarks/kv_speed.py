@@ -98,11 +98,17 @@ def run(pairs, timers: dict, kv: KVCacheManager) -> int:
     return zlib.crc32(np.asarray(list(kv.free_queue), np.int64).tobytes(), check)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3_000)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     best: dict = {name: {} for name in MANAGERS}
     checks = {}
     for _ in range(args.repeat):

@@ -37,12 +37,18 @@ def run(rate: float, requests: int, link: str, shared: bool) -> dict:
     return cluster.run(workload).summary
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 6.0, 8.0])
     parser.add_argument("--link", default="roce-100g")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     print(f"{'rate':>5} {'link':>7} " + " ".join(f"{k:>20}" for k in KEYS))
     for rate in args.rates:
         for shared in (False, True):

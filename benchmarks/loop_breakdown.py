@@ -147,12 +147,18 @@ def _print_parts(timers: Timers, parts: list, total: float) -> None:
                   f"{seconds / calls * 1e6:8.1f} us")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="issue-2x", choices=sorted(sim_speed.SCENARIOS))
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--mode", default="fast", choices=("fast", "step"))
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     with Timers() as timers:
         sim_speed.run_once(args.scenario, 300, args.mode)
         timers.clear()

@@ -95,7 +95,8 @@ def check_fa3(torch) -> float:
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", required=True, help="catalog name written in the device column (e.g. h200)")
     parser.add_argument("--out", type=Path, required=True)
@@ -105,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(ALL), help="comma-separated families to measure")
     parser.add_argument("--prefill-kernel", choices=("sdpa", "fa3"), default="sdpa",
                         help="prefill attention kernel: PyTorch's FlashAttention-2 or (Hopper) FlashAttention-3")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     wanted = tuple(args.families.split(","))
     plan = [(m, wanted) for m in args.models.split(",")] if args.models else PLAN

@@ -169,11 +169,17 @@ def environment(torch) -> dict:
             "pinned": "torch pin_memory=True (cudaHostAlloc)"}
 
 
-def main(argv=None) -> int:
-    import torch
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", required=True, help="catalog name written in the file name (e.g. h200)")
     parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv=None) -> int:
+    import torch
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     total = 1 << 30

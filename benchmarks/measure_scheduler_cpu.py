@@ -173,12 +173,18 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     parser.add_argument("--no-runner", action="store_true", help="time the scheduler only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     points = []
     for n, prefill in [(n, 0) for n in DECODE_SIZES] + list(MIXED):

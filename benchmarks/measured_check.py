@@ -15,6 +15,7 @@ slower than measured).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -68,7 +69,13 @@ def context_increments(gpu: str, path) -> tuple[np.ndarray, np.ndarray]:
     return np.array(chunks), np.array(errors)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def main(argv: list[str] | None = None) -> None:
+    build_parser().parse_args(argv)
     print(f"{'gpu':9s} {'family':18s} {'operator':13s} {'heads':6s} {'n':>4s} {'|err| med':>9s} {'signed med':>10s}")
     for label, gpu, path in profiles():
         print(f"-- {label}")

@@ -97,13 +97,19 @@ def dp_ep_row(name: str, gpu: str, length: int, batch: int) -> str | None:
     return f"  {name:24} TP{tp}: {total * 1e3:7.2f} ms   DP{tp}+EP{tp}: {ep * 1e3:7.2f} ms"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h200")
     p.add_argument("--length", type=int, default=8192)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
-    a = p.parse_args()
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = build_parser()
+    a = p.parse_args(argv)
     print(f"{a.gpu}, gpu_memory_utilization 0.9, block_size 16, kv_cache_dtype {a.kv_cache_dtype}; "
           f"requests of {a.length} tokens; decode steps at {a.length} context")
     print(f"{'model':24} {'tp':>3} {'GiB/GPU':>8} {'groups':>6} {'blocks':>9} {'KV tokens':>11} "

@@ -51,13 +51,19 @@ def count_opcodes(scenario: str, num_requests: int, mode: str) -> collections.Co
     return counts
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="issue-2x", choices=sorted(sim_speed.SCENARIOS))
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--mode", default="fast", choices=("fast", "step"))
     parser.add_argument("--top", type=int, default=30)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     counts = count_opcodes(args.scenario, args.requests, args.mode)
     total = sum(counts.values())
     print(f"{args.scenario}, {args.requests:,} requests, {args.mode} mode: {total:,} bytecodes "

@@ -178,7 +178,8 @@ def tables(records):
     return reqs, steps
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -194,7 +195,12 @@ def main() -> None:
                         help="scaling table: also run each point without per-token times (adds off)")
     parser.add_argument("--via-simulate", action="store_true",
                         help="scaling table: build simulate()'s Results and summary instead of numpy tables")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     scenarios = [name for name in args.scenarios.split(",") if name]
     if scenarios:
         print(f"{args.requests} requests per scenario, best CPU time of {args.repeat}")

@@ -60,14 +60,20 @@ def open_loop_row(rate: float, num_requests: int, method: str, k: int) -> dict:
             "throughput_spec": fast["output_throughput"]}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--method", default="eagle3")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--rates", type=float, nargs="+", default=[2, 8, 12, 16, 24, 32])
     parser.add_argument("--plot", metavar="PNG", help="also save speedup vs batch size and vs rate")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     print(f"{MODEL} on one {GPU}, {args.method}, k={args.k}\n")
     print("Closed loop (fixed batch size), speedup of generated tokens/s")
     results = {}

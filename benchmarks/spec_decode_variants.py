@@ -129,10 +129,16 @@ def tree_rows(num_requests: int) -> None:
         print(f"  batch {batch:3d}: " + ", ".join(cells))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=24)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     print(f"{MODEL} on one {GPU}\n")
     errors = batch1_table(args.requests)
     print(f"  mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%")

@@ -33,12 +33,18 @@ def timed(points, executor: str) -> tuple[float, pd.DataFrame]:
     return time.perf_counter() - start, table
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=48)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--ray", action="store_true", help="also time a local Ray cluster")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     points = sweep_points(args.configs, args.requests)
     executors = ["serial", "pool"] + (["ray"] if args.ray else [])
     print(f"{len(points)} configs x {args.requests} requests, {os.cpu_count()} cores")

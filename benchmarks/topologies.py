@@ -111,7 +111,8 @@ def offload_section(args) -> None:
               f"with the CPU tier (LMCache reports 3-10x for multi-round QA)")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--tpot", type=float, nargs="+", default=[0.025, 0.04, 0.1, 0.2])
@@ -125,7 +126,12 @@ def main() -> None:
     ap.add_argument("--mooncake-requests", type=int, default=600)
     ap.add_argument("--mooncake-time-scale", type=float, default=10.0,
                     help="stretch the trace's times (it was served by a cluster; 10 = a tenth of its traffic)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
+    args = ap.parse_args(argv)
     if not args.skip_crossover:
         crossover(args)
     if not args.skip_offload:

@@ -89,7 +89,8 @@ def replay(args) -> int:
     return 0 if not failures else 1
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("compare", "record"):
@@ -106,6 +107,11 @@ def main(argv=None) -> int:
     p.add_argument("path")
     p.add_argument("--profile")
     p.add_argument("--show", type=int, default=10)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     return {"compare": compare, "record": record, "replay": replay}[args.command](args)
 

@@ -10,10 +10,16 @@ import time
 from workloads import make_rng, poisson_workload
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     workload = poisson_workload(rate=10, num_requests=args.requests)
     seconds = []
     for _ in range(3):  # best of three: the first run also pays for page faults
