@@ -40,7 +40,20 @@ def draw(seed: int, args) -> dict:
     return random_spec_scenario(seed) if args.spec else random_scenario(seed, args.stop_rules)
 
 
+def needs_vllm(command: str) -> None:
+    """Exit with a message, not an ImportError, where vLLM is not installed (compare and record run it)."""
+    try:
+        import vllm  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "vllm":
+            raise
+        raise SystemExit(f"{command} drives vLLM's own scheduler, and vLLM is not installed here: install it in a "
+                         "virtual environment of its own (README, \"Checking the scheduler against vLLM\"); "
+                         "replay needs no vLLM") from None
+
+
 def compare(args) -> int:
+    needs_vllm("compare")
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     profile = args.profile or profile_for_version(vllm_version())
     agree, failures = 0, []
@@ -60,6 +73,7 @@ def compare(args) -> int:
 
 
 def record(args) -> int:
+    needs_vllm("record")
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
     suffix = "-spec" if args.spec else "-stop" if args.stop_rules else ""

@@ -211,3 +211,13 @@ def test_live_against_installed_vllm(stop_rules):
         scenario = random_scenario(seed, stop_rules)
         diff = first_difference(vllm_trace.run_vllm(scenario), run_servesim(scenario, profile))
         assert diff is None, (seed, diff)
+
+
+@pytest.mark.parametrize("command", ["compare", "record"])
+def test_the_live_commands_say_vllm_is_missing_instead_of_an_import_traceback(command, monkeypatch):
+    """docs/spec_decode.md sends readers to `vllm_conformance.py compare --spec`: without vLLM it is one line."""
+    import sys
+    from tests.benchmark_loader import load_benchmark
+    monkeypatch.setitem(sys.modules, "vllm", None)   # as where vLLM is not installed
+    with pytest.raises(SystemExit, match=f"^{command} drives vLLM's own scheduler, and vLLM is not installed"):
+        load_benchmark("vllm_conformance").main([command, "--spec", "-n", "1"])
