@@ -288,3 +288,11 @@ def test_async_hybrid_extracts_the_length_bound_last_tokens():
     stats = cmp.results["hybrid"].stats
     assert stats.rows == stats.definite_rows == len(stats.asked) > 0
     assert stats.wasted_rows == 0 and stats.speculative_rows == 0
+
+
+def test_compare_strategies_names_a_whole_simulation_config_instead_of_a_type_error():
+    """A reader of docs/last_token.md who passes the SimulationConfig they have gets a named error."""
+    from sim import ConfigError, SimulationConfig
+    workload = poisson_workload(4.0, 5, "sharegpt")
+    with pytest.raises(ConfigError, match=r"^config='SimulationConfig': must be an EngineConfig"):
+        compare_strategies(with_hidden_states(workload, 0.25), SimulationConfig(), LinearCostModel(), 1000)

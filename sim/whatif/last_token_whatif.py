@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kernels_cost_model.errors import require
 from sim.whatif.last_token import STRATEGIES, HiddenStatesCost, HiddenStatesStats, make_hook
 from sim.api.metrics import add_latency_columns
+from sim.core.config import EngineConfig
 from sim.core.records import RunRecords
 from sim.engine.simulation import run_engine
 
@@ -124,6 +126,8 @@ def compare_strategies(workload, config, cost_model, num_gpu_blocks: int | None 
     A list of specs works too. `cost`: the extraction's cost (`HiddenStatesCost`; sizes default
     to the cost model's ModelSpec).
     """
+    require(isinstance(config, EngineConfig), "config", type(config).__name__,
+            "must be an EngineConfig, the engine's settings alone (a SimulationConfig's is its .engine)")
     kwargs = dict(seed=seed, token_text=token_text)
     # the strategies act on the step a request stops in: stop strings are found with the token checks
     config = dataclasses.replace(config, stop_string_detection="engine")
