@@ -272,10 +272,14 @@ def fit_system(root, system: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if argv else 2
     root, out_dir = Path(argv[0]), Path(argv[1]) if len(argv) > 1 else OUT_DIR
+    if not (root / "aiconfigurator").is_dir():
+        print(f"modern_fit: no AIConfigurator tables under {root}/aiconfigurator (give the kernel_profiles folder "
+              f"of ../shared/data)", file=sys.stderr)
+        return 2
     out_dir.mkdir(parents=True, exist_ok=True)
     for system in SYSTEMS:
         result = fit_system(root, system)

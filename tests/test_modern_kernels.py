@@ -394,3 +394,12 @@ def test_mla_and_gdn_refit_to_their_recorded_held_out_errors(system, gpu):
     for kind, fresh in (("mla", fit_mla(PROFILES, system)), ("gdn", fit_gdn(PROFILES, system))):
         assert {k: (v["coeffs"], v["holdout_error"]) for k, v in fresh.items()} == \
             {k: (v["coeffs"], v["holdout_error"]) for k, v in shipped[kind].items()}, (gpu, kind)
+
+
+def test_modern_fit_names_a_folder_without_the_tables_instead_of_fitting_nothing(tmp_path, capsys):
+    """docs/models.md's `python -m kernels_cost_model.modern_fit ../shared/data/kernel_profiles`, run from
+    another folder, used to print nothing and exit 0; --help printed nothing either."""
+    from kernels_cost_model.modern_fit import main
+    assert main([str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "no AIConfigurator tables under" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert main(["--help"]) == 0 and "python -m kernels_cost_model.modern_fit" in capsys.readouterr().out
