@@ -280,3 +280,12 @@ def test_the_error_lines_reliability_shows_are_printed_as_shown(tmp_path, capsys
         assert code == 2, argv
         printed.append(capsys.readouterr().err.strip().splitlines()[-1])
     assert printed == shown.strip().splitlines()
+
+
+@pytest.mark.parametrize("command", commands(PAGES, r"pip install "), ids=str)
+def test_every_pip_install_names_an_extra_the_project_has(command):
+    """From a checkout, as the README installs: `pip install -e ".[ray]"` needs a `ray` extra."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    asked = re.fullmatch(r'pip install -e "\.\[([\w,]+)\]"', command.text)
+    assert asked, f"{command}: install from the checkout, as the README does (pip install -e \".[extra]\")"
+    assert set(asked.group(1).split(",")) <= set(extras), command
