@@ -7,8 +7,10 @@ the README's, so the pages cannot drift from the software.
 - Every `python benchmarks/<script>.py ...` command of the pages and the README names a script that
   exists, and its flags and values are known to that script's `build_parser()`. Nothing is run.
 - Every `python -m <module>` names an importable module; `python -m pytest` paths match test files.
+- A flag a page names alone (`--leave-gpu-out`, `--first-token prefill`) belongs to servesim or a benchmark;
+  a `pip install -e ".[extra]"` names an extra of pyproject.toml.
 - TOML blocks load as configs (a [search] block as a plan), the JSON GPU file as a GPU, and every
-  `from X import Y` of a Python snippet resolves.
+  `from X import Y` of a Python snippet resolves; reliability.md's error lines print as shown.
 
 Inline commands are often mentions (`servesim run --trace`, `servesim calibrate --from-run`): for
 those a missing required argument or a flag's missing value is fine, an unknown flag or a bad value
@@ -289,3 +291,29 @@ def test_every_pip_install_names_an_extra_the_project_has(command):
     asked = re.fullmatch(r'pip install -e "\.\[([\w,]+)\]"', command.text)
     assert asked, f"{command}: install from the checkout, as the README does (pip install -e \".[extra]\")"
     assert set(asked.group(1).split(",")) <= set(extras), command
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every flag of `parser` and its subcommands."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= option_strings(sub)
+    return found
+
+
+def test_every_flag_a_page_names_alone_belongs_to_servesim_or_a_benchmark():
+    """`--performance-mode interactivity`, `--leave-gpu-out`, `--first-token prefill`: prose names flags too."""
+    known = option_strings(build_parser())
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        try:
+            known |= option_strings(benchmark_parser(script.stem))
+        except pytest.skip.Exception:
+            continue
+    named = [(path.name, line, span) for path in PAGES for span, line in inline_spans(path)
+             if re.fullmatch(r"--?[a-z][\w-]*(=\S+| \S+)?", span)]
+    assert len(named) >= 50
+    unknown = [f"{page}:{line}: {span}" for page, line, span in named if re.split(r"[= ]", span)[0] not in known]
+    assert not unknown, unknown
