@@ -176,9 +176,9 @@ class SpecDecoder(EngineHook):
                     req.num_in_flight_extra += 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
-            stopped = any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1))
+            stopped = engine.emit_step(req, stream, position, accepted + 1, now)
             if stopped:
-                finished.append(req)             # tokens after the stop are dropped
+                finished.append(req)             # tokens after the stop are dropped (most profiles)
                 req.num_spec_tokens = 0
             elif not async_:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)
