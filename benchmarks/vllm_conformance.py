@@ -5,6 +5,7 @@
     python benchmarks/vllm_conformance.py replay tests/data/vllm_conformance/vllm-0.33.0.jsonl.gz
     python benchmarks/vllm_conformance.py record --stop-rules -n 1000   # vllm-<version>-stop.jsonl.gz
     python benchmarks/vllm_conformance.py record --spec -n 300          # vllm-<version>-spec.jsonl.gz
+    python benchmarks/vllm_conformance.py record --spec --stop-rules -n 300   # vllm-<version>-spec-stop.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
@@ -14,7 +15,10 @@ and the random ones, with its version, so tests replay them against servesim wit
 after the vLLM version (vllm-0.33 for 0.33.x). `--stop-rules` uses the stop-rule scenarios instead
 (min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer; the hand-made ones from
 `stop_rule_cases`). `--spec` uses speculative-decoding scenarios (EAGLE with k drafts and a seeded
-acceptance pattern both sides share, KV often tight; random ones only).
+acceptance pattern both sides share, KV often tight; random ones only). `--spec --stop-rules`: the
+stop-rule requests under speculative decoding, where a stop string often completes inside a step that
+verifies several tokens (hand-made ones from `spec_stop_cases`); servesim finds the stop strings in the
+front end there, as vLLM does (`stop_string_detection="frontend"`).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.fidelity.conformance.cases import regression_cases, stop_rule_cases  # noqa: E402
+from sim.fidelity.conformance.cases import regression_cases, spec_stop_cases, stop_rule_cases  # noqa: E402
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
 from sim.fidelity.conformance.scenario import random_scenario, random_spec_scenario  # noqa: E402
@@ -37,7 +41,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_con
 
 def draw(seed: int, args) -> dict:
     """The random scenario of `seed` for the chosen mode."""
-    return random_spec_scenario(seed) if args.spec else random_scenario(seed, args.stop_rules)
+    return random_spec_scenario(seed, args.stop_rules) if args.spec else random_scenario(seed, args.stop_rules)
 
 
 def needs_vllm(command: str) -> None:
@@ -76,10 +80,13 @@ def record(args) -> int:
     needs_vllm("record")
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    suffix = "-spec" if args.spec else "-stop" if args.stop_rules else ""
+    suffix = ("-spec" if args.spec else "") + ("-stop" if args.stop_rules else "")
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    hand_made = [] if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
+    if args.spec:
+        hand_made = spec_stop_cases() if args.stop_rules else []
+    else:
+        hand_made = stop_rule_cases() if args.stop_rules else regression_cases()
     cases = hand_made + [
         {"name": f"seed {seed}", "scenario": draw(seed, args)}
         for seed in range(args.start, args.start + args.n)]
@@ -113,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--start", type=int, default=0, help="first seed")
         p.add_argument("--profile", help="servesim scheduler profile (default: from the vLLM version)")
         p.add_argument("--show", type=int, default=10, help="disagreements to print")
-        mode = p.add_mutually_exclusive_group()
-        mode.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
-        mode.add_argument("--spec", action="store_true", help="the speculative-decoding (EAGLE) scenarios")
+        p.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
+        p.add_argument("--spec", action="store_true",
+                       help="the speculative-decoding (EAGLE) scenarios (with --stop-rules: with stop strings)")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")

@@ -24,7 +24,7 @@ from sim.core.speculative import SpeculativeConfig
 from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
 from tests.engine_harness import EOS, engine_configs, padded_budget
-from tests.test_spec_decode_properties import (PROFILES, TOKEN_TEXT, acceptance_scripts,
+from tests.test_spec_decode_properties import (PROFILES, TOKEN_TEXT, StepSizes, acceptance_scripts,
                                               assert_outputs_equal_run_until_stop, spec_requests)
 from workloads.acceptance import ScriptedAcceptance
 from workloads.spec import RequestSpec
@@ -78,7 +78,7 @@ class AsyncChecks(EngineHook):
 def run(specs, config, acceptance, k, method="eagle3"):
     config = padded_budget(config, k)
     spec_config = SpeculativeConfig(method, num_speculative_tokens=k)
-    decoder = SpecDecoder(spec_config, acceptance)
+    decoder = SpecDecoder(spec_config, StepSizes(acceptance))
     hooks = [decoder, AsyncChecks(k, spec_config.num_lookahead_tokens)]
     engine = Engine(config, LinearCostModel(), config.num_gpu_blocks, token_text=TOKEN_TEXT, hooks=hooks)
     done = {}

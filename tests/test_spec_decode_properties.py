@@ -26,7 +26,7 @@ from workloads.spec import RequestSpec
 from workloads.strategies import stop_strings
 from workloads.token_streams import stream_for
 
-PROFILES = ("vllm", "vllm-v1-2025", "vllm-v0")
+PROFILES = ("vllm", "vllm-v1-2025", "vllm-v0", "vllm-0.19")
 LETTERS = "abcdefghij"
 TOKEN_TEXT = {EOS: "", **{t: LETTERS[t - 3] for t in range(3, 13)}}  # EOS has no text
 
@@ -78,10 +78,49 @@ class StepChecks(EngineHook):
             assert req.num_computed_tokens <= req.num_tokens
 
 
+class StepSizes:
+    """An acceptance model that remembers what it accepted at each (request index, output position), so a
+    test knows the steps each request's tokens came in (`tokens_per_step` of run_until_stop: under vLLM
+    0.19.1's stop profile a stop string completed inside a step keeps the step's later tokens)."""
+
+    def __init__(self, inner):
+        self.inner, self.accepted = inner, {}
+
+    def num_accepted(self, index: int, position: int, drafts: int) -> int:
+        n = self.accepted[index, position] = self.inner.num_accepted(index, position, drafts)
+        return n
+
+    def __getattr__(self, name: str):
+        if name != "accepted_on_tree":
+            raise AttributeError(name)
+        inner = getattr(self.inner, name)  # (AttributeError where the model has no tree rule)
+
+        def accepted_on_tree(index: int, position: int, *args):
+            n = self.accepted[index, position] = inner(index, position, *args)
+            return n
+        return accepted_on_tree
+
+    def sizes(self, index: int, most: int = 200) -> list[int]:
+        """The tokens of each of request `index`'s steps: 1 + what the step starting at each position accepted."""
+        sizes, position = [], 0
+        while position < most:
+            sizes.append(1 + self.accepted.get((index, position), 0))
+            position += sizes[-1]
+        return sizes
+
+
+def step_sizes(engine, index: int) -> list[int] | None:
+    """The step sizes of request `index` where the engine's spec decoder accepts through `StepSizes`."""
+    for hook in engine.hooks:
+        if isinstance(getattr(hook, "acceptance", None), StepSizes):
+            return hook.acceptance.sizes(index)
+    return None
+
+
 def run(specs, config, acceptance, k, method="eagle3"):
     config = padded_budget(config, k)
     spec_config = SpeculativeConfig(method, num_speculative_tokens=k)
-    hooks = [SpecDecoder(spec_config, acceptance), StepChecks(k, spec_config.num_lookahead_tokens)]
+    hooks = [SpecDecoder(spec_config, StepSizes(acceptance)), StepChecks(k, spec_config.num_lookahead_tokens)]
     engine = Engine(config, LinearCostModel(), config.num_gpu_blocks, token_text=TOKEN_TEXT, hooks=hooks)
     done = {}
     engine.on_finish = lambda req: done.__setitem__(req.request_id, req)
@@ -92,24 +131,28 @@ configs = st.sampled_from([56, 64, 96]).flatmap(lambda m: engine_configs(max_mod
 
 
 def assert_outputs_equal_run_until_stop(engine, done, specs, config, profile) -> None:
-    """Every request's tokens, finish and stop reason equal `run_until_stop` on its stream, and no
-    position is emitted twice."""
+    """Every request's tokens, finish and stop reason equal `run_until_stop` on its stream (in the steps
+    the engine gave them, where its spec decoder accepts through `StepSizes`), and no position is
+    emitted twice. (With stop strings found in the front end the engine may append tokens after the
+    client's finish: the client's are the first `num_output_tokens`.)"""
     rec = engine.requests
     for i, spec in enumerate(specs):
         stream = [stream_for(spec, i, EOS)(p) for p in range(120)]
         want = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
-                              max_model_len=config.max_model_len, token_text=TOKEN_TEXT, profile=profile)
-        got = done[spec.request_id]
-        assert got.output_token_ids == want.output_token_ids
+                              max_model_len=config.max_model_len, token_text=TOKEN_TEXT, profile=profile,
+                              tokens_per_step=step_sizes(engine, i))
+        got, count = done[spec.request_id], int(rec.num_output_tokens[i])
+        assert (count, got.output_token_ids[:count]) == (len(want.output_token_ids), want.output_token_ids)
         assert (rec.finish_reason[i], rec.stop_reason[i]) == (want.finish_reason, want.stop_reason)
-        assert len(rec.token_times[i]) == len(got.output_token_ids)
+        assert len(rec.token_times[i]) == count
 
 
 @given(spec_requests(), configs, acceptance_scripts(), st.integers(1, 5), st.sampled_from(PROFILES),
-       st.sampled_from(["eagle3", "ngram"]))
+       st.sampled_from(["eagle3", "ngram"]), st.sampled_from([None, "frontend"]))
 def test_outputs_equal_run_until_stop_whatever_the_acceptances(specs, config, acceptance, k, profile,
-                                                               method):
-    config = dataclasses.replace(config, stop_profile=profile, async_scheduling=False)
+                                                               method, detection):
+    config = dataclasses.replace(config, stop_profile=profile, async_scheduling=False,
+                                 stop_string_detection=detection)
     engine, logs, done = run(specs, config, acceptance, k, method)
     assert_outputs_equal_run_until_stop(engine, done, specs, config, profile)
     for log in logs:

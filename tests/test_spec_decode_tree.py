@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from kernels_cost_model.errors import ConfigError
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
-from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams
 from sim.core.speculative import SpeculativeConfig
 from sim.core.token_tree import PRESETS, TokenTree, chain
@@ -20,10 +19,10 @@ from sim.engine.engine import Engine
 from sim.engine.spec_decode import SpecDecoder
 from tests.engine_harness import EOS, drive, engine_configs, padded_budget
 from tests.test_spec_decode_async import AsyncChecks, drive_async
-from tests.test_spec_decode_properties import PROFILES, TOKEN_TEXT, acceptance_scripts, spec_requests
+from tests.test_spec_decode_properties import (PROFILES, TOKEN_TEXT, StepSizes, acceptance_scripts,
+                                              assert_outputs_equal_run_until_stop, spec_requests)
 from workloads.acceptance import PositionalAcceptance, ScriptedAcceptance
 from workloads.spec import RequestSpec
-from workloads.token_streams import stream_for
 
 
 # ----- the tree ---------------------------------------------------------------------------------
@@ -127,19 +126,12 @@ def test_tree_outputs_equal_run_until_stop(specs, config, script, tree, profile,
     config = padded_budget(dataclasses.replace(config, stop_profile=profile, async_scheduling=async_), len(tree))
     spec_config = SpeculativeConfig("eagle", num_speculative_tokens=len(tree), speculative_token_tree=tree.nodes)
     acceptance = PositionalAcceptance((0.9, 0.7), seed=len(specs)) if positional else script
-    hooks = [SpecDecoder(spec_config, acceptance), AsyncChecks(len(tree), len(tree))]
+    hooks = [SpecDecoder(spec_config, StepSizes(acceptance)), AsyncChecks(len(tree), len(tree))]
     engine = Engine(config, LinearCostModel(), config.num_gpu_blocks, token_text=TOKEN_TEXT, hooks=hooks)
     done = {}
     engine.on_finish = lambda req: done.__setitem__(req.request_id, req)
     (drive_async if async_ else drive)(engine, specs)
-    rec = engine.requests
-    for i, spec in enumerate(specs):
-        stream = [stream_for(spec, i, EOS)(p) for p in range(120)]
-        want = run_until_stop(stream, EOS, spec.sampling_params, prompt_len=spec.num_prompt_tokens,
-                              max_model_len=config.max_model_len, token_text=TOKEN_TEXT, profile=profile)
-        assert done[spec.request_id].output_token_ids == want.output_token_ids
-        assert (rec.finish_reason[i], rec.stop_reason[i]) == (want.finish_reason, want.stop_reason)
-        assert len(rec.token_times[i]) == len(want.output_token_ids)
+    assert_outputs_equal_run_until_stop(engine, done, specs, config, profile)
     accepted = engine.steps.extra["num_accepted_tokens"]
     assert max(accepted, default=0) <= tree.depth * config.max_num_seqs
     assert engine.state.kv.num_used_blocks == 0

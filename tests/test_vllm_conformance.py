@@ -4,7 +4,9 @@ tests/data/vllm_conformance/vllm-<version>.jsonl.gz holds, per pinned vLLM relea
 for each difference found (issue 20 and since) plus 1,000 random ones, with the per-step schedule vLLM
 produced (`python benchmarks/vllm_conformance.py record`); vllm-<version>-stop.jsonl.gz the same for the
 stop rules (`record --stop-rules`: min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer in
-the front end). Replaying them needs no vLLM. A live comparison runs when vLLM is importable (slow).
+the front end); -spec.jsonl.gz for speculative decoding (`record --spec`) and -spec-stop.jsonl.gz for the
+stop rules under it (`record --spec --stop-rules`). Replaying them needs no vLLM. A live comparison runs
+when vLLM is importable (slow).
 """
 from __future__ import annotations
 
@@ -70,6 +72,37 @@ def test_spec_decoding_scenarios_agree_step_for_step(version):
         names = names[:RANDOM_IN_CI] + SPEC_CACHED_AFTER_VERIFY
     failures = [(name, diff) for name in names if (diff := first_difference(*replay(f"{version}-spec", name)))]
     assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_spec_decoding_with_stop_strings_agrees_step_for_step(version):
+    """The stop-rule requests under EAGLE (vllm_conformance.py record --spec --stop-rules): stop strings
+    often complete inside a step that verifies several tokens; finishes, counts and stop reasons too."""
+    _, cases = recorded(f"{version}-spec-stop")
+    names = [name for name in cases if name.startswith("seed ")]
+    assert len(names) >= 300
+    if os.environ.get("CI"):
+        names = names[:RANDOM_IN_CI]
+    failures = [(name, diff) for name in names if (diff := first_difference(*replay(f"{version}-spec-stop", name)))]
+    assert not failures, failures[:3]
+
+
+#: (name, the client's output tokens under 0.19.1 and 0.33.0, stop reason under each)
+STOP_IN_STEP = [("stop_string_mid_step", 5, 4, "cd", "cd"), ("stop_string_mid_step_async", 5, 4, "cd", "cd"),
+                ("stop_string_then_eos_in_step", 5, 4, "cd", "cd"),
+                ("stop_strings_list_order_in_step", 5, 3, "f", "ab"),
+                ("stop_string_past_min_tokens_in_step", 5, 4, "cd", "cd")]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name, kept_019, kept_033, reason_019, reason_033", STOP_IN_STEP)
+def test_stop_string_inside_a_multi_token_step(version, name, kept_019, kept_033, reason_019, reason_033):
+    """A stop string completed before the last token a step verified: vLLM 0.19.1's front end keeps the
+    step's later tokens and takes stop strings in list order over the step's text; 0.33.0 drops them."""
+    want = assert_same(f"{version}-spec-stop", name)
+    old = version == "0.19.1"
+    assert want["finished"]["r0"] == ["stop", kept_019 if old else kept_033]
+    assert want["stop_reasons"]["r0"] == (reason_019 if old else reason_033)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

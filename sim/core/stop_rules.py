@@ -12,6 +12,9 @@ stop strings (checked on the detokenized text) interact with them. Profiles:
   completing earliest in the text wins (ties: list order).
 - "vllm-v1-2025": V1 before October 2025: the length check ran first, so that tie reports "length";
   stop strings were taken in list order (earliest-completing came with vLLM PR #49391).
+- "vllm-0.19": vLLM 0.19.1: as "vllm", but below `min_tokens` nothing stops a request (length
+  included), stop strings go in list order, and a stop string completed inside a step of several
+  tokens (speculative decoding) keeps the step's later tokens (`keeps_tokens_after_stop_string`).
 - "vllm-v0": V0's StopChecker: EOS, stop token ids, stop strings (list order), then length; stop
   strings are looked for from `min_tokens` outputs on (V1: beyond `min_tokens`) and are not looked
   for on a token that already stopped by EOS or a stop token id.
@@ -23,6 +26,7 @@ with its own finish reason, "repetition" (stop_reason "repetition_detected").
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kernels_cost_model.errors import ConfigError, require
@@ -106,6 +110,12 @@ class StopProfile:
     earliest_stop_string: of several stop strings completed by one token, the one completing
         earliest in the text wins (V1 today); otherwise the first in list order (V0, older V1).
     min_tokens_gates_length: below `min_tokens` outputs nothing is checked, length included (vLLM 0.19.1).
+    keeps_tokens_after_stop_string: a stop string completed before the last of the tokens one step gives
+        a request (several under speculative decoding) does not drop the step's later tokens: the client
+        gets them, counted and timed with the step, up to the first the engine core's token checks stop,
+        and the step's new text is searched once, so without `earliest_stop_string` the first string in
+        list order found anywhere in it wins (vLLM 0.19.1's vllm/v1/engine/detokenizer.py,
+        `BaseIncrementalDetokenizer.update`, cuts only the text; 0.33.0's drops those token ids).
     """
 
     name: str
@@ -114,6 +124,7 @@ class StopProfile:
     strict_min_tokens: bool
     earliest_stop_string: bool = True
     min_tokens_gates_length: bool = False
+    keeps_tokens_after_stop_string: bool = False
 
     def require_min_tokens_room(self, min_tokens: int, room: int | None, whose: str) -> None:
         """Where `min_tokens_gates_length`, a named error for a `min_tokens` above the `room` (output tokens
@@ -156,6 +167,33 @@ class StopProfile:
         req.status, req.stop_reason = result
         return True
 
+    def stopped_by_string_alone(self, req: Request, max_model_len: int | None) -> bool:
+        """`apply` just stopped `req` on a stop string, and no token check stops it on that token (the
+        engine core, which does not look for stop strings in vLLM V1, would go on)."""
+        return (req.status == STOPPED and isinstance(req.stop_reason, str)
+                and self.check_token(req, max_model_len) is None)
+
+    def keeps_rest_of_step(self, req: Request, max_model_len: int | None) -> bool:
+        """The tokens after the one `apply` just stopped `req` on, in the same step, reach the client."""
+        return self.keeps_tokens_after_stop_string and self.stopped_by_string_alone(req, max_model_len)
+
+    def finish_step(self, req: Request, rest: Iterable[int], text_before: str, first: int,
+                    max_model_len: int | None) -> None:
+        """Where `keeps_rest_of_step`: append `rest`, the step's tokens after the stop string, as the engine
+        core does (token checks only, up to the first that stops it), then search the step's text once
+        (`TextState.search_step`; `text_before`: the text before the step, `first`: the output count of
+        its first token) for the stop reason. Status stays "stop" (the front end's finish reason wins)."""
+        output, token_stop = req.output_token_ids, None
+        for token in rest:
+            output.append(token)
+            token_stop = self.check_token(req, max_model_len)
+            if token_stop is not None:
+                break
+        hide = (token_stop is not None and token_stop[0] == STOPPED
+                and not req.sampling_params.include_stop_str_in_output)
+        found = req.text_state.search_step(text_before, output[first - 1:], first, hide)
+        req.stop_reason = found if found is not None else req.stop_reason
+
 
 PROFILES: dict[str, StopProfile] = {
     "vllm": StopProfile("vllm", ("eos", "stop_token_ids", "length", "repetition"), True, True),
@@ -164,9 +202,11 @@ PROFILES: dict[str, StopProfile] = {
     "vllm-v0": StopProfile("vllm-v0", ("eos", "stop_token_ids", "length"), False, False,
                            earliest_stop_string=False),
     # vLLM 0.19.1: below min_tokens `check_stop` returns before every check, length too (v1/core/sched/
-    # utils.py); stop strings in list order (v1/engine/detokenizer.py `check_stop_strings`)
+    # utils.py); stop strings in list order (v1/engine/detokenizer.py `check_stop_strings`), and a stop
+    # string inside a multi-token step keeps the step's later tokens (`BaseIncrementalDetokenizer.update`)
     "vllm-0.19": StopProfile("vllm-0.19", ("eos", "stop_token_ids", "length", "repetition"), True, True,
-                             earliest_stop_string=False, min_tokens_gates_length=True),
+                             earliest_stop_string=False, min_tokens_gates_length=True,
+                             keeps_tokens_after_stop_string=True),
 }
 #: The stop profile of each scheduler profile's release (sim.core.scheduler_profiles).
 RELEASE_STOP_PROFILES = {"vllm-0.19": "vllm-0.19", "vllm-0.33": "vllm", "vllm": "vllm"}

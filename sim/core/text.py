@@ -122,6 +122,29 @@ class TextState:
         self.text = self.text[:end]
         return stop_str
 
+    def search_step(self, text_before: str, token_ids: list[int], first: int, hide_last: bool) -> str | None:
+        """Search the text one step of several tokens added once, as vLLM 0.19.1's detokenizer does
+        (`StopProfile.keeps_tokens_after_stop_string`): `text_before` then the text of `token_ids` (output
+        tokens `first`, `first` + 1, ...; the last one's hidden when `hide_last`), from the end of the last
+        of them at or below the stop-string floor. The text is cut at the stop string found, and that
+        string returned; None leaves the text as it was."""
+        text, floor, last = text_before, len(text_before), len(token_ids) - 1
+        for i, token_id in enumerate(token_ids):
+            piece = "" if hide_last and i == last else self.token_text(token_id)
+            if type(piece) is not str:
+                require(False, f"token_text({token_id})", piece, "must return a str")
+            text += piece
+            if not self._past_floor(first + i):
+                floor = len(text)
+        if not (self.stop and self._past_floor(first + last)):
+            return None
+        found = find_stop_string(text, len(text) - floor, self.stop, self.earliest)
+        if found is None:
+            return None
+        stop_str, start = found
+        self.text = text[:start + len(stop_str) if self.include else start]
+        return stop_str
+
     def _past_floor(self, num_output_tokens: int) -> bool:
         return strings_armed(num_output_tokens, self.min_tokens, self.strict_min_tokens)
 

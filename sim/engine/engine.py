@@ -492,16 +492,48 @@ class Engine:
         """Append `token` to `req`'s output, record its time and run the stop rules. True if stopped."""
         if req.client_finished:
             return self._after_client_finish(req, token)
+        self._append_timed(req, token, now)
+        return self.stops_on_last_token(req, now)
+
+    def _append_timed(self, req: Request, token: int, now: float) -> None:
         output = req.output_token_ids
-        position = len(output)
+        if not output:
+            self.requests.first_token_time[req.index] = now
         output.append(token)
-        index = req.index
-        if position == 0:
-            self.requests.first_token_time[index] = now
-        times = self.requests.token_times[index]
+        times = self.requests.token_times[req.index]
         if times is not None:
             times.append(now)
-        return self.stops_on_last_token(req, now)
+
+    def emit_step(self, req: Request, stream, position: int, count: int, now: float) -> bool:
+        """Emit the `count` tokens one step gives `req` (1 + the drafts it accepted under speculative
+        decoding), read from `stream` from output `position` on, each through `emit_token` until one stops
+        it; the rest are dropped, unless the stop profile keeps them (`_keep_rest_of_step`). True if stopped."""
+        profile = self.stop_profile
+        if count == 1 or not profile.keeps_tokens_after_stop_string or req.text_state is None \
+                or req.client_finished:
+            return any(self.emit_token(req, stream(position + j), now) for j in range(count))
+        text_before, max_model_len = req.text_state.text, self.config.max_model_len
+        for j in range(count):
+            status = req.status
+            self._append_timed(req, stream(position + j), now)
+            if not profile.apply(req, max_model_len):
+                continue
+            if j + 1 < count and profile.keeps_rest_of_step(req, max_model_len):
+                self._keep_rest_of_step(req, (stream(position + i) for i in range(j + 1, count)), text_before,
+                                        position + 1, now)
+            return self._stops_in_engine(req, now, status)
+        return False
+
+    def _keep_rest_of_step(self, req: Request, rest, text_before: str, first: int, now: float) -> None:
+        """A stop string completed before the step's last token, under a stop profile that keeps the step's
+        later tokens (vLLM 0.19.1): the engine core appends them (its token checks may end the request), and
+        the client gets them all, timed with the step (`StopProfile.finish_step`)."""
+        output = req.output_token_ids
+        kept = len(output)
+        self.stop_profile.finish_step(req, rest, text_before, first, self.config.max_model_len)
+        times = self.requests.token_times[req.index]
+        if times is not None:
+            times.extend([now] * (len(output) - kept))
 
     def stops_on_last_token(self, req: Request, now: float) -> bool:
         """Run the stop rules on the token `req` sampled last (appended and timed): True if it leaves

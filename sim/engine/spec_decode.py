@@ -59,7 +59,8 @@ class SpecDecoder(EngineHook):
                 "engine.async_scheduling", True,
                 "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
                 "set async_scheduling to false or pick a GPU proposer")
-        engine.strings_in_frontend = False  # modelled in the engine: a stop ends the verify step's run
+        if engine.config.stop_string_detection != "frontend":  # (unset: found in the engine, the step they
+            engine.strings_in_frontend = False                 # complete in ends the request's run there)
         profile = get_scheduler_profile(engine.config.scheduler_profile)
         if self.config.method == "draft_model" and hasattr(engine.policy, "draft_slots"):
             engine.policy.draft_slots = 1  # (vLLM's max_num_new_slots_for_drafting: its own slot per row)
@@ -175,9 +176,9 @@ class SpecDecoder(EngineHook):
                     req.num_in_flight_extra += 1 + drafts
             _count(counts, drafts, accepted)
             stream = streams[req.index]
-            stopped = any(engine.emit_token(req, stream(position + j), now) for j in range(accepted + 1))
+            stopped = engine.emit_step(req, stream, position, accepted + 1, now)
             if stopped:
-                finished.append(req)             # tokens after the stop are dropped
+                finished.append(req)             # tokens after the stop are dropped (most profiles)
                 req.num_spec_tokens = 0
             elif not async_:
                 req.num_spec_tokens = draft_limit(req, self.k, max_model_len, 0, self.tree)

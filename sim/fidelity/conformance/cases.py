@@ -97,3 +97,36 @@ def stop_rule_cases() -> list[dict]:
         config=_cfg(),
         requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6], 3, stop=["bc"])])))
     return cases
+
+
+def _spec(k: int = 3) -> dict:
+    """EAGLE with k drafts, every draft accepted (rate 1.0): each decode step verifies 1 + k tokens."""
+    return {"method": "eagle", "num_speculative_tokens": k, "acceptance_rates": [1.0] * k, "seed": 0}
+
+
+def spec_stop_cases() -> list[dict]:
+    """[{"name": ..., "scenario": ...}] for stop strings completed inside a step that verifies several
+    tokens (speculative decoding): vLLM 0.19.1's front end keeps the step's later tokens, 0.33.0 drops
+    them (vllm/v1/engine/detokenizer.py, `BaseIncrementalDetokenizer.update`). Letters: a=3, b=4, c=5,
+    d=6, f=8, g=9, h=10."""
+    cases = []
+    # the prefill samples 'a'; the next step verifies b c d f: 'cd' completes on d, f follows in the step
+    for async_ in (False, True):
+        cases.append(dict(name=f"stop_string_mid_step{'_async' if async_ else ''}", scenario=dict(
+            config=_cfg(max_num_seqs=1, async_scheduling=async_), speculative=_spec(),
+            requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6, 8, 9, 10, 11, 12, 3, 4], 10, stop=["cd"]),
+                      _req(1, 0.046875, _toks(30, 20), [8, 9, 10, 11], 3)])))
+    # b c d EOS: the engine core ends the request on EOS in the same step (no abort either way)
+    cases.append(dict(name="stop_string_then_eos_in_step", scenario=dict(
+        config=_cfg(), speculative=_spec(),
+        requests=[_req(0, 0.015625, _toks(0, 20), [3, 4, 5, 6, 2, 9, 10, 11], 10, stop=["cd"])])))
+    # g, then a b f h in one step: 'ab' completes first, 'f' comes first in the list (0.19.1 takes it)
+    cases.append(dict(name="stop_strings_list_order_in_step", scenario=dict(
+        config=_cfg(), speculative=_spec(),
+        requests=[_req(0, 0.015625, _toks(0, 20), [9, 3, 4, 8, 10, 11, 12, 3], 10, stop=["f", "ab"])])))
+    # g, then b c d f with min_tokens=3: 'b' (output 2) is below the floor, 'cd' ends on output 4
+    cases.append(dict(name="stop_string_past_min_tokens_in_step", scenario=dict(
+        config=_cfg(), speculative=_spec(),
+        requests=[_req(0, 0.015625, _toks(0, 20), [9, 4, 5, 6, 8, 10, 11, 12], 10, min_tokens=3,
+                       stop=["b", "cd"])])))
+    return cases

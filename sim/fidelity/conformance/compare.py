@@ -8,7 +8,7 @@ from sim.fidelity.conformance.scenario import without_request
 
 def first_difference(expected: dict, actual: dict) -> str | None:
     """A description of the first step (or finish) where `actual` departs from `expected`; None if
-    they agree."""
+    they agree. Stop reasons are compared where `expected` has them (recordings since they were added)."""
     for i, (want, got) in enumerate(zip(expected["steps"], actual["steps"])):
         for key in ("tokens", "preempted", "admitted"):
             if want[key] != got[key]:
@@ -22,6 +22,8 @@ def first_difference(expected: dict, actual: dict) -> str | None:
         diff = {rid: (want, actual["finished"].get(rid)) for rid, want in expected["finished"].items()
                 if actual["finished"].get(rid) != want}
         return f"finishes (vLLM, servesim): {diff}"
+    if "stop_reasons" in expected and expected["stop_reasons"] != actual.get("stop_reasons"):
+        return f"stop reasons: vLLM {expected['stop_reasons']} servesim {actual.get('stop_reasons')}"
     return None
 
 

@@ -21,7 +21,9 @@ Speculative-decoding scenarios (`random_spec_scenario`) add `"speculative": {"me
 `PositionalAcceptance(rates, seed)` decides for (request's index in arrival order, output position).
 
 Stop-rule scenarios (`random_stop_scenario`) add, per request, `"min_tokens"`, `"stop"` (stop strings,
-over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`).
+over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`). `random_spec_scenario(seed,
+stop_rules=True)` draws those requests under speculative decoding, so a stop string often completes inside a
+step that verifies several tokens.
 """
 from __future__ import annotations
 
@@ -119,12 +121,14 @@ def random_scenario(seed: int, stop_rules: bool = False) -> dict:
     return _draw_scenario(rng, random_stop_request if stop_rules else random_request)
 
 
-def random_spec_scenario(seed: int) -> dict:
+def random_spec_scenario(seed: int, stop_rules: bool = False) -> dict:
     """A seeded random scenario with EAGLE-style speculative decoding: k drafts (1..4), per-position
     acceptance rates and a seed for `workloads.acceptance.PositionalAcceptance`; the KV cache is
-    often only a few blocks above one max_model_len sequence, so the lookahead slots matter."""
-    rng = make_rng(seed, "vllm-conformance-spec")
-    scenario = _draw_scenario(rng, random_request)
+    often only a few blocks above one max_model_len sequence, so the lookahead slots matter.
+    `stop_rules`: its requests come from `random_stop_request` (stop strings, min_tokens), from a
+    seed stream of their own."""
+    rng = make_rng(seed, "vllm-conformance-spec-stop" if stop_rules else "vllm-conformance-spec")
+    scenario = _draw_scenario(rng, random_stop_request if stop_rules else random_request)
     k = int(rng.integers(1, 5))
     scenario["speculative"] = {"method": "eagle", "num_speculative_tokens": k,
                                "acceptance_rates": [round(float(r), 2) for r in rng.uniform(0.2, 1.0, size=k)],

@@ -4,11 +4,13 @@ record what each step scheduled.
 A trace is plain data, the same shape `vllm_trace` records from vLLM:
 
     {"steps": [{"tokens": {"r0": 31}, "admitted": {"r0": 0}, "preempted": []}, ...],
-     "finished": {"r0": ["stop", 5], ...}}
+     "finished": {"r0": ["stop", 5], ...}, "stop_reasons": {"r0": "cd", ...}}
 
 `tokens`: new tokens per request; `admitted`: computed tokens (prefix-cache hits) of each request that
 left the waiting queue; `preempted`: who was preempted; `finished`: each request's finish reason and the
-output tokens its client received ("rejected" for a prompt refused before the engine).
+output tokens its client received ("rejected" for a prompt refused before the engine); `stop_reasons`: the
+stop reason of each request whose client saw "stop" (a stop string, a stop token id, None for EOS; traces
+recorded before it was added lack it).
 """
 from __future__ import annotations
 
@@ -71,15 +73,22 @@ def spec_hooks(scenario: dict) -> list:
 
 def run_servesim(scenario: dict, scheduler_profile: str = "vllm", **engine) -> dict:
     """The trace of `scenario` under servesim with `scheduler_profile` (every step lasts STEP_S);
-    `engine`: other EngineConfig settings (e.g. stop_string_detection="engine")."""
+    `engine`: other EngineConfig settings (e.g. stop_string_detection="engine"). A speculative-decoding
+    scenario finds stop strings in the front end, as vLLM does, unless `engine` says otherwise."""
+    if scenario.get("speculative") is not None:
+        engine.setdefault("stop_string_detection", "frontend")
     config = engine_config(scenario, scheduler_profile, **engine)
     recorder = StepRecorder()
     cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
     hooks = [recorder] + spec_hooks(scenario)
     records = run_engine(request_specs(scenario), config, cost, hooks=hooks, token_text=token_text)
     req = records.requests
-    finished = {}
+    finished, stop_reasons = {}, {}
     for i, rid in enumerate(req.request_id):
         reason = "rejected" if req.rejected[i] else req.finish_reason[i]
         finished[rid] = [reason, 0 if req.rejected[i] else int(req.num_output_tokens[i])]
-    return {"steps": recorder.steps, "finished": dict(sorted(finished.items()))}
+        if reason == "stop":
+            why = req.stop_reason[i]
+            stop_reasons[rid] = why if why is None or isinstance(why, str) else int(why)
+    return {"steps": recorder.steps, "finished": dict(sorted(finished.items())),
+            "stop_reasons": dict(sorted(stop_reasons.items()))}

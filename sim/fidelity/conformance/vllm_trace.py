@@ -146,6 +146,7 @@ class _Driver:
         self.steps: list[dict] = []
         self.delivered = {r["id"]: 0 for r in scenario["requests"]}
         self.finished: dict[str, list] = {}
+        self.stop_reasons: dict = {}  # of the requests whose client saw "stop"
         self.now = self.gpu_free = 0.0
         self.detokenizers: dict = {}
         self.padded: dict[int, set] = {}  # id(scheduler output) -> requests whose drafts are padding
@@ -227,15 +228,19 @@ class _Driver:
             return  # the client's request already ended; the front end drops what follows
         detok = self.detokenizers.get(rid)
         stop_terminated = output.finish_reason is not None and str(output.finish_reason) == "stop"
-        if detok is not None and detok.update(list(output.new_token_ids), stop_terminated) is not None:
-            self.delivered[rid] = detok.num_output_tokens()  # up to the token completing it
+        found = detok.update(list(output.new_token_ids), stop_terminated) if detok is not None else None
+        if found is not None:
+            self.delivered[rid] = detok.num_output_tokens()  # as the release's detokenizer keeps them
             self.finished[rid] = ["stop", self.delivered[rid]]
+            self.stop_reasons[rid] = found
             if output.finish_reason is None:
                 self.frontend_aborts.append(rid)
             return
         self.delivered[rid] += len(output.new_token_ids)
         if output.finish_reason is not None:
             self.finished[rid] = [str(output.finish_reason), self.delivered[rid]]
+            if stop_terminated:
+                self.stop_reasons[rid] = output.stop_reason
 
     def update(self, out, samples) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
@@ -301,7 +306,8 @@ class _Driver:
                 out, end, samples = queue.pop()
                 self.now = max(self.now, end)
                 self.update(out, samples)
-        return {"steps": self.steps, "finished": dict(sorted(self.finished.items()))}
+        return {"steps": self.steps, "finished": dict(sorted(self.finished.items())),
+                "stop_reasons": dict(sorted(self.stop_reasons.items()))}
 
 
 def make_detokenizer(params):
