@@ -67,8 +67,7 @@ class EngineConfig:
         request leaves at once (vLLM V0). None: "frontend" for the vllm policy under a V1 stop
         profile, else "engine". What the client sees (tokens, text, finish reason) is the same.
         Disaggregated instances and the last-token what-if find them in the engine whatever the
-        setting (their hooks act on the step a request stops in); so does speculative decoding unless
-        the setting is "frontend", given explicitly.
+        setting (their hooks act on the step a request stops in); speculative decoding follows it.
     check_invariants: run `check_invariants` after every step (slow; for tests and debugging).
     record_token_times: keep every token's emission time (needed for ITL): true, false, or "runs" (the
         same times, kept as runs of step end times once a request finishes: a few integers per request,

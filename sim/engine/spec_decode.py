@@ -59,8 +59,6 @@ class SpecDecoder(EngineHook):
                 "engine.async_scheduling", True,
                 "n-gram drafting runs on the CPU after sampling: vLLM keeps it synchronous; "
                 "set async_scheduling to false or pick a GPU proposer")
-        if engine.config.stop_string_detection != "frontend":  # (unset: found in the engine, the step they
-            engine.strings_in_frontend = False                 # complete in ends the request's run there)
         profile = get_scheduler_profile(engine.config.scheduler_profile)
         if self.config.method == "draft_model" and hasattr(engine.policy, "draft_slots"):
             engine.policy.draft_slots = 1  # (vLLM's max_num_new_slots_for_drafting: its own slot per row)
