@@ -5,6 +5,7 @@
     python benchmarks/vllm_conformance.py replay tests/data/vllm_conformance/vllm-0.33.0.jsonl.gz
     python benchmarks/vllm_conformance.py record --stop-rules -n 1000   # vllm-<version>-stop.jsonl.gz
     python benchmarks/vllm_conformance.py record --spec -n 300          # vllm-<version>-spec.jsonl.gz
+    python benchmarks/vllm_conformance.py record --hybrid -n 300        # vllm-<version>-hybrid.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
@@ -14,7 +15,9 @@ and the random ones, with its version, so tests replay them against servesim wit
 after the vLLM version (vllm-0.33 for 0.33.x). `--stop-rules` uses the stop-rule scenarios instead
 (min_tokens, max_tokens unset, stop strings found by vLLM's detokenizer; the hand-made ones from
 `stop_rule_cases`). `--spec` uses speculative-decoding scenarios (EAGLE with k drafts and a seeded
-acceptance pattern both sides share, KV often tight; random ones only).
+acceptance pattern both sides share, KV often tight; random ones only). `--hybrid` uses hybrid models'
+KV groups (full attention with sliding-window, chunked local or linear-attention state groups, one
+shared block pool; the hand-made ones from `hybrid_cases`).
 """
 from __future__ import annotations
 
@@ -26,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.fidelity.conformance.cases import regression_cases, stop_rule_cases  # noqa: E402
+from sim.fidelity.conformance.cases import hybrid_cases, regression_cases, stop_rule_cases  # noqa: E402
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
-from sim.fidelity.conformance.scenario import random_scenario, random_spec_scenario  # noqa: E402
+from sim.fidelity.conformance.scenario import (  # noqa: E402
+    random_hybrid_scenario, random_scenario, random_spec_scenario)
 from sim.fidelity.conformance.servesim_trace import run_servesim  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_conformance"
@@ -37,6 +41,8 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_con
 
 def draw(seed: int, args) -> dict:
     """The random scenario of `seed` for the chosen mode."""
+    if args.hybrid:
+        return random_hybrid_scenario(seed)
     return random_spec_scenario(seed) if args.spec else random_scenario(seed, args.stop_rules)
 
 
@@ -62,10 +68,10 @@ def compare(args) -> int:
 def record(args) -> int:
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    suffix = "-spec" if args.spec else "-stop" if args.stop_rules else ""
+    suffix = "-hybrid" if args.hybrid else "-spec" if args.spec else "-stop" if args.stop_rules else ""
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    hand_made = [] if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
+    hand_made = hybrid_cases() if args.hybrid else [] if args.spec else stop_rule_cases() if args.stop_rules else regression_cases()
     cases = hand_made + [
         {"name": f"seed {seed}", "scenario": draw(seed, args)}
         for seed in range(args.start, args.start + args.n)]
@@ -101,6 +107,8 @@ def main(argv=None) -> int:
         mode = p.add_mutually_exclusive_group()
         mode.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
         mode.add_argument("--spec", action="store_true", help="the speculative-decoding (EAGLE) scenarios")
+        mode.add_argument("--hybrid", action="store_true",
+                          help="hybrid models' KV groups (full + sliding window, chunked local or state)")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")
