@@ -77,18 +77,22 @@ class HybridKVCacheManager(KVCacheManager):
         for g, group in enumerate(self.groups):  # full/MLA first bound the hit; windows only shorten it
             if group.kind not in (SLIDING, CHUNKED):
                 hit = self._full_hit(g, hashes, hit)
-        windows = [(g, group) for g, group in enumerate(self.groups) if group.kind in (SLIDING, CHUNKED)]
-        settled = False
-        while not settled:  # a hit one window group shortens may no longer suit another: until all accept it
-            settled = True
-            for g, group in windows:
-                shorter = self._window_hit(g, group, hashes, hit)
-                settled, hit = settled and shorter == hit, shorter
+        kinds: dict[tuple, list[int]] = {}  # window groups of one kind and window are looked up together
+        for g, group in enumerate(self.groups):
+            if group.kind in (SLIDING, CHUNKED):
+                kinds.setdefault((group.kind, group.window), []).append(g)
+        firsts = {}
+        while True:  # until every kind accepts the hit (vLLM's coordinator: one pass for a single kind)
+            before = hit
+            for (kind, window), gs in kinds.items():
+                hit, firsts[kind, window] = self._window_hit(gs, self.groups[gs[0]], hashes, hit)
+            if hit == before or len(kinds) == 1:
+                break
         if hit == 0:
             return [], 0
         tables = []
         for g, group in enumerate(self.groups):
-            first = self.first_needed_block(group, hit * self.block_size)
+            first = min(firsts.get((group.kind, group.window), 0), hit)
             tables.append([None] * first + [self.cached[(g, h)] for h in hashes[first:hit]])
         return tables, hit * self.block_size
 
@@ -98,13 +102,24 @@ class HybridKVCacheManager(KVCacheManager):
                 return i
         return limit
 
-    def _window_hit(self, g: int, group: KVCacheGroupSpec, hashes: list[int], limit: int) -> int:
-        """Longest hit <= limit blocks whose window blocks are all cached in group g."""
+    def _window_hit(self, gs: list[int], group: KVCacheGroupSpec, hashes: list[int], limit: int) -> tuple[int, int]:
+        """(hit, blocks before it left out) for window groups `gs` of one kind, the hit at most `limit`
+        blocks. Sliding: the longest hit whose window blocks are cached in every group. Chunked, as
+        vLLM's ChunkedLocalAttentionManager.find_longest_cache_hit: the blocks of the chunk holding
+        `limit` cached from its start on, the earlier ones counted as hit unlooked (so a shorter hit
+        ending in an earlier chunk keeps that chunk's blocks out of its table too)."""
+        cached = self.cached
+        if group.kind == CHUNKED:
+            first = self.first_needed_block(group, limit * self.block_size)
+            hit = first
+            while hit < limit and all((g, hashes[hit]) in cached for g in gs):
+                hit += 1
+            return hit, first
         for k in range(limit, 0, -1):
             first = self.first_needed_block(group, k * self.block_size)
-            if all((g, h) in self.cached for h in hashes[first:k]):
-                return k
-        return 0
+            if all((g, h) in cached for g in gs for h in hashes[first:k]):
+                return k, first
+        return 0, 0
 
     # ----- allocation --------------------------------------------------------------------------
     def _processed(self, req: Request) -> int:
