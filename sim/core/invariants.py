@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kernels_cost_model.model_shapes import CHUNKED
+
 
 class InvariantError(AssertionError):
     """The engine reached a state that must never happen."""
@@ -94,6 +96,8 @@ def _check_groups(kv, req) -> None:
         _ensure(len(table) >= needed, f"{req.request_id} group {g} has {len(table)} blocks for "
                                       f"{req.num_computed_tokens} computed tokens")
         first = kv.first_needed_block(group, req.num_computed_tokens)
+        if group.kind == CHUNKED:  # a hit may leave the head of its chunk out (vLLM: null blocks there)
+            first = max(first, next((i for i, b in enumerate(table) if b is not None), first))
         _ensure(all(b is not None for b in table[first:needed]),
                 f"{req.request_id} group {g} lost a block inside its window")
     live = [b for table in tables for b in table if b is not None]

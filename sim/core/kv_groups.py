@@ -9,8 +9,17 @@ all drawing from the one pool of `num_gpu_blocks` blocks of the base KVCacheMana
 - chunked local attention (Llama-4): blocks wholly before the current chunk go back likewise;
 - linear attention / SSM: `state_blocks` blocks per request for its state, whatever its length.
 Prefix caching, per group: full/MLA need every block of the hit; sliding and chunked only the blocks
-inside the window (or chunk) ending at the hit; a group holding per-request state disables prefix
-hits (vLLM's default for mamba-style layers), so such models compute every prompt.
+inside the window (or chunk) ending at the hit; the hit is the longest every group accepts; a group
+holding per-request state disables prefix hits (vLLM's default for mamba-style layers), so such models
+compute every prompt. Blocks full with known tokens enter the cache when allocated, before a window
+frees them, so a freed block outside the window can still be hit.
+
+As vLLM's `allocate_slots`, an allocation first frees the blocks outside the windows (even if it then
+fails), last block first, group by group, then checks the fit and takes new blocks group by group. Two
+release behaviours are settings (from the scheduler profile): `frees_processed_only` (vLLM 0.33: a
+window frees blocks only behind the tokens whose step has finished, not those in flight under async
+scheduling) and `admission_caps` (vLLM 0.33: the whole-sequence admission check counts at most a
+window's worth of blocks, plus the tokens in flight, in a sliding or chunked group).
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ from kernels_cost_model.model_shapes import CHUNKED, LINEAR, SLIDING
 from sim.core.kv_cache import KVCacheManager
 from sim.core.kv_stack import StackedKVCacheManager
 from sim.core.request import Request
+from sim.core.scheduler_profiles import get_scheduler_profile
 
 
 class HybridKVCacheManager(KVCacheManager):
@@ -27,11 +37,17 @@ class HybridKVCacheManager(KVCacheManager):
     over several layer groups; `req_blocks[req]` lists every live block the request holds."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 groups: tuple[KVCacheGroupSpec, ...]):
-        super().__init__(num_gpu_blocks, block_size, enable_prefix_caching)
+                 groups: tuple[KVCacheGroupSpec, ...], free_uncached_first: bool = True,
+                 frees_processed_only: bool = False, admission_caps: tuple[int | None, ...] | None = None):
+        """`free_uncached_first`: as the plain manager's; `frees_processed_only`: windows free blocks
+        behind the processed tokens only (computed less those in flight); `admission_caps`: per group,
+        the most blocks the whole-sequence check (`can_fit` of a request holding none) counts, or None."""
+        super().__init__(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
         self.groups = tuple(groups)
         self.has_state = any(g.kind == LINEAR for g in groups)
         self.req_tables: dict[Request, list[list[int | None]]] = {}
+        self.frees_processed_only = frees_processed_only
+        self.admission_caps = tuple(admission_caps) if admission_caps else (None,) * len(self.groups)
 
     # ----- per group rules ---------------------------------------------------------------------
     def require_ever_fits(self, req: Request, tokens: int) -> None:
@@ -61,14 +77,22 @@ class HybridKVCacheManager(KVCacheManager):
         for g, group in enumerate(self.groups):  # full/MLA first bound the hit; windows only shorten it
             if group.kind not in (SLIDING, CHUNKED):
                 hit = self._full_hit(g, hashes, hit)
+        kinds: dict[tuple, list[int]] = {}  # window groups of one kind and window are looked up together
         for g, group in enumerate(self.groups):
             if group.kind in (SLIDING, CHUNKED):
-                hit = self._window_hit(g, group, hashes, hit)
+                kinds.setdefault((group.kind, group.window), []).append(g)
+        firsts = {}
+        while True:  # until every kind accepts the hit (vLLM's coordinator: one pass for a single kind)
+            before = hit
+            for (kind, window), gs in kinds.items():
+                hit, firsts[kind, window] = self._window_hit(gs, self.groups[gs[0]], hashes, hit)
+            if hit == before or len(kinds) == 1:
+                break
         if hit == 0:
             return [], 0
         tables = []
         for g, group in enumerate(self.groups):
-            first = self.first_needed_block(group, hit * self.block_size)
+            first = min(firsts.get((group.kind, group.window), 0), hit)
             tables.append([None] * first + [self.cached[(g, h)] for h in hashes[first:hit]])
         return tables, hit * self.block_size
 
@@ -78,27 +102,49 @@ class HybridKVCacheManager(KVCacheManager):
                 return i
         return limit
 
-    def _window_hit(self, g: int, group: KVCacheGroupSpec, hashes: list[int], limit: int) -> int:
-        """Longest hit <= limit blocks whose window blocks are all cached in group g."""
+    def _window_hit(self, gs: list[int], group: KVCacheGroupSpec, hashes: list[int], limit: int) -> tuple[int, int]:
+        """(hit, blocks before it left out) for window groups `gs` of one kind, the hit at most `limit`
+        blocks. Sliding: the longest hit whose window blocks are cached in every group. Chunked, as
+        vLLM's ChunkedLocalAttentionManager.find_longest_cache_hit: the blocks of the chunk holding
+        `limit` cached from its start on, the earlier ones counted as hit unlooked (so a shorter hit
+        ending in an earlier chunk keeps that chunk's blocks out of its table too)."""
+        cached = self.cached
+        if group.kind == CHUNKED:
+            first = self.first_needed_block(group, limit * self.block_size)
+            hit = first
+            while hit < limit and all((g, hashes[hit]) in cached for g in gs):
+                hit += 1
+            return hit, first
         for k in range(limit, 0, -1):
             first = self.first_needed_block(group, k * self.block_size)
-            if all((g, h) in self.cached for h in hashes[first:k]):
-                return k
-        return 0
+            if all((g, h) in cached for g in gs for h in hashes[first:k]):
+                return k, first
+        return 0, 0
 
     # ----- allocation --------------------------------------------------------------------------
-    def _plan(self, req: Request, num_new_tokens: int, cached_blocks) -> tuple[int, int, int]:
-        """(fresh blocks, cached free blocks revived, blocks freed by the windows first)."""
+    def _processed(self, req: Request) -> int:
+        """Tokens behind which the windows free blocks: computed, less those in flight where
+        `frees_processed_only`."""
+        if self.frees_processed_only:
+            return max(0, req.num_computed_tokens - req.num_in_flight_tokens)
+        return req.num_computed_tokens
+
+    def _plan(self, req: Request, num_new_tokens: int, cached_blocks, caps=None) -> tuple[int, int, int]:
+        """(fresh blocks, cached free blocks revived, blocks the windows would free first); `caps`: per
+        group, the most blocks counted for the sequence (None: no cap)."""
         tables = self.req_tables.get(req)
         hit_tokens = (len(cached_blocks[0]) * self.block_size) if cached_blocks else 0
-        computed = req.num_computed_tokens + hit_tokens
-        total = computed + num_new_tokens
+        total = req.num_computed_tokens + hit_tokens + num_new_tokens
+        processed = self._processed(req)
         fresh = revived = freed = 0
         for g, group in enumerate(self.groups):
             table = cached_blocks[g] if cached_blocks else (tables[g] if tables else [])
-            fresh += max(0, self._needed(group, total) - len(table))
+            needed = self._needed(group, total)
+            if caps and caps[g] is not None:
+                needed = min(needed, caps[g])
+            fresh += max(0, needed - len(table))
             if group.kind in (SLIDING, CHUNKED) and tables and not cached_blocks:
-                first = self.first_needed_block(group, computed)
+                first = self.first_needed_block(group, processed)
                 freed += sum(1 for b in table[:first] if b is not None and self.ref_cnt[b] == 1)
         if cached_blocks:
             live = {b for table in cached_blocks for b in table if b is not None}
@@ -106,12 +152,18 @@ class HybridKVCacheManager(KVCacheManager):
         return fresh, revived, freed
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks=()) -> bool:
-        fresh, revived, freed = self._plan(req, num_new_tokens, cached_blocks)
+        """Whether `num_new_tokens` more tokens would fit now; for a request holding no blocks (the
+        whole-sequence admission check) window groups count at most their `admission_caps`."""
+        caps = self.admission_caps if req not in self.req_tables else None
+        fresh, revived, freed = self._plan(req, num_new_tokens, cached_blocks, caps)
         return fresh + revived <= len(self.free_queue) + freed
 
     def allocate(self, req: Request, num_new_tokens: int, cached_blocks=()):
-        fresh, revived, freed = self._plan(req, num_new_tokens, cached_blocks)
-        if fresh + revived > len(self.free_queue) + freed:
+        tables = self.req_tables.get(req)
+        if tables is not None and not cached_blocks:
+            self._free_outside_windows(req, tables)  # first, and kept even if the tokens do not fit
+        fresh, revived, _ = self._plan(req, num_new_tokens, cached_blocks)
+        if fresh + revived > len(self.free_queue):
             return None
         tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
         if cached_blocks:
@@ -120,7 +172,6 @@ class HybridKVCacheManager(KVCacheManager):
                     if block is not None:
                         self._touch(block)
                 tables[g].extend(hit)
-        self._free_outside_windows(req, tables)
         total = req.num_computed_tokens + (len(cached_blocks[0]) * self.block_size if cached_blocks else 0) \
             + num_new_tokens
         new_blocks: list[int] = []
@@ -130,22 +181,37 @@ class HybridKVCacheManager(KVCacheManager):
                 table.append(block)
                 new_blocks.append(block)
         self.req_blocks[req] = [b for table in tables for b in table if b is not None]
+        if self.enable_prefix_caching:  # blocks full with known tokens enter the cache now (allocate_slots)
+            self.cache_full_blocks(req, min(total, req.num_tokens))
         return new_blocks
 
     def _free_outside_windows(self, req: Request, tables) -> None:
-        computed = req.num_computed_tokens
+        """Free each window group's blocks before its window, last first (one release per group)."""
+        processed = self._processed(req)
         for group, table in zip(self.groups, tables):
             if group.kind not in (SLIDING, CHUNKED):
                 continue
-            for i in range(min(self.first_needed_block(group, computed), len(table))):
-                if table[i] is not None:
-                    self._release(table[i])
-                    table[i] = None
+            removed = []
+            for i in range(min(self.first_needed_block(group, processed), len(table)) - 1, -1, -1):
+                if table[i] is None:
+                    break  # (the blocks before it went earlier)
+                removed.append(table[i])
+                table[i] = None
+            self._release(removed)
+        self.req_blocks[req] = [b for table in tables for b in table if b is not None]
 
-    def _release(self, block: int) -> None:
-        self.ref_cnt[block] -= 1
-        if self.ref_cnt[block] == 0:
-            self.free_queue.push_back([block])
+    def _release(self, blocks: list[int]) -> None:
+        """vLLM's `free_blocks` of `blocks` in eviction order: those no request holds any more go to the
+        back of the free queue, or, under `free_uncached_first`, those without a cached prefix to the
+        front."""
+        back, front = [], []
+        for block in blocks:
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                (front if self.free_uncached_first and self.block_hash[block] is None else back).append(block)
+        self.free_queue.push_back(back)
+        if front:
+            self.free_queue.push_front(front)
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         if not self.enable_prefix_caching or self.has_state:
@@ -169,18 +235,48 @@ class HybridKVCacheManager(KVCacheManager):
         self.num_hashed_blocks.pop(req, None)
         if forget:
             self.req_hashes.pop(req, None)
-        for table in tables or ():
-            for block in reversed(table):
-                if block is not None:
-                    self._release(block)
+        for table in tables or ():  # group by group, each last block first
+            self._release([block for block in reversed(table) if block is not None])
 
 
 def make_kv_manager(num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
-                    groups=None, free_uncached_first: bool = True) -> KVCacheManager:
+                    groups=None, free_uncached_first: bool = True, *, frees_processed_only: bool = False,
+                    admission_caps=None) -> KVCacheManager:
     """The plain manager for one group (or none given; without prefix caching under
-    `free_uncached_first`, its stacked form), the hybrid one for several."""
+    `free_uncached_first`, its stacked form), the hybrid one for several (with the release's
+    `frees_processed_only` and `admission_caps`, see `HybridKVCacheManager`)."""
     if groups and len(groups) > 1:
-        return HybridKVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, groups)
+        return HybridKVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, groups,
+                                    free_uncached_first, frees_processed_only, admission_caps)
     if not enable_prefix_caching and free_uncached_first:
         return StackedKVCacheManager(num_gpu_blocks, block_size)  # the same blocks, a faster free queue
     return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
+
+
+def kv_manager_for(config, num_gpu_blocks: int, groups=None) -> KVCacheManager:
+    """The KV manager of an engine with `config` (resolved) and the model's KV `groups`, with its
+    scheduler profile's KV behaviours."""
+    profile = get_scheduler_profile(config.scheduler_profile)
+    caps = None
+    if groups and len(groups) > 1 and profile.window_admission_cap:
+        in_flight = config.max_num_batched_tokens * (2 if config.is_async else 1)  # vLLM's max_in_flight_tokens
+        caps = admission_caps(groups, config.block_size, config.max_model_len, in_flight)
+    return make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, groups,
+                           profile.free_uncached_first, frees_processed_only=profile.windows_free_processed_only,
+                           admission_caps=caps)
+
+
+def admission_caps(groups, block_size: int, max_model_len: int, in_flight_tokens: int) -> tuple[int | None, ...]:
+    """Per group, the blocks vLLM 0.33's whole-sequence admission check counts at most
+    (vllm/v1/kv_cache_interface.py `max_admission_blocks_per_request`): a sliding group the window less
+    one plus the tokens in flight (capped at max_model_len) and a block for the window's offset, a
+    chunked group a chunk plus the tokens in flight; None for the others."""
+    caps = []
+    for group in groups:
+        if group.kind == SLIDING:
+            caps.append(-(-min(group.window - 1 + in_flight_tokens, max_model_len) // block_size) + 1)
+        elif group.kind == CHUNKED:
+            caps.append(-(-min(group.window + in_flight_tokens, max_model_len) // block_size))
+        else:
+            caps.append(None)
+    return tuple(caps)

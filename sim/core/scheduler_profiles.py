@@ -54,6 +54,17 @@ class SchedulerProfile:
     caches_after_verify: with speculative decoding, a running request's blocks filled by its verified
         tokens enter the prefix cache as soon as those tokens are appended, not only when its next step
         allocates, so a request preempted before that step still hits them (0.33's update_from_output).
+    windows_free_processed_only: in a hybrid model's sliding-window and chunked groups, a running
+        request's allocation frees the blocks behind the window of its processed tokens only, not of
+        the tokens still in flight under async scheduling (0.33.0 vllm/v1/core/kv_cache_manager.py
+        `allocate_slots`: `remove_skipped_blocks(..., total_computed_tokens - num_in_flight_tokens)`;
+        0.19.1 frees behind all computed tokens).
+    window_admission_cap: in a hybrid model's sliding-window and chunked groups, the whole-sequence
+        admission check (`scheduler_reserve_full_isl`) counts at most a window (or chunk) plus the
+        tokens in flight, `max_num_batched_tokens` per concurrent step, not the whole sequence (0.33.0
+        vllm/v1/core/single_type_kv_cache_manager.py `get_num_blocks_to_allocate`,
+        `apply_admission_cap`, with vllm/v1/kv_cache_interface.py `max_admission_blocks_per_request`;
+        0.19.1 `can_fit_full_sequence` counts every block).
     async_scheduling: the release's default for async scheduling.
     """
 
@@ -68,6 +79,8 @@ class SchedulerProfile:
     eagle_hashes_next_token: bool
     pads_new_decodes: bool
     caches_after_verify: bool
+    windows_free_processed_only: bool
+    window_admission_cap: bool
     async_scheduling: bool = True
 
     @property
@@ -91,12 +104,14 @@ PROFILES: dict[str, SchedulerProfile] = {
                                   self_preemption_continues=True, skips_after_unscheduled_victim=False,
                                   free_uncached_first=True, admission_lookahead=True,
                                   eagle_drops_last_hit_block=False, eagle_hashes_next_token=True,
-                                  pads_new_decodes=True, caches_after_verify=True),
+                                  pads_new_decodes=True, caches_after_verify=True,
+                                  windows_free_processed_only=True, window_admission_cap=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
                                   self_preemption_continues=False, skips_after_unscheduled_victim=True,
                                   free_uncached_first=False, admission_lookahead=False,
                                   eagle_drops_last_hit_block=True, eagle_hashes_next_token=False,
-                                  pads_new_decodes=False, caches_after_verify=False),
+                                  pads_new_decodes=False, caches_after_verify=False,
+                                  windows_free_processed_only=False, window_admission_cap=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 

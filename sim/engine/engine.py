@@ -15,11 +15,10 @@ from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_decode_rows, check_invariants
 from sim.core import kv_lazy
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_groups import make_kv_manager
+from sim.core.kv_groups import kv_manager_for
 from sim.core.records import RequestRecords, RunRecords, StepRecords
 from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
-from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.stop_rules import get_profile, stop_candidates
 from sim.core.token_runs import TokenRuns
 from sim.engine.livelock import SpinWatch
@@ -62,8 +61,7 @@ class Engine:
         self.stop_profile = get_profile(config.stop_profile)
         self.token_text = token_text
         if kv is None:
-            kv = make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, kv_groups,
-                                 get_scheduler_profile(config.scheduler_profile).free_uncached_first)
+            kv = kv_manager_for(config, num_gpu_blocks, kv_groups)
         self.state = EngineState(config, kv, waiting=make_waiting_queue(config.scheduling))
         self.requests = RequestRecords()
         self.steps = StepRecords()

@@ -20,6 +20,10 @@ Speculative-decoding scenarios (`random_spec_scenario`) add `"speculative": {"me
 "num_speculative_tokens": k, "acceptance_rates": [...], "seed": s}`: both sides accept drafts as
 `PositionalAcceptance(rates, seed)` decides for (request's index in arrival order, output position).
 
+Hybrid-model scenarios (`random_hybrid_scenario`) add `"kv_groups"` to the config: `[{"kind": "full"},
+{"kind": "sliding", "window": 12}]` ("sliding", "chunked", "linear"; window in tokens), and
+`num_gpu_blocks` counts the one block pool they share.
+
 Stop-rule scenarios (`random_stop_scenario`) add, per request, `"min_tokens"`, `"stop"` (stop strings,
 over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`). `random_spec_scenario(seed,
 stop_rules=True)` draws those requests under speculative decoding, so a stop string often completes inside a
@@ -137,6 +141,45 @@ def random_spec_scenario(seed: int, stop_rules: bool = False) -> dict:
     if rng.random() < 0.5:
         min_blocks = -(-config["max_model_len"] // config["block_size"]) + 1
         config["num_gpu_blocks"] = min_blocks + int(rng.integers(0, 4))
+    return scenario
+
+
+#: hybrid layouts: the KV groups of a model kind, each with a window (tokens) drawn per scenario
+HYBRID_LAYOUTS = {
+    "sliding": ("full", "sliding"),             # gpt-oss
+    "gemma": ("full", "sliding", "sliding"),    # Gemma-3: several sliding groups of one window
+    "chunked": ("full", "chunked"),             # Llama-4
+    "linear": ("full", "linear"),               # Qwen3-Next (a Mamba state, prefix caching off)
+}
+
+
+def random_hybrid_scenario(seed: int) -> dict:
+    """A seeded random scenario for a hybrid model: its config carries `"kv_groups"`, a full-attention
+    group and sliding-window, chunked local or linear-attention (state) groups with small windows (a few
+    blocks) so windows free blocks and prefix hits cross them within short prompts. `num_gpu_blocks`
+    counts the one pool all groups share: from one max_model_len request in every group (plus the null
+    block) to three times that, often tight. A state group's model runs without prefix caching (vLLM's
+    prefix caching with Mamba state, "align" mode, is not modelled)."""
+    rng = make_rng(seed, "vllm-conformance-hybrid")
+    scenario = _draw_scenario(rng, random_request)
+    config = scenario["config"]
+    block = config["block_size"]
+    layout = str(rng.choice(sorted(HYBRID_LAYOUTS)))
+    if rng.random() < 0.75:
+        window = block * int(rng.integers(1, 5)) + int(rng.choice([0, 0, 1, -1]))
+    else:
+        window = int(rng.integers(2, 4 * block + 1))
+    groups = [{"kind": kind, "window": window if kind in ("sliding", "chunked") else 0}
+              for kind in HYBRID_LAYOUTS[layout]]
+    config["kv_groups"] = groups
+    if layout == "linear":
+        config["enable_prefix_caching"] = False
+    per_group = -(-config["max_model_len"] // block)
+    need = sum(1 if g["kind"] == "linear" else per_group for g in groups) + 1  # + the null block
+    if rng.random() < 0.5:
+        config["num_gpu_blocks"] = need + int(rng.integers(0, 4))
+    else:
+        config["num_gpu_blocks"] = int(rng.integers(need, 3 * need))
     return scenario
 
 

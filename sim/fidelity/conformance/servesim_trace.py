@@ -14,6 +14,8 @@ recorded before it was added lack it).
 """
 from __future__ import annotations
 
+from kernels_cost_model.kv_layout import KVCacheGroupSpec
+from kernels_cost_model.model_shapes import CHUNKED, FULL, LINEAR, SLIDING
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.hooks import EngineHook
@@ -62,6 +64,18 @@ def request_specs(scenario: dict) -> list[RequestSpec]:
             for r in scenario["requests"]]
 
 
+_KINDS = {"full": FULL, "sliding": SLIDING, "chunked": CHUNKED, "linear": LINEAR}
+
+
+def kv_groups(scenario: dict) -> tuple[KVCacheGroupSpec, ...] | None:
+    """The scenario's KV layer groups as servesim's specs (a linear group's state: one block), or None."""
+    groups = scenario["config"].get("kv_groups")
+    if not groups:
+        return None
+    return tuple(KVCacheGroupSpec(_KINDS[g["kind"]], 1, window=g.get("window", 0),
+                                  state_blocks=1 if g["kind"] == "linear" else 0) for g in groups)
+
+
 def spec_hooks(scenario: dict) -> list:
     """[the spec decoder] of a spec-decoding scenario (no proposer cost: every step lasts STEP_S), else []."""
     spec = scenario.get("speculative")
@@ -81,7 +95,8 @@ def run_servesim(scenario: dict, scheduler_profile: str = "vllm", **engine) -> d
     recorder = StepRecorder()
     cost = LinearCostModel(fixed_s=STEP_S, per_new_token_s=0.0, per_context_token_s=0.0, per_sampled_s=0.0)
     hooks = [recorder] + spec_hooks(scenario)
-    records = run_engine(request_specs(scenario), config, cost, hooks=hooks, token_text=token_text)
+    records = run_engine(request_specs(scenario), config, cost, hooks=hooks, token_text=token_text,
+                         kv_groups=kv_groups(scenario))
     req = records.requests
     finished, stop_reasons = {}, {}
     for i, rid in enumerate(req.request_id):

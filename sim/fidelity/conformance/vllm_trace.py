@@ -70,11 +70,10 @@ def make_scheduler(cfg: dict, speculative: dict | None = None):
     head: the scheduler reads only the method and k)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     _use_cpu_platform()
-    import torch
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=_tiny_model(), skip_tokenizer_init=True, dtype="float16",
@@ -93,13 +92,45 @@ def make_scheduler(cfg: dict, speculative: dict | None = None):
             num_speculative_tokens=speculative["num_speculative_tokens"], target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, speculative_config=speculative_config)
-    spec = FullAttentionSpec(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(num_blocks=cfg["num_gpu_blocks"], kv_cache_tensors=[],
-                                    kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    groups = [KVCacheGroupSpec([f"layer{i}"], kv_cache_spec(group, cfg))
+              for i, group in enumerate(cfg.get("kv_groups") or [{"kind": "full"}])]
+    kv_cache_config = KVCacheConfig(num_blocks=cfg["num_gpu_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
     cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
     cls = AsyncScheduler if cfg["async_scheduling"] else Scheduler
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-               structured_output_manager=StructuredOutputManager(vllm_config), block_size=cfg["block_size"])
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               **scheduler_block_sizes(kv_cache_config, vllm_config, cfg["block_size"]))
+
+
+def scheduler_block_sizes(kv_cache_config, vllm_config, block_size: int) -> dict:
+    """The block size(s) the engine core gives the Scheduler (vllm/v1/engine/core.py): 0.33 resolves a
+    scheduling block (the LCM of the groups' block sizes) and a hashing block; 0.19 takes the smallest
+    group block size."""
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    except ImportError:
+        return {"block_size": min(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)}
+    scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return {"block_size": scheduler_block, "hash_block_size": hash_block}
+
+
+def kv_cache_spec(group: dict, cfg: dict):
+    """vLLM's spec for one of a scenario's KV groups ({"kind": "full" | "sliding" | "chunked" | "linear",
+    "window": tokens}), one tiny layer each (the scheduler reads only the kind, block size and window).
+    A linear-attention group is a Mamba state of one block of max_model_len tokens, vLLM's block size for
+    it without prefix caching (vllm/model_executor/models/config.py)."""
+    import torch
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+    shape = dict(block_size=cfg["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kind = group["kind"]
+    if kind == "sliding":
+        return SlidingWindowSpec(**shape, sliding_window=group["window"])
+    if kind == "chunked":
+        return ChunkedLocalAttentionSpec(**shape, attention_chunk_size=group["window"])
+    if kind == "linear":
+        return MambaSpec(block_size=cfg["max_model_len"], shapes=((1,),), dtypes=(torch.float32,))
+    return FullAttentionSpec(**shape)
 
 
 def make_request(spec: dict, block_size: int, max_model_len: int, hash_lookahead: int = 0):
