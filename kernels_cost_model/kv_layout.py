@@ -81,8 +81,10 @@ class KVCacheLayout:
     def admission_blocks(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Pool blocks vLLM budgets for one request of `max_model_len` tokens when it checks that one
         fits and reports its concurrency (each group's `max_memory_usage_bytes`, summed): a sliding
-        group keeps its window plus one step's tokens (+1 block for a window straddling a block
-        boundary), a chunked one a chunk plus one step's tokens, a state group its state."""
+        group keeps its window plus `max_num_batched_tokens` (+1 block for a window straddling a block
+        boundary), a chunked one a chunk plus those tokens, a state group its state. vLLM 0.33 passes
+        its tokens in flight here (two steps' under async scheduling), 0.19 one step's
+        (sim.core.kv_groups.window_budget_tokens)."""
         bs, total = self.block_size, 0
         for g in self.groups:
             if g.kind == LINEAR:

@@ -33,6 +33,7 @@ from sim.api.validation import (check_deployment, check_kv_holds_one_request, ch
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
+from sim.core.kv_groups import window_budget_tokens
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
 from sim.core.text import check_token_text
@@ -344,7 +345,7 @@ def longest_fitting_len(config: SimulationConfig) -> int:
     def fits(length: int) -> bool:
         if layout is None:
             return blocks * e.block_size >= length
-        return layout.vllm_max_concurrency(blocks, length, e.max_num_batched_tokens) >= 1
+        return layout.vllm_max_concurrency(blocks, length, window_budget_tokens(e)) >= 1
 
     low, high = 0, e.max_model_len
     while low < high:  # the largest length that fits (fitting is monotone in the length)
@@ -424,7 +425,7 @@ def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int) -> dict:
         return {"num_gpu_blocks": num_gpu_blocks}
     return {"num_gpu_blocks": num_gpu_blocks, "kv_cache_tokens": layout.tokens(num_gpu_blocks),
             "max_concurrency": layout.vllm_max_concurrency(num_gpu_blocks, e.max_model_len,
-                                                           e.max_num_batched_tokens)}
+                                                           window_budget_tokens(e))}
 
 
 def check_names(engine: EngineConfig) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.batch_defaults import DEFAULT_USAGE_CONTEXT, batch_defaults, with_batch_defaults
 from sim.core.config import AUTO_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN
+from sim.core.kv_groups import window_budget_tokens
 from sim.core.fields import MAX_NUM_REQUESTS, MAX_SECONDS, at_least, check_types, in_range, is_int, one_of, positive
 
 WORKLOAD_KINDS = ("poisson", "gamma", "trace", "closed_loop", "sessions")
@@ -206,7 +207,7 @@ def check_kv_holds_one_request(engine, deployment, num_gpu_blocks: int, layout=N
     one max_model_len request (per layer group, as its hybrid manager budgets one, when `layout` is
     given)."""
     tokens = layout.tokens(num_gpu_blocks) if layout is not None else num_gpu_blocks * engine.block_size
-    fits = (layout.vllm_max_concurrency(num_gpu_blocks, engine.max_model_len, engine.max_num_batched_tokens) >= 1
+    fits = (layout.vllm_max_concurrency(num_gpu_blocks, engine.max_model_len, window_budget_tokens(engine)) >= 1
             if layout is not None else tokens >= engine.max_model_len)
     if engine.num_gpu_blocks is not None:
         require(fits, "engine.num_gpu_blocks", num_gpu_blocks,

@@ -259,11 +259,23 @@ def kv_manager_for(config, num_gpu_blocks: int, groups=None) -> KVCacheManager:
     profile = get_scheduler_profile(config.scheduler_profile)
     caps = None
     if groups and len(groups) > 1 and profile.window_admission_cap:
-        in_flight = config.max_num_batched_tokens * (2 if config.is_async else 1)  # vLLM's max_in_flight_tokens
-        caps = admission_caps(groups, config.block_size, config.max_model_len, in_flight)
+        caps = admission_caps(groups, config.block_size, config.max_model_len, window_budget_tokens(config))
     return make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, groups,
                            profile.free_uncached_first, frees_processed_only=profile.windows_free_processed_only,
                            admission_caps=caps)
+
+
+def window_budget_tokens(config) -> int:
+    """Tokens beyond its window (or chunk) that a sliding or chunked group budgets for one request, in
+    the admission check, the one-request start-up check and the concurrency vLLM reports: 0.33 takes
+    its `max_in_flight_tokens`, `max_num_batched_tokens` per concurrent step (two under async
+    scheduling; 0.33.0 vllm/config/vllm.py `max_in_flight_tokens`, read by vllm/v1/kv_cache_interface.py
+    `max_memory_usage_bytes` of SlidingWindowSpec and ChunkedLocalAttentionSpec); 0.19 one step's
+    `max_num_batched_tokens` (0.19.1 kv_cache_interface.py)."""
+    profile = get_scheduler_profile(config.scheduler_profile)
+    if profile.window_admission_cap:
+        return config.max_num_batched_tokens * (2 if config.is_async else 1)
+    return config.max_num_batched_tokens
 
 
 def admission_caps(groups, block_size: int, max_model_len: int, in_flight_tokens: int) -> tuple[int | None, ...]:
