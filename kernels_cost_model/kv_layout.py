@@ -61,11 +61,11 @@ class KVCacheLayout:
         group, so sliding and chunked layers keep every block (vLLM's `unify_hybrid_kv_cache_specs`)
         and a pool block holds a page of every layer. A linear-attention state cannot be held so:
         vLLM refuses to start (0.19.1 "failed to convert", 0.33.0 "Failed to promote"), a named error."""
+        if not self.is_hybrid:
+            return self
         require(not any(g.kind == LINEAR for g in self.groups), "hybrid_kv_cache_manager", "off",
                 "a model with linear-attention (state) layers needs vLLM's hybrid KV cache manager: vLLM "
                 "refuses to start without it (its state cannot be held as full-attention KV)")
-        if not self.is_hybrid:
-            return self
         layers = sum(g.num_layers for g in self.groups)
         return KVCacheLayout((KVCacheGroupSpec(FULL, layers),), self.page_bytes, layers, self.block_size)
 

@@ -53,7 +53,3 @@ def run_layout(layout, profile, connectors=(), speculative_method=None):
                           "refuses to start (its state cannot be held as full-attention KV)")
     return layout.all_full()
 
-
-def hybrid_manager_on(layout, profile, connectors=(), speculative_method=None) -> bool:
-    """The rule: vLLM runs its hybrid KV cache manager (several layer groups) for this run."""
-    return run_layout(layout, profile, connectors, speculative_method).is_hybrid if layout is not None else False
