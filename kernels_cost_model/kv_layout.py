@@ -56,6 +56,19 @@ class KVCacheLayout:
         """More than one group: the engine needs the hybrid manager (sim.core.kv_groups)."""
         return len(self.groups) > 1
 
+    def all_full(self) -> "KVCacheLayout":
+        """The layout with vLLM's hybrid KV cache manager off: every layer in one full-attention
+        group, so sliding and chunked layers keep every block (vLLM's `unify_hybrid_kv_cache_specs`)
+        and a pool block holds a page of every layer. A linear-attention state cannot be held so:
+        vLLM refuses to start (0.19.1 "failed to convert", 0.33.0 "Failed to promote"), a named error."""
+        if not self.is_hybrid:
+            return self
+        require(not any(g.kind == LINEAR for g in self.groups), "hybrid_kv_cache_manager", "off",
+                "a model with linear-attention (state) layers needs vLLM's hybrid KV cache manager: vLLM "
+                "refuses to start without it (its state cannot be held as full-attention KV)")
+        layers = sum(g.num_layers for g in self.groups)
+        return KVCacheLayout((KVCacheGroupSpec(FULL, layers),), self.page_bytes, layers, self.block_size)
+
     def blocks_per_request(self, num_tokens: int) -> int:
         """Pool blocks one request of `num_tokens` tokens holds while decoding (windows already freed)."""
         bs, total = self.block_size, 0

@@ -124,10 +124,12 @@ def kv_cache_memory_bytes(model, gpu, tensor_parallel_size: int = 1, gpu_memory_
 def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int = 16,
                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
                     num_gpu_blocks: int | None = None, kv_cache_dtype: str = "auto", *,
-                    max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> int:
+                    max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0, hybrid_manager: bool = True) -> int:
     """KV blocks per GPU that fit beside weights and activations (vLLM's `num_gpu_blocks`).
 
     A user who pins `num_gpu_blocks` (vLLM's `num_gpu_blocks_override`) gets it back, validated.
+    `hybrid_manager=False`: vLLM's hybrid KV cache manager is off, so a hybrid model's pool block holds
+    a page of every layer (KVCacheLayout.all_full; a named error for linear-attention state).
     """
     if num_gpu_blocks is not None:
         require(is_int(num_gpu_blocks) and num_gpu_blocks >= 1, "num_gpu_blocks", num_gpu_blocks,
@@ -149,7 +151,8 @@ def kv_cache_blocks(model, gpu, tensor_parallel_size: int = 1, block_size: int =
                           f"{max_num_batched_tokens}: fewer shrink it)")
     if spec.is_plain and kv_cache_dtype == "auto":
         return int(free // (block_size * kv_bytes_per_token(spec, tensor_parallel_size)))
-    return int(free // kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype).block_bytes)
+    layout = kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype)
+    return int(free // (layout if hybrid_manager else layout.all_full()).block_bytes)
 
 
 def _check_sizing(tp, block_size, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,

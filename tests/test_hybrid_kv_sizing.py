@@ -1,13 +1,18 @@
 """servesim's hybrid KV sizing against the figures vLLM's own functions compute for the catalog models
 (tests/data/vllm_hybrid_kv_sizing.json, recorded with benchmarks/vllm_hybrid_kv_sizing_probe.py from vLLM
 0.19.1 and 0.33.0): pool block bytes, layer groups, block size, num_gpu_blocks for the same available
-memory, the "GPU KV cache size" tokens and the "Maximum concurrency" figure, per release."""
+memory, the "GPU KV cache size" tokens and the "Maximum concurrency" figure, per release; with vLLM's
+hybrid manager on, and off (every layer as full attention; a linear-state model refused), as
+sim.core.hybrid_switch decides it."""
 import json
 from pathlib import Path
 
 import pytest
 
+from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.kv_memory import kv_layout
+from kernels_cost_model.model_shapes import FULL
+from sim.core.hybrid_switch import NIXL, OFFLOADING, run_layout
 from sim.core.config import EngineConfig
 from sim.core.kv_groups import window_budget_tokens
 
@@ -15,16 +20,17 @@ DATA = json.loads((Path(__file__).parent / "data" / "vllm_hybrid_kv_sizing.json"
 PROFILE = {"0.19": "vllm-0.19", "0.33": "vllm-0.33"}
 
 
-def _rows(modelled: bool):
+def _rows(hybrid_manager: bool = True, linear: bool = False):
+    """Rows recorded with the manager on (or off), of linear-state models (Qwen3-Next) or not; the
+    linear-state rows with it on keep vLLM's larger attention block, not modelled (docs/models.md)."""
     for release, rec in DATA["releases"].items():
         for row in rec["rows"]:
-            linear = row["model"].startswith("qwen3-next")
-            if (row["hybrid_manager"] and not linear) == modelled:
+            if row["hybrid_manager"] == hybrid_manager and row["model"].startswith("qwen3-next") == linear:
                 yield pytest.param(release, row, id=f"{release}-{row['model']}-tp{row['tp']}-{row['max_model_len']}"
                                    f"-{'async' if row['async_scheduling'] else 'sync'}-{'hma' if row['hybrid_manager'] else 'off'}")
 
 
-@pytest.mark.parametrize("release,row", list(_rows(True)))
+@pytest.mark.parametrize("release,row", list(_rows()))
 def test_hybrid_sizing_matches_vllm(release, row):
     layout = kv_layout(row["model"], row["tp"], 16)
     engine = EngineConfig(max_model_len=row["max_model_len"], max_num_batched_tokens=row["max_num_batched_tokens"],
@@ -45,3 +51,49 @@ def test_the_releases_differ_in_concurrency():
     a, b = (next(r for r in DATA["releases"][rel]["rows"] if r["model"] == "gpt-oss-120b" and r["tp"] == 1
                  and r["hybrid_manager"] and r["max_model_len"] == 131072) for rel in ("0.19", "0.33"))
     assert a["num_blocks"] == b["num_blocks"] and a["max_concurrency"] > b["max_concurrency"]
+
+
+@pytest.mark.parametrize("release,row", list(_rows(hybrid_manager=False)))
+def test_sizing_with_the_hybrid_manager_off_matches_vllm(release, row):
+    """A connector vLLM 0.19 turns the manager off for: one full-attention group of every layer."""
+    base = kv_layout(row["model"], row["tp"], 16)  # (0.33 keeps the manager with its OffloadingConnector)
+    layout = run_layout(base, PROFILE[release], (OFFLOADING,)) if release == "0.19" else base.all_full()
+    engine = EngineConfig(max_model_len=row["max_model_len"], max_num_batched_tokens=row["max_num_batched_tokens"],
+                          scheduler_profile=PROFILE[release], async_scheduling=row["async_scheduling"])
+    blocks = row["available_bytes"] // layout.block_bytes
+    assert [(g.kind, g.num_layers) for g in layout.groups] == [(FULL, n) for _, n in row["groups"]]
+    assert blocks == row["num_blocks"]
+    assert layout.tokens(blocks) == row["kv_cache_tokens"]
+    concurrency = layout.vllm_max_concurrency(blocks, row["max_model_len"], window_budget_tokens(engine))
+    assert concurrency == pytest.approx(row["max_concurrency"], abs=1e-6)
+
+
+@pytest.mark.parametrize("release,row", list(_rows(hybrid_manager=False, linear=True)))
+def test_a_linear_state_model_with_the_manager_off_is_refused_as_vllm_refuses(release, row):
+    assert "unified type" in row["error"]
+    with pytest.raises(ConfigError) as err:
+        kv_layout(row["model"], row["tp"], 16).all_full()
+    assert "linear-attention" in err.value.reason and "refuses to start" in err.value.reason
+    if release == "0.19":  # a connector turns it off there
+        with pytest.raises(ConfigError) as err:
+            run_layout(kv_layout(row["model"], row["tp"], 16), PROFILE[release], (NIXL,))
+        assert err.value.field == "engine.scheduler_profile" and err.value.value == "vllm-0.19"
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "gemma-3-27b", "llama-4-scout", "qwen3-next-80b-a3b"])
+def test_the_rule_per_release(model):
+    """0.19 turns the manager off for any connector, 0.33 keeps it with NIXL and the OffloadingConnector;
+    both turn it off for chunked local attention with EAGLE-style drafts."""
+    layout = kv_layout(model, 1, 16)
+    chunked = model.startswith("llama-4")
+    for connectors in ((NIXL,), (OFFLOADING,), (NIXL, OFFLOADING)):
+        assert run_layout(layout, "vllm-0.33", connectors) is layout
+        if model.startswith("qwen3-next"):
+            with pytest.raises(ConfigError, match="refuses to start"):
+                run_layout(layout, "vllm-0.19", connectors)
+        else:
+            assert not run_layout(layout, "vllm-0.19", connectors).is_hybrid
+    for release in PROFILE.values():
+        assert run_layout(layout, release) is layout
+        assert run_layout(layout, release, speculative_method="ngram") is layout
+        assert (run_layout(layout, release, speculative_method="eagle3") is layout) != chunked

@@ -33,6 +33,7 @@ from sim.api.validation import (check_deployment, check_kv_holds_one_request, ch
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
 from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
+from sim.core.hybrid_switch import run_layout
 from sim.core.kv_groups import window_budget_tokens
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
@@ -323,12 +324,13 @@ def engine_graph_settings(engine: EngineConfig, speculative=None) -> dict:
             "num_speculative_tokens": speculative.num_speculative_tokens if speculative is not None else 0}
 
 
-def resolve_num_gpu_blocks(config: SimulationConfig) -> int:
+def resolve_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
     """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory (which
-    must hold one max_model_len request, or vLLM does not start)."""
+    must hold one max_model_len request, or vLLM does not start). `connectors`: the KV connectors
+    (sim.core.hybrid_switch.KVConnector) the topology adds, which may turn the hybrid manager off."""
     pinned = config.engine.num_gpu_blocks
-    blocks = pinned if pinned is not None else _sized_num_gpu_blocks(config)
-    layout = resolve_kv_layout(config)
+    blocks = pinned if pinned is not None else _sized_num_gpu_blocks(config, connectors)
+    layout = resolve_kv_layout(config, connectors)
     if pinned is None or (layout is not None and layout.is_hybrid):  # (a plain one: with the engine's config)
         check_kv_holds_one_request(config.engine, config.deployment, blocks, layout)
     return blocks
@@ -357,7 +359,7 @@ def longest_fitting_len(config: SimulationConfig) -> int:
     return low
 
 
-def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
+def _sized_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
     from kernels_cost_model import get_gpu, get_model
     with within("deployment"):  # (named before the sizing reads the defaults an unknown GPU leaves unset)
         get_gpu(config.deployment.gpu), get_model(config.deployment.model)
@@ -369,11 +371,13 @@ def _sized_num_gpu_blocks(config: SimulationConfig) -> int:
         return require_bookable_blocks(blocks, config)
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
+    layout = resolve_kv_layout(config, connectors)
     with within("deployment"):
         blocks = kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, e.block_size,
                                  d.gpu_memory_utilization, e.max_num_batched_tokens, kv_cache_dtype=d.kv_cache_dtype,
                                  max_num_seqs=e.max_num_seqs,
-                                 cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+                                 cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30),
+                                 hybrid_manager=layout is None or layout.is_hybrid)
     return require_bookable_blocks(blocks, config)
 
 
@@ -397,30 +401,34 @@ def _data_parallel_blocks(config: SimulationConfig) -> int:
                                   cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
 
 
-def resolve_kv_layout(config: SimulationConfig):
-    """The model's KV layout on one GPU (kernels_cost_model.kv_layout.KVCacheLayout); None for a
-    pinned cache under the linear cost model, which needs no real model."""
+def resolve_kv_layout(config: SimulationConfig, connectors=()):
+    """The model's KV layout on one GPU as the run holds it (kernels_cost_model.kv_layout.KVCacheLayout):
+    every layer as full attention where vLLM turns its hybrid manager off for `connectors` or the
+    drafts (sim.core.hybrid_switch); None for a pinned cache under the linear cost model, which needs
+    no real model."""
     from kernels_cost_model import kv_layout
     d = config.deployment
     try:
         with within("deployment"):
-            return kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
+            layout = kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
     except ConfigError:
         if d.cost_model == "linear" and config.engine.num_gpu_blocks is not None:
             return None
         raise
+    spec = config.speculative_config
+    return run_layout(layout, config.engine.scheduler_profile, connectors, spec.method if spec is not None else None)
 
 
-def resolve_kv_groups(config: SimulationConfig):
-    """The model's KV layer groups when it has several (hybrid manager), else None (plain manager)."""
-    layout = resolve_kv_layout(config)
+def resolve_kv_groups(config: SimulationConfig, connectors=()):
+    """The model's KV layer groups when the run has several (hybrid manager), else None (plain manager)."""
+    layout = resolve_kv_layout(config, connectors)
     return layout.groups if layout is not None and layout.is_hybrid else None
 
 
-def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int) -> dict:
+def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int, connectors=()) -> dict:
     """What vLLM logs at start-up about the KV cache: its size in tokens and the concurrency of
     max_model_len requests, counted per layer group as its hybrid manager does."""
-    layout, e = resolve_kv_layout(config), config.engine
+    layout, e = resolve_kv_layout(config, connectors), config.engine
     if layout is None:
         return {"num_gpu_blocks": num_gpu_blocks}
     return {"num_gpu_blocks": num_gpu_blocks, "kv_cache_tokens": layout.tokens(num_gpu_blocks),

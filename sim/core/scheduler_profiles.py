@@ -65,6 +65,11 @@ class SchedulerProfile:
         vllm/v1/core/single_type_kv_cache_manager.py `get_num_blocks_to_allocate`,
         `apply_admission_cap`, with vllm/v1/kv_cache_interface.py `max_admission_blocks_per_request`;
         0.19.1 `can_fit_full_sequence` counts every block).
+    hybrid_kv_with_connectors: vLLM's hybrid KV cache manager stays on with servesim's KV connectors
+        (NIXL between disaggregated pools, the OffloadingConnector of a CPU tier): 0.33.0
+        vllm/config/vllm.py `VllmConfig.__post_init__` (lines 2257-2276) turns it off only for a
+        connector without `SupportsHMA` (KVConnectorFactory.supports_hma_config), and both have it;
+        0.19.1 (lines 1227-1241) turns it off for any `kv_transfer_config` (sim.core.hybrid_switch).
     async_scheduling: the release's default for async scheduling.
     """
 
@@ -81,6 +86,7 @@ class SchedulerProfile:
     caches_after_verify: bool
     windows_free_processed_only: bool
     window_admission_cap: bool
+    hybrid_kv_with_connectors: bool
     async_scheduling: bool = True
 
     @property
@@ -105,13 +111,15 @@ PROFILES: dict[str, SchedulerProfile] = {
                                   free_uncached_first=True, admission_lookahead=True,
                                   eagle_drops_last_hit_block=False, eagle_hashes_next_token=True,
                                   pads_new_decodes=True, caches_after_verify=True,
-                                  windows_free_processed_only=True, window_admission_cap=True),
+                                  windows_free_processed_only=True, window_admission_cap=True,
+                                  hybrid_kv_with_connectors=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
                                   self_preemption_continues=False, skips_after_unscheduled_victim=True,
                                   free_uncached_first=False, admission_lookahead=False,
                                   eagle_drops_last_hit_block=True, eagle_hashes_next_token=False,
                                   pads_new_decodes=False, caches_after_verify=False,
-                                  windows_free_processed_only=False, window_admission_cap=False),
+                                  windows_free_processed_only=False, window_admission_cap=False,
+                                  hybrid_kv_with_connectors=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 

@@ -127,6 +127,13 @@ class Transfer:
         self.flow = None    # its share of the link (sim.planning.transfer.Flow) once it moves
 
 
+def pool_error(pool: str, exc: ConfigError) -> ConfigError:
+    """`exc` named under the pool's TOML table; a shared setting (the scheduler profile, which may turn
+    the hybrid KV manager off, sim.core.hybrid_switch) keeps its own name."""
+    shared = exc.field == "engine.scheduler_profile"
+    return ConfigError(exc.field if shared else f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason)
+
+
 class DisaggregatedCluster:
     """Prefill and decode instances in one SimPy environment, the routers and the transfer ports."""
 
@@ -176,7 +183,7 @@ class DisaggregatedCluster:
         try:
             blocks = shape.num_gpu_blocks(config)
         except ConfigError as exc:
-            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
+            raise pool_error(pool, exc) from None
         tokens = blocks * config.engine.block_size
         if tokens < config.engine.max_model_len:
             error = KVTransferError if pool == "decode" else ConfigError
@@ -187,7 +194,7 @@ class DisaggregatedCluster:
         try:
             return build_engine(config, shape, [hook], blocks)[0]
         except ConfigError as exc:  # (an engine setting of this pool, e.g. its policy's budget)
-            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
+            raise pool_error(pool, exc) from None
 
     # ----- arrivals ----------------------------------------------------------------------------
     def submit(self, spec) -> simpy.Event:

@@ -76,11 +76,12 @@ class PoolConfig:
             pipeline = (PipelineConfig(self.pipeline_parallel_size, self.pipeline_link)
                         if self.pipeline_parallel_size > 1 else None)
         if self.kv_offloading_size is None:
-            return InstanceShape(pipeline, None)
+            return InstanceShape(pipeline, None, disaggregated=True)
         size = self.kv_offloading_size
         check_offloading_size("kv_offloading_size", size)
         try:
-            return InstanceShape(pipeline, OffloadConfig(cpu_bytes=float(size) * 2**30, link=self.kv_offloading_link))
+            return InstanceShape(pipeline, OffloadConfig(cpu_bytes=float(size) * 2**30, link=self.kv_offloading_link),
+                                 disaggregated=True)
         except ConfigError as exc:
             raise ConfigError("kv_offloading_link", self.kv_offloading_link, exc.reason) from None
 

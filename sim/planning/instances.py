@@ -30,16 +30,24 @@ from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
-from sim.planning.offload import OffloadConfig, OffloadTransfers, offload_transfers, tier_summary
+from sim.core.hybrid_switch import NIXL, OFFLOADING
+from sim.planning.offload import OffloadConfig, OffloadTransfers, check_tier_layout, offload_transfers, tier_summary
 from sim.planning.pipeline import PipelineConfig, PipelineProcess, check_no_speculation
 
 
 @dataclass(frozen=True)
 class InstanceShape:
-    """What an instance adds to the plain engine: pipeline stages and/or a CPU KV tier."""
+    """What an instance adds to the plain engine: pipeline stages and/or a CPU KV tier, and whether
+    it is one of a disaggregated pool (its KV moves over NIXL)."""
 
     pipeline: PipelineConfig | None = None
     offload: OffloadConfig | None = None
+    disaggregated: bool = False
+
+    @property
+    def connectors(self) -> tuple[str, ...]:
+        """The KV connectors vLLM runs this instance with (sim.core.hybrid_switch)."""
+        return (NIXL,) * self.disaggregated + (OFFLOADING,) * (self.offload is not None)
 
     @property
     def pipeline_parallel_size(self) -> int:
@@ -53,7 +61,7 @@ class InstanceShape:
         """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV."""
         d, e, pp = config.deployment, config.engine, self.pipeline_parallel_size
         if pp == 1 or e.num_gpu_blocks is not None:
-            return resolve_num_gpu_blocks(config)
+            return resolve_num_gpu_blocks(config, self.connectors)
         with within("pipeline"):
             check_pipeline_size(d.model, pp)
         check_no_auto_length(config, pp)
@@ -71,6 +79,8 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     single_rank_only(config.deployment, "a deployment of instances")
     check_names(config.engine)
     e = config.engine
+    if shape.offload is not None:
+        check_tier_layout(config, shape.connectors, *_tier_setting(shape.offload))
     blocks = check_kv_capacity(num_gpu_blocks if num_gpu_blocks is not None else shape.num_gpu_blocks(config), e)
     groups = _kv_groups(config, shape)
     if shape.offload is None:
@@ -83,17 +93,22 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
     return Engine(e, cost, blocks, hooks=[*hooks, transfers], kv=kv), transfers
 
 
+def _tier_setting(offload: OffloadConfig) -> tuple[str, object]:
+    """(field, value) naming a topology's CPU tier: its `kv_offloading_size` in GiB."""
+    return ("kv_offloading_size", offload.cpu_bytes / 2**30) if offload.cpu_bytes is not None else offload.setting()
+
+
 def _kv_groups(config: SimulationConfig, shape: InstanceShape):
-    """The model's KV layer groups for the hybrid manager, as `simulate()` runs it; None (one group of
-    full-attention layers) with PP or a CPU tier, which size and move KV per token of every layer:
-    a warning says so for a model with sliding-window or linear-attention layers."""
-    groups = resolve_kv_groups(config)
-    if groups is None or (shape.pipeline_parallel_size == 1 and shape.offload is None):
+    """The KV layer groups the instance runs with its connectors (sim.core.hybrid_switch: several for
+    the hybrid manager, None for the plain one); None with PP, which sizes and moves KV per token of
+    every layer: a warning says so for a model whose groups vLLM would keep apart. (A CPU tier where
+    vLLM keeps the groups is refused before, check_tier_layout.)"""
+    groups = resolve_kv_groups(config, shape.connectors)
+    if groups is None or shape.pipeline_parallel_size == 1:
         return groups
-    what = "pipeline_parallel_size > 1" if shape.pipeline_parallel_size > 1 else "a CPU KV tier"
-    warnings.warn(f"deployment.model={config.deployment.model!r}: with {what} its sliding-window and linear-"
-                  "attention layers hold KV as full-attention layers do (the hybrid KV manager is not simulated"
-                  " there), so KV capacity is understated for long requests", stacklevel=3)
+    warnings.warn(f"deployment.model={config.deployment.model!r}: with pipeline_parallel_size > 1 its sliding-"
+                  "window and linear-attention layers hold KV as full-attention layers do (the hybrid KV manager "
+                  "is not simulated there), so KV capacity is understated for long requests", stacklevel=3)
     return None
 
 

@@ -25,10 +25,12 @@ from kernels_cost_model.links import get_link
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
-from sim.api.simulator import SimulationConfig, build_cost_model, check_names, resolve_num_gpu_blocks, within
+from sim.api.simulator import (SimulationConfig, build_cost_model, check_names, resolve_kv_groups,
+                               resolve_num_gpu_blocks, within)
 from sim.api.spec_setup import speculation_hooks
 from sim.core.fields import is_number
 from sim.core.hooks import EngineHook
+from sim.core.hybrid_switch import OFFLOADING
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.kv_offload import CPUOffloadKVCacheManager, check_cpu_tier
 from sim.engine.engine import Engine
@@ -62,6 +64,12 @@ class OffloadConfig:
         with within("offload"):
             get_link(self.link)
 
+    def setting(self) -> tuple[str, object]:
+        """(field, value) of the tier's size, for errors."""
+        if self.cpu_bytes is not None:
+            return "offload.cpu_bytes", self.cpu_bytes
+        return "offload.num_cpu_blocks", self.num_cpu_blocks
+
     def cpu_blocks(self, config: SimulationConfig) -> int:
         """The tier's size in blocks; a tier smaller than one block is a named error."""
         block_bytes = tier_block_bytes(config)
@@ -74,6 +82,20 @@ class OffloadConfig:
                               f"smaller than one KV block ({block_bytes} bytes: {config.engine.block_size} tokens "
                               f"of {config.deployment.model})")
         return int(self.cpu_bytes // block_bytes)
+
+
+def check_tier_layout(config: SimulationConfig, connectors, field: str, value) -> None:
+    """ConfigError naming the tier's `field` where vLLM keeps its hybrid KV cache manager with the
+    tier's connector (0.33: OffloadingConnector supports it): servesim's CPU tier holds one
+    full-attention group only, so it cannot run the hybrid groups faithfully. Under 0.19 the
+    connector turns the manager off (sim.core.hybrid_switch) and every layer is full attention."""
+    if resolve_kv_groups(config, connectors) is None:
+        return
+    release = get_scheduler_profile(config.engine.scheduler_profile).release
+    raise ConfigError(field, value, f"vLLM {release} keeps its hybrid KV cache manager for "
+                      f"{config.deployment.model} with a CPU tier, and servesim's CPU tier holds only one "
+                      "full-attention layer group; drop the tier or use scheduler_profile vllm-0.19 "
+                      "(which turns the manager off with any KV connector)")
 
 
 def tier_block_bytes(config: SimulationConfig) -> int:
@@ -177,7 +199,8 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     single_rank_only(config.deployment, "KV offloading")
     check_names(config.engine)
     e = config.engine
-    blocks = check_kv_capacity(resolve_num_gpu_blocks(config), e)
+    check_tier_layout(config, (OFFLOADING,), *offload.setting())
+    blocks = check_kv_capacity(resolve_num_gpu_blocks(config, (OFFLOADING,)), e)
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
     hook = offload_transfers(config, offload)
