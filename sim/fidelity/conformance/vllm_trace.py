@@ -92,6 +92,10 @@ def make_scheduler(cfg: dict, speculative: dict | None = None):
             num_speculative_tokens=speculative["num_speculative_tokens"], target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, speculative_config=speculative_config)
+    # the CPU platform turns async scheduling off in the config (vllm/platforms/cpu.py
+    # `check_and_update_config`); on a GPU it stays as set, and 0.33's KV manager sizes the window groups'
+    # admission cap by it (vllm/config/vllm.py `max_in_flight_tokens`: a batch per concurrent step)
+    vllm_config.scheduler_config.async_scheduling = cfg["async_scheduling"]
     k = speculative["num_speculative_tokens"] if speculative is not None else 0
     groups = [KVCacheGroupSpec([f"layer{i}"], kv_cache_spec(group, cfg, k))
               for i, group in enumerate(cfg.get("kv_groups") or [{"kind": "full"}])]
