@@ -20,6 +20,13 @@ release behaviours are settings (from the scheduler profile): `frees_processed_o
 window frees blocks only behind the tokens whose step has finished, not those in flight under async
 scheduling) and `admission_caps` (vLLM 0.33: the whole-sequence admission check counts at most a
 window's worth of blocks, plus the tokens in flight, in a sliding or chunked group).
+
+Under speculative decoding (set by `sim.engine.spec_decode.SpecDecoder`) every attention group's table
+also covers the lookahead slots, a state group holds k more state blocks per request (vLLM's
+`MambaSpec.num_speculative_blocks`), and EAGLE-style drafts change prefix hits as the release does:
+under `drop_last_hit_block` (vLLM 0.19) the full-attention hit gives up its last block, and a sliding
+group needs one more cached block than its window and then drops it; under `hash_next_tokens` (vLLM
+0.33) each block's key covers the token after it in every group.
 """
 from __future__ import annotations
 
