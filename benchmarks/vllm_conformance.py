@@ -7,6 +7,7 @@
     python benchmarks/vllm_conformance.py record --spec -n 300          # vllm-<version>-spec.jsonl.gz
     python benchmarks/vllm_conformance.py record --spec --stop-rules -n 300   # vllm-<version>-spec-stop.jsonl.gz
     python benchmarks/vllm_conformance.py record --hybrid -n 300        # vllm-<version>-hybrid.jsonl.gz
+    python benchmarks/vllm_conformance.py record --hybrid --spec -n 300   # vllm-<version>-hybrid-spec.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
@@ -21,7 +22,9 @@ stop-rule requests under speculative decoding, where a stop string often complet
 verifies several tokens (hand-made ones from `spec_stop_cases`); servesim finds the stop strings in the
 front end there, as vLLM does (`stop_string_detection="frontend"`). `--hybrid` uses hybrid models'
 KV groups (full attention with sliding-window, chunked local or linear-attention state groups, one
-shared block pool; random ones only).
+shared block pool; random ones only). `--hybrid --spec`: EAGLE on a hybrid model (sliding-window or
+state groups; not chunked local attention, for which vLLM turns its hybrid KV manager off under EAGLE),
+random ones only.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from sim.fidelity.conformance.cases import regression_cases, spec_stop_cases, st
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
 from sim.fidelity.conformance.scenario import (  # noqa: E402
-    random_hybrid_scenario, random_scenario, random_spec_scenario)
+    random_hybrid_scenario, random_hybrid_spec_scenario, random_scenario, random_spec_scenario)
 from sim.fidelity.conformance.servesim_trace import run_servesim  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_conformance"
@@ -46,7 +49,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_con
 def draw(seed: int, args) -> dict:
     """The random scenario of `seed` for the chosen mode."""
     if args.hybrid:
-        return random_hybrid_scenario(seed)
+        return random_hybrid_spec_scenario(seed) if args.spec else random_hybrid_scenario(seed)
     return random_spec_scenario(seed, args.stop_rules) if args.spec else random_scenario(seed, args.stop_rules)
 
 
@@ -86,7 +89,7 @@ def record(args) -> int:
     needs_vllm("record")
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    suffix = "-hybrid" if args.hybrid else ("-spec" if args.spec else "") + ("-stop" if args.stop_rules else "")
+    suffix = ("-hybrid" if args.hybrid else "") + ("-spec" if args.spec else "") + ("-stop" if args.stop_rules else "")
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.hybrid or args.spec:
@@ -127,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--profile", help="servesim scheduler profile (default: from the vLLM version)")
         p.add_argument("--show", type=int, default=10, help="disagreements to print")
         p.add_argument("--stop-rules", action="store_true", help="the stop-rule scenarios")
-        mode = p.add_mutually_exclusive_group()
-        mode.add_argument("--spec", action="store_true",
-                          help="the speculative-decoding (EAGLE) scenarios (with --stop-rules: with stop strings)")
-        mode.add_argument("--hybrid", action="store_true",
-                          help="hybrid models' KV groups (full + sliding window, chunked local or state)")
+        p.add_argument("--spec", action="store_true",
+                       help="the speculative-decoding (EAGLE) scenarios (with --stop-rules: with stop strings)")
+        p.add_argument("--hybrid", action="store_true",
+                       help="hybrid models' KV groups (full + sliding window, chunked local or state; "
+                            "with --spec: EAGLE on sliding-window or state groups)")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")

@@ -20,8 +20,17 @@ release behaviours are settings (from the scheduler profile): `frees_processed_o
 window frees blocks only behind the tokens whose step has finished, not those in flight under async
 scheduling) and `admission_caps` (vLLM 0.33: the whole-sequence admission check counts at most a
 window's worth of blocks, plus the tokens in flight, in a sliding or chunked group).
+
+Under speculative decoding (set by `sim.engine.spec_decode.SpecDecoder`) every attention group's table
+also covers the lookahead slots, a state group holds k more state blocks per request (vLLM's
+`MambaSpec.num_speculative_blocks`), and EAGLE-style drafts change prefix hits as the release does:
+under `drop_last_hit_block` (vLLM 0.19) the full-attention hit gives up its last block, and a sliding
+group needs one more cached block than its window and then drops it; under `hash_next_tokens` (vLLM
+0.33) each block's key covers the token after it in every group.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from kernels_cost_model.kv_layout import KVCacheGroupSpec
 from kernels_cost_model.model_shapes import CHUNKED, LINEAR, SLIDING
@@ -62,10 +71,18 @@ class HybridKVCacheManager(KVCacheManager):
         return 0
 
     def _needed(self, group: KVCacheGroupSpec, total_tokens: int) -> int:
-        """Table length (blocks, None entries included) for `total_tokens` computed tokens."""
+        """Table length (blocks, None entries included) for `total_tokens` computed tokens and the
+        lookahead slots past them (speculative decoding)."""
         if group.kind == LINEAR:
             return group.state_blocks
-        return -(-total_tokens // self.block_size)
+        return -(-self._with_lookahead(total_tokens) // self.block_size)
+
+    def add_speculative_state(self, num_speculative_tokens: int) -> None:
+        """Give each state group's requests one more state block per draft (vLLM's
+        `MambaSpec.num_speculative_blocks`, which the Mamba layers set from k under any spec method).
+        Call it before any request arrives."""
+        self.groups = tuple(dataclasses.replace(g, state_blocks=g.state_blocks + num_speculative_tokens)
+                            if g.kind == LINEAR else g for g in self.groups)
 
     # ----- prefix cache ------------------------------------------------------------------------
     def lookup_prefix(self, req: Request):
@@ -77,6 +94,8 @@ class HybridKVCacheManager(KVCacheManager):
         for g, group in enumerate(self.groups):  # full/MLA first bound the hit; windows only shorten it
             if group.kind not in (SLIDING, CHUNKED):
                 hit = self._full_hit(g, hashes, hit)
+        if self.drop_last_hit_block and hit:
+            hit -= 1  # (EAGLE under vLLM 0.19: the last hit block is recomputed for the head)
         kinds: dict[tuple, list[int]] = {}  # window groups of one kind and window are looked up together
         for g, group in enumerate(self.groups):
             if group.kind in (SLIDING, CHUNKED):
@@ -115,10 +134,12 @@ class HybridKVCacheManager(KVCacheManager):
             while hit < limit and all((g, hashes[hit]) in cached for g in gs):
                 hit += 1
             return hit, first
+        drop = self.drop_last_hit_block  # (EAGLE: one more block must be cached, then it is dropped)
         for k in range(limit, 0, -1):
-            first = self.first_needed_block(group, k * self.block_size)
+            first = max(0, self.first_needed_block(group, k * self.block_size) - drop)
             if all((g, h) in cached for g in gs for h in hashes[first:k]):
-                return k, first
+                k -= drop
+                return k, self.first_needed_block(group, k * self.block_size)
         return 0, 0
 
     # ----- allocation --------------------------------------------------------------------------
@@ -213,10 +234,18 @@ class HybridKVCacheManager(KVCacheManager):
         if front:
             self.free_queue.push_front(front)
 
+    def hash_next_tokens(self, num_tokens: int) -> None:
+        """Key each block's prefix-cache entry with the `num_tokens` tokens after it too, in every group
+        (vLLM 0.33 with EAGLE-style drafts; `KVCacheManager.hash_next_tokens`): a block is hit, and
+        cached, only once those tokens are known."""
+        self.hash_lookahead = num_tokens
+        self._hashes = self._hashes_ahead
+
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         if not self.enable_prefix_caching or self.has_state:
             return
-        num_full = (req.num_computed_tokens if num_tokens is None else num_tokens) // self.block_size
+        known = req.num_computed_tokens if num_tokens is None else num_tokens
+        num_full = min(known, req.num_tokens - self.hash_lookahead) // self.block_size
         done = self.num_hashed_blocks.get(req, 0)
         if num_full <= done:
             return

@@ -43,10 +43,15 @@ class SchedulerProfile:
     admission_lookahead: with speculative decoding, a request admitted with nothing computed gets its
         lookahead slots (num_lookahead_tokens) in the step that admits it, not only from its next step.
     eagle_drops_last_hit_block: with EAGLE-style drafts (eagle, eagle3, mtp), a prefix-cache hit gives
-        up its last block, recomputed so the head has its last position's hidden state.
+        up its last block, recomputed so the head has its last position's hidden state. On a hybrid
+        model the full-attention groups drop theirs first, then a sliding-window group, searching below
+        that, needs one more contiguous cached block than its window and drops it too (0.19.1
+        vllm/v1/core/single_type_kv_cache_manager.py `SlidingWindowManager.find_longest_cache_hit`).
     eagle_hashes_next_token: with EAGLE-style drafts and prefix caching, each block's prefix-cache key
         also covers the token after the block, so a block is hit, and cached, only once that token is
-        known (the head's KV at the block's last position depends on it).
+        known (the head's KV at the block's last position depends on it); on a hybrid model in every
+        group, and no group drops a block (0.33.0 vllm/v1/core/sched/scheduler.py `__init__` turns
+        `use_eagle_block_drop` off when `num_hash_lookahead_tokens` is set).
     pads_new_decodes: with speculative decoding, a waiting request admitted with one token to compute
         (a one-token prompt, a prefix hit of all but its last token) is padded to 1 + k tokens, k
         placeholder drafts that verification rejects, so decode rows stay uniform, where no running

@@ -33,6 +33,7 @@ from kernels_cost_model.errors import require
 from kernels_cost_model.speculative import verify_step_time
 from sim.core.hooks import EngineHook
 from sim.core.kv_cache import KVCacheManager
+from sim.core.kv_groups import HybridKVCacheManager
 from sim.core.request import RequestStatus
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import EAGLE_METHODS, SpeculativeConfig, draft_limit
@@ -67,13 +68,16 @@ class SpecDecoder(EngineHook):
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
         kv.admission_lookahead = profile.admission_lookahead
+        if hasattr(kv, "add_speculative_state"):  # a hybrid model's state groups: k more state blocks
+            kv.add_speculative_state(self.k)
         self.caches_after_verify = profile.caches_after_verify
         if profile.pads_new_decodes and hasattr(engine.policy, "pad_decodes"):
             engine.policy.pad_decodes = 1 + self.k
             self._check_padded_row(engine.config, engine.policy.draft_slots)
         if self.config.method in EAGLE_METHODS:
             kv.drop_last_hit_block = profile.eagle_drops_last_hit_block
-            if profile.eagle_hashes_next_token and kv.enable_prefix_caching and type(kv) is KVCacheManager:
+            if profile.eagle_hashes_next_token and kv.enable_prefix_caching and type(kv) in (KVCacheManager,
+                                                                                              HybridKVCacheManager):
                 kv.hash_next_tokens(1)  # (vLLM's num_hash_lookahead_tokens: the EAGLE head reads one ahead)
         names = STAT_COLUMNS + tuple(f"num_accepted_pos_{i + 1}" for i in range(self.depth))
         self.columns = {name: engine.steps.extra.setdefault(name, []) for name in names}

@@ -28,6 +28,8 @@ Stop-rule scenarios (`random_stop_scenario`) add, per request, `"min_tokens"`, `
 over the text of `token_text`), and `"max_tokens": null` (up to `max_model_len`). `random_spec_scenario(seed,
 stop_rules=True)` draws those requests under speculative decoding, so a stop string often completes inside a
 step that verifies several tokens.
+
+Hybrid spec-decoding scenarios (`random_hybrid_spec_scenario`) carry both `"kv_groups"` and `"speculative"`.
 """
 from __future__ import annotations
 
@@ -162,9 +164,39 @@ def random_hybrid_scenario(seed: int) -> dict:
     prefix caching with Mamba state, "align" mode, is not modelled)."""
     rng = make_rng(seed, "vllm-conformance-hybrid")
     scenario = _draw_scenario(rng, random_request)
+    groups = _draw_kv_groups(rng, scenario["config"], sorted(HYBRID_LAYOUTS))
+    _draw_pool(rng, scenario["config"], groups)
+    return scenario
+
+
+#: the hybrid layouts vLLM runs with its hybrid KV manager under EAGLE-style drafts: it turns the manager
+#: off for chunked local attention with EAGLE (vllm/config/vllm.py), so that layout is left out
+HYBRID_SPEC_LAYOUTS = ("gemma", "linear", "sliding")
+
+
+def random_hybrid_spec_scenario(seed: int) -> dict:
+    """A seeded random scenario of speculative decoding on a hybrid model: a `random_hybrid_scenario`
+    layout (sliding window or state groups; not chunked local attention, see `HYBRID_SPEC_LAYOUTS`) and
+    a `random_spec_scenario` EAGLE config. The pool is one max_model_len request in every group (a state
+    group's k speculative state blocks too) plus the null block, and a few blocks more half the time, so
+    lookahead slots and windows decide preemptions; requests often share prefixes (hits)."""
+    rng = make_rng(seed, "vllm-conformance-hybrid-spec")
+    scenario = _draw_scenario(rng, random_request)
     config = scenario["config"]
+    groups = _draw_kv_groups(rng, config, HYBRID_SPEC_LAYOUTS)
+    k = int(rng.integers(1, 5))
+    scenario["speculative"] = {"method": "eagle", "num_speculative_tokens": k,
+                               "acceptance_rates": [round(float(r), 2) for r in rng.uniform(0.2, 1.0, size=k)],
+                               "seed": int(rng.integers(0, 1 << 16))}
+    _draw_pool(rng, config, groups, state_blocks=1 + k)
+    return scenario
+
+
+def _draw_kv_groups(rng: np.random.Generator, config: dict, layouts) -> list[dict]:
+    """A layout of `layouts` with a small window (a few blocks), set as `config["kv_groups"]` (prefix
+    caching off with a state group)."""
     block = config["block_size"]
-    layout = str(rng.choice(sorted(HYBRID_LAYOUTS)))
+    layout = str(rng.choice(layouts))
     if rng.random() < 0.75:
         window = block * int(rng.integers(1, 5)) + int(rng.choice([0, 0, 1, -1]))
     else:
@@ -174,13 +206,18 @@ def random_hybrid_scenario(seed: int) -> dict:
     config["kv_groups"] = groups
     if layout == "linear":
         config["enable_prefix_caching"] = False
-    per_group = -(-config["max_model_len"] // block)
-    need = sum(1 if g["kind"] == "linear" else per_group for g in groups) + 1  # + the null block
+    return groups
+
+
+def _draw_pool(rng: np.random.Generator, config: dict, groups: list[dict], state_blocks: int = 1) -> None:
+    """`num_gpu_blocks`: one max_model_len request in every group (`state_blocks` in a state group) and
+    the null block, plus up to 3 blocks half the time, else up to three times that."""
+    per_group = -(-config["max_model_len"] // config["block_size"])
+    need = sum(state_blocks if g["kind"] == "linear" else per_group for g in groups) + 1
     if rng.random() < 0.5:
         config["num_gpu_blocks"] = need + int(rng.integers(0, 4))
     else:
         config["num_gpu_blocks"] = int(rng.integers(need, 3 * need))
-    return scenario
 
 
 def _draw_scenario(rng: np.random.Generator, draw_request) -> dict:

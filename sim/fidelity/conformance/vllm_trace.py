@@ -92,7 +92,12 @@ def make_scheduler(cfg: dict, speculative: dict | None = None):
             num_speculative_tokens=speculative["num_speculative_tokens"], target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, speculative_config=speculative_config)
-    groups = [KVCacheGroupSpec([f"layer{i}"], kv_cache_spec(group, cfg))
+    # the CPU platform turns async scheduling off in the config (vllm/platforms/cpu.py
+    # `check_and_update_config`); on a GPU it stays as set, and 0.33's KV manager sizes the window groups'
+    # admission cap by it (vllm/config/vllm.py `max_in_flight_tokens`: a batch per concurrent step)
+    vllm_config.scheduler_config.async_scheduling = cfg["async_scheduling"]
+    k = speculative["num_speculative_tokens"] if speculative is not None else 0
+    groups = [KVCacheGroupSpec([f"layer{i}"], kv_cache_spec(group, cfg, k))
               for i, group in enumerate(cfg.get("kv_groups") or [{"kind": "full"}])]
     kv_cache_config = KVCacheConfig(num_blocks=cfg["num_gpu_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
     cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
@@ -114,11 +119,12 @@ def scheduler_block_sizes(kv_cache_config, vllm_config, block_size: int) -> dict
     return {"block_size": scheduler_block, "hash_block_size": hash_block}
 
 
-def kv_cache_spec(group: dict, cfg: dict):
+def kv_cache_spec(group: dict, cfg: dict, num_speculative_tokens: int = 0):
     """vLLM's spec for one of a scenario's KV groups ({"kind": "full" | "sliding" | "chunked" | "linear",
     "window": tokens}), one tiny layer each (the scheduler reads only the kind, block size and window).
     A linear-attention group is a Mamba state of one block of max_model_len tokens, vLLM's block size for
-    it without prefix caching (vllm/model_executor/models/config.py)."""
+    it without prefix caching (vllm/model_executor/models/config.py), and with speculative decoding one
+    more block per draft (`num_speculative_blocks`, as the Mamba layers set it from k)."""
     import torch
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
@@ -129,7 +135,8 @@ def kv_cache_spec(group: dict, cfg: dict):
     if kind == "chunked":
         return ChunkedLocalAttentionSpec(**shape, attention_chunk_size=group["window"])
     if kind == "linear":
-        return MambaSpec(block_size=cfg["max_model_len"], shapes=((1,),), dtypes=(torch.float32,))
+        return MambaSpec(block_size=cfg["max_model_len"], shapes=((1,),), dtypes=(torch.float32,),
+                         num_speculative_blocks=num_speculative_tokens)
     return FullAttentionSpec(**shape)
 
 
