@@ -2,8 +2,12 @@
 
 Every layer's cache is a tensor of `num_blocks` pages; a page holds `block_size` tokens of one layer
 (bytes per token per layer below). vLLM groups layers of one kind into groups of `group_size` layers
-(the fewest layers any kind has), so every group's block holds `group_size` pages and all groups
+(the fewest layers any kind has, or the most where that is under 1.5x the fewest, as when a drafter's
+layer makes one kind a layer longer), so every group's block holds `group_size` pages and all groups
 draw from ONE shared pool of `num_blocks` blocks: a pool block costs group_size x page bytes.
+A drafter's attention layers (an EAGLE, EAGLE-3 or MTP head: one full-attention layer of the target's
+shape) join the target's full-attention layers (KVCacheLayout.with_drafter_layers); under speculative
+decoding a state group holds 1 + k states per request (KVCacheLayout.with_speculative_state).
 
 bytes per token per layer on one GPU:
 - full / sliding / chunked attention: 2 (K, V) x KV heads per GPU x head_dim x KV dtype bytes;
@@ -19,7 +23,7 @@ bytes per token per layer on one GPU:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernels_cost_model.errors import require
 
@@ -68,6 +72,36 @@ class KVCacheLayout:
                 "refuses to start without it (its state cannot be held as full-attention KV)")
         layers = sum(g.num_layers for g in self.groups)
         return KVCacheLayout((KVCacheGroupSpec(FULL, layers),), self.page_bytes, layers, self.block_size)
+
+    def with_drafter_layers(self, num_layers: int) -> "KVCacheLayout":
+        """The layout with a drafter's `num_layers` attention layers of this page size added to the
+        full-attention (or MLA) kind, regrouped as vLLM groups the target's and the drafter's layers
+        together (`group_size_for`): gpt-oss-120b's 18 sliding + 18 full layers and an EAGLE-3 head
+        make groups of 19 layers, the sliding group padded."""
+        if not num_layers:
+            return self
+        counts: dict[tuple, int] = {}
+        for g in self.groups:
+            key = (g.kind, g.window, g.state_blocks)
+            counts[key] = counts.get(key, 0) + g.num_layers
+        full = next((key for key in counts if key[0] in (FULL, MLA)), (FULL, 0, 0))
+        counts[full] = counts.get(full, 0) + num_layers
+        group_size = group_size_for(counts.values())
+        groups: list[KVCacheGroupSpec] = []
+        for (kind, window, state), n in counts.items():
+            while n > 0:
+                groups.append(KVCacheGroupSpec(kind, min(group_size, n), window, state))
+                n -= group_size
+        return KVCacheLayout(tuple(groups), self.page_bytes, group_size, self.block_size)
+
+    def with_speculative_state(self, num_speculative_tokens: int) -> "KVCacheLayout":
+        """The layout under speculative decoding with k drafts a step: each state group holds 1 + k
+        states per request (vLLM's `MambaSpec.num_speculative_blocks`, k under any method)."""
+        if not num_speculative_tokens or not any(g.kind == LINEAR for g in self.groups):
+            return self
+        groups = tuple(replace(g, state_blocks=g.state_blocks * (1 + num_speculative_tokens))
+                       if g.kind == LINEAR else g for g in self.groups)
+        return KVCacheLayout(groups, self.page_bytes, self.group_size, self.block_size)
 
     def blocks_per_request(self, num_tokens: int) -> int:
         """Pool blocks one request of `num_tokens` tokens holds while decoding (windows already freed)."""
@@ -139,6 +173,15 @@ def linear_state_bytes(spec, tp: int) -> int:
     return conv * spec.dtype_bytes + recurrent * (spec.ssm_state_dtype_bytes or spec.dtype_bytes)
 
 
+def group_size_for(layer_counts) -> int:
+    """Layers per group, as vLLM picks it from the layer count of each kind: the fewest, unless the
+    most are under 1.5x the fewest (a drafter's layer added to one kind), then the most, the shorter
+    kinds' groups padded (vLLM's `_get_kv_cache_groups_uniform_page_size`)."""
+    counts = list(layer_counts)
+    fewest, most = min(counts), max(counts)
+    return most if most < 1.5 * fewest else fewest
+
+
 def _kind_counts(spec) -> dict[str, int]:
     kinds = spec.layer_types or (FULL,) * spec.num_layers
     counts: dict[str, int] = {}
@@ -153,7 +196,7 @@ def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,
     """The groups and pool block size of `spec` on one GPU."""
     page = block_size * attention_bytes_per_token_layer(spec, kv_heads_per_gpu, kv_cache_dtype)
     counts = _kind_counts(spec)
-    group_size = min(counts.values())
+    group_size = group_size_for(counts.values())
     groups: list[KVCacheGroupSpec] = []
     for kind in (MLA, FULL, SLIDING, CHUNKED, LINEAR):
         n = counts.pop(kind, 0)

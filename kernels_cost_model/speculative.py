@@ -63,7 +63,8 @@ from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError, require
 
 from .l2_cache import ElementwiseOp
-from .kv_memory import kv_bytes_per_token, kv_cache_blocks, weight_bytes_per_gpu
+from .kv_layout import KVCacheLayout
+from .kv_memory import kv_bytes_per_token, kv_cache_blocks, kv_cache_memory_bytes, weight_bytes_per_gpu
 from .models import ModelSpec, get_model
 
 NGRAM_FRACTION_OF_STEP = 0.005875
@@ -278,16 +279,30 @@ class ProposerCost:
 def proposer_kv_cache_blocks(target, gpu, drafter: ModelSpec | None, tensor_parallel_size: int = 1,
                              block_size: int = 16, gpu_memory_utilization: float = 0.9,
                              max_num_batched_tokens: int = 8192, *, kv_cache_dtype: str = "auto",
-                             max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> int:
+                             max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0,
+                             layout: KVCacheLayout | None = None) -> int:
     """KV blocks when the drafter's weights and its own KV per token share the GPU with the target
-    (the other arguments as `kv_cache_blocks`'s)."""
+    (the other arguments as `kv_cache_blocks`'s).
+
+    `layout`: the layout the run holds, the drafter's layers in it (KVCacheLayout.with_drafter_layers,
+    with_speculative_state; every layer as full attention where vLLM turns its hybrid manager off). Given,
+    the memory left after the drafter's weights is cut into blocks of that layout, as vLLM sizes a hybrid
+    target's pool with the drafter's layers grouped in. Without it, the drafter's KV per token is added
+    to the target's (every layer full attention: a plain target)."""
     blocks = kv_cache_blocks(target, gpu, tensor_parallel_size, block_size, gpu_memory_utilization,
                              max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                              cudagraph_memory_bytes=cudagraph_memory_bytes)
     if drafter is None:
         return blocks
+    weights = weight_bytes_per_gpu(drafter, tensor_parallel_size, gpu)
+    if layout is not None:
+        free = kv_cache_memory_bytes(target, gpu, tensor_parallel_size, gpu_memory_utilization,
+                                     max_num_batched_tokens, max_num_seqs, cudagraph_memory_bytes) - weights
+        require(free >= layout.block_bytes, "speculative_config.model", drafter.name,
+                "the drafter's weights leave no room for the KV cache")
+        return int(free // layout.block_bytes)
     target_kv = kv_bytes_per_token(target, tensor_parallel_size, kv_cache_dtype) * block_size
-    freed = blocks * target_kv - weight_bytes_per_gpu(drafter, tensor_parallel_size, gpu)
+    freed = blocks * target_kv - weights
     per_block = target_kv + kv_bytes_per_token(drafter, tensor_parallel_size, kv_cache_dtype) * block_size
     require(freed > 0, "speculative_config.model", drafter.name,
             "the drafter's weights leave no room for the KV cache")

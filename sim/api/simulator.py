@@ -367,7 +367,8 @@ def _sized_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
         return require_bookable_blocks(_data_parallel_blocks(config), config)
     if config.speculative_config is not None:
         with within("deployment"):
-            blocks = spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine)
+            blocks = spec_num_gpu_blocks(config.speculative_config, config.deployment, config.engine,
+                                         _hybrid_sizing_layout(config, connectors))
         return require_bookable_blocks(blocks, config)
     from kernels_cost_model import kv_cache_blocks
     d, e = config.deployment, config.engine
@@ -379,6 +380,16 @@ def _sized_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
                                  cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30),
                                  hybrid_manager=layout is None or layout.is_hybrid)
     return require_bookable_blocks(blocks, config)
+
+
+def _hybrid_sizing_layout(config: SimulationConfig, connectors=()):
+    """The run's layout (drafter layers and speculative state in it) where the target is a hybrid
+    model, for sizing its pool as vLLM does; None for a plain target (sized per token)."""
+    from kernels_cost_model import kv_layout
+    d = config.deployment
+    with within("deployment"):
+        own = kv_layout(d.model, d.tensor_parallel_size, config.engine.block_size, d.kv_cache_dtype)
+    return resolve_kv_layout(config, connectors) if own.is_hybrid else None
 
 
 def require_bookable_blocks(blocks: int, config: SimulationConfig) -> int:
@@ -401,11 +412,12 @@ def _data_parallel_blocks(config: SimulationConfig) -> int:
                                   cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
 
 
-def resolve_kv_layout(config: SimulationConfig, connectors=()):
+def resolve_kv_layout(config: SimulationConfig, connectors=(), *, speculative_state: bool = True):
     """The model's KV layout on one GPU as the run holds it (kernels_cost_model.kv_layout.KVCacheLayout):
     every layer as full attention where vLLM turns its hybrid manager off for `connectors` or the
-    drafts (sim.core.hybrid_switch); None for a pinned cache under the linear cost model, which needs
-    no real model."""
+    drafts (sim.core.hybrid_switch); with a speculative head (EAGLE, EAGLE-3, MTP) its attention layer
+    grouped in, and (`speculative_state`) a state group's 1 + k states per request; None for a pinned
+    cache under the linear cost model, which needs no real model."""
     from kernels_cost_model import kv_layout
     d = config.deployment
     try:
@@ -416,12 +428,25 @@ def resolve_kv_layout(config: SimulationConfig, connectors=()):
             return None
         raise
     spec = config.speculative_config
-    return run_layout(layout, config.engine.scheduler_profile, connectors, spec.method if spec is not None else None)
+    layout = run_layout(layout, config.engine.scheduler_profile, connectors, spec.method if spec is not None else None)
+    if spec is None:
+        return layout
+    layout = layout.with_drafter_layers(drafter_kv_layers(spec.method))
+    return layout.with_speculative_state(spec.num_speculative_tokens) if speculative_state else layout
+
+
+def drafter_kv_layers(method: str) -> int:
+    """Attention layers a drafter adds to the target's KV groups: one for an EAGLE, EAGLE-3 or MTP head
+    (a full-attention layer of the target's shape; an MTP head drafting k tokens reuses its one layer);
+    none for n-gram, and none counted for a separate draft model, whose KV is sized per token beside the
+    target's (kernels_cost_model.speculative.proposer_kv_cache_blocks)."""
+    from kernels_cost_model.speculative import HEAD_METHODS
+    return 1 if method in HEAD_METHODS else 0
 
 
 def resolve_kv_groups(config: SimulationConfig, connectors=()):
     """The model's KV layer groups when the run has several (hybrid manager), else None (plain manager)."""
-    layout = resolve_kv_layout(config, connectors)
+    layout = resolve_kv_layout(config, connectors, speculative_state=False)  # (the spec hook adds them)
     return layout.groups if layout is not None and layout.is_hybrid else None
 
 

@@ -103,12 +103,14 @@ def _scaled_linear(drafter, target) -> LinearCostModel:
                    per_context_token_s=base.per_context_token_s * ratio)
 
 
-def spec_num_gpu_blocks(spec: SpeculativeConfig, deployment, engine) -> int:
-    """KV blocks left when the drafter's weights and KV share the GPU (vLLM sizes them together)."""
+def spec_num_gpu_blocks(spec: SpeculativeConfig, deployment, engine, layout=None) -> int:
+    """KV blocks left when the drafter's weights and KV share the GPU (vLLM sizes them together);
+    `layout`: a hybrid target's layout as the run holds it, the drafter's layers grouped in."""
     from kernels_cost_model.speculative import drafter_spec, proposer_kv_cache_blocks
     return proposer_kv_cache_blocks(deployment.model, deployment.gpu,
                                     drafter_spec(spec.method, deployment.model, spec.model),
                                     deployment.tensor_parallel_size, engine.block_size,
                                     deployment.gpu_memory_utilization, engine.max_num_batched_tokens,
                                     kv_cache_dtype=deployment.kv_cache_dtype, max_num_seqs=engine.max_num_seqs,
-                                    cudagraph_memory_bytes=round(deployment.cudagraph_memory_gib * 2**30))
+                                    cudagraph_memory_bytes=round(deployment.cudagraph_memory_gib * 2**30),
+                                    layout=layout)

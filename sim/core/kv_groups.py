@@ -22,7 +22,7 @@ scheduling) and `admission_caps` (vLLM 0.33: the whole-sequence admission check 
 window's worth of blocks, plus the tokens in flight, in a sliding or chunked group).
 
 Under speculative decoding (set by `sim.engine.spec_decode.SpecDecoder`) every attention group's table
-also covers the lookahead slots, a state group holds k more state blocks per request (vLLM's
+also covers the lookahead slots, a state group holds 1 + k states per request (vLLM's
 `MambaSpec.num_speculative_blocks`), and EAGLE-style drafts change prefix hits as the release does:
 under `drop_last_hit_block` (vLLM 0.19) the full-attention hit gives up its last block, and a sliding
 group needs one more cached block than its window and then drops it; under `hash_next_tokens` (vLLM
@@ -78,10 +78,10 @@ class HybridKVCacheManager(KVCacheManager):
         return -(-self._with_lookahead(total_tokens) // self.block_size)
 
     def add_speculative_state(self, num_speculative_tokens: int) -> None:
-        """Give each state group's requests one more state block per draft (vLLM's
-        `MambaSpec.num_speculative_blocks`, which the Mamba layers set from k under any spec method).
-        Call it before any request arrives."""
-        self.groups = tuple(dataclasses.replace(g, state_blocks=g.state_blocks + num_speculative_tokens)
+        """Give each state group's requests one more state per draft, 1 + k states in all (vLLM's
+        `MambaSpec.num_speculative_blocks`, which the Mamba layers set from k under any spec method; a
+        state of several pool blocks takes as many more). Call it before any request arrives."""
+        self.groups = tuple(dataclasses.replace(g, state_blocks=g.state_blocks * (1 + num_speculative_tokens))
                             if g.kind == LINEAR else g for g in self.groups)
 
     # ----- prefix cache ------------------------------------------------------------------------

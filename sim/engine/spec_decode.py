@@ -68,7 +68,7 @@ class SpecDecoder(EngineHook):
         kv.num_lookahead_tokens = self.config.num_lookahead_tokens
         kv.max_model_len = engine.config.max_model_len
         kv.admission_lookahead = profile.admission_lookahead
-        if hasattr(kv, "add_speculative_state"):  # a hybrid model's state groups: k more state blocks
+        if hasattr(kv, "add_speculative_state"):  # a hybrid model's state groups: 1 + k states
             kv.add_speculative_state(self.k)
         self.caches_after_verify = profile.caches_after_verify
         if profile.pads_new_decodes and hasattr(engine.policy, "pad_decodes"):
