@@ -17,8 +17,10 @@ bytes per token per layer on one GPU:
   split over TP; the conv state in the model dtype, the recurrent one too unless config.json's
   `mamba_ssm_dtype` says otherwise (vLLM's mamba_ssm_cache_dtype "auto" follows the model dtype; its
   Qwen3.5 config hook adopts `mamba_ssm_dtype`, float32 there); it takes ceil(state / page) pool blocks
-  per request and group.
-  (vLLM instead raises the attention block size until one page holds the state; same bytes.)
+  per request and group. A run raises the block size first, as vLLM does (`hybrid_block_size`: 16 ->
+  544 tokens for Qwen3-Next at TP1), so a state takes one block; at 16 tokens a state would take ~34.
+  The bytes are close either way, but the attention groups then allocate, hash and hit prefixes in
+  blocks of the raised size.
 `kv_cache_dtype="fp8"` stores attention KV in one byte (vLLM's --kv-cache-dtype fp8); states stay.
 """
 from __future__ import annotations
@@ -31,6 +33,10 @@ from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING
 
 KV_CACHE_DTYPES = ("auto", "fp8")
 MLA = "mla"
+#: The attention kernel's smallest block, which a raised hybrid block size is a multiple of:
+#: FlashAttention / FlashInfer 16 tokens; MLA backends 64 in 0.19.1, 128 in 0.33.0 (no catalog model has
+#: both MLA and linear-attention layers, so the MLA figures are not exercised).
+KERNEL_BLOCK_ALIGNMENT = {"0.19": {False: 16, True: 64}, "0.33": {False: 16, True: 128}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,3 +213,25 @@ def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,
             n -= group_size
     require(not counts, "model", spec.name, f"has layer types servesim does not model: {sorted(counts)}")
     return KVCacheLayout(tuple(groups), page, group_size, block_size)
+
+
+def hybrid_block_size(spec, kv_heads_per_gpu: int, tp: int, block_size: int, kv_cache_dtype: str = "auto",
+                      release: str = "0.33") -> int:
+    """The attention block size vLLM runs a model with linear-attention (state) layers at: the smallest
+    multiple of the kernel's alignment whose attention page holds one layer's state, if `block_size` is
+    smaller (it overrides even a size the user set, and logs it); else `block_size`, the state page
+    padded up to the attention page. 0.19.1 aligns to the kernel's block (16 tokens, MLA 64);
+    0.33.0 to the larger of that and the block size asked for, then to a multiple of the kernel's
+    block (so `block_size=64` gives 576 for Qwen3-Next, not 544). Only vLLM's mamba_cache_mode
+    "none" is modelled (no "align" mode for prefix caching). A model without state keeps `block_size`."""
+    if LINEAR not in (spec.layer_types or ()):
+        return block_size
+    require(release in KERNEL_BLOCK_ALIGNMENT, "release", release,
+            f"must be one of {', '.join(KERNEL_BLOCK_ALIGNMENT)}")
+    per_token = attention_bytes_per_token_layer(spec, kv_heads_per_gpu, kv_cache_dtype)
+    state = linear_state_bytes(spec, tp)
+    kernel = KERNEL_BLOCK_ALIGNMENT[release][bool(spec.is_mla)]
+    align = kernel if release == "0.19" else max(kernel, block_size)
+    need = align * -(-state // (align * per_token))
+    need = kernel * -(-need // kernel)
+    return max(block_size, need)

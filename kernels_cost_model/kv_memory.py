@@ -18,7 +18,7 @@ from __future__ import annotations
 from kernels_cost_model.errors import ConfigError, is_int, is_number, require
 
 from .hardware import get_gpu
-from .kv_layout import KVCacheLayout, kv_cache_layout
+from .kv_layout import KVCacheLayout, hybrid_block_size, kv_cache_layout
 from .model_shapes import split_params
 from .models import get_model
 from .mxfp4_layout import backend_for, expert_bytes
@@ -64,6 +64,15 @@ def kv_layout(model, tensor_parallel_size: int = 1, block_size: int = 16,
     spec = get_model(model)
     return kv_cache_layout(spec, _kv_heads_per_gpu(spec, tensor_parallel_size), tensor_parallel_size,
                            block_size, kv_cache_dtype)
+
+
+def kv_block_size(model, tensor_parallel_size: int = 1, block_size: int = 16, kv_cache_dtype: str = "auto",
+                  release: str = "0.33") -> int:
+    """The block size vLLM `release` runs `model` at when asked for `block_size`: raised for a model with
+    linear-attention state until one page holds a state (kv_layout.hybrid_block_size), else unchanged."""
+    spec = get_model(model)
+    return hybrid_block_size(spec, _kv_heads_per_gpu(spec, tensor_parallel_size), tensor_parallel_size,
+                             block_size, kv_cache_dtype, release)
 
 
 def weight_bytes_per_gpu(model, tensor_parallel_size: int = 1, gpu=None) -> int:

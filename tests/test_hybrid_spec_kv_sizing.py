@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernels_cost_model import get_model
-from kernels_cost_model.kv_memory import kv_cache_memory_bytes, kv_layout, weight_bytes_per_gpu
+from kernels_cost_model.kv_memory import kv_block_size, kv_cache_memory_bytes, kv_layout, weight_bytes_per_gpu
 from kernels_cost_model.model_shapes import CHUNKED, FULL, LINEAR, SLIDING
 from kernels_cost_model.speculative import drafter_spec, proposer_kv_cache_blocks
 from sim.api.simulator import (SimulationConfig, kv_capacity_meta, resolve_kv_groups, resolve_kv_layout,
@@ -39,7 +39,7 @@ def _rows(linear: bool):
 def _layout(release, row):
     """The run's layout: the manager decision for the method (a 0.19 connector turning it off for the
     rows recorded with it off, 0.33 all-full likewise), then the head's layers and the states."""
-    base = kv_layout(row["model"], row["tp"], 16)
+    base = kv_layout(row["model"], row["tp"], kv_block_size(row["model"], row["tp"], 16, release=release))
     method = row["speculative_method"]
     layout = run_layout(base, PROFILE[release], (), method)
     if not row["hybrid_manager"] and layout.is_hybrid:
@@ -77,20 +77,20 @@ def test_sizing_with_a_drafter_head_matches_vllm(release, row):
 @pytest.mark.parametrize("release,row", list(_rows(linear=True)))
 def test_a_state_model_with_mtp_holds_one_plus_k_states_as_vllm(release, row):
     """Qwen3-Next + MTP: the MTP layer joins the 12 full-attention layers (groups of 13), and each of
-    the three state groups holds 1 + k states per request. vLLM's attention block is larger (one page
-    holds a state), servesim's 16-token pages take ceil(state / page) blocks a state (docs/models.md),
-    and max_model_len rounds up to its block: the concurrency agrees within 2 %, not to the digit."""
+    the three state groups holds 1 + k states per request, at the block size vLLM raises 16 to (544
+    tokens: one block a state; docs/models.md): blocks, tokens and concurrency as vLLM's."""
     layout = _layout(release, row)
     vllm_groups = [(KIND[k], n) for k, n in row["groups"]]
     assert Counter(g.kind for g in layout.groups) == Counter(k for k, _ in vllm_groups)
     assert layout.group_size == max(n for _, n in vllm_groups) == 13
+    assert layout.block_size == row["block_size"] and layout.page_bytes == row["page_bytes"]
     k = row["num_speculative_tokens"]
-    base = kv_layout(row["model"], row["tp"], 16)
-    assert [g.state_blocks for g in layout.groups if g.kind == LINEAR] == \
-        [(1 + k) * g.state_blocks for g in base.groups if g.kind == LINEAR]
+    assert [g.state_blocks for g in layout.groups if g.kind == LINEAR] == [1 + k] * 3
     blocks = row["available_bytes"] // layout.block_bytes
+    assert blocks == row["num_blocks"]
+    assert layout.tokens(blocks) == row["kv_cache_tokens"]
     concurrency = layout.vllm_max_concurrency(blocks, row["max_model_len"], window_budget_tokens(_engine(release, row)))
-    assert concurrency == pytest.approx(row["max_concurrency"], rel=2e-2)
+    assert concurrency == pytest.approx(row["max_concurrency"], abs=1e-6)
 
 
 def test_the_recorded_rows_cover_each_case():

@@ -51,6 +51,9 @@ def describe_setup(meta: dict) -> str:
     if dep.get("interconnect") not in (None, "auto"):
         hardware += f" over {dep['interconnect']}"
     blocks = "" if pools else f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens; "
+    if not pools and meta.get("block_size_asked"):
+        blocks = (f"{meta.get('num_gpu_blocks')} KV blocks of {meta.get('block_size')} tokens (block_size "
+                  f"{meta['block_size_asked']} raised, as vLLM does, so one page holds a linear-attention state); ")
     batch = ""
     if eng.get("max_num_seqs") is not None:
         batch = f" (max_num_seqs {eng['max_num_seqs']}, max_num_batched_tokens {eng.get('max_num_batched_tokens')})"

@@ -153,6 +153,7 @@ class SimulationConfig:
             object.__setattr__(self, name, _as_section(name, kind, getattr(self, name)))
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         given = self.engine
+        self.__dict__.setdefault("_given_block_size", given.block_size)
         object.__setattr__(self, "engine", resolve_engine(given, self.deployment))
         check_simulation(self)
         object.__setattr__(self, "seed", int(self.seed))
@@ -161,6 +162,12 @@ class SimulationConfig:
             self._fit_max_model_len(given)
         check_mtp_layers(self.speculative_config, self.deployment)
         check_data_parallel(self.deployment, self.speculative_config)
+
+    @property
+    def given_block_size(self) -> int:
+        """The block size asked for; `engine.block_size` is the one run, raised for a model with
+        linear-attention state as vLLM raises it (sim.api.validation.with_hybrid_block_size)."""
+        return self.__dict__.get("_given_block_size", self.engine.block_size)
 
     @property
     def auto_max_model_len(self) -> bool:
@@ -217,7 +224,10 @@ class SimulationConfig:
             updates[name] = value
         if "deployment" in updates and "engine" not in updates:
             updates["engine"] = _section("engine", EngineConfig, unresolved_engine_values(self))
-        return dataclasses.replace(self, **updates)
+        replaced = dataclasses.replace(self, **updates)
+        if "engine" not in updates:  # (the engine carried over is resolved: keep the size asked for)
+            replaced.__dict__["_given_block_size"] = self.given_block_size
+        return replaced
 
 
 def read_toml(path: str | Path) -> dict:
@@ -454,11 +464,12 @@ def kv_capacity_meta(config: SimulationConfig, num_gpu_blocks: int, connectors=(
     """What vLLM logs at start-up about the KV cache: its size in tokens and the concurrency of
     max_model_len requests, counted per layer group as its hybrid manager does."""
     layout, e = resolve_kv_layout(config, connectors), config.engine
+    raised = {"block_size_asked": config.given_block_size} if config.given_block_size != e.block_size else {}
     if layout is None:
-        return {"num_gpu_blocks": num_gpu_blocks}
+        return {"num_gpu_blocks": num_gpu_blocks, **raised}
     return {"num_gpu_blocks": num_gpu_blocks, "kv_cache_tokens": layout.tokens(num_gpu_blocks),
             "max_concurrency": layout.vllm_max_concurrency(num_gpu_blocks, e.max_model_len,
-                                                           window_budget_tokens(e))}
+                                                           window_budget_tokens(e)), **raised}
 
 
 def check_names(engine: EngineConfig) -> None:

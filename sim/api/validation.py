@@ -141,6 +141,7 @@ def resolve_engine(engine, deployment):
             length = resolve_max_model_len(spec, engine.max_model_len)
             if length != engine.max_model_len:
                 engine = dataclasses.replace(engine, max_model_len=length)
+            engine = with_hybrid_block_size(engine, deployment)
         elif engine.max_model_len is None:
             engine = dataclasses.replace(engine, max_model_len=DEFAULT_MAX_MODEL_LEN)
         if engine.usage_context is None:
@@ -150,6 +151,18 @@ def resolve_engine(engine, deployment):
     except ConfigError as exc:
         field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
         raise ConfigError(field, exc.value, exc.reason) from None
+
+
+def with_hybrid_block_size(engine, deployment):
+    """The engine at the block size vLLM runs the deployment's model at: for a model with
+    linear-attention state layers, raised until one attention page holds one layer's state, even over a
+    block_size the user set (vLLM logs it; servesim's summary header says so); else unchanged."""
+    from kernels_cost_model.kv_memory import kv_block_size
+    from sim.core.scheduler_profiles import get_scheduler_profile
+    release = get_scheduler_profile(engine.scheduler_profile).release
+    size = kv_block_size(deployment.model, deployment.tensor_parallel_size, engine.block_size,
+                         deployment.kv_cache_dtype, release)
+    return engine if size == engine.block_size else dataclasses.replace(engine, block_size=size)
 
 
 def _within_pinned_cache(engine, deployment):
@@ -193,6 +206,7 @@ def unresolved_engine_values(config) -> dict:
         pass
     if config.auto_max_model_len:
         values["max_model_len"] = AUTO_MAX_MODEL_LEN
+    values["block_size"] = config.given_block_size
     defaults = gpu_batch_defaults(e, config.deployment.gpu)
     for name in ("max_num_batched_tokens", "max_num_seqs"):
         unset = dataclasses.replace(e, **{name: None})
