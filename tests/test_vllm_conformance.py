@@ -46,15 +46,21 @@ def assert_same(version: str, name: str) -> dict:
     return want
 
 
+def assert_recorded_seeds_agree(recording: str, at_least: int, pinned=()) -> None:
+    """Every random scenario of `recording` (e.g. "0.33.0-spec") replays step for step; under CI the first
+    RANDOM_IN_CI of them and the `pinned` seeds."""
+    _, cases = recorded(recording)
+    names = [name for name in cases if name.startswith("seed ")]
+    assert len(names) >= at_least
+    if os.environ.get("CI"):
+        names = names[:RANDOM_IN_CI] + [name for name in pinned if name not in names[:RANDOM_IN_CI]]
+    failures = [(name, diff) for name in names if (diff := first_difference(*replay(recording, name)))]
+    assert not failures, failures[:3]
+
+
 @pytest.mark.parametrize("version", VERSIONS + tuple(f"{v}-stop" for v in VERSIONS))
 def test_random_scenarios_agree_step_for_step(version):
-    _, cases = recorded(version)
-    names = [name for name in cases if name.startswith("seed ")]
-    assert len(names) >= 1000
-    if os.environ.get("CI"):
-        names = names[:RANDOM_IN_CI]
-    failures = [(name, diff) for name in names if (diff := first_difference(*replay(version, name)))]
-    assert not failures, failures[:3]
+    assert_recorded_seeds_agree(version, 1000)
 
 
 #: 0.33 seeds whose preempted request hits blocks cached as its verified tokens were appended
@@ -65,26 +71,14 @@ SPEC_CACHED_AFTER_VERIFY = ["seed 156", "seed 160", "seed 163", "seed 193"]
 @pytest.mark.parametrize("version", VERSIONS)
 def test_spec_decoding_scenarios_agree_step_for_step(version):
     """EAGLE with k drafts and a shared acceptance pattern (vllm_conformance.py record --spec)."""
-    _, cases = recorded(f"{version}-spec")
-    names = [name for name in cases if name.startswith("seed ")]
-    assert len(names) >= 300
-    if os.environ.get("CI"):
-        names = names[:RANDOM_IN_CI] + SPEC_CACHED_AFTER_VERIFY
-    failures = [(name, diff) for name in names if (diff := first_difference(*replay(f"{version}-spec", name)))]
-    assert not failures, failures[:3]
+    assert_recorded_seeds_agree(f"{version}-spec", 300, SPEC_CACHED_AFTER_VERIFY)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_spec_decoding_with_stop_strings_agrees_step_for_step(version):
     """The stop-rule requests under EAGLE (vllm_conformance.py record --spec --stop-rules): stop strings
     often complete inside a step that verifies several tokens; finishes, counts and stop reasons too."""
-    _, cases = recorded(f"{version}-spec-stop")
-    names = [name for name in cases if name.startswith("seed ")]
-    assert len(names) >= 300
-    if os.environ.get("CI"):
-        names = names[:RANDOM_IN_CI]
-    failures = [(name, diff) for name in names if (diff := first_difference(*replay(f"{version}-spec-stop", name)))]
-    assert not failures, failures[:3]
+    assert_recorded_seeds_agree(f"{version}-spec-stop", 300)
 
 
 #: (name, the client's output tokens under 0.19.1 and 0.33.0, stop reason under each)

@@ -10,7 +10,6 @@ needs no vLLM.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -18,7 +17,7 @@ from sim.core.scheduler_profiles import PROFILES
 from sim.core.stop_rules import RELEASE_STOP_PROFILES
 from sim.fidelity.conformance.compare import first_difference
 from sim.fidelity.conformance.servesim_trace import run_servesim
-from tests.test_vllm_conformance import RANDOM_IN_CI, VERSIONS, recorded, replay
+from tests.test_vllm_conformance import VERSIONS, assert_recorded_seeds_agree, recorded
 
 #: seeds whose recorded trace each release behaviour changes (replaying every seed with the profile field
 #: flipped changes these, in both releases' recordings): kept in the CI subset too
@@ -34,12 +33,7 @@ def names(version: str) -> list[str]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_hybrid_scenarios_agree_step_for_step(version):
-    seeds = names(version)
-    assert len(seeds) >= 300
-    if os.environ.get("CI"):
-        seeds = seeds[:RANDOM_IN_CI] + [s for pinned in PINNED.values() for s in pinned]
-    failures = [(name, diff) for name in seeds if (diff := first_difference(*replay(f"{version}-hybrid", name)))]
-    assert not failures, failures[:3]
+    assert_recorded_seeds_agree(f"{version}-hybrid", 300, [s for pinned in PINNED.values() for s in pinned])
 
 
 def test_recordings_cover_every_layout_hits_and_preemption():

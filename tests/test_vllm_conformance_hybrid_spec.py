@@ -10,7 +10,6 @@ turns its hybrid KV manager off for it under EAGLE. Replaying them needs no vLLM
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -19,7 +18,7 @@ from sim.core.scheduler_profiles import PROFILES
 from sim.core.stop_rules import RELEASE_STOP_PROFILES
 from sim.fidelity.conformance.compare import first_difference
 from sim.fidelity.conformance.servesim_trace import run_servesim
-from tests.test_vllm_conformance import RANDOM_IN_CI, VERSIONS, recorded, replay
+from tests.test_vllm_conformance import VERSIONS, assert_recorded_seeds_agree, recorded, replay
 
 #: seeds whose recorded trace each release behaviour changes (replaying them with the profile field
 #: flipped departs from both releases' recordings): kept in the CI subset too
@@ -38,14 +37,8 @@ def names(version: str) -> list[str]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_hybrid_spec_scenarios_agree_step_for_step(version):
-    seeds = names(version)
-    assert len(seeds) >= 300
-    if os.environ.get("CI"):
-        pinned = [s for seeds_ in PINNED.values() for s in seeds_] + STATE_BLOCKS
-        seeds = seeds[:RANDOM_IN_CI] + [s for s in pinned if s not in seeds[:RANDOM_IN_CI]]
-    failures = [(name, diff) for name in seeds
-                if (diff := first_difference(*replay(f"{version}-hybrid-spec", name)))]
-    assert not failures, failures[:3]
+    pinned = [s for seeds in PINNED.values() for s in seeds] + STATE_BLOCKS
+    assert_recorded_seeds_agree(f"{version}-hybrid-spec", 300, pinned)
 
 
 def test_recordings_cover_layouts_drafts_hits_and_preemption():
