@@ -337,7 +337,7 @@ def engine_graph_settings(engine: EngineConfig, speculative=None) -> dict:
 def resolve_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
     """The engine's pinned KV size, or the one vLLM would size from the model and GPU memory (which
     must hold one max_model_len request, or vLLM does not start). `connectors`: the KV connectors
-    (sim.core.hybrid_switch.KVConnector) the topology adds, which may turn the hybrid manager off."""
+    (sim.core.hybrid_switch.NIXL, OFFLOADING) the topology adds, which may turn the hybrid manager off."""
     pinned = config.engine.num_gpu_blocks
     blocks = pinned if pinned is not None else _sized_num_gpu_blocks(config, connectors)
     layout = resolve_kv_layout(config, connectors)

@@ -25,12 +25,12 @@ from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
                                require_bookable_blocks, resolve_kv_groups, resolve_num_gpu_blocks, within)
 from sim.api.spec_setup import speculation_hooks
+from sim.core.hybrid_switch import NIXL, OFFLOADING
 from sim.core.kv_offload import CPUOffloadKVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
 from sim.engine.simulation import EngineProcess, check_kv_capacity
 from sim.planning.engine_run import serve
-from sim.core.hybrid_switch import NIXL, OFFLOADING
 from sim.planning.offload import OffloadConfig, OffloadTransfers, check_tier_layout, offload_transfers, tier_summary
 from sim.planning.pipeline import PipelineConfig, PipelineProcess, check_no_speculation
 
