@@ -6,8 +6,9 @@ from the GPUs with rows, as derived_defaults.py derives kernel efficiencies.
   the FA2 GPUs with rows of (rate / that GPU's datasheet DRAM bandwidth), times its own bandwidth.
   Other kernels (FA3 on Hopper, FlashInfer/TRT-LLM on sm_100) keep the plain roofline.
 - Decode-imbalance alphas: per (regime, decodes), the median over the GPUs with rows in the same
-  attention-kernel group. A group with no measured GPU gets none (alpha = 0): the alphas were measured
-  on FA2 launches only, and FA3's or FlashInfer's tiling is not FA2's.
+  attention-kernel group (FA2: LLMServingSim's RTX GPUs; Hopper: servesim's own FA3 shots on the H100
+  and H200). A group with no measured GPU gets none (alpha = 0): FlashInfer's tiling is neither's, and
+  FA2's alphas priced FA3's skewed batches worse than none (benchmarks/fa3_paged_decode.py).
 
 A GPU named `<gpu>@<tag>` (e.g. `rtx-pro-6000@uncalibrated`, sim/fidelity/replay.py) never takes `<gpu>`'s
 own rows as a donor: that is the leave-one-GPU-out case. Each result names its donor GPUs.

@@ -16,10 +16,10 @@ PROFILES = ROOT.parent / "shared" / "data" / "kernel_profiles"
 
 
 def test_measured_gpus_have_both_regimes_and_others_none():
-    for gpu in ("rtx-pro-6000", "rtx-4090"):
+    for gpu in ("rtx-pro-6000", "rtx-4090", "h100-sxm", "h200"):
         pure, mixed = decode_imbalance(gpu)
         assert pure and mixed and all(0.0 <= a <= 1.0 for _, a in pure + mixed)
-    assert decode_imbalance("h100-sxm") is None
+    assert decode_imbalance("b200") is None and decode_imbalance("h100-pcie") is None
 
 
 def test_alpha_interpolates_in_log_decodes_and_holds_its_ends():

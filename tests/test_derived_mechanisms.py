@@ -57,6 +57,18 @@ def test_alphas_are_the_median_over_the_group_per_regime_and_decodes():
 @pytest.mark.parametrize("gpu", ["h100-sxm", "h200", "b200"])
 def test_a_gpu_whose_kernels_are_not_fa2_gets_no_mixed_batch_penalty(gpu):
     assert mixed_decode_for(get_gpu(gpu)) == ((0.0, 0.0), ())
-    assert decode_imbalance_for(get_gpu(gpu)) == (None, ())   # no measured GPU runs its kernels
     cm = make_cost_model("llama-3.1-8b", gpu, 1)
-    assert cm.mixed_decode == (0.0, 0.0) and cm.decode_imbalance is None
+    assert cm.mixed_decode == (0.0, 0.0)
+
+
+def test_imbalance_comes_only_from_gpus_running_the_same_kernels():
+    assert decode_imbalance_for(get_gpu("b200")) == (None, ())      # no measured GPU runs its kernels
+    assert make_cost_model("llama-3.1-8b", "b200", 1).decode_imbalance is None
+    for gpu in ("h100-sxm", "h200"):                                 # FlashAttention-3, measured (own rows)
+        assert decode_imbalance_for(get_gpu(gpu)) == (decode_imbalance(gpu), (gpu,))
+    points, donors = decode_imbalance_for(get_gpu("h100-pcie"))      # Hopper without rows: the Hopper GPUs'
+    assert donors == ("h100-sxm", "h200")
+    pure = dict(points[0])
+    assert pure[16] == pytest.approx(median(dict(decode_imbalance(d)[0])[16] for d in donors))
+    points, donors = decode_imbalance_for(_renamed("h200"))          # left out: the other Hopper GPU only
+    assert donors == ("h100-sxm",) and points == decode_imbalance("h100-sxm")
