@@ -188,13 +188,36 @@ def group_size_for(layer_counts) -> int:
     return most if most < 1.5 * fewest else fewest
 
 
-def _kind_counts(spec) -> dict[str, int]:
+def _layer_kinds(spec) -> list[str]:
+    """Each layer's kind, in layer order (full attention as MLA for an MLA model)."""
     kinds = spec.layer_types or (FULL,) * spec.num_layers
+    return [MLA if (spec.is_mla and k == FULL) else k for k in kinds]
+
+
+def _kind_counts(spec) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for k in kinds:
-        k = MLA if (spec.is_mla and k == FULL) else k
+    for k in _layer_kinds(spec):
         counts[k] = counts.get(k, 0) + 1
     return counts
+
+
+def stage_group_sizes(spec, layout: KVCacheLayout, pipeline_parallel_size: int) -> tuple[int, ...]:
+    """Layers per pool block on each pipeline stage (stages hold num_layers / PP consecutive layers).
+    vLLM groups the whole model's layers and deals each kind's layers to its groups in turn (group i
+    of n takes layers[i::n], so every stage gets its share of each group: 0.19.1 kv_cache_utils.py
+    `_get_kv_cache_groups_uniform_page_size`, 0.33.0 kv_cache_planning.py), keeps on each stage the
+    layers it holds (`_project_kv_cache_groups_to_worker`), and gives a stage's pool block as many
+    pages as its fullest group has layers there (0.19.1 `get_kv_cache_config_from_groups`, 0.33.0
+    `_get_kv_cache_bytes_per_block`). With one stage: `layout.group_size`."""
+    kinds = _layer_kinds(spec) if layout.is_hybrid else [FULL] * spec.num_layers
+    per_stage = len(kinds) // pipeline_parallel_size
+    groups: list[list[int]] = []
+    for kind in dict.fromkeys(kinds):
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        n = -(-len(layers) // layout.group_size)
+        groups += [layers[i::n] for i in range(n)]
+    return tuple(max(sum(stage * per_stage <= i < (stage + 1) * per_stage for i in g) for g in groups)
+                 for stage in range(pipeline_parallel_size))
 
 
 def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,
