@@ -12,7 +12,6 @@ the step) and the KV cache is sized for 1/PP of the weights and layers per GPU.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import simpy
@@ -23,7 +22,9 @@ from sim.api.data_parallel import single_rank_only
 from sim.planning.pipeline import check_no_auto_length
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
-                               require_bookable_blocks, resolve_kv_groups, resolve_num_gpu_blocks, within)
+                               require_bookable_blocks, resolve_kv_groups, resolve_kv_layout, resolve_num_gpu_blocks,
+                               within)
+from sim.api.validation import check_kv_holds_one_request
 from sim.api.spec_setup import speculation_hooks
 from sim.core.hybrid_switch import NIXL, OFFLOADING
 from sim.core.kv_offload import CPUOffloadKVCacheManager
@@ -58,18 +59,24 @@ class InstanceShape:
         return config.replace(engine={"async_scheduling": False}) if self.pipeline_parallel_size > 1 else config
 
     def num_gpu_blocks(self, config: SimulationConfig) -> int:
-        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV."""
+        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV
+        (kernels_cost_model.pipeline.pipeline_kv_cache_blocks), per layer group where vLLM keeps its
+        hybrid manager for the instance's connectors."""
         d, e, pp = config.deployment, config.engine, self.pipeline_parallel_size
         if pp == 1 or e.num_gpu_blocks is not None:
             return resolve_num_gpu_blocks(config, self.connectors)
         with within("pipeline"):
             check_pipeline_size(d.model, pp)
         check_no_auto_length(config, pp)
+        layout = resolve_kv_layout(config, self.connectors)
         with within("deployment"):
             blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
                                               d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
                                               kv_cache_dtype=d.kv_cache_dtype,
-                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30),
+                                              hybrid_manager=layout.is_hybrid)
+        if layout.is_hybrid:
+            check_kv_holds_one_request(e, d, blocks, layout)
         return require_bookable_blocks(blocks, config)
 
 
@@ -100,16 +107,11 @@ def _tier_setting(offload: OffloadConfig) -> tuple[str, object]:
 
 def _kv_groups(config: SimulationConfig, shape: InstanceShape):
     """The KV layer groups the instance runs with its connectors (sim.core.hybrid_switch: several for
-    the hybrid manager, None for the plain one); None with PP, which sizes and moves KV per token of
-    every layer: a warning says so for a model whose groups vLLM would keep apart. (A CPU tier where
-    vLLM keeps the groups is refused before, check_tier_layout.)"""
-    groups = resolve_kv_groups(config, shape.connectors)
-    if groups is None or shape.pipeline_parallel_size == 1:
-        return groups
-    warnings.warn(f"deployment.model={config.deployment.model!r}: with pipeline_parallel_size > 1 its sliding-"
-                  "window and linear-attention layers hold KV as full-attention layers do (the hybrid KV manager "
-                  "is not simulated there), so KV capacity is understated for long requests", stacklevel=3)
-    return None
+    the hybrid manager, None for the plain one). Under PP the scheduler sees the whole model's groups,
+    as vLLM's does (each stage holds its layers of each group; 0.19.1 kv_cache_utils.py
+    `generate_scheduler_kv_cache_config`). (A CPU tier where vLLM keeps the groups is refused before,
+    check_tier_layout.)"""
+    return resolve_kv_groups(config, shape.connectors)
 
 
 def instance_hooks(config: SimulationConfig, shape: InstanceShape) -> list:
