@@ -123,6 +123,19 @@ class KVCacheLayout:
                 total += -(-num_tokens // bs)
         return total
 
+    def transfer_blocks(self, num_tokens: int, num_cached_tokens: int = 0) -> tuple[int, ...]:
+        """Blocks per group vLLM 0.33's NIXL connector moves for a prompt of `num_tokens` tokens whose
+        first `num_cached_tokens` (whole blocks) the receiver holds: a full or chunked group its missing
+        blocks, a sliding group at most its window's cdiv(window, block_size) + 1 of them, a state group
+        its one running state (nixl/base_scheduler.py `get_exchange_clipped_blocks`; the receiver's
+        uncached tail, nixl/base_worker.py `_apply_prefix_caching`); nothing on a full hit."""
+        bs = self.block_size
+        missing = -(-num_tokens // bs) - num_cached_tokens // bs
+        if missing <= 0:
+            return (0,) * len(self.groups)
+        return tuple(1 if g.kind == LINEAR else min(missing, -(-g.window // bs) + 1) if g.kind == SLIDING
+                     else missing for g in self.groups)
+
     def max_concurrency(self, num_blocks: int, num_tokens: int) -> int:
         """Requests of `num_tokens` tokens that fit in the pool at once."""
         return num_blocks // self.blocks_per_request(num_tokens)
