@@ -14,7 +14,8 @@ from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_b
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams
-from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+from sim.planning.instances import simulate_pipeline
+from sim.planning.pipeline import PipelineConfig
 from tests.engine_harness import EOS, engine_configs, scripted_specs
 from workloads.spec import RequestSpec
 from workloads.token_streams import TokenSource

@@ -4,6 +4,7 @@ plain or a pipeline-parallel process.
     from sim.planning.instances import InstanceShape, simulate_instance
     shape = InstanceShape(pipeline=PipelineConfig(2), offload=OffloadConfig(cpu_bytes=100e9))
     results = simulate_instance(config, shape)
+    results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
 
 Aggregated deployments in the topology search and each pool of a disaggregated one use these
 builders, so PP and a CPU tier combine the same way everywhere: the tier's reload time is added to
@@ -146,4 +147,18 @@ def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workloa
     if isinstance(proc, PipelineProcess):
         results.summary["max_batches_in_flight"] = proc.max_in_flight
     results.summary["num_gpus"] = config.deployment.tensor_parallel_size * shape.pipeline_parallel_size
+    return results
+
+
+def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
+                      until: float | None = None) -> Results:
+    """One TP x PP engine serving config.workload (or `workload`): the instance a topology builds with
+    these stages (sim.planning.instances), async scheduling off even with one stage."""
+    with within("pipeline"):
+        check_pipeline_size(config.deployment.model, pipeline.pipeline_parallel_size)
+    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
+    results = simulate_instance(config, InstanceShape(pipeline=pipeline), workload=workload, until=until)
+    results.meta["pipeline"] = {"pipeline_parallel_size": pipeline.pipeline_parallel_size,
+                                "link": get_link(pipeline.link).name}
+    results.summary.setdefault("max_batches_in_flight", 1 if len(results.steps) else 0)
     return results

@@ -1,6 +1,7 @@
 """Pipeline parallelism: one engine on TP x PP GPUs with up to PP batches in flight.
 
-    from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+    from sim.planning.instances import simulate_pipeline
+    from sim.planning.pipeline import PipelineConfig
     results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
 
 As vLLM V1 runs pipeline parallelism (a batch queue of PP batches): the scheduler plans a new batch
@@ -22,8 +23,6 @@ import simpy
 
 from kernels_cost_model.errors import require
 from kernels_cost_model.links import get_link
-from kernels_cost_model.pipeline import check_pipeline_size
-from sim.api.results import Results
 from sim.api.simulator import SimulationConfig, within
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
@@ -136,18 +135,3 @@ def check_no_auto_length(config: SimulationConfig, pipeline_parallel_size: int) 
     require(not config.auto_max_model_len or pipeline_parallel_size == 1, "engine.max_model_len", -1,
             "auto is fitted to the KV cache of an instance without pipeline stages; under pipeline "
             "parallelism give a number")
-
-
-def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
-                      until: float | None = None) -> Results:
-    """One TP x PP engine serving config.workload (or `workload`): the instance a topology builds with
-    these stages (sim.planning.instances), async scheduling off even with one stage."""
-    from sim.planning.instances import InstanceShape, simulate_instance
-    with within("pipeline"):
-        check_pipeline_size(config.deployment.model, pipeline.pipeline_parallel_size)
-    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
-    results = simulate_instance(config, InstanceShape(pipeline=pipeline), workload=workload, until=until)
-    results.meta["pipeline"] = {"pipeline_parallel_size": pipeline.pipeline_parallel_size,
-                                "link": get_link(pipeline.link).name}
-    results.summary.setdefault("max_batches_in_flight", 1 if len(results.steps) else 0)
-    return results
