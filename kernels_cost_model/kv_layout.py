@@ -123,6 +123,19 @@ class KVCacheLayout:
                 total += -(-num_tokens // bs)
         return total
 
+    def transfer_blocks(self, num_tokens: int, num_cached_tokens: int = 0) -> tuple[int, ...]:
+        """Blocks per group vLLM 0.33's NIXL connector moves for a prompt of `num_tokens` tokens whose
+        first `num_cached_tokens` (whole blocks) the receiver holds: a full or chunked group its missing
+        blocks, a sliding group at most its window's cdiv(window, block_size) + 1 of them, a state group
+        its one running state (nixl/base_scheduler.py `get_exchange_clipped_blocks`; the receiver's
+        uncached tail, nixl/base_worker.py `_apply_prefix_caching`); nothing on a full hit."""
+        bs = self.block_size
+        missing = -(-num_tokens // bs) - num_cached_tokens // bs
+        if missing <= 0:
+            return (0,) * len(self.groups)
+        return tuple(1 if g.kind == LINEAR else min(missing, -(-g.window // bs) + 1) if g.kind == SLIDING
+                     else missing for g in self.groups)
+
     def max_concurrency(self, num_blocks: int, num_tokens: int) -> int:
         """Requests of `num_tokens` tokens that fit in the pool at once."""
         return num_blocks // self.blocks_per_request(num_tokens)
@@ -188,13 +201,36 @@ def group_size_for(layer_counts) -> int:
     return most if most < 1.5 * fewest else fewest
 
 
-def _kind_counts(spec) -> dict[str, int]:
+def _layer_kinds(spec) -> list[str]:
+    """Each layer's kind, in layer order (full attention as MLA for an MLA model)."""
     kinds = spec.layer_types or (FULL,) * spec.num_layers
+    return [MLA if (spec.is_mla and k == FULL) else k for k in kinds]
+
+
+def _kind_counts(spec) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for k in kinds:
-        k = MLA if (spec.is_mla and k == FULL) else k
+    for k in _layer_kinds(spec):
         counts[k] = counts.get(k, 0) + 1
     return counts
+
+
+def stage_group_sizes(spec, layout: KVCacheLayout, pipeline_parallel_size: int) -> tuple[int, ...]:
+    """Layers per pool block on each pipeline stage (stages hold num_layers / PP consecutive layers).
+    vLLM groups the whole model's layers and deals each kind's layers to its groups in turn (group i
+    of n takes layers[i::n], so every stage gets its share of each group: 0.19.1 kv_cache_utils.py
+    `_get_kv_cache_groups_uniform_page_size`, 0.33.0 kv_cache_planning.py), keeps on each stage the
+    layers it holds (`_project_kv_cache_groups_to_worker`), and gives a stage's pool block as many
+    pages as its fullest group has layers there (0.19.1 `get_kv_cache_config_from_groups`, 0.33.0
+    `_get_kv_cache_bytes_per_block`). With one stage: `layout.group_size`."""
+    kinds = _layer_kinds(spec) if layout.is_hybrid else [FULL] * spec.num_layers
+    per_stage = len(kinds) // pipeline_parallel_size
+    groups: list[list[int]] = []
+    for kind in dict.fromkeys(kinds):
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        n = -(-len(layers) // layout.group_size)
+        groups += [layers[i::n] for i in range(n)]
+    return tuple(max(sum(stage * per_stage <= i < (stage + 1) * per_stage for i in g) for g in groups)
+                 for stage in range(pipeline_parallel_size))
 
 
 def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,

@@ -227,6 +227,41 @@ def test_link_catalog_prices_transfers_with_cited_figures():
         get_link("smoke-signals")
 
 
+def _hybrid_handoff(model, profile, prompt_len=2048, gpu="h100", tp=1):
+    config = SimulationConfig.from_dict({"deployment": {"model": model, "gpu": gpu, "tensor_parallel_size": tp},
+                                         "engine": {"scheduler_profile": profile, "max_model_len": 8192}})
+    spec = RequestSpec(0.0, (np.arange(prompt_len, dtype=np.int32) * 7) % 30000 + 100, output_len=8,
+                       sampling_params=SamplingParams(max_tokens=8), request_id="a")
+    out = simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1)), workload=[spec])
+    return int(out.transfers["num_bytes"].iloc[0])
+
+
+def test_a_hybrid_models_transfer_moves_each_groups_blocks_under_033():
+    """gpt-oss-20b, a 2048-token prompt. Under vllm-0.33 NIXL moves, per group, the blocks the group
+    holds: the full group's 128, the sliding group's last cdiv(128, 16) + 1 = 9; each block is read in
+    all 12 layer slots of a pool block, 16 tokens x 2 (K, V) x 8 KV heads x 64 x 2 bytes each. Under
+    vllm-0.19 the connector turns the hybrid manager off: 2048 tokens of all 24 layers, as before."""
+    from kernels_cost_model.links import hybrid_kv_transfer_bytes
+    page = 16 * 2 * 8 * 64 * 2
+    assert _hybrid_handoff("gpt-oss-20b", "vllm-0.33") == (128 + 9) * 12 * page == 53_870_592
+    assert _hybrid_handoff("gpt-oss-20b", "vllm-0.19") == 2048 * 24 * page // 16 == \
+        kv_transfer_bytes("gpt-oss-20b", 2048) == 100_663_296
+    # 1024 tokens already on the decode side: 64 full blocks move, the window's 9 still do
+    assert hybrid_kv_transfer_bytes("gpt-oss-20b", 16, 2048, 1024) == (64 + 9) * 12 * page
+    assert hybrid_kv_transfer_bytes("gpt-oss-20b", 16, 2048, 2048) == 0          # a full hit: nothing
+    assert hybrid_kv_transfer_bytes("gpt-oss-20b", 16, 100) == (7 + 7) * 12 * page  # window not yet full
+
+
+def test_a_linear_state_models_transfer_moves_one_state_per_group():
+    """qwen3-next-80b-a3b on two H200s (blocks of 544 tokens), 2048 tokens, both ranks' shares: the full
+    group's 4 blocks, each of 12 slots of 544 x 2 x 2 KV heads x 256 x 2 bytes, and one state per linear
+    group (3 groups) and slot: conv (2 x 16 x 128 + 32 x 128) x 3 x 2 bytes plus recurrent 32 x 128 x 128
+    x 2 bytes. (Every layer as full attention, as before: 2048 x 48 x 2 x 2 x 256 x 2 = 201,326,592.)"""
+    page = 544 * 2 * 2 * 256 * 2
+    state = (2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 2
+    assert _hybrid_handoff("qwen3-next-80b-a3b", "vllm-0.33", gpu="h200", tp=2) == 12 * (4 * page + 3 * state) == 92_995_584
+
+
 @pytest.mark.parametrize("pool, field", [
     ({"pipeline_parallel_size": 3}, "disaggregation.decode.pipeline.pipeline_parallel_size=3"),   # 32 layers
     ({"kv_offloading_size": 1e-6}, "disaggregation.decode.kv_offloading_size=1e-06"),             # < one block

@@ -1,6 +1,8 @@
 """Pipeline parallelism: batches in flight, content invariance, KV conservation, pricing, named errors."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,7 +14,8 @@ from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_b
 from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
 from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams
-from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+from sim.planning.instances import simulate_pipeline
+from sim.planning.pipeline import PipelineConfig
 from tests.engine_harness import EOS, engine_configs, scripted_specs
 from workloads.spec import RequestSpec
 from workloads.token_streams import TokenSource
@@ -88,15 +91,77 @@ def test_speculative_decoding_under_pp_is_a_named_error():
     assert "pipeline_parallel_size=2" in err.value.reason
 
 
-def test_an_instance_runs_a_hybrid_model_as_simulate_does_and_pp_says_what_it_approximates():
-    from sim.planning.instances import InstanceShape, simulate_instance
+def test_an_instance_runs_a_hybrid_model_as_simulate_does_and_keeps_its_groups_under_pp():
+    from sim.core.kv_groups import HybridKVCacheManager
+    from sim.planning.instances import InstanceShape, build_engine, simulate_instance
     config = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100"),
                               workload={"num_requests": 30, "rate": 20.0})
     plain = simulate(config)
     instance = simulate_instance(config, InstanceShape())  # the topology search's and the pools' path
     assert instance.requests["finish_time"].tolist() == plain.requests["finish_time"].tolist()
-    with pytest.warns(UserWarning, match="gpt-oss-20b.*pipeline_parallel_size > 1.*hybrid KV manager"):
-        simulate_instance(config, InstanceShape(pipeline=PipelineConfig(2)))
+    shape = InstanceShape(pipeline=PipelineConfig(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine, _ = build_engine(shape.config(config), shape)
+    assert isinstance(engine.state.kv, HybridKVCacheManager)
+    assert [g.kind for g in engine.state.kv.groups] == ["full_attention", "sliding_attention"]
+
+
+def test_a_hybrid_model_under_pp_is_sized_per_stage_as_vllm_does():
+    """gemma-3-27b (62 layers, five sliding then one full, over and over) on H100s, TP1 x PP2: each stage
+    holds 31 layers. vLLM groups the whole model: its 10 full layers in one group, its 52 sliding layers
+    dealt in turn to 6 groups of at most 10 (group i: sliding layers i, i+6, ...). Stage 0 (layers 0-30)
+    holds full layers 5, 11, .., 29 (5) and sliding layers 0-25 (groups 0-1: 5 each, 2-5: 4 each);
+    stage 1 holds 5 full layers and sliding 26-51 (groups 2-3: 5, the others 4). A stage's pool block is
+    its fullest group's pages: 5 x 16 tokens x 2 (K, V) x 16 KV heads x 128 x 2 bytes, and both stages
+    take the fewer blocks (vLLM's get_kv_cache_configs). All-full, a block held a page of each of 31 layers."""
+    from kernels_cost_model.kv_layout import stage_group_sizes
+    from kernels_cost_model.kv_memory import (activation_bytes, kv_layout, non_torch_bytes, total_memory_bytes,
+                                              weight_bytes_per_gpu)
+    from kernels_cost_model.models import get_model
+    spec = get_model("gemma-3-27b")
+    free = (total_memory_bytes("h100") * 0.9 - weight_bytes_per_gpu(spec, 1, "h100") / 2
+            - activation_bytes(spec, 1, 8192, 256) - non_torch_bytes(2))
+    page = 16 * 2 * 16 * 128 * 2
+    assert stage_group_sizes(spec, kv_layout("gemma-3-27b"), 2) == (5, 5)
+    assert stage_group_sizes(spec, kv_layout("gemma-3-27b"), 1) == (10,)
+    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2) == int(free // (5 * page))
+    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2, hybrid_manager=False) == int(free // (31 * page))
+    # gpt-oss-20b alternates sliding and full layers: 6 of each group per stage at PP2, 3 at PP4
+    gpt = get_model("gpt-oss-20b")
+    assert [stage_group_sizes(gpt, kv_layout("gpt-oss-20b"), pp) for pp in (2, 4)] == [(6, 6), (3,) * 4]
+
+
+def test_an_instance_under_pp_sizes_the_groups_as_the_release_runs_them():
+    """gpt-oss-20b, H100, PP2: the hybrid manager's pool block holds 6 layers' pages, twice the blocks of
+    every layer as full attention (12 per block), as under vllm-0.19 with a NIXL connector."""
+    from sim.planning.instances import InstanceShape
+    config = SimulationConfig.from_dict({"deployment": {"model": "gpt-oss-20b", "gpu": "h100"},
+                                         "engine": {"scheduler_profile": "vllm-0.19", "max_model_len": 8192}})
+    hybrid = InstanceShape(pipeline=PipelineConfig(2)).num_gpu_blocks(config)
+    full = InstanceShape(pipeline=PipelineConfig(2), disaggregated=True).num_gpu_blocks(config)
+    assert hybrid in (2 * full, 2 * full + 1) and full == pipeline_kv_cache_blocks(
+        "gpt-oss-20b", "h100", 1, 2, 16, 0.9, 8192, config.engine.resolved().max_num_seqs, hybrid_manager=False)
+    assert InstanceShape(pipeline=PipelineConfig(2), disaggregated=True).num_gpu_blocks(
+        config.replace(engine={"scheduler_profile": "vllm-0.33"})) == hybrid   # 0.33 keeps it with NIXL
+
+
+def test_a_hybrid_run_under_pp_frees_the_window_blocks():
+    """gpt-oss-20b under PP2, 12 prompts of 2048 tokens at once in 1100 pool blocks. Every layer as full
+    attention a request would hold 2 x 129 blocks (4 fit); the sliding group (window 128) keeps 9 blocks
+    once the prompt is in, so 7 run at once, each holding 129 + 9 blocks."""
+    config = SimulationConfig.from_dict({"deployment": {"model": "gpt-oss-20b", "gpu": "h100"},
+                                         "engine": {"num_gpu_blocks": 1100, "max_model_len": 4096,
+                                                    "enable_prefix_caching": False, "check_invariants": True}})
+    specs = [RequestSpec(0.0, (np.arange(2048, dtype=np.int32) * 7 + i * 13) % 30000 + 100, output_len=64,
+                         sampling_params=SamplingParams(max_tokens=64), request_id=f"r{i}") for i in range(12)]
+    out = simulate_pipeline(config, PipelineConfig(2), workload=specs)
+    steps = out.steps
+    assert steps["num_running"].max() == 7 > 1100 // (2 * 129)
+    decoding = steps[(steps["num_running"] == 7) & (steps["num_prefill_tokens"] == 0)]
+    assert len(decoding) and (decoding["kv_blocks_used"].iloc[0] == 7 * (129 + 9))
+    assert out.requests["finish_time"].notna().all()
+    assert simulate_pipeline(config, PipelineConfig(2), workload=specs).requests.equals(out.requests)
 
 
 def test_a_prefill_in_flight_gets_its_next_chunk_in_the_next_batch():

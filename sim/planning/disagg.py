@@ -27,8 +27,8 @@ from __future__ import annotations
 import simpy
 
 from kernels_cost_model.errors import ConfigError, require
-from kernels_cost_model.links import get_link, kv_transfer_bytes
-from sim.api.simulator import SimulationConfig, check_names
+from kernels_cost_model.links import get_link, hybrid_kv_transfer_bytes, kv_transfer_bytes
+from sim.api.simulator import SimulationConfig, check_names, resolve_kv_groups
 from sim.core.hooks import EngineHook
 from sim.core.invariants import InvariantError
 from sim.core.request import RequestStatus
@@ -166,6 +166,7 @@ class DisaggregatedCluster:
         self.fabric = LinkFabric(env, link, [ranks["prefill"]] * len(self.prefill),
                                  [ranks["decode"]] * len(self.decode), self.log)
         self.model = config.deployment.model
+        self.hybrid_transfers = resolve_kv_groups(decode_cfg, shapes["decode"].connectors) is not None
         self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
         self.in_flight: dict[str, Transfer] = {}
         self.handoffs: dict[str, Transfer] = {}                           # handed off, not finished
@@ -254,11 +255,19 @@ class DisaggregatedCluster:
             queue.pop(0)
             req.status = RequestStatus.RUNNING   # holds blocks: vLLM's WAITING_FOR_REMOTE_KVS
             req.num_cached_tokens = num_cached
-            t.num_bytes = kv_transfer_bytes(self.model, missing)
+            t.num_bytes = self.transfer_bytes(req.num_prompt_tokens, num_cached, kv.block_size)
             t.num_blocks = len(kv.blocks_of(req))
             self.in_flight[req.request_id] = t
             t.flow = self.fabric.send(req.request_id, t.source, d, t.num_bytes,
                                       lambda now, t=t: self._transfer_done(t, now))
+
+    def transfer_bytes(self, num_tokens: int, num_cached_tokens: int, block_size: int) -> int:
+        """Bytes a prompt of `num_tokens` moves when the decode instance holds its first `num_cached_tokens`:
+        each group's blocks where the pools run vLLM's hybrid manager (vllm-0.33 with NIXL), else the
+        missing tokens of every layer (the manager off: every layer full attention)."""
+        if self.hybrid_transfers:
+            return hybrid_kv_transfer_bytes(self.model, block_size, num_tokens, num_cached_tokens)
+        return kv_transfer_bytes(self.model, num_tokens - num_cached_tokens)
 
     def _transfer_done(self, t: Transfer, now: float) -> None:
         check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)

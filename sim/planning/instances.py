@@ -4,6 +4,7 @@ plain or a pipeline-parallel process.
     from sim.planning.instances import InstanceShape, simulate_instance
     shape = InstanceShape(pipeline=PipelineConfig(2), offload=OffloadConfig(cpu_bytes=100e9))
     results = simulate_instance(config, shape)
+    results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
 
 Aggregated deployments in the topology search and each pool of a disaggregated one use these
 builders, so PP and a CPU tier combine the same way everywhere: the tier's reload time is added to
@@ -12,7 +13,6 @@ the step) and the KV cache is sized for 1/PP of the weights and layers per GPU.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import simpy
@@ -23,7 +23,9 @@ from sim.api.data_parallel import single_rank_only
 from sim.planning.pipeline import check_no_auto_length
 from sim.api.results import Results
 from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
-                               require_bookable_blocks, resolve_kv_groups, resolve_num_gpu_blocks, within)
+                               require_bookable_blocks, resolve_kv_groups, resolve_kv_layout, resolve_num_gpu_blocks,
+                               within)
+from sim.api.validation import check_kv_holds_one_request
 from sim.api.spec_setup import speculation_hooks
 from sim.core.hybrid_switch import NIXL, OFFLOADING
 from sim.core.kv_offload import CPUOffloadKVCacheManager
@@ -58,18 +60,24 @@ class InstanceShape:
         return config.replace(engine={"async_scheduling": False}) if self.pipeline_parallel_size > 1 else config
 
     def num_gpu_blocks(self, config: SimulationConfig) -> int:
-        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV."""
+        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV
+        (kernels_cost_model.pipeline.pipeline_kv_cache_blocks), per layer group where vLLM keeps its
+        hybrid manager for the instance's connectors."""
         d, e, pp = config.deployment, config.engine, self.pipeline_parallel_size
         if pp == 1 or e.num_gpu_blocks is not None:
             return resolve_num_gpu_blocks(config, self.connectors)
         with within("pipeline"):
             check_pipeline_size(d.model, pp)
         check_no_auto_length(config, pp)
+        layout = resolve_kv_layout(config, self.connectors)
         with within("deployment"):
             blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
                                               d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
                                               kv_cache_dtype=d.kv_cache_dtype,
-                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
+                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30),
+                                              hybrid_manager=layout.is_hybrid)
+        if layout.is_hybrid:
+            check_kv_holds_one_request(e, d, blocks, layout)
         return require_bookable_blocks(blocks, config)
 
 
@@ -100,16 +108,11 @@ def _tier_setting(offload: OffloadConfig) -> tuple[str, object]:
 
 def _kv_groups(config: SimulationConfig, shape: InstanceShape):
     """The KV layer groups the instance runs with its connectors (sim.core.hybrid_switch: several for
-    the hybrid manager, None for the plain one); None with PP, which sizes and moves KV per token of
-    every layer: a warning says so for a model whose groups vLLM would keep apart. (A CPU tier where
-    vLLM keeps the groups is refused before, check_tier_layout.)"""
-    groups = resolve_kv_groups(config, shape.connectors)
-    if groups is None or shape.pipeline_parallel_size == 1:
-        return groups
-    warnings.warn(f"deployment.model={config.deployment.model!r}: with pipeline_parallel_size > 1 its sliding-"
-                  "window and linear-attention layers hold KV as full-attention layers do (the hybrid KV manager "
-                  "is not simulated there), so KV capacity is understated for long requests", stacklevel=3)
-    return None
+    the hybrid manager, None for the plain one). Under PP the scheduler sees the whole model's groups,
+    as vLLM's does (each stage holds its layers of each group; 0.19.1 kv_cache_utils.py
+    `generate_scheduler_kv_cache_config`). (A CPU tier where vLLM keeps the groups is refused before,
+    check_tier_layout.)"""
+    return resolve_kv_groups(config, shape.connectors)
 
 
 def instance_hooks(config: SimulationConfig, shape: InstanceShape) -> list:
@@ -144,4 +147,18 @@ def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workloa
     if isinstance(proc, PipelineProcess):
         results.summary["max_batches_in_flight"] = proc.max_in_flight
     results.summary["num_gpus"] = config.deployment.tensor_parallel_size * shape.pipeline_parallel_size
+    return results
+
+
+def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
+                      until: float | None = None) -> Results:
+    """One TP x PP engine serving config.workload (or `workload`): the instance a topology builds with
+    these stages (sim.planning.instances), async scheduling off even with one stage."""
+    with within("pipeline"):
+        check_pipeline_size(config.deployment.model, pipeline.pipeline_parallel_size)
+    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
+    results = simulate_instance(config, InstanceShape(pipeline=pipeline), workload=workload, until=until)
+    results.meta["pipeline"] = {"pipeline_parallel_size": pipeline.pipeline_parallel_size,
+                                "link": get_link(pipeline.link).name}
+    results.summary.setdefault("max_batches_in_flight", 1 if len(results.steps) else 0)
     return results

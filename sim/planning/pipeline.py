@@ -1,6 +1,7 @@
 """Pipeline parallelism: one engine on TP x PP GPUs with up to PP batches in flight.
 
-    from sim.planning.pipeline import PipelineConfig, simulate_pipeline
+    from sim.planning.instances import simulate_pipeline
+    from sim.planning.pipeline import PipelineConfig
     results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
 
 As vLLM V1 runs pipeline parallelism (a batch queue of PP batches): the scheduler plans a new batch
@@ -22,16 +23,12 @@ import simpy
 
 from kernels_cost_model.errors import require
 from kernels_cost_model.links import get_link
-from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
-from sim.api.data_parallel import single_rank_only
-from sim.api.results import Results
-from sim.api.simulator import SimulationConfig, build_cost_model, check_names, within
+from sim.api.simulator import SimulationConfig, within
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
 from policies.vllm import VllmV1Policy
 from sim.engine.livelock import HIDDEN_IN_FLIGHT_CAUSE, HOLDERS_CAUSE
-from sim.engine.simulation import EngineProcess, check_kv_capacity
-from sim.planning.engine_run import serve
+from sim.engine.simulation import EngineProcess
 
 
 @dataclass(frozen=True)
@@ -138,31 +135,3 @@ def check_no_auto_length(config: SimulationConfig, pipeline_parallel_size: int) 
     require(not config.auto_max_model_len or pipeline_parallel_size == 1, "engine.max_model_len", -1,
             "auto is fitted to the KV cache of an instance without pipeline stages; under pipeline "
             "parallelism give a number")
-
-
-def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, workload=None,
-                      until: float | None = None) -> Results:
-    """One TP x PP engine serving config.workload (or `workload`)."""
-    single_rank_only(config.deployment, "pipeline parallelism")
-    check_no_auto_length(config, pipeline.pipeline_parallel_size)
-    config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
-    check_names(config.engine)
-    d, e, pp = config.deployment, config.engine, pipeline.pipeline_parallel_size
-    check_no_speculation(config, pp)
-    with within("pipeline"):
-        check_pipeline_size(d.model, pp)
-    blocks = e.num_gpu_blocks
-    if blocks is None:
-        with within("deployment"):
-            blocks = pipeline_kv_cache_blocks(d.model, d.gpu, d.tensor_parallel_size, pp, e.block_size,
-                                              d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
-                                              kv_cache_dtype=d.kv_cache_dtype,
-                                              cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30))
-    engine = Engine(e, build_cost_model(d, e), check_kv_capacity(blocks, e))
-    link = get_link(pipeline.link)
-    proc = PipelineProcess(simpy.Environment(), engine, pp,
-                           lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
-    results = serve(config, proc, workload, until, {"pipeline": {"pipeline_parallel_size": pp, "link": link.name}})
-    results.summary["max_batches_in_flight"] = proc.max_in_flight
-    results.summary["num_gpus"] = d.tensor_parallel_size * pp
-    return results
