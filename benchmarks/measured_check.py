@@ -9,7 +9,8 @@ contexts no table of vLLM's times; for it the script also prints how what a cach
 chunk is priced against what it adds to the kernel. Their
 norms and activations (Inductor's) are what the H100's and H200's elementwise fits are made from, so
 those rows show the fit's error over all its rows, held-out and fitted; `<gpu>-torch.unseen.profile.csv`,
-where there is one, holds them at widths the fit never saw. Prints, per GPU and operator (attention: per
+where there is one, holds them at widths the fit never saw; `<gpu>-torch.tp-ranks.profile.csv` holds
+matmuls and decode attention at the shapes of one rank of Llama-3.1-70B at TP 4 and 8. Prints, per GPU and operator (attention: per
 head layout), the median |error| and the median signed error (positive: the calibration prices the kernel
 slower than measured).
 """
@@ -47,8 +48,10 @@ def profiles() -> list[tuple]:
     """(label, GPU, profile path or None: its own profile) of every profile to check."""
     unseen = [(gpu, MEASURED_DIR / f"{gpu}-torch.unseen.profile.csv") for gpu in GPUS]
     fa3 = [(gpu, MEASURED_DIR / f"{gpu}-fa3.profile.csv") for gpu in GPUS]
+    ranks = [(gpu, MEASURED_DIR / f"{gpu}-torch.tp-ranks.profile.csv") for gpu in GPUS]
     return ([(gpu, gpu, None) for gpu in GPUS]
             + [(f"{gpu} (unseen widths)", gpu, path) for gpu, path in unseen if path.is_file()]
+            + [(f"{gpu} (one rank of 70B at TP 4 and 8)", gpu, path) for gpu, path in ranks if path.is_file()]
             + [(f"{gpu} (FlashAttention-3 prefill)", gpu, path) for gpu, path in fa3 if path.is_file()])
 
 
