@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fa3_paged_decode import measure_or_check, measure_or_check_parser  # noqa: E402
 
 #: (model, tensor-parallel size of the rank built): Llama-3.1-8B whole, one rank of 70B at TP 4 and 8
 RANKS = (("llama-3.1-8b", 1), ("llama-3.1-70b", 8), ("llama-3.1-70b", 4))
@@ -222,7 +225,8 @@ def check() -> None:
         if not path.is_file():
             continue
         print(f"-- {gpu}: priced step (less collectives) against the measured composed step")
-        print(f"   {'model':14s} {'tp':>2s} {'context':>7s} {'batch':>5s} {'measured ms':>11s} {'priced ms':>9s} {'error':>7s}")
+        print(f"   {'model':14s} {'tp':>2s} {'context':>7s} {'batch':>5s} {'measured ms':>11s} {'priced ms':>9s} "
+              f"{'error':>7s}")
         errors = []
         for r in read(path):
             p = priced(r, gpu)
@@ -235,25 +239,11 @@ def check() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", action="store_true", help="time the steps on this machine's Hopper GPU")
-    parser.add_argument("--gpu", default="", help="catalog name written in the device column (with --measure)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the measured file (with --measure)")
-    parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="seconds after which no further rank is started (with --measure)")
-    return parser
+    return measure_or_check_parser(__doc__.splitlines()[0], "steps", 300.0, "no further rank is started")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.measure:
-        if not args.gpu or args.out is None:
-            parser.error("--measure needs --gpu and --out")
-        measure(args.gpu, args.out, args.budget_s)
-    else:
-        check()
-    return 0
+    return measure_or_check(build_parser(), argv, measure, check)
 
 
 if __name__ == "__main__":

@@ -265,29 +265,6 @@ def measure(gpu: str, out_dir: Path, budget_s: float) -> None:
             done(f"repeat of the first layout's full-graph grid: {len(rows)} kernels")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", action="store_true", help="time the grid on this machine's Hopper GPU")
-    parser.add_argument("--gpu", default="", help="catalog name written in the device column (with --measure)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the measured files (with --measure)")
-    parser.add_argument("--budget-s", type=float, default=240.0,
-                        help="seconds after which the optional repeat is skipped (with --measure)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.measure:
-        if not args.gpu or args.out is None:
-            parser.error("--measure needs --gpu and --out")
-        measure(args.gpu, args.out, args.budget_s)
-        return 0
-    check()
-    return 0
-
-
 KV_BANDS = ((0.0, 64e6, "in L2 (< 64 MB)"), (64e6, 1e9, "64 MB - 1 GB"), (1e9, math.inf, ">= 1 GB"))
 N_BANDS = ((2, 16), (32, 256))
 
@@ -358,6 +335,38 @@ def check() -> None:
         for key, (shots, err) in base.items():
             print(f"   {key[0]:5s} n = {key[1][0]}-{key[1][1]:<3d} {shots:4d} shots  {100 * err:5.1f} % / "
                   f"{100 * held[key][1]:5.1f} % / {100 * fa2[key][1]:5.1f} %")
+
+
+def measure_or_check_parser(description: str, measured: str, budget_s: float, budget: str):
+    """The command line of a script that measures on a GPU with --measure and checks without one."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--measure", action="store_true", help=f"time the {measured} on this machine's Hopper GPU")
+    parser.add_argument("--gpu", default="", help="catalog name written in the device column (with --measure)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the measured files (with --measure)")
+    parser.add_argument("--budget-s", type=float, default=budget_s,
+                        help=f"seconds after which {budget} (with --measure)")
+    return parser
+
+
+def measure_or_check(parser, argv, measure_fn, check_fn) -> int:
+    """Run `measure_fn(gpu, out, budget_s)` with --measure (which needs --gpu and --out), else `check_fn()`."""
+    args = parser.parse_args(argv)
+    if not args.measure:
+        check_fn()
+    elif not args.gpu or args.out is None:
+        parser.error("--measure needs --gpu and --out")
+    else:
+        measure_fn(args.gpu, args.out, args.budget_s)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
+    return measure_or_check_parser(__doc__.splitlines()[0], "grid", 240.0, "the optional repeat is skipped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return measure_or_check(build_parser(), argv, measure, check)
 
 
 if __name__ == "__main__":
