@@ -53,7 +53,7 @@ class HybridKVCacheManager(KVCacheManager):
         the most blocks the whole-sequence check (`can_fit` of a request holding none) counts, or None."""
         super().__init__(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
         self.groups = tuple(groups)
-        self.has_state = any(g.kind == LINEAR for g in groups)
+        self.no_state_hits = any(g.kind == LINEAR for g in groups)  # (vLLM's Mamba cache mode "none")
         self.req_tables: dict[Request, list[list[int | None]]] = {}
         self.frees_processed_only = frees_processed_only
         self.admission_caps = tuple(admission_caps) if admission_caps else (None,) * len(self.groups)
@@ -86,7 +86,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     # ----- prefix cache ------------------------------------------------------------------------
     def lookup_prefix(self, req: Request):
-        if not self.enable_prefix_caching or self.has_state:
+        if not self.enable_prefix_caching or self.no_state_hits:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)[:max_blocks]
@@ -242,7 +242,7 @@ class HybridKVCacheManager(KVCacheManager):
         self._hashes = self._hashes_ahead
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
-        if not self.enable_prefix_caching or self.has_state:
+        if not self.enable_prefix_caching or self.no_state_hits:
             return
         known = req.num_computed_tokens if num_tokens is None else num_tokens
         num_full = min(known, req.num_tokens - self.hash_lookahead) // self.block_size
@@ -286,6 +286,9 @@ def kv_manager_for(config, num_gpu_blocks: int, groups=None) -> KVCacheManager:
     """The KV manager of an engine with `config` (resolved) and the model's KV `groups`, with its
     scheduler profile's KV behaviours."""
     profile = get_scheduler_profile(config.scheduler_profile)
+    from sim.core.kv_mamba_align import mamba_align_manager, runs_mamba_align  # (it builds on this module)
+    if runs_mamba_align(config, groups):
+        return mamba_align_manager(config, num_gpu_blocks, groups)
     caps = None
     if groups and len(groups) > 1 and profile.window_admission_cap:
         caps = admission_caps(groups, config.block_size, config.max_model_len, window_budget_tokens(config))
