@@ -10,8 +10,8 @@ all drawing from the one pool of `num_gpu_blocks` blocks of the base KVCacheMana
 - linear attention / SSM: `state_blocks` blocks per request for its state, whatever its length.
 Prefix caching, per group: full/MLA need every block of the hit; sliding and chunked only the blocks
 inside the window (or chunk) ending at the hit; the hit is the longest every group accepts; a group
-holding per-request state disables prefix hits (vLLM's default for mamba-style layers), so such models
-compute every prompt. Blocks full with known tokens enter the cache when allocated, before a window
+holding per-request state disables prefix hits (vLLM's Mamba cache mode "none"; its "align" mode, 0.33's
+with prefix caching on, is sim.core.kv_mamba_align), so such models compute every prompt. Blocks full with known tokens enter the cache when allocated, before a window
 frees them, so a freed block outside the window can still be hit.
 
 As vLLM's `allocate_slots`, an allocation first frees the blocks outside the windows (even if it then

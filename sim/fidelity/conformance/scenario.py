@@ -163,8 +163,8 @@ def random_hybrid_scenario(seed: int) -> dict:
     group and sliding-window, chunked local or linear-attention (state) groups with small windows (a few
     blocks) so windows free blocks and prefix hits cross them within short prompts. `num_gpu_blocks`
     counts the one pool all groups share: from one max_model_len request in every group (plus the null
-    block) to three times that, often tight. A state group's model runs without prefix caching (vLLM's
-    prefix caching with Mamba state, "align" mode, is not modelled)."""
+    block) to three times that, often tight. A state group's model runs without prefix caching (with it,
+    vLLM's Mamba "align" mode: `random_hybrid_align_scenario`)."""
     rng = make_rng(seed, "vllm-conformance-hybrid")
     scenario = _draw_scenario(rng, random_request)
     groups = _draw_kv_groups(rng, scenario["config"], sorted(HYBRID_LAYOUTS))
