@@ -186,15 +186,8 @@ class HybridKVCacheManager(KVCacheManager):
         fresh, revived, _ = self._plan(req, num_new_tokens, cached_blocks)
         if fresh + revived > len(self.free_queue):
             return None
-        tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
-        if cached_blocks:
-            for g, hit in enumerate(cached_blocks):
-                for block in hit:
-                    if block is not None:
-                        self._touch(block)
-                tables[g].extend(hit)
-        total = req.num_computed_tokens + (len(cached_blocks[0]) * self.block_size if cached_blocks else 0) \
-            + num_new_tokens
+        tables, hit_tokens = self._take_hits(req, cached_blocks)
+        total = req.num_computed_tokens + hit_tokens + num_new_tokens
         new_blocks: list[int] = []
         for group, table in zip(self.groups, tables):
             for _ in range(self._needed(group, total) - len(table)):
@@ -205,6 +198,18 @@ class HybridKVCacheManager(KVCacheManager):
         if self.enable_prefix_caching:  # blocks full with known tokens enter the cache now (allocate_slots)
             self.cache_full_blocks(req, min(total, req.num_tokens))
         return new_blocks
+
+    def _take_hits(self, req: Request, cached_blocks) -> tuple[list, int]:
+        """(the request's tables, its prefix hits appended; the tokens they cover)."""
+        tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
+        if not cached_blocks:
+            return tables, 0
+        for g, hit in enumerate(cached_blocks):
+            for block in hit:
+                if block is not None:
+                    self._touch(block)
+            tables[g].extend(hit)
+        return tables, len(cached_blocks[0]) * self.block_size
 
     def _free_outside_windows(self, req: Request, tables) -> None:
         """Free each window group's blocks before its window, last first (one release per group)."""

@@ -136,15 +136,7 @@ class MambaAlignKVCacheManager(HybridKVCacheManager):
         fresh, revived, _ = self._plan(req, num_new_tokens, cached_blocks)
         if fresh + revived > len(self.free_queue):
             return None
-        tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
-        hit_tokens = 0
-        if cached_blocks:
-            for g, hit in enumerate(cached_blocks):
-                for block in hit:
-                    if block is not None:
-                        self._touch(block)
-                tables[g].extend(hit)
-            hit_tokens = len(cached_blocks[0]) * self.block_size
+        tables, hit_tokens = self._take_hits(req, cached_blocks)
         total = req.num_computed_tokens + hit_tokens + num_new_tokens
         needed = -(-total // self.block_size)
         new_blocks: list[int] = []
