@@ -10,7 +10,7 @@ from kernels_cost_model.kv_layout import KVCacheGroupSpec, KVCacheLayout
 from kernels_cost_model.model_shapes import FULL, LINEAR, SLIDING
 from policies.mamba_align import aligned_chunk
 from sim.core.config import EngineConfig
-from sim.core.kv_groups import kv_manager_for
+from sim.core.kv_managers import kv_manager_for
 from sim.core.kv_mamba_align import MambaAlignKVCacheManager
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams

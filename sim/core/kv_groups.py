@@ -287,21 +287,6 @@ def make_kv_manager(num_gpu_blocks: int, block_size: int, enable_prefix_caching:
     return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
 
 
-def kv_manager_for(config, num_gpu_blocks: int, groups=None) -> KVCacheManager:
-    """The KV manager of an engine with `config` (resolved) and the model's KV `groups`, with its
-    scheduler profile's KV behaviours."""
-    profile = get_scheduler_profile(config.scheduler_profile)
-    from sim.core.kv_mamba_align import mamba_align_manager, runs_mamba_align  # (it builds on this module)
-    if runs_mamba_align(config, groups):
-        return mamba_align_manager(config, num_gpu_blocks, groups)
-    caps = None
-    if groups and len(groups) > 1 and profile.window_admission_cap:
-        caps = admission_caps(groups, config.block_size, config.max_model_len, window_budget_tokens(config))
-    return make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, groups,
-                           profile.free_uncached_first, frees_processed_only=profile.windows_free_processed_only,
-                           admission_caps=caps)
-
-
 def window_budget_tokens(config) -> int:
     """Tokens beyond its window (or chunk) that a sliding or chunked group budgets for one request, in
     the admission check, the one-request start-up check and the concurrency vLLM reports: 0.33 takes
