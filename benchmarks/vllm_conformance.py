@@ -8,6 +8,7 @@
     python benchmarks/vllm_conformance.py record --spec --stop-rules -n 300   # vllm-<version>-spec-stop.jsonl.gz
     python benchmarks/vllm_conformance.py record --hybrid -n 300        # vllm-<version>-hybrid.jsonl.gz
     python benchmarks/vllm_conformance.py record --hybrid --spec -n 300   # vllm-<version>-hybrid-spec.jsonl.gz
+    python benchmarks/vllm_conformance.py record --hybrid --align -n 300  # vllm-<version>-hybrid-align.jsonl.gz
 
 `compare` drives both with the same random scenarios (seeds start..start+n) and prints the agreement
 rate and, for each disagreement, the first differing step of the scenario shrunk to fewer requests.
@@ -24,7 +25,8 @@ front end there, as vLLM does (`stop_string_detection="frontend"`). `--hybrid` u
 KV groups (full attention with sliding-window, chunked local or linear-attention state groups, one
 shared block pool; random ones only). `--hybrid --spec`: EAGLE on a hybrid model (sliding-window or
 state groups; not chunked local attention, for which vLLM turns its hybrid KV manager off under EAGLE),
-random ones only.
+random ones only. `--hybrid --align`: a state model with prefix caching on, in vLLM's "align" Mamba cache
+mode (0.33's default for hybrids with prefix caching), random ones only.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from sim.fidelity.conformance.cases import regression_cases, spec_stop_cases, st
 from sim.fidelity.conformance.compare import first_difference, shrink  # noqa: E402
 from sim.fidelity.conformance.recorded import profile_for_version, read_recorded  # noqa: E402
 from sim.fidelity.conformance.scenario import (  # noqa: E402
-    random_hybrid_scenario, random_hybrid_spec_scenario, random_scenario, random_spec_scenario)
+    random_hybrid_align_scenario, random_hybrid_scenario, random_hybrid_spec_scenario, random_scenario,
+    random_spec_scenario)
 from sim.fidelity.conformance.servesim_trace import run_servesim  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_conformance"
@@ -48,6 +51,8 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_con
 
 def draw(seed: int, args) -> dict:
     """The random scenario of `seed` for the chosen mode."""
+    if args.hybrid and args.align:
+        return random_hybrid_align_scenario(seed)
     if args.hybrid:
         return random_hybrid_spec_scenario(seed) if args.spec else random_hybrid_scenario(seed)
     return random_spec_scenario(seed, args.stop_rules) if args.spec else random_scenario(seed, args.stop_rules)
@@ -89,7 +94,7 @@ def record(args) -> int:
     needs_vllm("record")
     from sim.fidelity.conformance.vllm_trace import run_vllm, vllm_version
     version = vllm_version()
-    suffix = ("-hybrid" if args.hybrid else "") + ("-spec" if args.spec else "") + ("-stop" if args.stop_rules else "")
+    suffix = ("-hybrid" if args.hybrid else "") + ("-align" if args.align else "") + ("-spec" if args.spec else "") + ("-stop" if args.stop_rules else "")
     out = Path(args.out or DATA_DIR / f"vllm-{version}{suffix}.jsonl.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.hybrid or args.spec:
@@ -135,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hybrid", action="store_true",
                        help="hybrid models' KV groups (full + sliding window, chunked local or state; "
                             "with --spec: EAGLE on sliding-window or state groups)")
+        p.add_argument("--align", action="store_true",
+                       help="with --hybrid: a state model with prefix caching, Mamba cache mode \"align\"")
     sub.choices["record"].add_argument("--out", help="output .jsonl.gz")
     p = sub.add_parser("replay")
     p.add_argument("path")
@@ -148,6 +155,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "hybrid", False) and args.stop_rules:
         parser.error("--hybrid draws no stop-rule scenarios: drop --stop-rules")
+    if getattr(args, "align", False) and (not args.hybrid or args.spec):
+        parser.error("--align draws hybrid scenarios without drafts: use it with --hybrid alone")
     return {"compare": compare, "record": record, "replay": replay}[args.command](args)
 
 

@@ -56,6 +56,7 @@ class KVCacheLayout:
     page_bytes: int         # one layer's page of block_size tokens
     group_size: int         # layers per group: a pool block is group_size pages
     block_size: int
+    mamba_align: bool = False  # state groups in vLLM's "align" Mamba cache mode (prefix caching on)
 
     @property
     def block_bytes(self) -> int:
@@ -109,6 +110,12 @@ class KVCacheLayout:
                        if g.kind == LINEAR else g for g in self.groups)
         return KVCacheLayout(groups, self.page_bytes, self.group_size, self.block_size)
 
+    def with_mamba_align(self) -> "KVCacheLayout":
+        """The layout with its state groups in vLLM's "align" Mamba cache mode (0.33 with prefix caching
+        on): vLLM budgets two states per request, the running one and the one it is copied from
+        (0.33.0 vllm/v1/kv_cache_interface.py `MambaSpec.max_memory_usage_bytes`)."""
+        return replace(self, mamba_align=True) if any(g.kind == LINEAR for g in self.groups) else self
+
     def blocks_per_request(self, num_tokens: int) -> int:
         """Pool blocks one request of `num_tokens` tokens holds while decoding (windows already freed)."""
         bs, total = self.block_size, 0
@@ -150,11 +157,11 @@ class KVCacheLayout:
         group keeps its window plus `max_num_batched_tokens` (+1 block for a window straddling a block
         boundary), a chunked one a chunk plus those tokens, a state group its state. vLLM 0.33 passes
         its tokens in flight here (two steps' under async scheduling), 0.19 one step's
-        (sim.core.kv_groups.window_budget_tokens)."""
+        (sim.core.kv_groups.window_budget_tokens). In "align" mode a state group its two states."""
         bs, total = self.block_size, 0
         for g in self.groups:
             if g.kind == LINEAR:
-                total += g.state_blocks
+                total += g.state_blocks * (2 if self.mamba_align else 1)
             elif g.kind == SLIDING:
                 total += -(-min(g.window - 1 + max_num_batched_tokens, max_model_len) // bs) + 1
             elif g.kind == CHUNKED:
@@ -258,8 +265,9 @@ def hybrid_block_size(spec, kv_heads_per_gpu: int, tp: int, block_size: int, kv_
     smaller (it overrides even a size the user set, and logs it); else `block_size`, the state page
     padded up to the attention page. 0.19.1 aligns to the kernel's block (16 tokens, MLA 64);
     0.33.0 to the larger of that and the block size asked for, then to a multiple of the kernel's
-    block (so `block_size=64` gives 576 for Qwen3-Next, not 544). Only vLLM's mamba_cache_mode
-    "none" is modelled (no "align" mode for prefix caching). A model without state keeps `block_size`."""
+    block (so `block_size=64` gives 576 for Qwen3-Next, not 544). In "align" mode 0.33 also aligns to
+    the layers' prefill checkpoints, which only a FlashInfer GDN prefill declares: not modelled (the
+    Triton prefill's layers declare none, so the size is the same). A model without state keeps `block_size`."""
     if LINEAR not in (spec.layer_types or ()):
         return block_size
     require(release in KERNEL_BLOCK_ALIGNMENT, "release", release,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from policies.mamba_align import aligned_chunk
 from sim.core.config import EngineConfig
 from kernels_cost_model.errors import require
 from sim.core.kv_cache import KVCacheManager
@@ -105,7 +106,7 @@ class Policy:
             if n > budget:
                 return None
         else:
-            n = self.chunk(state, req, budget, num_cached)
+            n = aligned_chunk(state.kv, state.config, req, self.chunk(state, req, budget, num_cached), num_cached)
         if n <= 0:
             return None
         if self.pad_decodes and self.lacking(req, num_cached) == 1:

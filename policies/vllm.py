@@ -18,6 +18,7 @@ from __future__ import annotations
 from itertools import islice
 
 from policies.base import EngineState, Policy, SchedulerOutput
+from policies.mamba_align import aligned_chunk
 from sim.core.request import RequestStatus
 from sim.core.scheduler_profiles import SchedulerProfile, get_scheduler_profile
 
@@ -39,6 +40,7 @@ class VllmV1Policy(Policy):
         self._threshold = config.long_prefill_token_threshold
         if profile.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
             self._threshold = 0  # nobody to starve: a lone request uses the whole budget
+        state.kv.new_step_starts()
         out = SchedulerOutput()
         budget = self._draft_budget(config, profile) if self.draft_slots else config.max_num_batched_tokens
         budget = self.schedule_running(state, budget, out, profile)
@@ -110,7 +112,8 @@ class VllmV1Policy(Policy):
         if placeholders and computed + 2 - placeholders >= prompt + (req.sampling_params.max_tokens
                                                                     or max_model_len - prompt):
             return 0
-        return min(self.chunk(state, req, budget), max_model_len - 1 - computed)
+        n = min(self.chunk(state, req, budget), max_model_len - 1 - computed)
+        return aligned_chunk(state.kv, state.config, req, n)
 
     def _grow_in_place(self, state: EngineState, start: int, budget: int, out: SchedulerOutput) -> tuple[int, int]:
         """Schedule the running requests from `start` on while each fits within the blocks it holds or

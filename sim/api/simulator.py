@@ -35,6 +35,7 @@ from sim.api.data_parallel import check_data_parallel, run_lockstep
 from sim.api.results import merge_results
 from sim.core.hybrid_switch import run_layout
 from sim.core.kv_groups import window_budget_tokens
+from sim.core.kv_mamba_align import runs_mamba_align
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
 from sim.core.text import check_token_text
@@ -440,7 +441,7 @@ def resolve_kv_layout(config: SimulationConfig, connectors=(), *, speculative_st
     spec = config.speculative_config
     layout = run_layout(layout, config.engine.scheduler_profile, connectors, spec.method if spec is not None else None)
     if spec is None:
-        return layout
+        return layout.with_mamba_align() if runs_mamba_align(config.engine, layout.groups) else layout
     layout = layout.with_drafter_layers(drafter_kv_layers(spec.method))
     return layout.with_speculative_state(spec.num_speculative_tokens) if speculative_state else layout
 

@@ -87,6 +87,9 @@ def _check_groups(kv, req) -> None:
     tables = kv.req_tables.get(req)
     _ensure(tables is not None and len(tables) == len(kv.groups), f"{req.request_id} lacks its group tables")
     for g, (group, table) in enumerate(zip(kv.groups, tables)):
+        if group.state_blocks and getattr(kv, "checkpoint_tokens", 0):  # (Mamba align: positional states)
+            _ensure(bool(table) and table[-1] is not None, f"{req.request_id} group {g} lost its running state")
+            continue
         if group.state_blocks:
             live = [b for b in table if b is not None]
             _ensure(len(live) == group.state_blocks,

@@ -140,6 +140,9 @@ class KVCacheManager:
         blocks.append(self._pop_free())
         return True
 
+    def new_step_starts(self) -> None:
+        """The scheduler begins a step (a manager that keeps per-step state resets it)."""
+
     def blocks_of(self, req: Request) -> list[int]:
         return self.req_blocks.get(req, [])
 

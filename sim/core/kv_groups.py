@@ -10,8 +10,8 @@ all drawing from the one pool of `num_gpu_blocks` blocks of the base KVCacheMana
 - linear attention / SSM: `state_blocks` blocks per request for its state, whatever its length.
 Prefix caching, per group: full/MLA need every block of the hit; sliding and chunked only the blocks
 inside the window (or chunk) ending at the hit; the hit is the longest every group accepts; a group
-holding per-request state disables prefix hits (vLLM's default for mamba-style layers), so such models
-compute every prompt. Blocks full with known tokens enter the cache when allocated, before a window
+holding per-request state disables prefix hits (vLLM's Mamba cache mode "none"; its "align" mode, 0.33's
+with prefix caching on, is sim.core.kv_mamba_align), so such models compute every prompt. Blocks full with known tokens enter the cache when allocated, before a window
 frees them, so a freed block outside the window can still be hit.
 
 As vLLM's `allocate_slots`, an allocation first frees the blocks outside the windows (even if it then
@@ -53,7 +53,7 @@ class HybridKVCacheManager(KVCacheManager):
         the most blocks the whole-sequence check (`can_fit` of a request holding none) counts, or None."""
         super().__init__(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
         self.groups = tuple(groups)
-        self.has_state = any(g.kind == LINEAR for g in groups)
+        self.no_state_hits = any(g.kind == LINEAR for g in groups)  # (vLLM's Mamba cache mode "none")
         self.req_tables: dict[Request, list[list[int | None]]] = {}
         self.frees_processed_only = frees_processed_only
         self.admission_caps = tuple(admission_caps) if admission_caps else (None,) * len(self.groups)
@@ -86,7 +86,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     # ----- prefix cache ------------------------------------------------------------------------
     def lookup_prefix(self, req: Request):
-        if not self.enable_prefix_caching or self.has_state:
+        if not self.enable_prefix_caching or self.no_state_hits:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._hashes(req, max_blocks)[:max_blocks]
@@ -186,15 +186,8 @@ class HybridKVCacheManager(KVCacheManager):
         fresh, revived, _ = self._plan(req, num_new_tokens, cached_blocks)
         if fresh + revived > len(self.free_queue):
             return None
-        tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
-        if cached_blocks:
-            for g, hit in enumerate(cached_blocks):
-                for block in hit:
-                    if block is not None:
-                        self._touch(block)
-                tables[g].extend(hit)
-        total = req.num_computed_tokens + (len(cached_blocks[0]) * self.block_size if cached_blocks else 0) \
-            + num_new_tokens
+        tables, hit_tokens = self._take_hits(req, cached_blocks)
+        total = req.num_computed_tokens + hit_tokens + num_new_tokens
         new_blocks: list[int] = []
         for group, table in zip(self.groups, tables):
             for _ in range(self._needed(group, total) - len(table)):
@@ -205,6 +198,18 @@ class HybridKVCacheManager(KVCacheManager):
         if self.enable_prefix_caching:  # blocks full with known tokens enter the cache now (allocate_slots)
             self.cache_full_blocks(req, min(total, req.num_tokens))
         return new_blocks
+
+    def _take_hits(self, req: Request, cached_blocks) -> tuple[list, int]:
+        """(the request's tables, its prefix hits appended; the tokens they cover)."""
+        tables = self.req_tables.setdefault(req, [[] for _ in self.groups])
+        if not cached_blocks:
+            return tables, 0
+        for g, hit in enumerate(cached_blocks):
+            for block in hit:
+                if block is not None:
+                    self._touch(block)
+            tables[g].extend(hit)
+        return tables, len(cached_blocks[0]) * self.block_size
 
     def _free_outside_windows(self, req: Request, tables) -> None:
         """Free each window group's blocks before its window, last first (one release per group)."""
@@ -242,7 +247,7 @@ class HybridKVCacheManager(KVCacheManager):
         self._hashes = self._hashes_ahead
 
     def cache_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
-        if not self.enable_prefix_caching or self.has_state:
+        if not self.enable_prefix_caching or self.no_state_hits:
             return
         known = req.num_computed_tokens if num_tokens is None else num_tokens
         num_full = min(known, req.num_tokens - self.hash_lookahead) // self.block_size
@@ -280,18 +285,6 @@ def make_kv_manager(num_gpu_blocks: int, block_size: int, enable_prefix_caching:
     if not enable_prefix_caching and free_uncached_first:
         return StackedKVCacheManager(num_gpu_blocks, block_size)  # the same blocks, a faster free queue
     return KVCacheManager(num_gpu_blocks, block_size, enable_prefix_caching, free_uncached_first)
-
-
-def kv_manager_for(config, num_gpu_blocks: int, groups=None) -> KVCacheManager:
-    """The KV manager of an engine with `config` (resolved) and the model's KV `groups`, with its
-    scheduler profile's KV behaviours."""
-    profile = get_scheduler_profile(config.scheduler_profile)
-    caps = None
-    if groups and len(groups) > 1 and profile.window_admission_cap:
-        caps = admission_caps(groups, config.block_size, config.max_model_len, window_budget_tokens(config))
-    return make_kv_manager(num_gpu_blocks, config.block_size, config.enable_prefix_caching, groups,
-                           profile.free_uncached_first, frees_processed_only=profile.windows_free_processed_only,
-                           admission_caps=caps)
 
 
 def window_budget_tokens(config) -> int:

@@ -75,6 +75,11 @@ class SchedulerProfile:
         vllm/config/vllm.py `VllmConfig.__post_init__` (lines 2257-2276) turns it off only for a
         connector without `SupportsHMA` (KVConnectorFactory.supports_hma_config), and both have it;
         0.19.1 (lines 1227-1241) turns it off for any `kv_transfer_config` (sim.core.hybrid_switch).
+    mamba_align: with prefix caching on, a model with linear-attention (state) groups runs in vLLM's
+        Mamba "align" cache mode: states cached at block boundaries and hit, prefill chunks ending there
+        (0.33.0 vllm/model_executor/models/config.py `MambaModelConfig.verify_and_update_config`;
+        sim.core.kv_mamba_align, policies.mamba_align). 0.19.1 picks "all" or "align" by model, not
+        modelled: its state groups get no prefix hits.
     async_scheduling: the release's default for async scheduling.
     """
 
@@ -92,6 +97,7 @@ class SchedulerProfile:
     windows_free_processed_only: bool
     window_admission_cap: bool
     hybrid_kv_with_connectors: bool
+    mamba_align: bool
     async_scheduling: bool = True
 
     @property
@@ -117,14 +123,14 @@ PROFILES: dict[str, SchedulerProfile] = {
                                   eagle_drops_last_hit_block=False, eagle_hashes_next_token=True,
                                   pads_new_decodes=True, caches_after_verify=True,
                                   windows_free_processed_only=True, window_admission_cap=True,
-                                  hybrid_kv_with_connectors=True),
+                                  hybrid_kv_with_connectors=True, mamba_align=True),
     "vllm-0.19": SchedulerProfile("vllm-0.19", "0.19.1", threshold_needs_company=False,
                                   self_preemption_continues=False, skips_after_unscheduled_victim=True,
                                   free_uncached_first=False, admission_lookahead=False,
                                   eagle_drops_last_hit_block=True, eagle_hashes_next_token=False,
                                   pads_new_decodes=False, caches_after_verify=False,
                                   windows_free_processed_only=False, window_admission_cap=False,
-                                  hybrid_kv_with_connectors=False),
+                                  hybrid_kv_with_connectors=False, mamba_align=False),
 }
 ALIASES = {"vllm": "vllm-0.33"}
 

@@ -15,7 +15,7 @@ from sim.core.config import EngineConfig
 from sim.core.invariants import check_budget, check_decode_rows, check_invariants
 from sim.core import kv_lazy
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_groups import kv_manager_for
+from sim.core.kv_managers import kv_manager_for
 from sim.core.records import RequestRecords, RunRecords, StepRecords
 from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus

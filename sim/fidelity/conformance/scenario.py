@@ -30,6 +30,9 @@ stop_rules=True)` draws those requests under speculative decoding, so a stop str
 step that verifies several tokens.
 
 Hybrid spec-decoding scenarios (`random_hybrid_spec_scenario`) carry both `"kv_groups"` and `"speculative"`.
+
+Mamba-align scenarios (`random_hybrid_align_scenario`) are state-model scenarios with prefix caching on:
+their config adds `"mamba_cache_mode": "align"` (vLLM's mode for a hybrid model with prefix caching).
 """
 from __future__ import annotations
 
@@ -160,8 +163,8 @@ def random_hybrid_scenario(seed: int) -> dict:
     group and sliding-window, chunked local or linear-attention (state) groups with small windows (a few
     blocks) so windows free blocks and prefix hits cross them within short prompts. `num_gpu_blocks`
     counts the one pool all groups share: from one max_model_len request in every group (plus the null
-    block) to three times that, often tight. A state group's model runs without prefix caching (vLLM's
-    prefix caching with Mamba state, "align" mode, is not modelled)."""
+    block) to three times that, often tight. A state group's model runs without prefix caching (with it,
+    vLLM's Mamba "align" mode: `random_hybrid_align_scenario`)."""
     rng = make_rng(seed, "vllm-conformance-hybrid")
     scenario = _draw_scenario(rng, random_request)
     groups = _draw_kv_groups(rng, scenario["config"], sorted(HYBRID_LAYOUTS))
@@ -189,6 +192,22 @@ def random_hybrid_spec_scenario(seed: int) -> dict:
                                "acceptance_rates": [round(float(r), 2) for r in rng.uniform(0.2, 1.0, size=k)],
                                "seed": int(rng.integers(0, 1 << 16))}
     _draw_pool(rng, config, groups, state_blocks=1 + k)
+    return scenario
+
+
+def random_hybrid_align_scenario(seed: int) -> dict:
+    """A seeded random scenario of a state model (full attention beside a linear-attention group) with
+    prefix caching and chunked prefill on, in vLLM's "align" Mamba cache mode: requests often share
+    prefixes (hits on checkpointed states); the pool is one max_model_len request in the full group,
+    two state blocks and the null block, and a few blocks more half the time."""
+    rng = make_rng(seed, "vllm-conformance-hybrid-align")
+    scenario = _draw_scenario(rng, random_request)
+    config = scenario["config"]
+    config.update(enable_prefix_caching=True, enable_chunked_prefill=True, mamba_cache_mode="align",
+                  max_num_batched_tokens=int(rng.integers(8, 300)))
+    groups = [{"kind": "full", "window": 0}, {"kind": "linear", "window": 0}]
+    config["kv_groups"] = groups
+    _draw_pool(rng, config, groups, state_blocks=2)
     return scenario
 
 

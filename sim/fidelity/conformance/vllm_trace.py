@@ -84,7 +84,8 @@ def make_scheduler(cfg: dict, speculative: dict | None = None):
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         enable_chunked_prefill=cfg["enable_chunked_prefill"], async_scheduling=cfg["async_scheduling"],
         policy=cfg["scheduling"])
-    cache_config = CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"])
+    cache_config = CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=cfg["enable_prefix_caching"],
+                               mamba_cache_mode=cfg.get("mamba_cache_mode", "none"))
     speculative_config = None
     if speculative is not None:
         speculative_config = SpeculativeConfig(
@@ -124,7 +125,8 @@ def kv_cache_spec(group: dict, cfg: dict, num_speculative_tokens: int = 0):
     "window": tokens}), one tiny layer each (the scheduler reads only the kind, block size and window).
     A linear-attention group is a Mamba state of one block of max_model_len tokens, vLLM's block size for
     it without prefix caching (vllm/model_executor/models/config.py), and with speculative decoding one
-    more block per draft (`num_speculative_blocks`, as the Mamba layers set it from k)."""
+    more block per draft (`num_speculative_blocks`, as the Mamba layers set it from k); in "align" mode
+    (prefix caching on) a state per `block_size` tokens, the attention groups' block size."""
     import torch
     from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
@@ -134,6 +136,9 @@ def kv_cache_spec(group: dict, cfg: dict, num_speculative_tokens: int = 0):
         return SlidingWindowSpec(**shape, sliding_window=group["window"])
     if kind == "chunked":
         return ChunkedLocalAttentionSpec(**shape, attention_chunk_size=group["window"])
+    if kind == "linear" and cfg.get("mamba_cache_mode") == "align":  # a state per block_size tokens
+        return MambaSpec(block_size=cfg["block_size"], shapes=((1,),), dtypes=(torch.float32,),
+                         mamba_cache_mode="align", num_speculative_blocks=num_speculative_tokens)
     if kind == "linear":
         return MambaSpec(block_size=cfg["max_model_len"], shapes=((1,),), dtypes=(torch.float32,),
                          num_speculative_blocks=num_speculative_tokens)
