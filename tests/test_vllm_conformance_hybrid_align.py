@@ -60,11 +60,15 @@ def test_each_rule_is_pinned(rule, monkeypatch):
         assert first_difference(case["trace"], run_servesim(case["scenario"], "vllm-0.33")) is not None, seed
 
 
-def test_speculative_decoding_with_align_is_named():
-    """Align mode under speculative decoding is not modelled: a named error, not a silent mode "none"."""
-    from kernels_cost_model.errors import ConfigError
+def test_speculative_decoding_with_align_falls_back_to_mode_none_and_says_so():
+    """Align mode under speculative decoding is not modelled: the run takes mode "none" (the plain hybrid
+    manager, 1 + k states, no state hits, chunks not clipped) with a warning, not a silent mode."""
     from kernels_cost_model.kv_layout import KVCacheGroupSpec
     from kernels_cost_model.model_shapes import FULL, LINEAR
-    kv = kv_mamba_align.MambaAlignKVCacheManager(20, 4, True, (KVCacheGroupSpec(FULL, 1), KVCacheGroupSpec(LINEAR, 1, state_blocks=1)))
-    with pytest.raises(ConfigError, match="enable_prefix_caching"):
+    from sim.core.kv_groups import HybridKVCacheManager
+    kv = kv_mamba_align.MambaAlignKVCacheManager(20, 4, True, (KVCacheGroupSpec(FULL, 1),
+                                                                KVCacheGroupSpec(LINEAR, 1, state_blocks=1)))
+    with pytest.warns(UserWarning, match="align.*speculative decoding"):
         kv.add_speculative_state(2)
+    assert type(kv) is HybridKVCacheManager and kv.no_state_hits and not kv.checkpoint_tokens
+    assert kv.groups[1].state_blocks == 3

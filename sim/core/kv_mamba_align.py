@@ -22,6 +22,8 @@ Only full-attention (or MLA) groups beside one-block state groups are modelled, 
 """
 from __future__ import annotations
 
+import warnings
+
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.kv_layout import MLA
 from kernels_cost_model.model_shapes import FULL, LINEAR
@@ -52,9 +54,15 @@ class MambaAlignKVCacheManager(HybridKVCacheManager):
         self.cached_this_step: set = set()
 
     def add_speculative_state(self, num_speculative_tokens: int) -> None:
-        raise ConfigError("enable_prefix_caching", True, "vLLM 0.33 runs a model with linear-attention state "
-                          "in Mamba \"align\" mode with prefix caching on; servesim does not model that mode "
-                          "under speculative decoding: set enable_prefix_caching to false")
+        """Align mode under speculative decoding is not modelled: before any request, this manager turns
+        into the plain hybrid one (mode "none": no state hits, chunks not clipped), with a warning."""
+        warnings.warn("vLLM 0.33 runs a model with linear-attention state in Mamba \"align\" mode with prefix "
+                      "caching on; servesim does not model that mode under speculative decoding, so this run "
+                      "uses mode \"none\" (no prefix hits on state, prefill chunks not cut at block "
+                      "boundaries). Set enable_prefix_caching to false for vLLM's exact schedule.", stacklevel=2)
+        self.__class__ = HybridKVCacheManager
+        self.no_state_hits, self.checkpoint_tokens = True, 0
+        self.add_speculative_state(num_speculative_tokens)
 
     def new_step_starts(self) -> None:
         self.cached_this_step.clear()
