@@ -57,18 +57,21 @@ def get_link(name: str | Link) -> Link:
     return lookup(*_catalog(), name, "link", "link")
 
 
-def kv_transfer_bytes(model, num_tokens: int) -> int:
-    """Bytes of KV cache for `num_tokens` tokens of `model`, all layers and KV heads (every rank)."""
-    return kv_bytes_per_token(model, 1) * max(0, num_tokens)
+def kv_transfer_bytes(model, num_tokens: int, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of KV cache for `num_tokens` tokens of `model`, all layers and KV heads (every rank), as the
+    cache stores them (`kv_cache_dtype`: fp8 moves one byte a value)."""
+    return kv_bytes_per_token(model, 1, kv_cache_dtype) * max(0, num_tokens)
 
 
-def hybrid_kv_transfer_bytes(model, block_size: int, num_tokens: int, num_cached_tokens: int = 0) -> int:
+def hybrid_kv_transfer_bytes(model, block_size: int, num_tokens: int, num_cached_tokens: int = 0,
+                             kv_cache_dtype: str = "auto") -> int:
     """Bytes vLLM 0.33's NIXL connector moves for one request of `model` whose hybrid KV manager stays
     on (every rank): per group the blocks `KVCacheLayout.transfer_blocks` counts, each read in every
     layer slot of a pool block (group_size pages, a padded group's too: nixl/base_worker.py
-    `_compute_desc_ids`), a state block as each slot's conv and SSM state (`_build_mamba_local`)."""
+    `_compute_desc_ids`), a state block as each slot's conv and SSM state (`_build_mamba_local`); pages
+    as the cache stores them (`kv_cache_dtype`)."""
     spec = get_model(model)
-    layout = kv_layout(spec, 1, block_size)
+    layout = kv_layout(spec, 1, block_size, kv_cache_dtype)
     state = linear_state_bytes(spec, 1) if any(g.kind == LINEAR for g in layout.groups) else 0
     blocks = layout.transfer_blocks(num_tokens, num_cached_tokens)
     return layout.group_size * sum(n * (state if g.kind == LINEAR else layout.page_bytes)

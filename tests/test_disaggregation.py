@@ -227,8 +227,9 @@ def test_link_catalog_prices_transfers_with_cited_figures():
         get_link("smoke-signals")
 
 
-def _hybrid_handoff(model, profile, prompt_len=2048, gpu="h100", tp=1):
-    config = SimulationConfig.from_dict({"deployment": {"model": model, "gpu": gpu, "tensor_parallel_size": tp},
+def _hybrid_handoff(model, profile, prompt_len=2048, gpu="h100", tp=1, kv_cache_dtype="auto"):
+    config = SimulationConfig.from_dict({"deployment": {"model": model, "gpu": gpu, "tensor_parallel_size": tp,
+                                                        "kv_cache_dtype": kv_cache_dtype},
                                          "engine": {"scheduler_profile": profile, "max_model_len": 8192}})
     spec = RequestSpec(0.0, (np.arange(prompt_len, dtype=np.int32) * 7) % 30000 + 100, output_len=8,
                        sampling_params=SamplingParams(max_tokens=8), request_id="a")
@@ -403,3 +404,13 @@ def test_a_pool_with_no_usable_block_is_named():
                               deployment={"cost_model": "linear"})
     with pytest.raises(ConfigError, match="disaggregation.prefill.num_gpu_blocks=1: request 'r0' needs 1 blocks"):
         simulate_disaggregated(config, DisaggConfig(PoolConfig(1), PoolConfig(1)), workload=[spec])
+
+
+@pytest.mark.parametrize("model, profile", [("llama-3.1-8b", "vllm-0.33"), ("gpt-oss-20b", "vllm-0.33"),
+                                            ("gpt-oss-20b", "vllm-0.19")])
+def test_an_fp8_kv_cache_moves_half_the_bytes(model, profile):
+    """NIXL moves the cache's blocks as stored: with kv_cache_dtype fp8 (one byte a value, where bf16 takes
+    two) every page moves half the bytes, in the plain and the per-group transfer alike."""
+    full = _hybrid_handoff(model, profile)
+    assert _hybrid_handoff(model, profile, kv_cache_dtype="fp8") * 2 == full
+    assert kv_transfer_bytes("llama-3.1-8b", 10, "fp8") == 10 * 131072 // 2

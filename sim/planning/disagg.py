@@ -165,7 +165,7 @@ class DisaggregatedCluster:
         self.log = TransferLog()
         self.fabric = LinkFabric(env, link, [ranks["prefill"]] * len(self.prefill),
                                  [ranks["decode"]] * len(self.decode), self.log)
-        self.model = config.deployment.model
+        self.model, self.kv_cache_dtype = config.deployment.model, config.deployment.kv_cache_dtype
         self.hybrid_transfers = resolve_kv_groups(decode_cfg, shapes["decode"].connectors) is not None
         self.pending: list[list[Transfer]] = [[] for _ in self.decode]   # waiting for decode blocks
         self.in_flight: dict[str, Transfer] = {}
@@ -264,10 +264,11 @@ class DisaggregatedCluster:
     def transfer_bytes(self, num_tokens: int, num_cached_tokens: int, block_size: int) -> int:
         """Bytes a prompt of `num_tokens` moves when the decode instance holds its first `num_cached_tokens`:
         each group's blocks where the pools run vLLM's hybrid manager (vllm-0.33 with NIXL), else the
-        missing tokens of every layer (the manager off: every layer full attention)."""
+        missing tokens of every layer (the manager off: every layer full attention); in the cache's dtype."""
         if self.hybrid_transfers:
-            return hybrid_kv_transfer_bytes(self.model, block_size, num_tokens, num_cached_tokens)
-        return kv_transfer_bytes(self.model, num_tokens - num_cached_tokens)
+            return hybrid_kv_transfer_bytes(self.model, block_size, num_tokens, num_cached_tokens,
+                                            self.kv_cache_dtype)
+        return kv_transfer_bytes(self.model, num_tokens - num_cached_tokens, self.kv_cache_dtype)
 
     def _transfer_done(self, t: Transfer, now: float) -> None:
         check_transfer(t, self.prefill[t.source].state.kv, self.decode[t.destination].state.kv)
