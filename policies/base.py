@@ -106,7 +106,9 @@ class Policy:
             if n > budget:
                 return None
         else:
-            n = aligned_chunk(state.kv, state.config, req, self.chunk(state, req, budget, num_cached), num_cached)
+            n = self.chunk(state, req, budget, num_cached)
+            if state.kv.checkpoint_tokens:  # (Mamba align mode only: off the common path)
+                n = aligned_chunk(state.kv, state.config, req, n, num_cached)
         if n <= 0:
             return None
         if self.pad_decodes and self.lacking(req, num_cached) == 1:

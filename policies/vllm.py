@@ -113,7 +113,7 @@ class VllmV1Policy(Policy):
                                                                     or max_model_len - prompt):
             return 0
         n = min(self.chunk(state, req, budget), max_model_len - 1 - computed)
-        return aligned_chunk(state.kv, state.config, req, n)
+        return aligned_chunk(state.kv, state.config, req, n) if state.kv.checkpoint_tokens else n
 
     def _grow_in_place(self, state: EngineState, start: int, budget: int, out: SchedulerOutput) -> tuple[int, int]:
         """Schedule the running requests from `start` on while each fits within the blocks it holds or

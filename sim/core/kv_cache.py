@@ -34,6 +34,9 @@ _INT32 = next(code for code in "ilh" if array(code).itemsize == 4)
 class KVCacheManager:
     """Owns every block; the scheduler only calls allocate / free / lookup_prefix."""
 
+    #: tokens prefill chunks must end on (a state model in vLLM's Mamba "align" mode); 0: no constraint
+    checkpoint_tokens = 0
+
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool,
                  free_uncached_first: bool = True):
         self.num_gpu_blocks = num_gpu_blocks
