@@ -27,7 +27,8 @@ from policies.vllm import VllmV1Policy  # noqa: E402
 from sim.core.cost import LinearCostModel  # noqa: E402
 from sim.core.kv_cache import KVCacheManager  # noqa: E402
 from sim.engine.engine import Engine  # noqa: E402
-from sim.engine.leap import Leaper, _StretchPlan  # noqa: E402
+from sim.engine.leap import Leaper  # noqa: E402
+from sim.engine.leap_plan import StretchPlan  # noqa: E402
 
 #: (label, class, method), in print order; indented labels are parts of the one above
 PARTS = [
@@ -43,9 +44,9 @@ PARTS = [
     ("  engine: retire finished requests", Engine, "_retire"),
     ("leap attempts", Leaper, "leap"),
     ("  is the engine at rest (checks, pass over the rows)", Leaper, "_steady_rows"),
-    ("  the stretch's limits (tokens, KV, time)", _StretchPlan, "fix_units"),
-    ("  applying the stretch", _StretchPlan, "apply"),
-    ("    its KV moves", _StretchPlan, "_replay_kv"),
+    ("  the stretch's limits (tokens, KV, time)", StretchPlan, "fix_units"),
+    ("  applying the stretch", StretchPlan, "apply"),
+    ("    its KV moves", StretchPlan, "_replay_kv"),
     ("ending a stretch's tail", Leaper, "finish_tail"),
     ("arrivals: add a request", Engine, "add_request"),
 ]

@@ -16,6 +16,7 @@ from sim.core.cost import LinearCostModel
 from sim.core.sampling_params import SamplingParams
 from sim.engine.engine import Engine
 from sim.engine.leap import make_leaper
+from sim.engine.leap_plan import StretchPlan
 from sim.engine.leap_steady import quiet_horizon
 from sim.engine.simulation import EngineProcess, run_engine, start_workload
 from workloads import poisson_workload
@@ -325,14 +326,13 @@ def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
     """vLLM V0 runs a step of prefills alone: with it in flight (async), the running decodes have
     nothing in flight and sample from the next step on, the new requests sample their first token at
     its end. A stretch starts there (rows that skip its first unit), with the reference's records."""
-    import sim.engine.leap as leap
     starts = []
-    apply = leap._StretchPlan.apply
+    apply = StretchPlan.apply
 
     def counting_apply(plan):
         starts.append(plan.skips is not None)
         return apply(plan)
-    monkeypatch.setattr(leap._StretchPlan, "apply", counting_apply)
+    monkeypatch.setattr(StretchPlan, "apply", counting_apply)
     specs = [RequestSpec(0.2 * i, np.arange(20, dtype=np.int32) + 100 + i, output_len=200,
                          sampling_params=SamplingParams(max_tokens=None), request_id=f"r{i}") for i in range(12)]
     config = EngineConfig(num_gpu_blocks=400, max_model_len=1024, policy="vllm-v0", async_scheduling=True,
@@ -374,12 +374,12 @@ def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_s
     from sim.engine.leap_steady import MIN_UNITS, least_units
     checked, leaps = [], []
     monkeypatch.setattr(leap.Leaper, "leap", _checking_leap(checked))
-    apply = leap._StretchPlan.apply
+    apply = StretchPlan.apply
 
     def recording_apply(plan):
         leaps.append((plan.num_rows, plan.units))
         return apply(plan)
-    monkeypatch.setattr(leap._StretchPlan, "apply", recording_apply)
+    monkeypatch.setattr(StretchPlan, "apply", recording_apply)
     specs = [RequestSpec(0.0002 * i, np.arange(12, dtype=np.int32) + 100 + i, output_len=800,
                          sampling_params=SamplingParams(max_tokens=20 + 3 * i), request_id=f"r{i}")
              for i in range(100)] + [RequestSpec(0.05, np.arange(12, dtype=np.int32) + 50, output_len=600,

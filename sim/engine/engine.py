@@ -1,14 +1,13 @@
 """The engine step as a plain object: schedule -> price -> (time passes) -> sample and update.
 
 No SimPy here: `sim.engine.simulation` drives it. Tokens become visible at the end of the step, for every
-request whose computed tokens catch up with all its tokens (the catch-up rule).
+request whose computed tokens catch up with all its tokens (the catch-up rule). That end of a step (sampling,
+stop checks) is `TokenUpdate`'s (sim.engine.token_update), mixed into `Engine`; `Step` is in sim.engine.step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from policies import get_policy
-from policies.base import EngineState, SchedulerOutput
+from policies.base import EngineState
 from policies.waiting_queue import make_waiting_queue
 from kernels_cost_model.batch import BatchShape
 from sim.core.config import EngineConfig
@@ -22,30 +21,13 @@ from sim.core.request import Request, RequestStatus
 from sim.core.stop_rules import get_profile, stop_candidates
 from sim.core.token_runs import TokenRuns
 from sim.engine.livelock import SpinWatch
-from sim.engine.quiet import ALWAYS_CHECK, quiet_until
-from workloads.token_streams import natural_length, read_tokens, stream_for
-
-#: Tokens a stream with no natural end is first read ahead by (`Engine._read_ahead`); twice as far each next time
-READ_AHEAD = 32
-
-
-@dataclass(slots=True)
-class Step:
-    """A planned step: the scheduler's output, its batch shape and its duration.
-
-    `samples[i]`: row i catches up with its tokens, so it samples one (the catch-up rule, counting
-    tokens still in flight under async scheduling as known).
-    """
-
-    plan: SchedulerOutput
-    batch: BatchShape
-    duration: float
-    start: float
-    num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
-    samples: list = field(default_factory=list)
+from sim.engine.quiet import quiet_until
+from sim.engine.step import Step
+from sim.engine.token_update import TokenUpdate
+from workloads.token_streams import stream_for
 
 
-class Engine:
+class Engine(TokenUpdate):
     """One engine replica: queues, KV cache, policy, cost model, stop rules and records."""
 
     def __init__(self, config: EngineConfig, cost_model, num_gpu_blocks: int, token_text=None,
@@ -345,204 +327,6 @@ class Engine:
         if self.config.check_invariants:
             check_invariants(self)
         return finished
-
-    def _apply_rows(self, step: Step, now: float) -> list[Request]:
-        """Sample every row that caught up and stop-check it.
-
-        The hot loop of the simulator: a running row that samples (nearly all) is handled here with
-        `emit_token` inlined (a call per token costs ~25%), and what is fixed for the step is read
-        once before it; the others (stale, preempted, stopped, mid-prefill) go to `_apply_other_row`.
-        """
-        finished = []
-        kv, streams, profile = self.state.kv, self.streams, self.stop_profile
-        stream_tokens = self.stream_tokens
-        max_model_len = self.config.max_model_len
-        token_times = self.requests.token_times
-        first_token = self.requests.first_token_time
-        quick_stop = self.quick_stop
-        async_ = self.is_async
-        # under async scheduling a row registers its blocks full with known tokens (skipped, as
-        # cache_full_blocks itself would, when no new block is full). A row of a request in the step
-        # planned next needs no check where planning registers: that plan registered up to
-        # min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
-        # a token, one sample in flight at most), which covers min(known now, written) here
-        caching = async_ and kv.enable_prefix_caching
-        every_row = not self.plan_registers
-        block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
-        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
-        running = RequestStatus.RUNNING
-        client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
-        for (req, n), samples in zip(step.plan.scheduled, step.samples):
-            if req.num_stale_tokens or not samples or req.status is not running:
-                num_decode -= self._apply_other_row(req, n, samples, now, finished)
-                continue
-            if not async_:
-                req.num_in_flight_extra -= n
-            else:  # its placeholder was one of its tokens in flight (a decode's only one)
-                req.num_output_placeholders -= 1
-                if n != 1:
-                    req.num_in_flight_extra -= n - 1
-            output = req.output_token_ids
-            position = len(output)
-            index = req.index
-            if not position:
-                first_token[index] = now
-                if n == 1:
-                    num_decode -= 1
-            try:  # (a list read costs a fifth of a stream call)
-                token = stream_tokens[index][position]
-            except (TypeError, IndexError):  # not read ahead yet, or not this far
-                token = self._read_ahead(req, position)
-            if client_finishes and req.client_finished:
-                if self._after_client_finish(req, token):
-                    finished.append(req)
-                continue
-            output.append(token)
-            if caching and (req.num_computed_tokens >= req.kv_register_at or exact):
-                in_flight = req.num_output_placeholders + req.num_in_flight_extra
-                if every_row or not in_flight:
-                    known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
-                    written = req.num_computed_tokens - in_flight
-                    if written < known:
-                        known = written
-                    if known // block_size > hashed_get(req, 0):
-                        kv.cache_full_blocks(req, known)
-            times = token_times[index]
-            if times is not None:
-                times.append(now)
-            quiet = req.quiet_until
-            if position < quiet:
-                continue  # cannot stop on this token under any profile, known without reading it
-            if quiet != ALWAYS_CHECK:
-                req.quiet_until = quiet_until(streams[index], quick_stop[index], position + 1)
-            quick = quick_stop[index]
-            if quick is not None and token not in quick[0] and position + 1 < quick[1]:
-                continue  # cannot stop on this token under any profile
-            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, running):
-                finished.append(req)
-        step.num_decode = num_decode
-        return finished
-
-    def _read_ahead(self, req: Request, position: int) -> int:
-        """Token `position` of `req`'s stream, read ahead into `stream_tokens` from where its list ends:
-        at first to the stream's natural length (within `max_tokens`) or `READ_AHEAD` tokens, then
-        twice as far each time."""
-        index = req.index
-        tokens = self.stream_tokens[index]
-        if tokens is None:
-            tokens = self.stream_tokens[index] = []
-        stream, start = self.streams[index], len(tokens)
-        natural, most = natural_length(stream), req.sampling_params.max_tokens
-        if most is not None and most < natural:
-            natural = most
-        tokens += read_tokens(stream, start, max(position + 1, 2 * start, READ_AHEAD, natural))
-        return tokens[position]
-
-    def _apply_other_row(self, req: Request, n: int, samples: bool, now: float, finished: list) -> int:
-        """`_apply_rows` for a row that is stale (planned before its request's preemption), does not
-        sample (mid-prefill) or whose request is no longer running: a stale row's token still lands
-        (no placeholder of its own to clear, no blocks to register); a stopped or aborted request's is
-        wasted. Appends the request to `finished` if the token stops it; returns 1 for a row of one token
-        that is not a decode (it samples no token or its first)."""
-        stale = req.num_stale_tokens
-        if stale:
-            req.num_stale_tokens = stale - n
-        if not samples or req.is_finished:
-            req.num_in_flight_extra -= n
-            return 1 if n == 1 else 0
-        if self.is_async and not stale:  # (a stale row's placeholder went at the preemption)
-            req.num_output_placeholders -= 1
-            req.num_in_flight_extra -= n - 1
-        else:
-            req.num_in_flight_extra -= n
-        position = len(req.output_token_ids)
-        if self.emit_token(req, self.streams[req.index](position), now):
-            finished.append(req)
-        return 1 if n == 1 and not position else 0
-
-    def _stops_in_engine(self, req: Request, now: float, status: RequestStatus) -> bool:
-        """A request the stop rules just stopped leaves the engine now, unless a stop string stopped it
-        and the front end finds those: then the client is told now and the engine keeps running it
-        until the front end's abort lands (`_deliver_frontend_aborts`), in its `status` from before."""
-        if not (self.strings_in_frontend and req.status == RequestStatus.FINISHED_STOPPED
-                and isinstance(req.stop_reason, str)):
-            return True
-        if self.stop_profile.check_token(req, self.config.max_model_len) is not None:
-            return True  # the engine core ended it too (a length cap on the same token)
-        self._record_finish(req, now)
-        req.client_finished = True
-        req.status = status
-        self.frontend_aborts.append(req)
-        return False
-
-    def _after_client_finish(self, req: Request, token: int) -> bool:
-        """A token sampled for a request the client already saw finish: the engine appends it and runs
-        its token checks only (the front end drops it). True if those stop it."""
-        req.output_token_ids.append(token)
-        result = self.stop_profile.check_token(req, self.config.max_model_len)
-        if result is None:
-            return False
-        req.status, _ = result
-        return True
-
-    def emit_token(self, req: Request, token: int, now: float) -> bool:
-        """Append `token` to `req`'s output, record its time and run the stop rules. True if stopped."""
-        if req.client_finished:
-            return self._after_client_finish(req, token)
-        self._append_timed(req, token, now)
-        return self.stops_on_last_token(req, now)
-
-    def _append_timed(self, req: Request, token: int, now: float) -> None:
-        output = req.output_token_ids
-        if not output:
-            self.requests.first_token_time[req.index] = now
-        output.append(token)
-        times = self.requests.token_times[req.index]
-        if times is not None:
-            times.append(now)
-
-    def emit_step(self, req: Request, stream, position: int, count: int, now: float) -> bool:
-        """Emit the `count` tokens one step gives `req` (1 + the drafts it accepted under speculative
-        decoding), read from `stream` from output `position` on, each through `emit_token` until one stops
-        it; the rest are dropped, unless the stop profile keeps them (`_keep_rest_of_step`). True if stopped."""
-        profile = self.stop_profile
-        if count == 1 or not profile.keeps_tokens_after_stop_string or req.text_state is None \
-                or req.client_finished:
-            return any(self.emit_token(req, stream(position + j), now) for j in range(count))
-        text_before, max_model_len = req.text_state.text, self.config.max_model_len
-        for j in range(count):
-            status = req.status
-            self._append_timed(req, stream(position + j), now)
-            if not profile.apply(req, max_model_len):
-                continue
-            if j + 1 < count and profile.keeps_rest_of_step(req, max_model_len):
-                self._keep_rest_of_step(req, (stream(position + i) for i in range(j + 1, count)), text_before,
-                                        position + 1, now)
-            return self._stops_in_engine(req, now, status)
-        return False
-
-    def _keep_rest_of_step(self, req: Request, rest, text_before: str, first: int, now: float) -> None:
-        """A stop string completed before the step's last token, under a stop profile that keeps the step's
-        later tokens (vLLM 0.19.1): the engine core appends them (its token checks may end the request), and
-        the client gets them all, timed with the step (`StopProfile.finish_step`)."""
-        output = req.output_token_ids
-        kept = len(output)
-        self.stop_profile.finish_step(req, rest, text_before, first, self.config.max_model_len)
-        times = self.requests.token_times[req.index]
-        if times is not None:
-            times.extend([now] * (len(output) - kept))
-
-    def stops_on_last_token(self, req: Request, now: float) -> bool:
-        """Run the stop rules on the token `req` sampled last (appended and timed): True if it leaves
-        the engine now (`_apply_rows` inlines the same)."""
-        output = req.output_token_ids
-        quick = self.quick_stop[req.index]
-        if quick is not None and output[-1] not in quick[0] and len(output) < quick[1]:
-            return False  # cannot stop on this token under any profile
-        status = req.status
-        return (self.stop_profile.apply(req, self.config.max_model_len)
-                and self._stops_in_engine(req, now, status))
 
     def retire(self, finished: list[Request], now: float) -> None:
         """Take `finished` (stopped at `now`) off the queues and finish them, as a step's end does."""

@@ -1,0 +1,23 @@
+"""A planned engine step: what the scheduler gave, its batch shape, its duration."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernels_cost_model.batch import BatchShape
+from policies.base import SchedulerOutput
+
+
+@dataclass(slots=True)
+class Step:
+    """A planned step: the scheduler's output, its batch shape and its duration.
+
+    `samples[i]`: row i catches up with its tokens, so it samples one (the catch-up rule, counting
+    tokens still in flight under async scheduling as known).
+    """
+
+    plan: SchedulerOutput
+    batch: BatchShape
+    duration: float
+    start: float
+    num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
+    samples: list = field(default_factory=list)
