@@ -24,11 +24,12 @@ def layer_partition(num_layers: int, pipeline_parallel_size: int,
     return tuple(stages)
 
 
-def check_layer_partition(partition, pipeline_parallel_size: int, num_layers: int) -> None:
-    """`layer_partition` (vLLM's VLLM_PP_LAYER_PARTITION): PP entries >= 1 summing to num_layers."""
+def check_layer_partition(partition, pipeline_parallel_size: int, num_layers: int | None = None) -> None:
+    """`layer_partition` (vLLM's VLLM_PP_LAYER_PARTITION): PP entries >= 1 summing to num_layers (not
+    checked without a model: `num_layers` None)."""
     require(isinstance(partition, (tuple, list)) and all(is_int(n) and n >= 1 for n in partition),
             "layer_partition", partition, "must be a sequence of integers >= 1 (layers per stage)")
     require(len(partition) == pipeline_parallel_size, "layer_partition", tuple(partition),
             f"has {len(partition)} entries; pipeline_parallel_size={pipeline_parallel_size} needs one per stage")
-    require(sum(partition) == num_layers, "layer_partition", tuple(partition),
+    require(num_layers is None or sum(partition) == num_layers, "layer_partition", tuple(partition),
             f"adds up to {sum(partition)} layers; the model has num_layers={num_layers}")

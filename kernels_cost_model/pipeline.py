@@ -15,7 +15,7 @@ from kernels_cost_model.errors import ConfigError, is_int, require
 
 from .hardware import get_gpu
 from .kv_layout import stage_group_sizes
-from .layer_partition import check_layer_partition, layer_partition  # noqa: F401 - the stages' layers
+from .layer_partition import layer_partition
 from .kv_memory import (GIB, activation_bytes, forward_activation_bytes, kv_bytes_per_token, kv_layout,
                         non_torch_bytes, total_memory_bytes)
 from .links import Link

@@ -233,7 +233,8 @@ def test_even_stages_leave_exactly_when_the_even_formula_said(plan, pp):
 
 
 @pytest.mark.parametrize("cost_model, partition", [("linear", (5, 20, 7)), ("roofline", None)])
-def test_a_run_through_unequal_stages_keeps_one_batch_per_stage_and_reruns_identically(monkeypatch, cost_model, partition):
+def test_a_run_through_unequal_stages_keeps_one_batch_per_stage_and_reruns_identically(monkeypatch, cost_model,
+                                                                                       partition):
     trace = []
     enter = PipelineProcess._enter
 

@@ -1,5 +1,6 @@
 """`servesim run` flags for the deployment topology and multi-turn replay, with vLLM's names:
-`-pp/--pipeline-parallel-size` (`--pipeline-layer-partition`: vLLM's VLLM_PP_LAYER_PARTITION), `--kv-offloading-size` (GiB of host memory for a CPU KV tier) and
+`-pp/--pipeline-parallel-size` (`--pipeline-layer-partition`: vLLM's VLLM_PP_LAYER_PARTITION),
+`--kv-offloading-size` (GiB of host memory for a CPU KV tier) and
 `--conversations PATH` (a Mooncake prefix-hash trace or OpenTelemetry GenAI spans, replayed closed-loop).
 
 Without these flags `servesim run` is `simulate(config)`; with PP or a CPU tier the engine is built by

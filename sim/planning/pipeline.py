@@ -51,9 +51,7 @@ class PipelineConfig:
             require(is_int(self.pipeline_parallel_size) and self.pipeline_parallel_size >= 1,
                     "pipeline_parallel_size", self.pipeline_parallel_size, "must be an integer >= 1")
             if self.layer_partition is not None:
-                check_layer_partition(self.layer_partition, self.pipeline_parallel_size,
-                                      sum(self.layer_partition) if isinstance(self.layer_partition, (list, tuple))
-                                      else 0)
+                check_layer_partition(self.layer_partition, self.pipeline_parallel_size)   # (its sum: with the model)
                 object.__setattr__(self, "layer_partition", tuple(int(n) for n in self.layer_partition))
 
 
