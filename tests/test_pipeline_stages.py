@@ -6,7 +6,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
@@ -34,10 +34,7 @@ def test_the_partition_is_vllms(layers, pp, expected):
 
 @given(st.integers(1, 200), st.integers(1, 64))
 def test_the_remainder_goes_to_the_stages_before_the_last(layers, pp):
-    if pp > layers:
-        with pytest.raises(ConfigError, match="must be at most num_layers"):
-            check_pipeline_size(get_model("llama-3.1-8b"), 33)
-        return
+    assume(pp <= layers)   # (more stages than layers: a named error, test_pipeline.py)
     parts = layer_partition(layers, pp)
     floor, extra = divmod(layers, pp)
     assert sum(parts) == layers and len(parts) == pp and parts[-1] == floor
