@@ -153,6 +153,11 @@ class RooflineCostModel:
         rank run eagerly because another rank's batch fits no graph)."""
         return dict(zip(BREAKDOWN_KEYS, self._terms(batch, pad_to=pad_to)))
 
+    def layer_seconds(self, batch: BatchShape):
+        """The batch's seconds by layer, for pipeline stages (stage_times.py)."""
+        from .stage_times import roofline_layer_seconds
+        return roofline_layer_seconds(self, batch)
+
     # -- pricing ----------------------------------------------------------------------------
     def _terms(self, batch: BatchShape, guard: bool = True, pad_to: int = 0) -> tuple[float, ...]:
         new, ctx = batch.num_new_tokens, batch.num_context_tokens

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from kernels_cost_model.errors import require
 
+from .layer_partition import layer_partition
 from .model_shapes import CHUNKED, FULL, LINEAR, SLIDING
 
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -221,23 +222,26 @@ def _kind_counts(spec) -> dict[str, int]:
     return counts
 
 
-def stage_group_sizes(spec, layout: KVCacheLayout, pipeline_parallel_size: int) -> tuple[int, ...]:
-    """Layers per pool block on each pipeline stage (stages hold num_layers / PP consecutive layers).
-    vLLM groups the whole model's layers and deals each kind's layers to its groups in turn (group i
-    of n takes layers[i::n], so every stage gets its share of each group: 0.19.1 kv_cache_utils.py
-    `_get_kv_cache_groups_uniform_page_size`, 0.33.0 kv_cache_planning.py), keeps on each stage the
-    layers it holds (`_project_kv_cache_groups_to_worker`), and gives a stage's pool block as many
-    pages as its fullest group has layers there (0.19.1 `get_kv_cache_config_from_groups`, 0.33.0
-    `_get_kv_cache_bytes_per_block`). With one stage: `layout.group_size`."""
+def stage_group_sizes(spec, layout: KVCacheLayout, partition) -> tuple[int, ...]:
+    """Layers per pool block on each pipeline stage; `partition`: the layers of each stage, in order (an
+    int PP: vLLM's default partition, layer_partition.py). vLLM groups the whole model's layers and
+    deals each kind's layers to its groups in turn (group i of n takes layers[i::n], so every stage gets
+    its share of each group: 0.19.1 kv_cache_utils.py `_get_kv_cache_groups_uniform_page_size`, 0.33.0
+    kv_cache_planning.py), keeps on each stage the layers it holds (`_project_kv_cache_groups_to_worker`),
+    and gives a stage's pool block as many pages as its fullest group has layers there (0.19.1
+    `get_kv_cache_config_from_groups`, 0.33.0 `_get_kv_cache_bytes_per_block`). With one stage:
+    `layout.group_size`."""
     kinds = _layer_kinds(spec) if layout.is_hybrid else [FULL] * spec.num_layers
-    per_stage = len(kinds) // pipeline_parallel_size
+    if isinstance(partition, int):
+        partition = layer_partition(len(kinds), partition)
     groups: list[list[int]] = []
     for kind in dict.fromkeys(kinds):
         layers = [i for i, k in enumerate(kinds) if k == kind]
         n = -(-len(layers) // layout.group_size)
         groups += [layers[i::n] for i in range(n)]
-    return tuple(max(sum(stage * per_stage <= i < (stage + 1) * per_stage for i in g) for g in groups)
-                 for stage in range(pipeline_parallel_size))
+    bounds = [sum(partition[:stage]) for stage in range(len(partition) + 1)]
+    return tuple(max(sum(bounds[stage] <= i < bounds[stage + 1] for i in g) for g in groups)
+                 for stage in range(len(partition)))
 
 
 def kv_cache_layout(spec, kv_heads_per_gpu: int, tp: int, block_size: int,

@@ -110,12 +110,23 @@ def activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_token
                      max_num_seqs: int = 256) -> int:
     """Peak activation memory of vLLM's profiling run: the larger of the forward pass (widest live
     tensors of one layer) and the sampler pass (its logits while the hidden states stay alive)."""
-    spec, tp, t = get_model(model), tensor_parallel_size, max_num_batched_tokens
-    inter = (spec.moe_intermediate_size * spec.num_experts_per_tok if spec.is_moe else spec.intermediate_size)
-    per_token = 4 * spec.hidden_size + (spec.q_dim + 2 * spec.kv_dim) // tp + 3 * inter // tp
+    spec, t = get_model(model), max_num_batched_tokens
     hidden = t * spec.hidden_size * spec.dtype_bytes
     sampler = SAMPLER_BYTES_PER_LOGIT * min(max_num_seqs, t) * spec.vocab_size  # logits are gathered whole
-    return int(max(t * per_token * spec.dtype_bytes, hidden + sampler))
+    return int(max(_forward_bytes(spec, tensor_parallel_size, t), hidden + sampler))
+
+
+def forward_activation_bytes(model, tensor_parallel_size: int = 1, max_num_batched_tokens: int = 8192) -> int:
+    """Peak activation memory of the profiling run's forward pass alone (a pipeline stage before the
+    last, which runs no sampler)."""
+    return int(_forward_bytes(get_model(model), tensor_parallel_size, max_num_batched_tokens))
+
+
+def _forward_bytes(spec, tp: int, tokens: int) -> int:
+    """The widest live tensors of one layer for `tokens` tokens."""
+    inter = (spec.moe_intermediate_size * spec.num_experts_per_tok if spec.is_moe else spec.intermediate_size)
+    per_token = 4 * spec.hidden_size + (spec.q_dim + 2 * spec.kv_dim) // tp + 3 * inter // tp
+    return tokens * per_token * spec.dtype_bytes
 
 
 def kv_cache_memory_bytes(model, gpu, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,

@@ -116,28 +116,55 @@ class ShapedCostModel:
         """Seconds per operator family (`pad_to`: as RooflineCostModel.breakdown's)."""
         return dict(zip(self.keys, self._terms(batch, pad_to)))
 
+    def layer_seconds(self, batch: BatchShape):
+        """The batch's seconds by layer class, for pipeline stages (stage_times.py)."""
+        from .stage_times import shaped_layer_seconds
+        return shaped_layer_seconds(self, batch)
+
+    def attention_by_kind(self, batch: BatchShape, pad_to: int = 0) -> dict[str, float]:
+        """Attention seconds of all layers of each kind (unmeasured MLA: as `_terms` prices them)."""
+        return {kind: pf + dec for kind, (pf, dec) in self._kind_attention(batch, pad_to).items()}
+
+    def dense_mlp_s(self, batch: BatchShape) -> float:
+        """One leading dense layer's MLP in a MoE model (0 where there is none)."""
+        t = float(sum(batch.num_new_tokens))
+        if t <= 0 or not self.moe_layers or not self.dense_mlp:
+            return 0.0
+        up, down = self.dense_mlp
+        return up.time(t, self.base.dtype_bytes) + down.time(t, self.base.dtype_bytes)
+
     def _terms(self, batch: BatchShape, pad_to: int = 0) -> list[float]:
         terms = list(self.base._terms(batch, pad_to=pad_to))
         at_pf, at_dec, at_mlp = (self.keys.index(k) for k in ("prefill_attention", "decode_attention", "mlp"))
-        L = self.base.layers
         attn = [0.0, 0.0]
-        full = self.counts.get(FULL, 0)
-        if full:
-            pf = self.prefill_base._terms(batch, pad_to=pad_to) if self.prefill_base is not self.base else terms
-            attn[0] += pf[at_pf] / L * full
-            attn[1] += terms[at_dec] / L * full
-        for kind in (SLIDING, CHUNKED):
-            if self.counts.get(kind):
-                capped = self.base._terms(_bounded(batch, kind, self.window), pad_to=pad_to)
-                attn[0] += capped[at_pf] / L * self.counts[kind]
-                attn[1] += capped[at_dec] / L * self.counts[kind]
-        if self.counts.get(LINEAR):
-            attn[1] += self.counts[LINEAR] * self._linear(batch)
+        for kind, (pf, dec) in self._kind_attention(batch, pad_to, terms).items():
+            if kind != LINEAR:
+                attn[0] += pf
+            attn[1] += dec
         terms[at_pf], terms[at_dec] = attn
+        full = self.counts.get(FULL, 0)
         if self.mla is not None and full:
             self._measured_mla(batch, terms, full)
         terms[at_mlp] = self._mlp(batch, terms[at_mlp], pad_to)
         return terms
+
+    def _kind_attention(self, batch: BatchShape, pad_to: int = 0, terms=None) -> dict[str, tuple[float, float]]:
+        """(prefill, decode) attention seconds of all layers of each kind, in pricing order; `terms`:
+        the base's terms of the batch, if at hand."""
+        at_pf, at_dec = self.keys.index("prefill_attention"), self.keys.index("decode_attention")
+        terms = terms if terms is not None else self.base._terms(batch, pad_to=pad_to)
+        L, out = self.base.layers, {}
+        full = self.counts.get(FULL, 0)
+        if full:
+            pf = self.prefill_base._terms(batch, pad_to=pad_to) if self.prefill_base is not self.base else terms
+            out[FULL] = (pf[at_pf] / L * full, terms[at_dec] / L * full)
+        for kind in (SLIDING, CHUNKED):
+            if self.counts.get(kind):
+                capped = self.base._terms(_bounded(batch, kind, self.window), pad_to=pad_to)
+                out[kind] = (capped[at_pf] / L * self.counts[kind], capped[at_dec] / L * self.counts[kind])
+        if self.counts.get(LINEAR):
+            out[LINEAR] = (0.0, self.counts[LINEAR] * self._linear(batch))
+        return out
 
     def _measured_mla(self, batch: BatchShape, terms: list, layers: int) -> None:
         """MLA layers at the measured fits: prefill rows at the context fit, decode rows at the generation

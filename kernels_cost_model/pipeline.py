@@ -1,33 +1,38 @@
-"""Pipeline-parallel pricing: stages over layers, activations sent between stages, KV per stage.
+"""Pipeline-parallel pricing: the layers of each stage, activations sent between stages, KV per stage.
 
-A model of `num_layers` layers on `pipeline_parallel_size` stages puts num_layers / PP layers on each
-stage (vLLM splits evenly; a size that does not divide the layers is a named error here). A batch's
-stage time is the whole model's step time / PP; between stages it sends each token's hidden state
-(hidden_size x dtype bytes per token) over the link. Each GPU holds 1/PP of the weights and of
-every token's KV, so the KV cache holds PP times the blocks of one GPU's share; with vLLM's hybrid
-KV manager a stage's pool block holds its share of each layer group (kv_layout.stage_group_sizes).
+A model of `num_layers` layers on `pipeline_parallel_size` stages takes vLLM's partition
+(vllm/distributed/utils.py `get_pp_indices`): num_layers // PP layers on every stage, the remainder
+one more each on the stages before the last (the last, which also runs the final norm, the LM head
+and the sampler, never takes one); `VLLM_PP_LAYER_PARTITION` (here `layer_partition`) overrides it.
+Between stages a batch sends each token's hidden state (hidden_size x dtype bytes per token) over the
+link. Each stage holds its layers' weights and the embedding or head it owns (stage_weights.py) and
+its layers' KV; its free memory gives its own block count, and every stage takes the fewest
+(`pipeline_kv_cache_blocks`). A batch's seconds on each stage: stage_times.py.
 """
 from __future__ import annotations
 
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, is_int, require
 
 from .hardware import get_gpu
 from .kv_layout import stage_group_sizes
-from .kv_memory import (activation_bytes, kv_bytes_per_token, kv_layout, non_torch_bytes, total_memory_bytes,
-                        weight_bytes_per_gpu)
+from .layer_partition import layer_partition
+from .kv_memory import (GIB, activation_bytes, forward_activation_bytes, kv_bytes_per_token, kv_layout,
+                        non_torch_bytes, total_memory_bytes)
 from .links import Link
 from .models import get_model
+from .stage_weights import stage_weight_bytes
 
 
-def check_pipeline_size(model, pipeline_parallel_size: int) -> int:
-    """The layers per stage; PP must be an integer >= 1 dividing the model's layers."""
+def check_pipeline_size(model, pipeline_parallel_size: int,
+                        partition: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The layers on each stage; PP must be an integer in 1..num_layers (vLLM places an uneven
+    remainder itself), `partition` a valid override."""
     spec = get_model(model)
-    require(isinstance(pipeline_parallel_size, int) and pipeline_parallel_size >= 1, "pipeline_parallel_size",
+    require(is_int(pipeline_parallel_size) and pipeline_parallel_size >= 1, "pipeline_parallel_size",
             pipeline_parallel_size, "must be an integer >= 1")
-    if spec.num_layers % pipeline_parallel_size:
-        raise ConfigError("pipeline_parallel_size", pipeline_parallel_size,
-                          f"must divide num_layers={spec.num_layers} of {spec.name}")
-    return spec.num_layers // pipeline_parallel_size
+    require(pipeline_parallel_size <= spec.num_layers, "pipeline_parallel_size", pipeline_parallel_size,
+            f"must be at most num_layers={spec.num_layers} of {spec.name} (every stage holds a layer)")
+    return layer_partition(spec.num_layers, pipeline_parallel_size, partition)
 
 
 def stage_send_time_s(model, num_tokens: int, link: Link, tensor_parallel_size: int = 1) -> float:
@@ -36,28 +41,74 @@ def stage_send_time_s(model, num_tokens: int, link: Link, tensor_parallel_size: 
     return link.transfer_time_s(num_tokens * spec.hidden_size * spec.dtype_bytes, tensor_parallel_size)
 
 
+def stage_block_bytes(model, tensor_parallel_size: int, partition: tuple[int, ...], block_size: int = 16,
+                      kv_cache_dtype: str = "auto", hybrid_manager: bool = True) -> tuple[int, ...]:
+    """Bytes of one pool block on each stage: its layers' pages, or with vLLM's hybrid manager on a
+    hybrid model its fullest group's pages there (kv_layout.stage_group_sizes)."""
+    spec, tp = get_model(model), tensor_parallel_size
+    layout = kv_layout(spec, tp, block_size, kv_cache_dtype) if not spec.is_plain else None
+    if hybrid_manager and layout is not None and layout.is_hybrid:
+        return tuple(layout.page_bytes * n for n in stage_group_sizes(spec, layout, partition))
+    per_layer = kv_bytes_per_token(spec, tp, kv_cache_dtype) // spec.num_layers
+    return tuple(block_size * per_layer * n for n in partition)
+
+
+def stage_free_bytes(model, gpu, tensor_parallel_size: int, partition: tuple[int, ...],
+                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                     max_num_seqs: int = 256, cudagraph_memory_bytes: int = 0) -> tuple[float, ...]:
+    """Bytes each stage's GPUs leave for the KV cache: the budget less the stage's weights, its
+    activation peak (only the last stage runs the sampler in vLLM's profiling run, gpu_model_runner
+    `profile_run` / `_dummy_sampler_run`; the others peak in the forward pass), non-torch memory and
+    CUDA-graph memory. May be <= 0."""
+    hw, spec, tp, pp = get_gpu(gpu), get_model(model), tensor_parallel_size, len(partition)
+    budget = total_memory_bytes(hw.name) * gpu_memory_utilization
+    weights = stage_weight_bytes(spec, tp, hw.name, partition)
+    last = activation_bytes(spec, tp, max_num_batched_tokens, max_num_seqs)
+    forward = forward_activation_bytes(spec, tp, max_num_batched_tokens)
+    fixed = non_torch_bytes(tp * pp) + cudagraph_memory_bytes
+    return tuple(budget - (w + (last if i == pp - 1 else forward) + fixed) for i, w in enumerate(weights))
+
+
 def pipeline_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parallel_size: int,
                              block_size: int = 16, gpu_memory_utilization: float = 0.9,
                              max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, *,
                              kv_cache_dtype: str = "auto", cudagraph_memory_bytes: int = 0,
-                             hybrid_manager: bool = True) -> int:
-    """KV blocks of a TP x PP deployment: each GPU keeps 1/PP of the weights and of each token's KV. The
-    activation peak is the last stage's, which samples (`max_num_seqs` rows of logits): the stage with
-    the least room sets every stage's cache (vLLM takes the fewest blocks of any worker: 0.19.1
-    kv_cache_utils.py, 0.33.0 kv_cache_planning.py `get_kv_cache_configs`). A hybrid model with
-    `hybrid_manager` on gets the blocks its stage with the widest pool block leaves room for
-    (kv_layout.stage_group_sizes); off, every layer is full attention. `kv_cache_dtype`,
-    `cudagraph_memory_bytes`: as `kv_cache_blocks`'s."""
-    check_pipeline_size(model, pipeline_parallel_size)
-    hw, spec, pp = get_gpu(gpu), get_model(model), pipeline_parallel_size
-    budget = total_memory_bytes(hw.name) * gpu_memory_utilization
-    used = (weight_bytes_per_gpu(spec, tensor_parallel_size, hw.name) / pp
-            + activation_bytes(spec, tensor_parallel_size, max_num_batched_tokens, max_num_seqs)
-            + non_torch_bytes(tensor_parallel_size * pp) + cudagraph_memory_bytes)
-    if budget <= used:
-        raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tensor_parallel_size} x PP{pp} leaves no room "
-                                          f"for a KV cache at gpu_memory_utilization={gpu_memory_utilization}")
-    layout = kv_layout(spec, tensor_parallel_size, block_size, kv_cache_dtype) if not spec.is_plain else None
-    if hybrid_manager and layout is not None and layout.is_hybrid:
-        return int((budget - used) // (layout.page_bytes * max(stage_group_sizes(spec, layout, pp))))
-    return int((budget - used) // (block_size * kv_bytes_per_token(spec, tensor_parallel_size, kv_cache_dtype) / pp))
+                             hybrid_manager: bool = True, layer_partition: tuple[int, ...] | None = None) -> int:
+    """KV blocks of a TP x PP deployment: each stage's free memory over its own block bytes, and the
+    fewest of any stage for all (vLLM takes the fewest blocks of any worker: 0.19.1 kv_cache_utils.py,
+    0.33.0 kv_cache_planning.py `get_kv_cache_configs`). `layer_partition`: vLLM's
+    VLLM_PP_LAYER_PARTITION (None: its default partition). `kv_cache_dtype`, `cudagraph_memory_bytes`:
+    as `kv_cache_blocks`'s; `hybrid_manager`: as `stage_block_bytes`'s."""
+    blocks = stage_kv_cache_blocks(model, gpu, tensor_parallel_size, pipeline_parallel_size, block_size,
+                                   gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                                   kv_cache_dtype=kv_cache_dtype, cudagraph_memory_bytes=cudagraph_memory_bytes,
+                                   hybrid_manager=hybrid_manager, layer_partition=layer_partition)
+    return min(blocks)
+
+
+def stage_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parallel_size: int,
+                          block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                          max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, *,
+                          kv_cache_dtype: str = "auto", cudagraph_memory_bytes: int = 0,
+                          hybrid_manager: bool = True, layer_partition: tuple[int, ...] | None = None
+                          ) -> tuple[int, ...]:
+    """The blocks each stage's memory holds (`pipeline_kv_cache_blocks` takes the fewest); a stage
+    with no room is a named error that says which stage."""
+    spec, tp, hw = get_model(model), tensor_parallel_size, get_gpu(gpu)
+    partition = check_pipeline_size(spec, pipeline_parallel_size, layer_partition)
+    free = stage_free_bytes(spec, hw.name, tp, partition, gpu_memory_utilization, max_num_batched_tokens,
+                            max_num_seqs, cudagraph_memory_bytes)
+    for stage, room in enumerate(free):
+        if room <= 0:
+            raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tp} x PP{pipeline_parallel_size}: stage "
+                              f"{stage} ({_stage_label(partition, stage)}) needs {-room / GIB:.1f} GiB more than "
+                              f"gpu_memory_utilization={gpu_memory_utilization} leaves: no room for a KV cache")
+    sizes = stage_block_bytes(spec, tp, partition, block_size, kv_cache_dtype, hybrid_manager)
+    return tuple(int(room // size) for room, size in zip(free, sizes))
+
+
+def _stage_label(partition: tuple[int, ...], stage: int) -> str:
+    """'layers 0-39, the embedding' / 'layers 40-79, the final norm and LM head'."""
+    start = sum(partition[:stage])
+    ends = ["the embedding"] * (stage == 0) + ["the final norm and LM head"] * (stage == len(partition) - 1)
+    return ", ".join([f"layers {start}-{start + partition[stage] - 1}", *ends])

@@ -70,7 +70,7 @@ def test_run_out_writes_tables_summary_and_plots(capsys, tmp_path):
      "servesim: error: speculative_config.model='nope': unknown model"),
     (["--pipeline-link", "nope"], "servesim: error: --pipeline-link='nope': unknown link"),
     (["--model", "qwen2.5-0.5b", "--gpu", "mi300x", "--block-size", "1", "-pp", "2"],
-     "servesim: error: engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for 29045295 KV blocks"),
+     "servesim: error: engine.block_size=1: qwen2.5-0.5b on mi300x leaves room for 29023138 KV blocks"),
 ])
 def test_config_errors_exit_2_with_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, "run", *FAST, *argv)

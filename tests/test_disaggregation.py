@@ -264,7 +264,7 @@ def test_a_linear_state_models_transfer_moves_one_state_per_group():
 
 
 @pytest.mark.parametrize("pool, field", [
-    ({"pipeline_parallel_size": 3}, "disaggregation.decode.pipeline.pipeline_parallel_size=3"),   # 32 layers
+    ({"pipeline_parallel_size": 33}, "disaggregation.decode.pipeline.pipeline_parallel_size=33"),  # 32 layers
     ({"kv_offloading_size": 1e-6}, "disaggregation.decode.kv_offloading_size=1e-06"),             # < one block
     ({"kv_offloading_size": 1, "engine": {"enable_prefix_caching": False}}, "disaggregation.decode.kv_offloading_size"),
     ({"kv_offloading_size": 1, "kv_offloading_link": "tin-can"}, "disaggregation.decode.kv_offloading_link"),

@@ -64,11 +64,11 @@ def test_two_stages_keep_two_batches_in_flight_and_serve_more():
 
 
 def test_stage_pricing_and_kv_per_stage():
-    assert check_pipeline_size("llama-3.1-70b", 4) == 20
+    assert check_pipeline_size("llama-3.1-70b", 4) == (20, 20, 20, 20)
     # 8192 tokens x hidden 8192 x 2 bytes over NVLink 4, one rank
     assert stage_send_time_s("llama-3.1-70b", 8192, get_link("nvlink4")) == pytest.approx(2e-6 + 8192 * 8192 * 2 / 450e9)
     pp2 = pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 2)
-    assert pp2 > 2 * kv_cache_blocks("llama-3.1-70b", "h100", 4)   # half the weights per GPU, twice the layers' room
+    assert pp2 > 2 * kv_cache_blocks("llama-3.1-70b", "h100", 4)   # about half the weights per GPU, half the layers
     assert pipeline_kv_cache_blocks("llama-3.1-70b", "h100", 4, 1) == kv_cache_blocks("llama-3.1-70b", "h100", 4)
     for kwargs in ({"max_num_seqs": 1024}, {"kv_cache_dtype": "fp8"}, {"cudagraph_memory_bytes": 2**30}):
         one_stage = {"max_num_seqs": kwargs.pop("max_num_seqs", 256), **kwargs}
@@ -76,9 +76,9 @@ def test_stage_pricing_and_kv_per_stage():
             kv_cache_blocks("llama-3.1-70b", "h100", 4, 16, 0.9, 8192, **one_stage)   # as one instance sizes it
 
 
-def test_a_pipeline_size_not_dividing_the_layers_is_a_named_error():
-    with pytest.raises(ConfigError, match=r"pipeline.pipeline_parallel_size=3: must divide num_layers=80"):
-        simulate_pipeline(_config(), PipelineConfig(3))
+def test_a_pipeline_size_above_the_layers_is_a_named_error():
+    with pytest.raises(ConfigError, match=r"pipeline.pipeline_parallel_size=81: must be at most num_layers=80"):
+        simulate_pipeline(_config(), PipelineConfig(81))
     with pytest.raises(ConfigError, match="pipeline.link"):
         PipelineConfig(2, link="tin-can")
 
@@ -114,19 +114,24 @@ def test_a_hybrid_model_under_pp_is_sized_per_stage_as_vllm_does():
     holds full layers 5, 11, .., 29 (5) and sliding layers 0-25 (groups 0-1: 5 each, 2-5: 4 each);
     stage 1 holds 5 full layers and sliding 26-51 (groups 2-3: 5, the others 4). A stage's pool block is
     its fullest group's pages: 5 x 16 tokens x 2 (K, V) x 16 KV heads x 128 x 2 bytes, and both stages
-    take the fewer blocks (vLLM's get_kv_cache_configs). All-full, a block held a page of each of 31 layers."""
+    take the fewer blocks (vLLM's get_kv_cache_configs): the last stage's, which holds the tied embedding
+    again for its LM head and runs the sampler. All-full, a block held a page of each of 31 layers."""
     from kernels_cost_model.kv_layout import stage_group_sizes
-    from kernels_cost_model.kv_memory import (activation_bytes, kv_layout, non_torch_bytes, total_memory_bytes,
-                                              weight_bytes_per_gpu)
+    from kernels_cost_model.kv_memory import (activation_bytes, forward_activation_bytes, kv_layout, non_torch_bytes,
+                                              total_memory_bytes)
     from kernels_cost_model.models import get_model
+    from kernels_cost_model.stage_weights import stage_weight_bytes
     spec = get_model("gemma-3-27b")
-    free = (total_memory_bytes("h100") * 0.9 - weight_bytes_per_gpu(spec, 1, "h100") / 2
-            - activation_bytes(spec, 1, 8192, 256) - non_torch_bytes(2))
+    weights = stage_weight_bytes(spec, 1, "h100", (31, 31))
+    budget = total_memory_bytes("h100") * 0.9 - non_torch_bytes(2)
+    free = (budget - weights[0] - forward_activation_bytes(spec, 1, 8192),
+            budget - weights[1] - activation_bytes(spec, 1, 8192, 256))
     page = 16 * 2 * 16 * 128 * 2
     assert stage_group_sizes(spec, kv_layout("gemma-3-27b"), 2) == (5, 5)
     assert stage_group_sizes(spec, kv_layout("gemma-3-27b"), 1) == (10,)
-    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2) == int(free // (5 * page))
-    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2, hybrid_manager=False) == int(free // (31 * page))
+    assert free[1] < free[0]
+    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2) == int(free[1] // (5 * page))
+    assert pipeline_kv_cache_blocks("gemma-3-27b", "h100", 1, 2, hybrid_manager=False) == int(free[1] // (31 * page))
     # gpt-oss-20b alternates sliding and full layers: 6 of each group per stage at PP2, 3 at PP4
     gpt = get_model("gpt-oss-20b")
     assert [stage_group_sizes(gpt, kv_layout("gpt-oss-20b"), pp) for pp in (2, 4)] == [(6, 6), (3,) * 4]

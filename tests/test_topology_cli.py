@@ -54,7 +54,7 @@ def test_the_printed_summary_shows_the_cpu_tier(capsys):
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["-pp", "3"], "pipeline.pipeline_parallel_size=3"),              # 32 layers
+    (["-pp", "33"], "pipeline.pipeline_parallel_size=33"),            # 32 layers
     (["--kv-offloading-size", "1e-9"], "--kv-offloading-size=1e-09"),  # smaller than one block
     (["--kv-offloading-size", "4", "--no-enable-prefix-caching"], "--kv-offloading-size=4.0"),
     (["--kv-offloading-size", "4", "--kv-offloading-link", "smoke-signals"], "--kv-offloading-link"),

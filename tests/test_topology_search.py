@@ -63,7 +63,7 @@ def test_plain_plan_has_no_topologies(tmp_path):
 
 @pytest.mark.parametrize("line, field", [
     ('topologies = ["mixed"]', "search.topologies"),
-    ("pipeline_parallel_sizes = [3]", "search.pipeline_parallel_sizes"),   # 32 layers
+    ("pipeline_parallel_sizes = [33]", "search.pipeline_parallel_sizes"),  # 32 layers
     ('pd_ratios = ["2-1"]', "search.pd_ratios"),
     ('pd_ratios = ["0:1"]', "search.pd_ratios"),
     ('offload = ["yes"]', "search.offload"),
@@ -157,7 +157,7 @@ def test_a_decode_pool_on_more_gpus_is_priced_for_them(tmp_path):
 
 
 @pytest.mark.parametrize("line, field", [
-    ("decode_pipeline_parallel_sizes = [3]", "search.decode_pipeline_parallel_sizes"),
+    ("decode_pipeline_parallel_sizes = [33]", "search.decode_pipeline_parallel_sizes"),
     ("prefill_tensor_parallel_sizes = [0]", "search.prefill_tensor_parallel_sizes"),
     ('decode_offload = ["yes"]', "search.decode_offload"),
     ("decode_tensor_parallel_sizes = []", "search.decode_tensor_parallel_sizes"),

@@ -1,5 +1,6 @@
 """`servesim run` flags for the deployment topology and multi-turn replay, with vLLM's names:
-`-pp/--pipeline-parallel-size`, `--kv-offloading-size` (GiB of host memory for a CPU KV tier) and
+`-pp/--pipeline-parallel-size` (`--pipeline-layer-partition`: vLLM's VLLM_PP_LAYER_PARTITION),
+`--kv-offloading-size` (GiB of host memory for a CPU KV tier) and
 `--conversations PATH` (a Mooncake prefix-hash trace or OpenTelemetry GenAI spans, replayed closed-loop).
 
 Without these flags `servesim run` is `simulate(config)`; with PP or a CPU tier the engine is built by
@@ -22,6 +23,9 @@ def add_topology_flags(p: argparse.ArgumentParser) -> None:
                    help="pipeline stages per replica (vLLM's flag; default 1)")
     g.add_argument("--pipeline-link", metavar="LINK", default="nvlink4",
                    help="link between stages (kernels_cost_model/data/links.csv; default nvlink4)")
+    g.add_argument("--pipeline-layer-partition", metavar="N,N,...",
+                   help="layers of each stage, comma-separated (vLLM's VLLM_PP_LAYER_PARTITION; default vLLM's "
+                        "partition: num_layers // PP each, the remainder on the stages before the last)")
     g.add_argument("--kv-offloading-size", type=float, metavar="GIB",
                    help="CPU KV tier of GIB GiB of host memory, at most 1e5 (vLLM's flag; needs prefix caching)")
     g.add_argument("--kv-offloading-link", metavar="LINK", default="pcie5",
@@ -54,20 +58,35 @@ def instance_shape(args):
             link is None or get_link(link)
         except ConfigError as exc:
             raise ConfigError(flag, link, exc.reason) from None
+    partition = _layer_partition(getattr(args, "pipeline_layer_partition", None), pp)
     if (pp is None or pp == 1) and size is None:
         return None
     require(pp is None or pp >= 1, "--pipeline-parallel-size", pp, "must be an integer >= 1")
     if size is not None:
         check_offloading_size("--kv-offloading-size", size)
     try:
-        pipeline = PipelineConfig(pp, args.pipeline_link) if pp and pp > 1 else None
+        pipeline = PipelineConfig(pp, args.pipeline_link, partition) if pp and pp > 1 else None
     except ConfigError as exc:
+        if exc.field == "pipeline.layer_partition":
+            raise ConfigError("--pipeline-layer-partition", args.pipeline_layer_partition, exc.reason) from None
         raise ConfigError("--pipeline-link", args.pipeline_link, exc.reason) from None
     try:
         offload = OffloadConfig(cpu_bytes=size * 2**30, link=args.kv_offloading_link) if size else None
     except ConfigError as exc:
         raise ConfigError("--kv-offloading-link", args.kv_offloading_link, exc.reason) from None
     return InstanceShape(pipeline, offload)
+
+
+def _layer_partition(text: str | None, pp: int | None) -> tuple[int, ...] | None:
+    """--pipeline-layer-partition "31,30" as (31, 30); only with -pp > 1."""
+    if text is None:
+        return None
+    require(pp is not None and pp > 1, "--pipeline-layer-partition", text, "needs --pipeline-parallel-size > 1")
+    try:
+        return tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise ConfigError("--pipeline-layer-partition", text, "must be comma-separated layer counts, "
+                          "one per stage (e.g. 31,30)") from None
 
 
 def conversation_workload(args, config):

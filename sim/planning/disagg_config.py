@@ -13,6 +13,7 @@
     num_instances = 1
     engine = { max_num_seqs = 512 }
     pipeline_parallel_size = 2    # PP stages per instance (default 1), over pipeline_link (nvlink4)
+    pipeline_layer_partition = [16, 16]  # layers per stage (vLLM's VLLM_PP_LAYER_PARTITION; default vLLM's own)
     kv_offloading_size = 64       # GiB CPU KV tier per instance (default none), over kv_offloading_link (pcie5)
 
 Each instance is one engine on `tensor_parallel_size` GPUs of the deployment's GPU (or the pool's
@@ -51,6 +52,7 @@ class PoolConfig:
     engine: dict = field(default_factory=dict)
     pipeline_parallel_size: int = 1
     pipeline_link: str = "nvlink4"
+    pipeline_layer_partition: tuple[int, ...] | None = None   # layers per stage; None: vLLM's partition
     kv_offloading_size: float | None = None   # GiB of host memory per instance (vLLM's name), None: no CPU tier
     kv_offloading_link: str = "pcie5"
 
@@ -72,9 +74,14 @@ class PoolConfig:
     @property
     def shape(self):
         """The instances' PP stages and CPU KV tier (sim.planning.instances)."""
-        with within("pipeline_link"):
-            pipeline = (PipelineConfig(self.pipeline_parallel_size, self.pipeline_link)
+        try:
+            pipeline = (PipelineConfig(self.pipeline_parallel_size, self.pipeline_link, self.pipeline_layer_partition)
                         if self.pipeline_parallel_size > 1 else None)
+        except ConfigError as exc:
+            field = "pipeline_link" if exc.field == "pipeline.link" else "pipeline_layer_partition"
+            raise ConfigError(field, exc.value, exc.reason) from None
+        require(self.pipeline_layer_partition is None or pipeline is not None, "pipeline_layer_partition",
+                self.pipeline_layer_partition, "needs pipeline_parallel_size > 1")
         if self.kv_offloading_size is None:
             return InstanceShape(pipeline, None, disaggregated=True)
         size = self.kv_offloading_size

@@ -8,8 +8,8 @@ plain or a pipeline-parallel process.
 
 Aggregated deployments in the topology search and each pool of a disaggregated one use these
 builders, so PP and a CPU tier combine the same way everywhere: the tier's reload time is added to
-the step (under PP each stage loads its own 1/PP share of the KV, in parallel, during its 1/PP of
-the step) and the KV cache is sized for 1/PP of the weights and layers per GPU.
+the step (under PP each stage loads its own layers' share of the KV, in parallel, during its part of
+the step) and the KV cache is sized per stage, for the stage's own layers and weights.
 """
 from __future__ import annotations
 
@@ -55,19 +55,26 @@ class InstanceShape:
     def pipeline_parallel_size(self) -> int:
         return self.pipeline.pipeline_parallel_size if self.pipeline is not None else 1
 
+    def layer_partition(self, config: SimulationConfig) -> tuple[int, ...]:
+        """The layers of each stage (vLLM's partition unless the pipeline pins one), validated."""
+        pipeline = self.pipeline or PipelineConfig(1)
+        with within("pipeline"):
+            return check_pipeline_size(config.deployment.model, pipeline.pipeline_parallel_size,
+                                       pipeline.layer_partition)
+
     def config(self, config: SimulationConfig) -> SimulationConfig:
         """The engine's config: under PP the batch queue plans ahead, so async scheduling is off."""
         return config.replace(engine={"async_scheduling": False}) if self.pipeline_parallel_size > 1 else config
 
     def num_gpu_blocks(self, config: SimulationConfig) -> int:
-        """KV blocks per instance: each GPU holds 1/PP of the layers' weights and of each token's KV
+        """KV blocks per instance: each stage's GPUs hold its layers' weights and KV and the embedding
+        or head it owns, and the stage with the least room sets the count
         (kernels_cost_model.pipeline.pipeline_kv_cache_blocks), per layer group where vLLM keeps its
         hybrid manager for the instance's connectors."""
         d, e, pp = config.deployment, config.engine, self.pipeline_parallel_size
         if pp == 1 or e.num_gpu_blocks is not None:
             return resolve_num_gpu_blocks(config, self.connectors)
-        with within("pipeline"):
-            check_pipeline_size(d.model, pp)
+        partition = self.layer_partition(config)
         check_no_auto_length(config, pp)
         layout = resolve_kv_layout(config, self.connectors)
         with within("deployment"):
@@ -75,7 +82,7 @@ class InstanceShape:
                                               d.gpu_memory_utilization, e.max_num_batched_tokens, e.max_num_seqs,
                                               kv_cache_dtype=d.kv_cache_dtype,
                                               cudagraph_memory_bytes=round(d.cudagraph_memory_gib * 2**30),
-                                              hybrid_manager=layout.is_hybrid)
+                                              hybrid_manager=layout.is_hybrid, layer_partition=partition)
         if layout.is_hybrid:
             check_kv_holds_one_request(e, d, blocks, layout)
         return require_bookable_blocks(blocks, config)
@@ -128,7 +135,8 @@ def make_process(env: simpy.Environment, engine: Engine, config: SimulationConfi
     if pp == 1:
         return EngineProcess(env, engine)
     d, link = config.deployment, get_link(shape.pipeline.link)
-    return PipelineProcess(env, engine, pp, lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
+    return PipelineProcess(env, engine, shape.layer_partition(config),
+                           lambda n: stage_send_time_s(d.model, n, link, d.tensor_parallel_size))
 
 
 def simulate_instance(config: SimulationConfig, shape: InstanceShape, *, workload=None,
@@ -154,11 +162,10 @@ def simulate_pipeline(config: SimulationConfig, pipeline: PipelineConfig, *, wor
                       until: float | None = None) -> Results:
     """One TP x PP engine serving config.workload (or `workload`): the instance a topology builds with
     these stages (sim.planning.instances), async scheduling off even with one stage."""
-    with within("pipeline"):
-        check_pipeline_size(config.deployment.model, pipeline.pipeline_parallel_size)
+    partition = InstanceShape(pipeline=pipeline).layer_partition(config)
     config = config.replace(engine={"async_scheduling": False})   # the PP batch queue plans ahead instead
     results = simulate_instance(config, InstanceShape(pipeline=pipeline), workload=workload, until=until)
     results.meta["pipeline"] = {"pipeline_parallel_size": pipeline.pipeline_parallel_size,
-                                "link": get_link(pipeline.link).name}
+                                "link": get_link(pipeline.link).name, "layer_partition": list(partition)}
     results.summary.setdefault("max_batches_in_flight", 1 if len(results.steps) else 0)
     return results
