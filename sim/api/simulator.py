@@ -120,9 +120,8 @@ class WorkloadConfig:
             return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
-            require(Path(self.path).is_file(), "workload.path", self.path,
-                    "is a folder, not a trace file" if str(self.path) and Path(self.path).is_dir()
-                    else "trace file not found")
+            from workloads.traces import require_trace_file
+            require_trace_file("workload.path", self.path)
             trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                     max_requests=self.num_requests, **common)
             if self.target_rate is not None:
