@@ -149,8 +149,17 @@ def resolve_engine(engine, deployment):
         defaults = gpu_batch_defaults(engine, deployment.gpu)
         return engine if defaults is None else with_batch_defaults(engine, *defaults)
     except ConfigError as exc:
-        field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
-        raise ConfigError(field, exc.value, exc.reason) from None
+        raise ConfigError(_section_path(exc.field, deployment), exc.value, exc.reason) from None
+
+
+def _section_path(field: str, deployment) -> str:
+    """A field the engine's resolution named, by its TOML path: a deployment setting it read (the
+    tensor parallel size the model's heads must divide, the KV cache dtype) under [deployment], the
+    rest under [engine]."""
+    if "." in field:
+        return field
+    deployment_fields = {f.name for f in dataclasses.fields(deployment)}
+    return f"{'deployment' if field in deployment_fields else 'engine'}.{field}"
 
 
 def with_hybrid_block_size(engine, deployment):
