@@ -265,3 +265,49 @@ def test_disagg_transfer_lines_keep_a_space_between_label_and_value():
     summary.update({key: 123.0 for key, _, _, _ in TRANSFER_LINES})
     for line, (_, label, _, _) in zip(pool_lines(summary)[2:], TRANSFER_LINES):
         assert line.startswith(label + " ") and line.split()[-1][0].isdigit()
+
+
+def _help_of(*command) -> str:
+    parser = build_parser()
+    for name in command:
+        parser = parser._subparsers._group_actions[0].choices[name]
+    return " ".join(parser.format_help().split())
+
+
+def test_run_help_states_the_defaults_servesim_runs_with():
+    """`servesim run --help` named no default for the rate, request count, model, GPU, seed, block size ...;
+    the ones it now states are the config's own defaults."""
+    from sim.api.simulator import DeploymentConfig, SimulationConfig, WorkloadConfig
+    from sim.core.config import EngineConfig
+    d, w, e = DeploymentConfig(), WorkloadConfig(), EngineConfig()
+    text = _help_of("run").split("options:", 1)[1]  # (after the usage lines)
+    for flag, default in (("--request-rate R, --rate R", f"default {w.rate:g}"),
+                          ("--num-requests N", f"default {w.num_requests}"),
+                          ("--lengths PRESET", f"{w.lengths} (the default)"),
+                          ("--model MODEL", f"{d.model} (the default)"), ("--gpu GPU", f"{d.gpu} (the default)"),
+                          ("--tp N", f"default {d.tensor_parallel_size}"),
+                          ("--gpu-memory-utilization F", f"default {d.gpu_memory_utilization:g}"),
+                          ("--cost-model {roofline,linear}", f"default {d.cost_model}"),
+                          ("--block-size N", f"default {e.block_size}"),
+                          ("--long-prefill-token-threshold N", f"default {e.long_prefill_token_threshold}: no cap"),
+                          ("--seed SEED", f"default {SimulationConfig().seed}"),
+                          ("--plot-format {png,svg,none}", "default png")):
+        entry = text.split(flag, 1)[1][:220]
+        assert default in entry, (flag, entry)
+
+
+def test_sweep_capacity_plot_and_disagg_help_state_defaults_and_purpose():
+    assert "(default sweep-out)" in _help_of("sweep") and "the default) or ray" in _help_of("sweep")
+    assert "(default capacity-out)" in _help_of("capacity")
+    assert "image format (default png" in _help_of("plot")
+    assert "Simulate a prefill/decode disaggregated deployment" in _help_of("disagg")
+
+
+def test_a_sweep_file_refused_leaves_no_output_folder(capsys, tmp_path):
+    """`servesim sweep --out DIR` made DIR before reading the file, so every refused file left an empty one."""
+    path = tmp_path / "sweep.toml"
+    path.write_text("[workload]\nnum_requests = 5\n[sweep]\nrate = []\n")
+    out = tmp_path / "sweep-out"
+    assert main(["sweep", "--config", str(path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "servesim: error: sweep.rate=[]: must be a non-empty list of values\n"
+    assert not out.exists()

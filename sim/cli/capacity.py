@@ -40,7 +40,8 @@ def add_capacity_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("capacity", help="rank deployments by cost for a traffic and an SLO (plan.toml)",
                               description=CAPACITY_DESCRIPTION)
     p.add_argument("--config", required=True, help="plan.toml (see docs/capacity.md)")
-    p.add_argument("--out", default="capacity-out", help="folder for deployments.csv, curves.csv and plots")
+    p.add_argument("--out", default="capacity-out",
+                   help="folder for deployments.csv, curves.csv and plots (default capacity-out)")
     p.add_argument("--executor", choices=EXECUTORS, help="override [search].executor")
     p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -52,8 +53,10 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sweep", help="run a grid of configs x seeds in parallel into one table",
                               description=SWEEP_DESCRIPTION)
     p.add_argument("--config", required=True, help="sweep TOML: config sections plus [sweep] axes and seeds")
-    p.add_argument("--out", default="sweep-out", help="folder: results/<key>.json per run, sweep.csv")
-    p.add_argument("--executor", choices=EXECUTORS, default="pool")
+    p.add_argument("--out", default="sweep-out",
+                   help="folder: results/<key>.json per run (a rerun reuses them), sweep.csv (default sweep-out)")
+    p.add_argument("--executor", choices=EXECUTORS, default="pool",
+                   help="serial, pool (local processes, the default) or ray")
     p.add_argument("--address", help="Ray cluster address (executor ray); none starts a local cluster")
     p.add_argument("--workers", type=int, help="processes / Ray CPUs (default: all cores)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -178,11 +181,12 @@ def show_progress(flag: bool | None) -> bool:
 
 
 def run_sweep_cmd(args) -> int:
-    from sim.api.table_io import atomic_path, make_output_folder
+    from sim.api.table_io import atomic_path, check_output_folder, make_output_folder
     from sim.planning.sweep import run_sweep
     try:
+        check_output_folder(args.out)
+        sweep_points, seeds = load_sweep(args.config)  # (a bad file leaves no empty --out folder behind)
         make_output_folder(args.out)
-        sweep_points, seeds = load_sweep(args.config)
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
                        out_dir=args.out, progress=show_progress(args.progress))
     except ConfigError as exc:

@@ -19,7 +19,11 @@ TRANSFER_LINES = (("num_kv_transfers", "KV transfers", 1, "{:,.0f}"),
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("disagg", help="prefill/decode disaggregated deployment (TOML with [disaggregation])")
+    p = subparsers.add_parser("disagg", help="prefill/decode disaggregated deployment (TOML with [disaggregation])",
+                              description="Simulate a prefill/decode disaggregated deployment from a TOML file: the"
+                              " sections of servesim run's --config plus [disaggregation] (pools, P:D ratio, link;"
+                              " docs/topologies.md, examples/disagg.toml). Prints the summary, per-pool KV occupancy"
+                              " and the KV transfers.")
     p.add_argument("--config", required=True, help="TOML: [engine], [deployment], [workload], [slo], [disaggregation]")
     p.add_argument("--seed", type=int, help="override the file's seed")
     p.add_argument("--out", help="folder for requests.csv, transfers.csv, summary.json and plots")
