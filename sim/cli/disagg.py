@@ -63,11 +63,12 @@ def check_pool_budgets(config, disagg) -> None:
     """Each pool's step budget covers its max_num_seqs, as vLLM requires of every instance."""
     from kernels_cost_model.errors import ConfigError
     from sim.api.validation import check_step_budget
+    from sim.planning.disagg_config import pool_field
     for pool in ("prefill", "decode"):
         try:
             check_step_budget(getattr(disagg, pool).instance_config(config).engine)
         except ConfigError as exc:
-            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
+            raise ConfigError(pool_field(pool, exc.field), exc.value, exc.reason) from None
 
 
 def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:
