@@ -311,3 +311,19 @@ def test_a_sweep_file_refused_leaves_no_output_folder(capsys, tmp_path):
     assert main(["sweep", "--config", str(path), "--out", str(out)]) == 2
     assert capsys.readouterr().err == "servesim: error: sweep.rate=[]: must be a non-empty list of values\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--requets-rate", "5"], "unrecognized arguments: --requets-rate 5; did you mean --request-rate? "
+                                     "(see servesim run --help)"),
+    (["run", "--stop-profile", "vllm"], "unrecognized arguments: --stop-profile vllm (see servesim run --help)"),
+    (["sweep", "--config", "x.toml", "--wokers", "2"], "unrecognized arguments: --wokers 2; did you mean --workers? "
+                                                      "(see servesim sweep --help)"),
+    (["plot", "a", "b"], "unrecognized arguments: b (see servesim plot --help)"),
+])
+def test_an_unknown_flag_points_to_its_commands_help_and_the_flag_it_resembles(capsys, argv, message):
+    """It pointed to `servesim --help`, whose page lists no flag of `servesim run`."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
