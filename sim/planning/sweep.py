@@ -101,6 +101,9 @@ def make_point(base: SimulationConfig, overrides: dict) -> SweepPoint:
 def _check_cluster(cluster: dict) -> None:
     n = cluster["replicas"]
     require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "replicas", n, "must be an integer >= 1")
+    from sim.planning.cluster import MAX_REPLICAS
+    require(n <= MAX_REPLICAS, "replicas", n, f"must be at most {MAX_REPLICAS} (one engine and KV cache each, in"
+                                              " one process)")
     require(cluster["router"] in ROUTERS, "router", cluster["router"], f"must be one of {ROUTERS}")
 
 
