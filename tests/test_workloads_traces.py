@@ -297,3 +297,11 @@ def test_arrivals_going_backwards_name_the_column_and_the_gap(tmp_path):
     with pytest.raises(TraceFormatError, match=r"g.jsonl:2: arrival_s goes backwards: 4 s before the previous "
                                                r"row's; a trace's rows must be sorted by arrival time"):
         list(read_trace(path))
+
+
+def test_a_relative_trace_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """A TOML file's `path = "trace.csv"` is read from the current folder, not the file's: say which."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(f"path='trace.csv': trace file not found (relative paths are read "
+                                                    f"from the current folder, {tmp_path})")):
+        list(read_trace("trace.csv"))

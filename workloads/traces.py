@@ -258,6 +258,8 @@ def require_trace_file(field: str, value) -> Path:
         reason = ("is a folder, not a trace file" if path.is_dir() else
                   "is not a regular file (a device or a pipe); give a trace file" if path.exists() else
                   "trace file not found")
+        if not path.is_absolute() and not path.exists():  # (a TOML file's relative path is read from the cwd)
+            reason += f" (relative paths are read from the current folder, {Path.cwd()})"
         raise ConfigError(field, str(value), reason)
     return path
 
