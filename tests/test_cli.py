@@ -327,3 +327,11 @@ def test_an_unknown_flag_points_to_its_commands_help_and_the_flag_it_resembles(c
         main(argv)
     assert info.value.code == 2
     assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+def test_a_ray_address_without_the_ray_executor_is_a_usage_error(capsys, tmp_path):
+    """`servesim sweep --address ray://head:10001` ran on the local process pool and ignored the address."""
+    assert main(["sweep", "--config", "examples/sweep.toml", "--out", str(tmp_path / "o"), "--address", "ray://x"]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --address='ray://x': joins a Ray cluster: give it with "
+                                       "--executor ray (the executor is pool)\n")
+    assert not (tmp_path / "o").exists()

@@ -184,6 +184,8 @@ def run_sweep_cmd(args) -> int:
     from sim.api.table_io import atomic_path, check_output_folder, make_output_folder
     from sim.planning.sweep import run_sweep
     try:
+        require(not args.address or args.executor == "ray", "--address", args.address,
+                f"joins a Ray cluster: give it with --executor ray (the executor is {args.executor})")
         check_output_folder(args.out)
         sweep_points, seeds = load_sweep(args.config)  # (a bad file leaves no empty --out folder behind)
         make_output_folder(args.out)
