@@ -525,7 +525,8 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
     release_freed_memory(len(records.requests))
-    require(len(records.requests) > 0 or until is not None, "workload", workload or config.workload,
+    require(len(records.requests) > 0 or until is not None, "workload",
+            workload if workload is not None else config.workload,
             "gave no requests: nothing to simulate (an empty iterator, num_requests=0, or a duration shorter"
             " than the first arrival)")
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,

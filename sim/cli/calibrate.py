@@ -56,9 +56,10 @@ def measured_run(args):
         return read_run(path)
     require(path.suffix == ".json", "--from-run", str(path),
             "neither a run folder (with meta.json and requests.jsonl) nor a vllm bench serve result (.json)")
-    for flag, value, what in (("--model", args.model, "model"), ("--gpu", args.gpu, "GPU")):  # (unset batch flags:
-        require(bool(value), flag, value,                                                 # vllm serve's defaults)
-                f"required with a vllm bench serve result ({path.name}): give the server's {what}")
+    # (unset batch flags take vllm serve's defaults; the model and GPU have none)
+    for flag, value, what in (("--model", args.model, "model"), ("--gpu", args.gpu, "GPU")):
+        require(bool(value), flag, value, f"required with a vllm bench serve result ({path.name}): give the server's"
+                                          f" {what}")
     engine = {"model": args.model, "tensor_parallel_size": args.tp, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
               "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
