@@ -398,3 +398,15 @@ def test_a_workload_that_gives_no_requests_is_named(make):
         simulate(SMALL, workload=make())
     assert info.value.field == "workload" and info.value.reason.startswith("gave no requests: nothing to simulate")
     assert simulate(SMALL, workload=make(), until=5.0).summary["num_requests"] == 0  # a window may hold none
+
+
+def test_a_max_tokens_vllm_serve_would_refuse_for_every_request_is_named():
+    """--max-tokens 100000000 ran, refused all 1000 requests and printed a summary of dashes; behind vllm serve's
+    front end no request can have it, so it is a config error (offline, the outputs are cut instead)."""
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig(engine={"max_model_len": 4096}, workload={"max_tokens": 4096})
+    assert info.value.field == "workload.max_tokens" and "so it would refuse every request" in info.value.reason
+    assert SimulationConfig(engine={"max_model_len": 4096}, workload={"max_tokens": 4095}).workload.max_tokens == 4095
+    offline = SimulationConfig(engine={"max_model_len": 4096, "usage_context": "llm_class"},
+                               workload={"max_tokens": 10**6})
+    assert offline.workload.max_tokens == 10**6

@@ -116,6 +116,11 @@ def check_simulation(config) -> None:
             "workload.shared_prefix_len", workload.shared_prefix_len,
             f"must not exceed engine.max_model_len={engine.max_model_len}"
             " (a longer prompt is rejected)")
+    require(workload.max_tokens is None or engine.max_model_len is None or not engine.refuses_over_length
+            or workload.max_tokens < engine.max_model_len, "workload.max_tokens", workload.max_tokens,
+            f"must be below engine.max_model_len={engine.max_model_len}: vllm serve refuses a request whose prompt"
+            " + max_tokens exceeds it, so it would refuse every request (engine.usage_context llm_class cuts the"
+            " outputs there instead)")
 
 
 def _model_unused(d, e) -> bool:
