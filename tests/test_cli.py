@@ -335,3 +335,15 @@ def test_a_ray_address_without_the_ray_executor_is_a_usage_error(capsys, tmp_pat
     assert capsys.readouterr().err == ("servesim: error: --address='ray://x': joins a Ray cluster: give it with "
                                        "--executor ray (the executor is pool)\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_num_prompts_beyond_a_traces_rows_says_all_were_replayed(capsys, tmp_path):
+    """`--trace t.csv --num-prompts 50` of a 2-row trace printed '2 completed of 2' and nothing else (vllm
+    bench serve would have oversampled to 50)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,7\n")
+    argv = ["run", "--trace", str(trace), "--cost-model", "linear", "--no-progress", "--json"]
+    assert main([*argv, "--num-prompts", "50"]) == 0
+    assert capsys.readouterr().err == ("servesim: warning: --num-prompts 50 asks for more requests than the file "
+                                       "gives: all 2 of them were replayed\n")
+    assert main([*argv, "--num-prompts", "2"]) == 0 and capsys.readouterr().err == ""

@@ -268,6 +268,15 @@ def deployment_sections(path: Path) -> dict:
     return data
 
 
+def warn_short_replay(args, config, replayed: int) -> None:
+    """Say so when --num-prompts asks a trace or conversation file for more requests than it holds (vllm
+    bench serve oversamples a dataset then; a replay keeps the file's own requests)."""
+    asked = getattr(args, "num_requests", None)
+    if asked and (config.workload.kind == "trace" or getattr(args, "conversations", None)) and replayed < asked:
+        print(f"servesim: warning: --num-prompts {asked} asks for more requests than the file gives: all {replayed}"
+              " of them were replayed", file=sys.stderr)
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("run", help="simulate one configuration and print its summary",
                               description=DESCRIPTION, epilog=EXAMPLES,
@@ -300,6 +309,7 @@ def run(args) -> int:
         progress.close()
     for warning in caught:
         print(f"servesim: warning: {warning.message}", file=sys.stderr)
+    warn_short_replay(args, config, results.summary["num_requests"])
     if args.stop_string_detection and not any(isinstance(r, str) for r in results.requests["stop_reason"]):
         print(f"servesim: warning: --stop-string-detection={args.stop_string_detection} changed nothing: no request"
               " stopped on a stop string (servesim run's workloads carry none; pass simulate() RequestSpecs"
