@@ -347,3 +347,11 @@ def test_num_prompts_beyond_a_traces_rows_says_all_were_replayed(capsys, tmp_pat
     assert capsys.readouterr().err == ("servesim: warning: --num-prompts 50 asks for more requests than the file "
                                        "gives: all 2 of them were replayed\n")
     assert main([*argv, "--num-prompts", "2"]) == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", [["sweep", "--config", "examples/sweep.toml"],
+                                     ["capacity", "--config", "examples/plan.toml"]])
+def test_a_bad_workers_count_is_named_as_the_flag(capsys, tmp_path, command):
+    """It was named `workers=0`, the Python argument, not the flag the user typed."""
+    assert main([*command, "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
+    assert capsys.readouterr().err == "servesim: error: --workers=0: must be an integer >= 1 (unset: all cores)\n"

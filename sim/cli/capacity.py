@@ -73,6 +73,7 @@ def run_capacity(args) -> int:
     from sim.planning.topology import search_topologies
     from sim.api.table_io import check_output_folder, make_output_folder
     try:
+        check_workers(args.workers)
         check_output_folder(args.out)
         plan = Plan.from_toml(args.config)
         if args.executor or args.workers:
@@ -175,6 +176,11 @@ def flatten(table: dict, prefix: str = "") -> dict:
     return out
 
 
+def check_workers(workers: int | None) -> None:
+    """--workers, named as the flag (before any file is read)."""
+    require(workers is None or workers >= 1, "--workers", workers, "must be an integer >= 1 (unset: all cores)")
+
+
 def show_progress(flag: bool | None) -> bool:
     """--progress / --no-progress, else only on a terminal (a log file gets no carriage-return bars)."""
     return flag if flag is not None else sys.stderr.isatty()
@@ -186,6 +192,7 @@ def run_sweep_cmd(args) -> int:
     try:
         require(not args.address or args.executor == "ray", "--address", args.address,
                 f"joins a Ray cluster: give it with --executor ray (the executor is {args.executor})")
+        check_workers(args.workers)
         check_output_folder(args.out)
         sweep_points, seeds = load_sweep(args.config)  # (a bad file leaves no empty --out folder behind)
         make_output_folder(args.out)
