@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_cost_model.errors import ConfigError, require_path
+from kernels_cost_model.errors import ConfigError, read_json_file, require, require_path
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import derivation, derived_coeffs, shipped_defaults
@@ -268,11 +268,15 @@ def save_calibration(cal: Calibration, path: str | Path) -> Path:
 
 def load_calibration(path: str | Path) -> Calibration:
     path = require_path("calibration", path, "a calibration JSON file")
+    data = read_json_file("calibration", path, "unreadable calibration file")
+    require(isinstance(data, dict) and isinstance(data.get("device"), str) and isinstance(data.get("coeffs"), dict)
+            and all(isinstance(c, dict) for c in data["coeffs"].values()), "calibration", str(path),
+            'unreadable calibration file: needs a "device" name and a "coeffs" table of one table per family,'
+            " as servesim calibrate writes it")
     try:
-        data = json.loads(path.read_text())
         coeffs = {f: Coeffs(**c) for f, c in data["coeffs"].items()}
         return Calibration(data["device"], coeffs, data.get("provenance", {}), data.get("curves", {}))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except TypeError as exc:
         raise ConfigError("calibration", str(path), f"unreadable calibration file: {exc}") from exc
 
 

@@ -91,11 +91,21 @@ def _report(title: str, errors: dict) -> None:
               f"worst {100 * e['max_rel_err']:7.2f}%")
 
 
+def _check_out(out: Path) -> None:
+    """--out is a file path whose folder exists or can be made (made now, not after minutes of measuring)."""
+    if out.is_dir():
+        raise ConfigError("--out", str(out), "is a folder; give the calibration file's path")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--out", str(out), f"cannot create its folder {out.parent}: {exc.strerror or exc}") from None
+
+
 def run_calibrate(args) -> int:
     """Handler of `servesim calibrate`; 0 on success, 2 on a user error."""
     try:
-        if args.out is not None and Path(args.out).is_dir():  # (before measuring or fitting anything)
-            raise ConfigError("--out", str(args.out), "is a folder; give the calibration file's path")
+        if args.out is not None:  # (before measuring or fitting anything)
+            _check_out(Path(args.out))
         rows = _rows(args)
         devices = sorted({r["device"] for r in rows})
         device = _fit_device(args, rows)

@@ -5,6 +5,7 @@ rebuilds it intact: SimPy re-raises a failed process's exception that way, and p
 multiprocessing and Ray do the same when they carry it across processes. `is_int` / `is_number` are
 the type tests every layer's checks share (no bool where a number belongs, no NaN or infinity).
 """
+import json
 import math
 import os
 from pathlib import Path
@@ -63,3 +64,14 @@ def require_path(field: str, value: object, what: str) -> Path:
     """`value` as a Path; a ConfigError naming `field` when it is not a path (None, a number, a list)."""
     require(isinstance(value, (str, os.PathLike)), field, value, f"must be a path to {what}")
     return Path(value)
+
+
+def read_json_file(field: str, path: str | os.PathLike, what: str) -> object:
+    """The JSON value in file `path`; a ConfigError naming `field` and the path, its reason starting with
+    `what` ("cannot read config.json"), when the file cannot be read, is not UTF-8 text or not JSON."""
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, str(path), f"{what}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(field, str(path), f"{what}: {exc}") from exc

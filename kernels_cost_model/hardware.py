@@ -5,12 +5,10 @@ Figures are dense (never the 2:4-sparsity doubled numbers vendors headline) and 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-from kernels_cost_model.errors import ConfigError, is_number, require
+from kernels_cost_model.errors import ConfigError, is_number, read_json_file, require
 
 from ._catalog import alias_index, lookup, normalise, read_catalog
 
@@ -122,10 +120,7 @@ def gpu_from_file(path: str) -> GPU:
     and units (FLOP/s, bytes/s, bytes; `source` says where they come from). Its name must not be a catalog
     GPU's: the name selects a shipped calibration and the measured figures kept per GPU. Priced as a GPU
     with no calibration (derived defaults by `architecture`, `memory_type` and link)."""
-    try:
-        spec = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError("gpu", path, f"cannot read the GPU spec file: {exc}") from exc
+    spec = read_json_file("gpu", path, "cannot read the GPU spec file")
     _check_spec(spec, path)
     text = ("interconnect", "architecture", "compute_capability", "memory_type", "source")
     gpu = _row_to_gpu({**spec, **{f: str(spec.get(f) or "") for f in text}})

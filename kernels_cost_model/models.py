@@ -5,12 +5,11 @@ Covers grouped-query attention (num_kv_heads < num_heads) and mixture-of-experts
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from kernels_cost_model.errors import ConfigError, require
+from kernels_cost_model.errors import ConfigError, read_json_file, require
 
 from ._catalog import alias_index, normalise, read_catalog, read_config_catalog
 from .model_shapes import (LINEAR, extended_fields, head_dim_of, num_experts_of, num_mtp_layers_of, qk_norm_layers_of,
@@ -158,10 +157,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face config.json (offline): Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE, DeepSeek-V3,
     gpt-oss, Gemma-3, Qwen3-Next, Llama-4 styles."""
     path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError("model", str(path), f"cannot read config.json: {exc}") from exc
+    cfg = read_json_file("model", path, "cannot read config.json")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config", cfg), dict):
         raise ConfigError("model", str(path), "config.json must hold a JSON object of model settings")
     return spec_from_config(cfg, name=None, source=str(path), fallback_name=path.parent.name or str(path))

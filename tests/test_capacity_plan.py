@@ -269,6 +269,15 @@ def test_a_tp_that_does_not_divide_the_heads_is_an_error_naming_the_candidate(tm
     assert err_line.startswith("servesim: error: search candidate 'h100 TP3'") and err_line.count("\n") == 1
 
 
+def test_a_roofline_plans_tp_that_does_not_divide_the_heads_is_named_as_the_candidate(tmp_path):
+    """Under the roofline cost model (examples/plan.toml's) building the candidate's config failed first,
+    so the error named deployment.tensor_parallel_size alone, not the candidate the README promises."""
+    text = TINY_PLAN.replace('cost_model = "linear"', 'cost_model = "roofline"').replace("num_gpu_blocks = 2048\n", "")
+    with pytest.raises(ConfigError) as err:
+        Plan.from_toml(write(tmp_path, text.replace("tensor_parallel_sizes = [1]", "tensor_parallel_sizes = [1, 3]")))
+    assert str(err.value).startswith("search candidate 'h100 TP3': deployment.tensor_parallel_size=3: must divide")
+
+
 def test_latency_plot_is_against_offered_rate_with_tpot_bounds_and_capacity(report):
     best = recommended(report.table)
     target = CapacityTarget(ttft_p99_s=0.5, tpot_p99_s=0.001)

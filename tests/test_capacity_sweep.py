@@ -115,3 +115,16 @@ def test_a_sweep_folder_whose_results_cannot_be_kept_is_named(base, tmp_path):
     (tmp_path / "results").write_text("not a folder")
     with pytest.raises(ConfigError, match="holds a file named results"):
         run_sweep(grid(base, {"rate": [2]}), seeds=[0], executor="serial", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("axes, named", [
+    ({"rate": [5, 10, 5]}, "sweep.rate=[5, 10, 5]: gives 5 twice"),
+    ({"rate": [5, 5.0]}, "sweep.rate=[5, 5.0]: gives 5.0 twice"),
+    ({"engine.max_num_seqs": [64, 64]}, "sweep.engine.max_num_seqs=[64, 64]: gives 64 twice"),
+])
+def test_an_axis_that_repeats_a_value_is_named(base, axes, named):
+    """`rate = [5, 5]` ran every config of rate 5 twice and put both in sweep.csv as separate points."""
+    with pytest.raises(ConfigError) as err:
+        grid(base, axes)
+    assert str(err.value).startswith(named)
+    assert len(grid(base, {"prefix_caching": [True, False]})) == 2   # (booleans are not repeats of 1 and 0)

@@ -265,3 +265,93 @@ def test_disagg_transfer_lines_keep_a_space_between_label_and_value():
     summary.update({key: 123.0 for key, _, _, _ in TRANSFER_LINES})
     for line, (_, label, _, _) in zip(pool_lines(summary)[2:], TRANSFER_LINES):
         assert line.startswith(label + " ") and line.split()[-1][0].isdigit()
+
+
+def _help_of(*command) -> str:
+    parser = build_parser()
+    for name in command:
+        parser = parser._subparsers._group_actions[0].choices[name]
+    return " ".join(parser.format_help().split())
+
+
+def test_run_help_states_the_defaults_servesim_runs_with():
+    """`servesim run --help` named no default for the rate, request count, model, GPU, seed, block size ...;
+    the ones it now states are the config's own defaults."""
+    from sim.api.simulator import DeploymentConfig, SimulationConfig, WorkloadConfig
+    from sim.core.config import EngineConfig
+    d, w, e = DeploymentConfig(), WorkloadConfig(), EngineConfig()
+    text = _help_of("run").split("options:", 1)[1]  # (after the usage lines)
+    for flag, default in (("--request-rate R, --rate R", f"default {w.rate:g}"),
+                          ("--num-requests N", f"default {w.num_requests}"),
+                          ("--lengths PRESET", f"{w.lengths} (the default)"),
+                          ("--model MODEL", f"{d.model} (the default)"), ("--gpu GPU", f"{d.gpu} (the default)"),
+                          ("--tp N", f"default {d.tensor_parallel_size}"),
+                          ("--gpu-memory-utilization F", f"default {d.gpu_memory_utilization:g}"),
+                          ("--cost-model {roofline,linear}", f"default {d.cost_model}"),
+                          ("--block-size N", f"default {e.block_size}"),
+                          ("--long-prefill-token-threshold N", f"default {e.long_prefill_token_threshold}: no cap"),
+                          ("--seed SEED", f"default {SimulationConfig().seed}"),
+                          ("--plot-format {png,svg,none}", "default png")):
+        entry = text.split(flag, 1)[1][:220]
+        assert default in entry, (flag, entry)
+
+
+def test_sweep_capacity_plot_and_disagg_help_state_defaults_and_purpose():
+    assert "(default sweep-out)" in _help_of("sweep") and "the default) or ray" in _help_of("sweep")
+    assert "(default capacity-out)" in _help_of("capacity")
+    assert "image format (default png" in _help_of("plot")
+    assert "Simulate a prefill/decode disaggregated deployment" in _help_of("disagg")
+
+
+def test_a_sweep_file_refused_leaves_no_output_folder(capsys, tmp_path):
+    """`servesim sweep --out DIR` made DIR before reading the file, so every refused file left an empty one."""
+    path = tmp_path / "sweep.toml"
+    path.write_text("[workload]\nnum_requests = 5\n[sweep]\nrate = []\n")
+    out = tmp_path / "sweep-out"
+    assert main(["sweep", "--config", str(path), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "servesim: error: sweep.rate=[]: must be a non-empty list of values\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--requets-rate", "5"], "unrecognized arguments: --requets-rate 5; did you mean --request-rate? "
+                                     "(see servesim run --help)"),
+    (["run", "--stop-profile", "vllm"], "unrecognized arguments: --stop-profile vllm (see servesim run --help)"),
+    (["sweep", "--config", "x.toml", "--wokers", "2"], "unrecognized arguments: --wokers 2; did you mean --workers? "
+                                                      "(see servesim sweep --help)"),
+    (["plot", "a", "b"], "unrecognized arguments: b (see servesim plot --help)"),
+])
+def test_an_unknown_flag_points_to_its_commands_help_and_the_flag_it_resembles(capsys, argv, message):
+    """It pointed to `servesim --help`, whose page lists no flag of `servesim run`."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+def test_a_ray_address_without_the_ray_executor_is_a_usage_error(capsys, tmp_path):
+    """`servesim sweep --address ray://head:10001` ran on the local process pool and ignored the address."""
+    assert main(["sweep", "--config", "examples/sweep.toml", "--out", str(tmp_path / "o"), "--address", "ray://x"]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --address='ray://x': joins a Ray cluster: give it with "
+                                       "--executor ray (the executor is pool)\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_num_prompts_beyond_a_traces_rows_says_all_were_replayed(capsys, tmp_path):
+    """`--trace t.csv --num-prompts 50` of a 2-row trace printed '2 completed of 2' and nothing else (vllm
+    bench serve would have oversampled to 50)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,7\n")
+    argv = ["run", "--trace", str(trace), "--cost-model", "linear", "--no-progress", "--json"]
+    assert main([*argv, "--num-prompts", "50"]) == 0
+    assert capsys.readouterr().err == ("servesim: warning: --num-prompts 50 asks for more requests than the file "
+                                       "gives: all 2 of them were replayed\n")
+    assert main([*argv, "--num-prompts", "2"]) == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", [["sweep", "--config", "examples/sweep.toml"],
+                                     ["capacity", "--config", "examples/plan.toml"]])
+def test_a_bad_workers_count_is_named_as_the_flag(capsys, tmp_path, command):
+    """It was named `workers=0`, the Python argument, not the flag the user typed."""
+    assert main([*command, "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
+    assert capsys.readouterr().err == "servesim: error: --workers=0: must be an integer >= 1 (unset: all cores)\n"

@@ -157,3 +157,28 @@ def test_a_run_saved_before_the_new_names_loads_with_them(tmp_path):
     doc["summary"] = {"num_completed": 10, "ttft_ms_p99": 1.0}  # what servesim 0.1 wrote, in part
     (tmp_path / "summary.json").write_text(json.dumps(doc))
     assert Results.load(tmp_path).summary["p99_ttft_ms"] == pytest.approx(results.summary["p99_ttft_ms"])
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--goodput", "ttft:500", "--slo-ttft", "300ms"], "--goodput='ttft:500': sets the ttft target that --slo-ttft"
+                                                       " or another --goodput item sets to 300 ms"),
+    (["--goodput", "ttft:500", "ttft:300"], "--goodput='ttft:300': sets the ttft target that --slo-ttft or another"
+                                            " --goodput item sets to 500 ms"),
+])
+def test_two_values_for_one_slo_target_are_refused(capsys, argv, named):
+    """--goodput silently won over --slo-ttft (and the last of two --goodput items over the first)."""
+    assert main(["run", *argv]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {named}; give each target once\n"
+    assert config_of("--goodput", "ttft:500", "e2el:20000", "--slo-ttft", "0.5", "--slo-tpot", "50ms").slo.as_dict() \
+        == {"ttft_s": 0.5, "tpot_s": 0.05, "e2e_s": 20.0}  # the same value twice, or other targets, are fine
+
+
+def test_result_file_flags_without_save_result_say_they_change_nothing(capsys, tmp_path):
+    """--save-detailed, --result-dir, --label ... without --save-result wrote nothing and said nothing."""
+    argv = ["run", "--num-requests", "5", "--json", "--no-progress", "--save-detailed", "--result-dir", str(tmp_path)]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ("servesim: warning: --save-detailed, --result-dir shape the --save-result file "
+                                       "only; without --save-result no result file is written\n")
+    assert not list(tmp_path.iterdir())
+    assert main([*argv, "--save-result"]) == 0
+    assert "servesim: warning" not in capsys.readouterr().err and len(list(tmp_path.iterdir())) == 1

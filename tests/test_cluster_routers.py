@@ -80,3 +80,17 @@ def test_simulate_cluster_names_a_bad_argument_before_the_run(kwargs, field):
 def test_simulate_cluster_needs_a_simulation_config():
     with pytest.raises(ConfigError, match=r"config=None: must be a SimulationConfig"):
         simulate_cluster(None, 2)
+
+
+def test_a_cluster_beyond_what_one_process_holds_is_refused_before_building_it():
+    """simulate_cluster(config, 10**6) built engines until memory ran out (a SystemError under a limit)."""
+    from sim.planning.cluster import MAX_REPLICAS
+    from sim.planning.sweep import grid
+    base = SimulationConfig(workload={"num_requests": 5}, deployment={"cost_model": "linear"},
+                            engine={"num_gpu_blocks": 600, "max_model_len": 4096})
+    for call, value in ((lambda: simulate_cluster(base, 10**6), 10**6),
+                        (lambda: simulate_cluster(base, [{}] * (MAX_REPLICAS + 1)), f"{MAX_REPLICAS + 1} deployments"),
+                        (lambda: grid(base, {"replicas": [2, 5000]}), 5000)):
+        with pytest.raises(ConfigError, match=f"must be at most {MAX_REPLICAS}") as info:
+            call()
+        assert info.value.field == "replicas" and info.value.value == value

@@ -239,3 +239,15 @@ def test_calibrated_step_times_are_plausible():
     assert weights_s < one < 2.5 * weights_s
     prefill = cm.step_time(BatchShape([4096], [0], 1))
     assert 0.5 * 2 * 8.03e9 * 4096 / 989.4e12 < prefill < 3 * 2 * 8.03e9 * 4096 / 989.4e12
+
+
+def test_calibrate_out_whose_folder_cannot_be_made_fails_before_measuring(tmp_path, capsys):
+    """`--out /proc/x/cpu.json` measured every kernel first, then said '/proc/x: file not found'."""
+    from sim.cli import main
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")   # a file where the folder would be
+    out = blocker / "cpu.json"
+    assert main(["calibrate", "--backend", "torch", "--device", "cpu", "--quick", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith(f"servesim: error: --out='{out}': cannot create its folder {blocker}:")
+    assert "measured" not in printed.out   # (nothing was measured)

@@ -212,6 +212,20 @@ def test_cli_names_a_pool_whose_step_budget_is_below_its_max_num_seqs(tmp_path, 
         "servesim: error: disaggregation.decode.engine.max_num_batched_tokens=256: must be >= max_num_seqs=512")
 
 
+@pytest.mark.parametrize("pool, line, named", [
+    ("decode", 'gpu = "nope"', "disaggregation.decode.gpu='nope': unknown GPU"),
+    ("prefill", "tensor_parallel_size = 3", "disaggregation.prefill.tensor_parallel_size=3: must divide"),
+])
+def test_cli_names_a_pools_gpu_or_tp_by_its_key_in_the_pool_table(tmp_path, capsys, pool, line, named):
+    """They were named disaggregation.<pool>.deployment.gpu / .tensor_parallel_size, keys the table has not."""
+    from sim.cli.main import main
+    path = tmp_path / "pd.toml"
+    text = open("examples/disagg.toml").read().replace("tensor_parallel_size = 1\n", "")  # (the prefill pool's)
+    path.write_text(text.replace(f"[disaggregation.{pool}]\n", f"[disaggregation.{pool}]\n{line}\n", 1))
+    assert main(["disagg", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {named}")
+
+
 def test_link_catalog_prices_transfers_with_cited_figures():
     from kernels_cost_model.links import _catalog, list_links
     assert {"nvlink4", "pcie5", "ib-ndr", "roce-100g"} <= set(list_links())

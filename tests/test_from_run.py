@@ -246,3 +246,46 @@ def test_a_run_that_left_the_batch_settings_unset_replays_vllms_defaults(tmp_pat
     assert (engine_config(run).max_num_batched_tokens, engine_config(run).max_num_seqs) == (budget, seqs)
     engine = simulation_config(run).engine
     assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (budget, seqs)
+
+
+@pytest.mark.parametrize("file, content, named", [
+    ("meta.json", b"\x89PNG\x00\xff", r"my-run/meta.json='byte 0': not UTF-8 text"),
+    ("requests.jsonl", b'{"request_id": "x"}\n{oops\n', r"my-run/requests.jsonl='line 2': not JSON"),
+    ("requests.jsonl", b"5\n", r"my-run/requests.jsonl='line 1': must be a JSON object"),
+    ("workload.jsonl", b'{"x": 1}\n', r"my-run/workload.jsonl='line 1': lacks \['output_toks', "),
+])
+def test_a_broken_file_of_a_run_folder_is_named_by_file_and_line(tmp_path, file, content, named):
+    """Each was a raw UnicodeDecodeError, JSONDecodeError or KeyError (exit code 1 from servesim calibrate)."""
+    from kernels_cost_model.errors import ConfigError
+    folder = _own_run(tmp_path)
+    (folder / file).write_bytes(content)
+    with pytest.raises(ConfigError, match=named):
+        read_run(folder)
+
+
+def test_calibrate_from_a_folder_without_meta_json_names_the_flag(tmp_path, capsys):
+    """It said "meta.json: file not found", naming neither the folder nor what a run folder holds."""
+    from sim.cli import main
+    assert main(["calibrate", "--from-run", str(tmp_path), "--out", str(tmp_path / "d.toml")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --from-run='{tmp_path}': a folder without meta.json: not a "
+                                       "run folder in the shared runs' format (meta.json, requests.jsonl, "
+                                       "timeseries.csv)\n")
+
+
+@pytest.mark.parametrize("flag, name, content, named", [
+    ("--calibration", "cal.json", b"\x89PNG\x00", "unreadable calibration file: not a text file (byte 0 is not UTF-8)"),
+    ("--calibration", "cal.json", b'{"device": "x", "coeffs": []}', 'needs a "device" name and a "coeffs" table'),
+    ("--calibration", "cal.json", b"[1]", 'needs a "device" name and a "coeffs" table'),
+    ("--gpu", "gpu.json", b"\x89PNG\x00", "cannot read the GPU spec file: not a text file (byte 0 is not UTF-8)"),
+    ("--model", "config.json", b"\x89PNG\x00", "cannot read config.json: not a text file (byte 0 is not UTF-8)"),
+])
+def test_a_json_file_a_flag_names_that_is_binary_or_malformed_is_a_named_error(tmp_path, capsys, flag, name,
+                                                                               content, named):
+    """A binary GPU spec file, model config.json or calibration file, or a calibration whose coeffs are a
+    list, ended servesim run with a traceback (exit code 1)."""
+    from sim.cli import main
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert main(["run", flag, str(path), "--num-prompts", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: deployment.") and named in err and err.count("\n") == 1

@@ -293,3 +293,21 @@ def test_the_engine_names_a_min_tokens_beyond_max_model_len_under_vllm_0_19():
         simulate(config, workload=[spec])
     within = simulate(config.replace(engine={"stop_profile": "vllm"}), workload=[spec]).requests
     assert list(within["num_output_tokens"]) == [28]
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda: run_until_stop([5, 6, EOS], "2", SamplingParams()), "eos_token_id='2': must be a token id"),
+    (lambda: run_until_stop([5, 6, EOS], EOS, {"max_tokens": 5}), "sampling_params={'max_tokens': 5}: must be a"
+                                                                   " SamplingParams"),
+    (lambda: run_until_stop(None, EOS, SamplingParams()), "token_stream=None: must be an iterable of token ids"),
+    (lambda: run_until_stop("abc", EOS, SamplingParams()), "token_stream='abc': must be an iterable of token ids"),
+    (lambda: run_until_stop([5, -1], EOS, SamplingParams()), "token_stream[1]=-1: must be a token id in [0, "),
+    (lambda: run_until_stop([5.5], EOS, SamplingParams()), "token_stream[0]=5.5: must be a token id"),
+    (lambda: run_until_stop([5], EOS, SamplingParams(), prompt_len=True), "prompt_len=True: must be an integer"),
+])
+def test_run_until_stop_names_a_bad_argument(call, named):
+    """An EOS id given as "2" never matched, so the stream ran to its end with no stop and no error; a
+    dict of sampling params, a None stream or a float token raised AttributeError / TypeError from inside."""
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert str(info.value).startswith(named)

@@ -73,3 +73,17 @@ def test_header_names_the_cost_model_in_use(deployment, words):
     first = format_summary(results.summary, results.meta).splitlines()[0]
     assert words in first and "(roofline cost model)" not in first
 
+
+
+@pytest.mark.parametrize("workload, shown", [
+    ({"kind": "trace", "path": "t.csv", "target_rate": 10.0}, "; trace t.csv rescaled to 10 req/s; seed 0"),
+    ({"kind": "trace", "path": "t.csv"}, "; trace t.csv; seed 0"),
+    ({"kind": "gamma", "rate": 5.0, "cv": 2.0, "lengths": "sharegpt"},
+     "; gamma 5.0 req/s (cv 2), sharegpt lengths; seed 0"),
+])
+def test_the_header_names_a_traces_rescaled_rate_and_gamma_arrivals_cv(workload, shown):
+    """`servesim run --trace X --target-rate 10` (or --burstiness) ran at a rate the header did not show."""
+    from sim.api.report import describe_setup
+    config = {"deployment": {"model": "llama-3.1-8b", "gpu": "h100"}, "engine": {"policy": "vllm"},
+              "workload": workload, "seed": 0}
+    assert describe_setup({"config": config, "num_gpu_blocks": 10, "block_size": 16}).endswith(shown)

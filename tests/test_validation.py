@@ -8,6 +8,7 @@ from kernels_cost_model.errors import ConfigError
 from sim import SamplingParams, SimulationConfig, simulate
 from sim.cli import main
 from sim.core.text import byte_token_text
+from workloads import poisson_workload
 from workloads.spec import RequestSpec
 
 LINEAR = {"cost_model": "linear"}
@@ -324,3 +325,88 @@ def test_run_engine_errors_name_the_engine_section(capsys, tmp_path):
             "--usage-context", "llm_class"]  # (vllm serve refuses such a request before it runs)
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("servesim: error: engine.num_gpu_blocks=100: request 'req-")
+
+
+def test_a_tensor_parallel_size_the_heads_do_not_divide_is_named_under_deployment(capsys):
+    """It was named `engine.tensor_parallel_size=3` (the engine's block size reads it), a field the engine
+    section does not have; the fix names the section a user sets it in."""
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig(deployment={"tensor_parallel_size": 3})
+    assert info.value.field == "deployment.tensor_parallel_size" and "num_kv_heads=8" in info.value.reason
+    assert main(["run", "--tp", "3"]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: deployment.tensor_parallel_size=3: must divide")
+    with pytest.raises(ConfigError) as info:  # the engine's own fields keep their section
+        SimulationConfig(engine={"max_model_len": 200_000})
+    assert info.value.field == "engine.max_model_len"
+
+
+@pytest.mark.parametrize("name, command", [("sweep", "servesim sweep"), ("search", "servesim capacity"),
+                                           ("target", "servesim capacity"), ("prices", "servesim capacity"),
+                                           ("disaggregation", "servesim disagg")])
+def test_another_commands_section_says_which_command_reads_it(name, command):
+    """`servesim run --config examples/plan.toml` said only "prices={}: unknown section"."""
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig.from_dict({name: {"x": 1}})
+    assert info.value.field == name
+    assert info.value.reason.startswith(f"unknown section ([{name}] is read by `{command} --config`, not here)")
+
+
+@pytest.mark.parametrize("command, example, section", [
+    ("run", "plan.toml", "prices"), ("run", "sweep.toml", "sweep"), ("run", "disagg.toml", "disaggregation"),
+    ("disagg", "sweep.toml", "sweep"), ("sweep", "plan.toml", "prices")])
+def test_an_example_file_given_to_the_wrong_command_names_the_right_one(capsys, command, example, section):
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / example
+    assert main([command, "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {section}=") and f"[{section}] is read by `servesim " in err
+
+
+def test_max_model_len_auto_is_taken_as_vllm_spells_it_in_a_toml_file(tmp_path):
+    """`--max-model-len auto` worked, `max_model_len = "auto"` in a TOML file was "must be an integer"."""
+    path = tmp_path / "auto.toml"
+    path.write_text('[deployment]\nmodel = "qwen3-32b"\n[engine]\nmax_model_len = "auto"\n')
+    auto = SimulationConfig.from_toml(path)
+    assert auto.auto_max_model_len and auto.engine == SimulationConfig(
+        deployment={"model": "qwen3-32b"}, engine={"max_model_len": -1}).engine
+    assert auto.engine.max_model_len < 40960  # fitted to one H100's cache
+    with pytest.raises(ConfigError, match=r'engine.max_model_len=\'big\': must be an integer, "auto"'):
+        SimulationConfig(engine={"max_model_len": "big"})
+
+
+@pytest.mark.parametrize("sampling_params, field, reason", [
+    ({"temperature": 0.5}, "request.sampling_params.temperature", "unknown setting; known: ['max_tokens'"),
+    ({"max_tokens": 0}, "request.sampling_params.max_tokens", "must be an integer >= 1"),
+    ({7: 1}, "request.sampling_params.7", "unknown setting"),
+])
+def test_sampling_params_given_as_a_dict_name_a_bad_key_or_value(sampling_params, field, reason):
+    """An unknown key raised TypeError from SamplingParams.__init__; a bad value was named without its request."""
+    with pytest.raises(ConfigError) as info:
+        RequestSpec(0.0, [1, 2, 3], output_len=3, sampling_params=sampling_params)
+    assert info.value.field == field and reason in info.value.reason
+
+
+@pytest.mark.parametrize("make", [
+    lambda: iter([]),
+    lambda: poisson_workload(1.0, 0),
+    lambda: poisson_workload(1.0, duration_s=1e-3),
+])
+def test_a_workload_that_gives_no_requests_is_named(make):
+    """An empty list was named before the run; an empty iterator or a workload of 0 requests returned a
+    summary of NaNs ("0 completed of 0")."""
+    with pytest.raises(ConfigError) as info:
+        simulate(SMALL, workload=make())
+    assert info.value.field == "workload" and info.value.reason.startswith("gave no requests: nothing to simulate")
+    assert simulate(SMALL, workload=make(), until=5.0).summary["num_requests"] == 0  # a window may hold none
+
+
+def test_a_max_tokens_vllm_serve_would_refuse_for_every_request_is_named():
+    """--max-tokens 100000000 ran, refused all 1000 requests and printed a summary of dashes; behind vllm serve's
+    front end no request can have it, so it is a config error (offline, the outputs are cut instead)."""
+    with pytest.raises(ConfigError) as info:
+        SimulationConfig(engine={"max_model_len": 4096}, workload={"max_tokens": 4096})
+    assert info.value.field == "workload.max_tokens" and "so it would refuse every request" in info.value.reason
+    assert SimulationConfig(engine={"max_model_len": 4096}, workload={"max_tokens": 4095}).workload.max_tokens == 4095
+    offline = SimulationConfig(engine={"max_model_len": 4096, "usage_context": "llm_class"},
+                               workload={"max_tokens": 10**6})
+    assert offline.workload.max_tokens == 10**6

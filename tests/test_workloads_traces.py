@@ -86,11 +86,11 @@ def test_azure_crlf_7_digits_and_timezones(tmp_path):
     ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,5,1\n2023-11-16 18:17:03.9,-5,1\n",
      r"az.csv:3: ContextTokens='-5' must be an integer >= 1"),
     ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,5,1\n2023-11-16 18:17:02.9,5,1\n",
-     r"az.csv:3: timestamp goes backwards"),
+     r"az.csv:3: TIMESTAMP goes backwards: 1 s before the previous row's; a trace's rows must be sorted"),
     ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,1\n", r"az.csv:2: bad timestamp"),
     ("mc.jsonl", '{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}\n'
                  '{"timestamp": 4, "input_length": 10, "output_length": 3, "hash_ids": [0]}\n',
-     r"mc.jsonl:2: timestamp goes backwards"),
+     r"mc.jsonl:2: timestamp goes backwards: 0.001 s before the previous row's"),
     ("mc.jsonl", '{"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [0]}\n',
      r"mc.jsonl:1: 1 hash_ids of 512 tokens cannot cover 600"),
     ("mc.jsonl", '{"timestamp": 5, "input_length": 6, "output_length": 3, "hash_ids": [0]}\n{oops\n',
@@ -127,7 +127,9 @@ def test_burstgpt_skips_failed_requests_and_tags_model(tmp_path):
     path = write(tmp_path, "burst.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
                  "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,0,1087,Conversation log\n"
                  "118,ChatGPT,417,276,693,API log\n")
-    specs = list(TraceWorkload(path).iter_requests(make_rng(0)))
+    with pytest.warns(UserWarning, match=r"burst.csv: 1 row\(s\) with 0 generated tokens \(failed requests\) were "
+                                         r"skipped \(line 3\)"):  # (said once the rows are read: not silently)
+        specs = list(TraceWorkload(path).iter_requests(make_rng(0)))
     assert [(s.arrival_time_s, s.tenant, s.output_len) for s in specs] == [(0.0, "ChatGPT", 18), (113.0, "ChatGPT", 276)]
     with pytest.raises(TraceFormatError, match="burst.csv:3: 0 generated tokens"):
         list(TraceWorkload(path, zero_output="error").iter_requests(make_rng(0)))
@@ -251,3 +253,55 @@ def test_trace_workload_names_a_bad_argument_at_construction(tmp_path, kwargs, f
 def test_trace_workload_path_must_be_a_path():
     with pytest.raises(ConfigError, match=r"path=None: must be a path to a trace file"):
         TraceWorkload(None)
+
+
+def test_skipped_zero_output_rows_are_counted_once_in_a_cli_warning(tmp_path, capsys):
+    """`servesim run --trace` of a 3-row trace printed "2 completed of 2" and nothing about the third row,
+    whose 0 generated tokens made the replay skip it; it is counted once, even when --target-rate reads
+    the file twice."""
+    from sim.cli import main
+    path = write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,0\n2,10,7\n")
+    argv = ["run", "--trace", str(path), "--cost-model", "linear", "--no-progress", "--json"]
+    assert main([*argv, "--target-rate", "2"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("servesim: warning: ") == 1
+    assert f"{path}: 1 row(s) with 0 generated tokens (failed requests) were skipped (line 3)" in err
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda tmp: tmp / "missing.csv", "trace file not found"),
+    (lambda tmp: tmp, "is a folder, not a trace file"),
+    (lambda tmp: Path("/dev/null"), "is not a regular file (a device or a pipe)"),
+])
+def test_a_trace_path_that_is_no_file_is_named_through_the_api_and_the_cli(tmp_path, capsys, make, reason):
+    """simulate(workload=TraceWorkload(missing)) raised FileNotFoundError from inside SimPy, its file name lost
+    in SimPy's rebuild of the exception; `--trace /dev/null` said "trace file not found" of a file that exists."""
+    from sim import SimulationConfig, simulate
+    from sim.cli import main
+    path = make(tmp_path)
+    if not path.exists() and path.name != "missing.csv":
+        pytest.skip(f"{path} is absent here")
+    config = SimulationConfig(deployment={"cost_model": "linear"}, engine={"num_gpu_blocks": 600})
+    with pytest.raises(ConfigError, match=re.escape(f"path='{path}': {reason}")):
+        simulate(config, workload=TraceWorkload(path))
+    assert main(["run", "--trace", str(path), "--cost-model", "linear", "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: workload.path='{path}': {reason}" + (
+        "; give a trace file\n" if "regular" in reason else "\n")
+
+
+def test_arrivals_going_backwards_name_the_column_and_the_gap(tmp_path):
+    """A generic trace sorted wrongly said "timestamp goes backwards (-4.000000 s < 0.000000 s)": a column it
+    does not have, and times rebased to its first row."""
+    path = write(tmp_path, "g.jsonl", '{"arrival_s": 5, "prompt_tokens": 10, "output_tokens": 5}\n'
+                                      '{"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 5}\n')
+    with pytest.raises(TraceFormatError, match=r"g.jsonl:2: arrival_s goes backwards: 4 s before the previous "
+                                               r"row's; a trace's rows must be sorted by arrival time"):
+        list(read_trace(path))
+
+
+def test_a_relative_trace_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """A TOML file's `path = "trace.csv"` is read from the current folder, not the file's: say which."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(f"path='trace.csv': trace file not found (relative paths are read "
+                                                    f"from the current folder, {tmp_path})")):
+        list(read_trace("trace.csv"))

@@ -1,11 +1,11 @@
 """RequestSpec: one request as a workload describes it, before the engine sees it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import MAX_ARRIVAL_S, MAX_TOKEN_ID, is_int, is_number
 from sim.core.sampling_params import SamplingParams
 
@@ -45,7 +45,8 @@ class RequestSpec:
                 f"{label}.arrival_time_s", self.arrival_time_s, f"must be a finite number in [0, {MAX_ARRIVAL_S:g}]"
                 " seconds (a float clock resolves microseconds no further)")
         if isinstance(self.sampling_params, dict):
-            object.__setattr__(self, "sampling_params", SamplingParams(**self.sampling_params))
+            object.__setattr__(self, "sampling_params",
+                               _sampling_params(self.sampling_params, f"{label}.sampling_params"))
         require(isinstance(self.sampling_params, SamplingParams), f"{label}.sampling_params",
                 self.sampling_params, "must be a SamplingParams (or a dict of its fields)")
         require(self.output_len is None or (is_int(self.output_len) and self.output_len >= 1),
@@ -73,6 +74,17 @@ class RequestSpec:
     @property
     def num_prompt_tokens(self) -> int:
         return int(self.prompt_token_ids.size)
+
+
+def _sampling_params(values: dict, field: str) -> SamplingParams:
+    """SamplingParams from a dict of its fields; an unknown key or a bad value is named under `field`."""
+    known = [f.name for f in fields(SamplingParams)]
+    for key, value in values.items():
+        require(key in known, f"{field}.{key}", value, f"unknown setting; known: {known}")
+    try:
+        return SamplingParams(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{field}.{exc.field}", exc.value, exc.reason) from None
 
 
 def _token_array(values, field: str) -> np.ndarray:

@@ -8,6 +8,7 @@ everything else is random from the rng.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -66,12 +67,15 @@ class TraceWorkload:
         """The trace rows this workload replays (zero-output policy and max_requests applied)."""
         return islice(self._filtered(), self.max_requests)
 
-    def _filtered(self) -> Iterator[TraceRow]:
+    def _filtered(self, skipped_lines: list[int] | None = None) -> Iterator[TraceRow]:
+        """The rows under the zero-output policy; the lines of rows skipped are appended to `skipped_lines`."""
         kept = skipped = 0
         for row in read_trace(self.path, self.format):
             if row.output_len == 0:
                 if self.zero_output == "skip":
                     skipped += 1
+                    if skipped_lines is not None:
+                        skipped_lines.append(row.line)
                     continue
                 if self.zero_output == "error":
                     raise TraceFormatError(self.path, row.line, "0 generated tokens (zero_output='error')")
@@ -97,9 +101,10 @@ class TraceWorkload:
         return (n / span) / self.target_rate
 
     def iter_requests(self, rng: np.random.Generator) -> Iterator[RequestSpec]:
-        """Arrival-sorted specs "req-0", ...; times rebased so the first request arrives at 0."""
-        scale, params, start = self.scale(), {}, None
-        for i, row in enumerate(self.rows()):
+        """Arrival-sorted specs "req-0", ...; times rebased so the first request arrives at 0. Rows skipped
+        for 0 generated tokens are counted in a warning once the rows are read."""
+        scale, params, start, skipped = self.scale(), {}, None, []
+        for i, row in enumerate(islice(self._filtered(skipped), self.max_requests)):
             start = row.arrival_s if start is None else start
             cap = self.max_tokens or row.output_len
             if cap not in params:
@@ -108,6 +113,16 @@ class TraceWorkload:
                               prompt_token_ids=prompt_ids(row, rng), output_len=row.output_len,
                               sampling_params=params[cap], request_id=f"req-{i}", priority=row.priority,
                               tenant=row.tenant or self.tenant, session_id=row.session_id)
+        if skipped:
+            warn_skipped(self.path, skipped)
+
+
+def warn_skipped(path, lines: list[int]) -> None:
+    """Say how many trace rows were left out for having 0 generated tokens, and where."""
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    warnings.warn(f"{path}: {len(lines)} row(s) with 0 generated tokens (failed requests) were skipped "
+                  f"(line {shown}); from Python, TraceWorkload(zero_output='one') replays them as 1-token requests",
+                  UserWarning, stacklevel=2)
 
 
 def prompt_ids(row: TraceRow, rng: np.random.Generator) -> np.ndarray:

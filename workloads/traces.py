@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from kernels_cost_model.errors import require, require_path
+from kernels_cost_model.errors import ConfigError, require, require_path
 from workloads.errors import TraceFormatError
 
 
@@ -66,20 +66,21 @@ def parse_wall_clock(text: str) -> tuple[int, float]:
 
 
 class _Clock:
-    """Rebases times to the first row and rejects times going backwards."""
+    """Rebases times to the first row and rejects times going backwards; `column` names the time column."""
 
-    def __init__(self, path: Path):
-        self.path, self.first, self.last = path, None, float("-inf")
+    def __init__(self, path: Path, column: str):
+        self.path, self.column, self.first, self.last = path, column, None, float("-inf")
 
     def rebase(self, line: int, whole: float, frac: float = 0.0) -> float:
         if self.first is None:
             self.first = (whole, frac)
         t = (whole - self.first[0]) + (frac - self.first[1])
         if t > MAX_TRACE_SECONDS:
-            raise TraceFormatError(self.path, line, f"timestamp {t:.6g} s after the first row; at most"
+            raise TraceFormatError(self.path, line, f"{self.column} {t:.6g} s after the first row; at most"
                                    f" {MAX_TRACE_SECONDS:g} s (a float clock loses microseconds beyond)")
         if t < self.last:
-            raise TraceFormatError(self.path, line, f"timestamp goes backwards ({t:.6f} s < {self.last:.6f} s)")
+            raise TraceFormatError(self.path, line, f"{self.column} goes backwards: {self.last - t:.6g} s before the"
+                                   " previous row's; a trace's rows must be sorted by arrival time")
         self.last = t
         return t
 
@@ -150,7 +151,7 @@ def _jsonl_rows(path: Path, required: list[str]) -> Iterator[tuple[int, dict]]:
 
 def read_azure(path: str | Path) -> Iterator[TraceRow]:
     """Azure LLM inference trace (2023 or 2024 CSV)."""
-    path, clock = Path(path), _Clock(Path(path))
+    path, clock = Path(path), _Clock(Path(path), "TIMESTAMP")
     for line, row in _csv_rows(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]):
         try:
             whole, frac = parse_wall_clock(row["TIMESTAMP"])
@@ -163,7 +164,7 @@ def read_azure(path: str | Path) -> Iterator[TraceRow]:
 
 def read_mooncake(path: str | Path) -> Iterator[TraceRow]:
     """Mooncake FAST'25 JSONL trace with 512-token prefix block hash ids."""
-    path, clock = Path(path), _Clock(Path(path))
+    path, clock = Path(path), _Clock(Path(path), "timestamp")
     for line, row in _jsonl_rows(path, ["timestamp", "input_length", "output_length", "hash_ids"]):
         yield _hashed_row(path, line, row, clock.rebase(line, _number(row["timestamp"], path, line) / 1000),
                           ("input_length", "output_length"), 512)
@@ -171,7 +172,7 @@ def read_mooncake(path: str | Path) -> Iterator[TraceRow]:
 
 def read_burstgpt(path: str | Path) -> Iterator[TraceRow]:
     """BurstGPT CSV; rows with 0 response tokens (failed requests) come through as output_len 0."""
-    path, clock = Path(path), _Clock(Path(path))
+    path, clock = Path(path), _Clock(Path(path), "Timestamp")
     for line, row in _csv_rows(path, ["Timestamp", "Model", "Request tokens", "Response tokens"]):
         yield TraceRow(line, clock.rebase(line, _number(row["Timestamp"], path, line)),
                        _int(row["Request tokens"], path, line, "Request tokens", 1),
@@ -184,7 +185,7 @@ GENERIC_REQUIRED = ["arrival_s", "prompt_tokens", "output_tokens"]
 
 def read_generic(path: str | Path) -> Iterator[TraceRow]:
     """The documented generic schema, CSV or JSONL (by file suffix)."""
-    path, clock = Path(path), _Clock(Path(path))
+    path, clock = Path(path), _Clock(Path(path), "arrival_s")
     jsonl = path.suffix in (".jsonl", ".json", ".ndjson")
     rows = (_jsonl_rows if jsonl else _csv_rows)(path, GENERIC_REQUIRED)
     for line, row in rows:
@@ -249,9 +250,23 @@ def detect_format(path: str | Path) -> str:
     return "generic"
 
 
+def require_trace_file(field: str, value) -> Path:
+    """`value` as the Path of a regular file; else a ConfigError naming `field`: not found, a folder, or
+    not a regular file (a device, a pipe: a trace is read twice when it is rescaled)."""
+    path = require_path(field, value, "a trace file")
+    if not path.is_file():
+        reason = ("is a folder, not a trace file" if path.is_dir() else
+                  "is not a regular file (a device or a pipe); give a trace file" if path.exists() else
+                  "trace file not found")
+        if not path.is_absolute() and not path.exists():  # (a TOML file's relative path is read from the cwd)
+            reason += f" (relative paths are read from the current folder, {Path.cwd()})"
+        raise ConfigError(field, str(value), reason)
+    return path
+
+
 def read_trace(path: str | Path, format: str | None = None) -> Iterator[TraceRow]:
     """Stream the rows of a trace file of `format` (inferred when None)."""
-    path = require_path("path", path, "a trace file")
+    path = require_trace_file("path", path)
     fmt = format or detect_format(path)
     require(fmt in READERS, "format", fmt, f"must be one of {sorted(READERS)}")
     return _at_least_one(READERS[fmt](path), path)

@@ -44,6 +44,10 @@ def describe_setup(meta: dict) -> str:
                "closed_loop": f"closed loop, {wl.get('num_users')} users",
                "sessions": f"chat sessions starting at {wl.get('rate')}/s",
                "conversations": f"conversations {wl.get('path')} (closed loop)"}.get(kind, f"{kind} {wl.get('rate')} req/s")
+    if kind == "trace" and wl.get("target_rate") is not None:
+        traffic += f" rescaled to {wl['target_rate']:g} req/s"
+    if kind == "gamma" and wl.get("cv") is not None:
+        traffic += f" (cv {wl['cv']:g})"
     if kind not in ("trace", "sessions", "conversations"):
         traffic += f", {wl.get('lengths')} lengths"
     pools = meta.get("pools")

@@ -120,9 +120,8 @@ class WorkloadConfig:
             return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
                                     shared_prefix_len=self.shared_prefix_len, **common)
         if self.kind == "trace":
-            require(Path(self.path).is_file(), "workload.path", self.path,
-                    "is a folder, not a trace file" if str(self.path) and Path(self.path).is_dir()
-                    else "trace file not found")
+            from workloads.traces import require_trace_file
+            require_trace_file("workload.path", self.path)
             trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
                                     max_requests=self.num_requests, **common)
             if self.target_rate is not None:
@@ -191,10 +190,13 @@ class SimulationConfig:
     def from_dict(cls, data: dict) -> "SimulationConfig":
         """Build from nested dicts keyed like the dataclasses; unknown keys are named errors."""
         require(isinstance(data, dict), "config", data, "must be a dict of sections (engine, workload, ...)")
-        unknown = set(data) - set(SECTIONS) - {"seed", "speculative_config"}
+        unknown = sorted(set(data) - set(SECTIONS) - {"seed", "speculative_config"})
         if unknown:
-            raise ConfigError(sorted(unknown)[0], data[sorted(unknown)[0]],
-                              f"unknown section; expected {sorted(SECTIONS)}, speculative_config or seed")
+            name = unknown[0]
+            command = OTHER_COMMANDS_SECTIONS.get(name)
+            hint = f" ([{name}] is read by `{command} --config`, not here)" if command else ""
+            raise ConfigError(name, data[name], f"unknown section{hint}; expected {sorted(SECTIONS)}, "
+                                                "speculative_config or seed")
         kwargs = {name: _section(name, kind, data.get(name, {})) for name, kind in SECTIONS.items()}
         return cls(**kwargs, seed=data.get("seed", 0),
                    speculative_config=SpeculativeConfig.from_dict(data.get("speculative_config")))
@@ -252,6 +254,10 @@ def read_toml(path: str | Path) -> dict:
     require(len(data) > 0, "config", str(path), "sets nothing (the file is empty); give at least one setting")
     return data
 
+
+OTHER_COMMANDS_SECTIONS = {"sweep": "servesim sweep", "search": "servesim capacity", "target": "servesim capacity",
+                           "prices": "servesim capacity", "disaggregation": "servesim disagg"}
+"""Sections of the other commands' TOML files, named when such a file reaches the wrong command."""
 
 SECTIONS = {"engine": EngineConfig, "deployment": DeploymentConfig, "workload": WorkloadConfig,
             "slo": SLOConfig, "client": ClientConfig}
@@ -519,6 +525,10 @@ def simulate(config: SimulationConfig | None = None, *, workload=None, token_tex
                          token_text=token_text, until=until, hooks=hooks,
                          progress=progress, kv_groups=resolve_kv_groups(config))
     release_freed_memory(len(records.requests))
+    require(len(records.requests) > 0 or until is not None, "workload",
+            workload if workload is not None else config.workload,
+            "gave no requests: nothing to simulate (an empty iterator, num_requests=0, or a duration shorter"
+            " than the first arrival)")
     meta = {"config": _plain(config), "cost_model": type(cost_model).__name__,
             "cost_model_description": describe_cost_model(cost_model), "servesim_version": __version__,
             **kv_capacity_meta(config, blocks)}

@@ -116,6 +116,11 @@ def check_simulation(config) -> None:
             "workload.shared_prefix_len", workload.shared_prefix_len,
             f"must not exceed engine.max_model_len={engine.max_model_len}"
             " (a longer prompt is rejected)")
+    require(workload.max_tokens is None or engine.max_model_len is None or not engine.refuses_over_length
+            or workload.max_tokens < engine.max_model_len, "workload.max_tokens", workload.max_tokens,
+            f"must be below engine.max_model_len={engine.max_model_len}: vllm serve refuses a request whose prompt"
+            " + max_tokens exceeds it, so it would refuse every request (engine.usage_context llm_class cuts the"
+            " outputs there instead)")
 
 
 def _model_unused(d, e) -> bool:
@@ -149,8 +154,17 @@ def resolve_engine(engine, deployment):
         defaults = gpu_batch_defaults(engine, deployment.gpu)
         return engine if defaults is None else with_batch_defaults(engine, *defaults)
     except ConfigError as exc:
-        field = exc.field if exc.field.startswith("engine.") else f"engine.{exc.field}"
-        raise ConfigError(field, exc.value, exc.reason) from None
+        raise ConfigError(_section_path(exc.field, deployment), exc.value, exc.reason) from None
+
+
+def _section_path(field: str, deployment) -> str:
+    """A field the engine's resolution named, by its TOML path: a deployment setting it read (the
+    tensor parallel size the model's heads must divide, the KV cache dtype) under [deployment], the
+    rest under [engine]."""
+    if "." in field:
+        return field
+    deployment_fields = {f.name for f in dataclasses.fields(deployment)}
+    return f"{'deployment' if field in deployment_fields else 'engine'}.{field}"
 
 
 def with_hybrid_block_size(engine, deployment):

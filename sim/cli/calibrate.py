@@ -51,11 +51,15 @@ def measured_run(args):
     path = args.from_run
     require(path.exists(), "--from-run", str(path), "not found")
     if path.is_dir():
+        require((path / "meta.json").is_file(), "--from-run", str(path), "a folder without meta.json: not a run"
+                " folder in the shared runs' format (meta.json, requests.jsonl, timeseries.csv)")
         return read_run(path)
     require(path.suffix == ".json", "--from-run", str(path),
             "neither a run folder (with meta.json and requests.jsonl) nor a vllm bench serve result (.json)")
-    for flag, value in (("--model", args.model), ("--gpu", args.gpu)):  # (unset batch flags: vllm serve's defaults)
-        require(bool(value), flag, value, f"required with a vllm bench serve result ({path.name}): the server's")
+    # (unset batch flags take vllm serve's defaults; the model and GPU have none)
+    for flag, value, what in (("--model", args.model, "model"), ("--gpu", args.gpu, "GPU")):
+        require(bool(value), flag, value, f"required with a vllm bench serve result ({path.name}): give the server's"
+                                          f" {what}")
     engine = {"model": args.model, "tensor_parallel_size": args.tp, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
               "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,

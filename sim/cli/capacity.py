@@ -40,7 +40,8 @@ def add_capacity_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("capacity", help="rank deployments by cost for a traffic and an SLO (plan.toml)",
                               description=CAPACITY_DESCRIPTION)
     p.add_argument("--config", required=True, help="plan.toml (see docs/capacity.md)")
-    p.add_argument("--out", default="capacity-out", help="folder for deployments.csv, curves.csv and plots")
+    p.add_argument("--out", default="capacity-out",
+                   help="folder for deployments.csv, curves.csv and plots (default capacity-out)")
     p.add_argument("--executor", choices=EXECUTORS, help="override [search].executor")
     p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -52,8 +53,10 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sweep", help="run a grid of configs x seeds in parallel into one table",
                               description=SWEEP_DESCRIPTION)
     p.add_argument("--config", required=True, help="sweep TOML: config sections plus [sweep] axes and seeds")
-    p.add_argument("--out", default="sweep-out", help="folder: results/<key>.json per run, sweep.csv")
-    p.add_argument("--executor", choices=EXECUTORS, default="pool")
+    p.add_argument("--out", default="sweep-out",
+                   help="folder: results/<key>.json per run (a rerun reuses them), sweep.csv (default sweep-out)")
+    p.add_argument("--executor", choices=EXECUTORS, default="pool",
+                   help="serial, pool (local processes, the default) or ray")
     p.add_argument("--address", help="Ray cluster address (executor ray); none starts a local cluster")
     p.add_argument("--workers", type=int, help="processes / Ray CPUs (default: all cores)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -70,6 +73,7 @@ def run_capacity(args) -> int:
     from sim.planning.topology import search_topologies
     from sim.api.table_io import check_output_folder, make_output_folder
     try:
+        check_workers(args.workers)
         check_output_folder(args.out)
         plan = Plan.from_toml(args.config)
         if args.executor or args.workers:
@@ -172,17 +176,26 @@ def flatten(table: dict, prefix: str = "") -> dict:
     return out
 
 
+def check_workers(workers: int | None) -> None:
+    """--workers, named as the flag (before any file is read)."""
+    require(workers is None or workers >= 1, "--workers", workers, "must be an integer >= 1 (unset: all cores)")
+
+
 def show_progress(flag: bool | None) -> bool:
     """--progress / --no-progress, else only on a terminal (a log file gets no carriage-return bars)."""
     return flag if flag is not None else sys.stderr.isatty()
 
 
 def run_sweep_cmd(args) -> int:
-    from sim.api.table_io import atomic_path, make_output_folder
+    from sim.api.table_io import atomic_path, check_output_folder, make_output_folder
     from sim.planning.sweep import run_sweep
     try:
+        require(not args.address or args.executor == "ray", "--address", args.address,
+                f"joins a Ray cluster: give it with --executor ray (the executor is {args.executor})")
+        check_workers(args.workers)
+        check_output_folder(args.out)
+        sweep_points, seeds = load_sweep(args.config)  # (a bad file leaves no empty --out folder behind)
         make_output_folder(args.out)
-        sweep_points, seeds = load_sweep(args.config)
         df = run_sweep(sweep_points, seeds, executor=args.executor, workers=args.workers, address=args.address,
                        out_dir=args.out, progress=show_progress(args.progress))
     except ConfigError as exc:

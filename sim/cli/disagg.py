@@ -19,7 +19,11 @@ TRANSFER_LINES = (("num_kv_transfers", "KV transfers", 1, "{:,.0f}"),
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("disagg", help="prefill/decode disaggregated deployment (TOML with [disaggregation])")
+    p = subparsers.add_parser("disagg", help="prefill/decode disaggregated deployment (TOML with [disaggregation])",
+                              description="Simulate a prefill/decode disaggregated deployment from a TOML file: the"
+                              " sections of servesim run's --config plus [disaggregation] (pools, P:D ratio, link;"
+                              " docs/topologies.md, examples/disagg.toml). Prints the summary, per-pool KV occupancy"
+                              " and the KV transfers.")
     p.add_argument("--config", required=True, help="TOML: [engine], [deployment], [workload], [slo], [disaggregation]")
     p.add_argument("--seed", type=int, help="override the file's seed")
     p.add_argument("--out", help="folder for requests.csv, transfers.csv, summary.json and plots")
@@ -59,11 +63,12 @@ def check_pool_budgets(config, disagg) -> None:
     """Each pool's step budget covers its max_num_seqs, as vLLM requires of every instance."""
     from kernels_cost_model.errors import ConfigError
     from sim.api.validation import check_step_budget
+    from sim.planning.disagg_config import pool_field
     for pool in ("prefill", "decode"):
         try:
             check_step_budget(getattr(disagg, pool).instance_config(config).engine)
         except ConfigError as exc:
-            raise ConfigError(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason) from None
+            raise ConfigError(pool_field(pool, exc.field), exc.value, exc.reason) from None
 
 
 def pool_lines(summary: dict, meta: dict | None = None) -> list[str]:

@@ -6,6 +6,7 @@ To add a subcommand, write a module with `add_parser(subparsers)` that registers
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import signal
 import sys
@@ -67,9 +68,22 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return USER_ERRORS + (TraceFormatError,)
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed arguments; an unknown flag is the subcommand's usage error (its --help, and the flag it
+    resembles: `--requets-rate` -> `--request-rate`), not the top parser's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser._subparsers._group_actions[0].choices[args.command]
+        flags = [flag for action in command._actions for flag in action.option_strings]
+        close = difflib.get_close_matches(extra[0].split("=")[0], flags, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if extra[0].startswith("-") and close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servesim` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         with terminate_as_interrupt():
             return args.func(args)

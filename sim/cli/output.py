@@ -57,7 +57,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="write requests/steps/tokens tables, summary.json, summary.txt and plots/")
     g.add_argument("--table-format", "--format", dest="table_format", choices=TABLE_FORMATS,
                    help="table format (default: parquet when pyarrow is installed, else csv; alias --format)")
-    g.add_argument("--plot-format", choices=PLOT_FORMATS + ("none",), default="png", help="plot image format")
+    g.add_argument("--plot-format", choices=PLOT_FORMATS + ("none",), default="png",
+                   help="plot image format (default png)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress line and status on stderr (default: when stderr is a terminal)")
@@ -151,11 +152,26 @@ def _check_label(label: str | None) -> None:
                           f"starts must stay under 255: at most {MAX_LABEL_BYTES}")
 
 
+RESULT_FLAGS = (("save_detailed", "--save-detailed"), ("result_dir", "--result-dir"),
+                ("result_filename", "--result-filename"), ("label", "--label"), ("metadata", "--metadata"))
+"""The flags that shape the --save-result file, and nothing else."""
+
+
+def warn_result_flags_unused(args) -> None:
+    """Say so when flags of the result file are given without --save-result (as in vllm bench serve, they
+    then change nothing)."""
+    given = [flag for dest, flag in RESULT_FLAGS if getattr(args, dest, None)]
+    if given:
+        print(f"servesim: warning: {', '.join(given)} shape the --save-result file only; without --save-result"
+              " no result file is written", file=sys.stderr)
+
+
 def check_result_path(args) -> None:
     """Before the run: the --save-result folder can be made, and --result-filename's own folder exists."""
     from kernels_cost_model.errors import ConfigError
     from sim.api.table_io import check_output_folder
     if not args.save_result:
+        warn_result_flags_unused(args)
         return
     folder = check_output_folder(*result_folder(args))
     if not args.result_filename:

@@ -13,7 +13,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("dir", type=Path, metavar="DIR", help="folder written by `servesim run --out`")
     p.add_argument("--out", type=Path, metavar="PLOT_DIR", help="where to write (default DIR/plots)")
     p.add_argument("--plot-format", "--format", dest="plot_format", choices=PLOT_FORMATS, default="png",
-                   help="image format (alias --format)")
+                   help="image format (default png; alias --format)")
     p.set_defaults(func=plot)
     return p
 

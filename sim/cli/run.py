@@ -102,16 +102,18 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="TOML deployment file ([deployment] and [engine], e.g. from servesim calibrate "
                    "--from-run), applied over --config; flags still win")
     g = p.add_argument_group("deployment")
-    g.add_argument("--model", help="catalog model, e.g. llama-3.1-8b, qwen2.5-7b, llama-3.1-70b")
-    g.add_argument("--gpu", help="catalog GPU, e.g. h100, a100, h200, l40s, mi300x, or the path of a JSON file"
-                                 " of another GPU's datasheet figures (docs/cost_model.md)")
+    g.add_argument("--model", help="catalog model (or its Hugging Face id), e.g. llama-3.1-8b (the default),"
+                                   " qwen2.5-7b, llama-3.1-70b; or the path of a model's config.json")
+    g.add_argument("--gpu", help="catalog GPU, e.g. h100 (the default), a100, h200, l40s, mi300x, or the path of a"
+                                 " JSON file of another GPU's datasheet figures (docs/cost_model.md)")
     g.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, metavar="N",
-                   help="GPUs per replica (alias --tp)")
+                   help="GPUs per replica (default 1; alias --tp)")
     g.add_argument("--data-parallel-size", "-dp", dest="dp", type=int, metavar="N",
                    help="DP ranks, each its own engine and KV cache (vLLM's flag; a MoE model with "
                         "--enable-expert-parallel, TP 1)")
-    g.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="fraction of GPU memory")
-    g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help="fraction of GPU memory vLLM may use (default 0.9)")
+    g.add_argument("--cost-model", choices=("roofline", "linear"), help="step-time model (default roofline)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule each step before the previous one's tokens are applied, as vLLM's "
                    "--async-scheduling (default: the scheduler profile's, on); the CPU time then hides "
@@ -133,10 +135,11 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                                "vLLM's for the GPU and --usage-context; H100: 8192, A100: 2048)"),
                               (("--max-model-len",), None, "longest prompt + output (default: the model's; "
                                "auto or -1: the longest the KV cache holds, where less; 32K = 32768)"),
-                              (("--block-size",), None, "tokens per KV block"),
+                              (("--block-size",), None, "tokens per KV block (default 16)"),
                               (("--num-gpu-blocks-override", "--num-gpu-blocks"), "num_gpu_blocks",
                                "KV-cache size in blocks (default: sized from model and GPU)"),
-                              (("--long-prefill-token-threshold",), None, "cap on one request's prefill chunk")):
+                              (("--long-prefill-token-threshold",), None,
+                               "cap on one request's prefill chunk (default 0: no cap)")):
         kind = {"--max-model-len": human_int_or_auto, "--max-num-batched-tokens": human_int}  # (vLLM's suffixes)
         g.add_argument(*flags, **({"dest": dest} if dest else {}), type=kind.get(flags[0], int), metavar="N",
                        help=what)
@@ -187,10 +190,11 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workload", choices=("poisson", "gamma", "closed_loop", "sessions"),
                    help="arrival process (default poisson); --trace selects trace replay")
     g.add_argument("--request-rate", "--rate", dest="rate", type=float, metavar="R",
-                   help="arrival rate, requests/s (alias --rate)")
+                   help="arrival rate, requests/s (default 5; alias --rate)")
     g.add_argument("--num-prompts", "--num-requests", dest="num_requests", type=int, metavar="N",
-                   help="requests to simulate (alias --num-requests); with --workload sessions, chat sessions")
-    g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt, arxiv_summarization, "
+                   help="requests to simulate (default 1000; alias --num-requests); with --workload sessions,"
+                        " chat sessions")
+    g.add_argument("--lengths", metavar="PRESET", help="length preset: sharegpt (the default), arxiv_summarization, "
                    "bwb_translation, azure_conv, azure_code, mooncake_conversation")
     g.add_argument("--cv", type=float, help="gamma arrivals: coefficient of variation")
     g.add_argument("--burstiness", type=float, metavar="B",
@@ -204,7 +208,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", metavar="PATH", help="replay a trace file (Azure, Mooncake, BurstGPT, CSV)")
     g.add_argument("--trace-format", metavar="FMT", help="azure, mooncake, burstgpt or generic (default: detected)")
     g.add_argument("--target-rate", type=float, metavar="R", help="rescale trace arrivals to R req/s")
-    g.add_argument("--seed", type=int, help="random seed (same seed, same results)")
+    g.add_argument("--seed", type=int, help="random seed (default 0; same seed, same results)")
 
 
 def config_from_args(args):
@@ -214,6 +218,12 @@ def config_from_args(args):
     if getattr(args, "deployment_file", None):
         config = config.replace(**deployment_sections(args.deployment_file))
     for dest, seconds in getattr(args, "goodput", None) or ():
+        given = getattr(args, dest, None)
+        if given is not None and given != seconds:  # (two values for one target: neither may win silently)
+            key = next(k for k, d in GOODPUT_NAMES.items() if d == dest)
+            raise ConfigError("--goodput", f"{key}:{seconds * 1e3:g}", f"sets the {key} target that --"
+                              f"{dest.replace('_', '-')} or another --goodput item sets to {given * 1e3:g} ms;"
+                              " give each target once")
         setattr(args, dest, seconds)
     sections: dict[str, dict] = {}
     for dest, (section, name) in FIELDS.items():
@@ -258,6 +268,15 @@ def deployment_sections(path: Path) -> dict:
     return data
 
 
+def warn_short_replay(args, config, replayed: int) -> None:
+    """Say so when --num-prompts asks a trace or conversation file for more requests than it holds (vllm
+    bench serve oversamples a dataset then; a replay keeps the file's own requests)."""
+    asked = getattr(args, "num_requests", None)
+    if asked and (config.workload.kind == "trace" or getattr(args, "conversations", None)) and replayed < asked:
+        print(f"servesim: warning: --num-prompts {asked} asks for more requests than the file gives: all {replayed}"
+              " of them were replayed", file=sys.stderr)
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("run", help="simulate one configuration and print its summary",
                               description=DESCRIPTION, epilog=EXAMPLES,
@@ -290,6 +309,7 @@ def run(args) -> int:
         progress.close()
     for warning in caught:
         print(f"servesim: warning: {warning.message}", file=sys.stderr)
+    warn_short_replay(args, config, results.summary["num_requests"])
     if args.stop_string_detection and not any(isinstance(r, str) for r in results.requests["stop_reason"]):
         print(f"servesim: warning: --stop-string-detection={args.stop_string_detection} changed nothing: no request"
               " stopped on a stop string (servesim run's workloads carry none; pass simulate() RequestSpecs"

@@ -33,7 +33,7 @@ class EngineConfig:
         GPU by the cost model's KV sizing; the engine itself needs a number).
     max_model_len: longest request, prompt plus output, in tokens (None: the model's own maximum, as
         vLLM; SimulationConfig resolves it, an engine run without a model uses DEFAULT_MAX_MODEL_LEN).
-        AUTO_MAX_MODEL_LEN (-1, vLLM's `--max-model-len auto`): the model's maximum, or the longest one
+        AUTO_MAX_MODEL_LEN (-1 or "auto", vLLM's `--max-model-len auto`): the model's maximum, or the longest one
         request the sized KV cache holds where that is less (SimulationConfig).
     max_num_seqs: most requests running at once (None: vLLM's default for the GPU and `usage_context`,
         sim.core.batch_defaults; 256 for an engine run on its own, with no GPU).
@@ -133,6 +133,10 @@ class EngineConfig:
         return self.stop_string_detection == "frontend"
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_model_len, str):  # vLLM's spelling "auto", as a TOML file may give it
+            require(self.max_model_len.lower() == "auto", "max_model_len", self.max_model_len,
+                    'must be an integer, "auto" (or -1: the longest the KV cache holds) or unset (the model\'s)')
+            object.__setattr__(self, "max_model_len", AUTO_MAX_MODEL_LEN)
         check_types(self)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             at_least(name, getattr(self, name), 1, optional=True)

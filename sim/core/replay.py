@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from itertools import islice
 from numbers import Integral
 
-from kernels_cost_model.errors import require
+from kernels_cost_model.errors import is_int, require
+from sim.core.fields import MAX_TOKEN_ID
 from sim.core.request import Request, RequestStatus
 from sim.core.sampling_params import SamplingParams
 from sim.core.stop_rules import StopProfile, get_profile
@@ -44,7 +45,13 @@ def run_until_stop(token_stream: Iterable[int], eos_token_id: int | None,
     `keeps_tokens_after_stop_string` (vLLM 0.19.1), where a stop string completed before a step's last
     token keeps the step's later tokens (read from the stream up to the step's end).
     """
-    require(isinstance(prompt_len, int) and prompt_len >= 0, "prompt_len", prompt_len, "must be >= 0")
+    require(isinstance(token_stream, Iterable) and not isinstance(token_stream, (str, bytes, Mapping)),
+            "token_stream", token_stream, "must be an iterable of token ids, e.g. [5, 9, 2]")
+    require(eos_token_id is None or (is_int(eos_token_id) and 0 <= eos_token_id <= MAX_TOKEN_ID), "eos_token_id",
+            eos_token_id, "must be a token id (an integer >= 0) or None (no EOS)")  # ("2" never matched: no stop)
+    require(isinstance(sampling_params, SamplingParams), "sampling_params", sampling_params,
+            "must be a SamplingParams, e.g. SamplingParams(max_tokens=16)")
+    require(is_int(prompt_len) and prompt_len >= 0, "prompt_len", prompt_len, "must be an integer >= 0")
     require(max_model_len is None or max_model_len > prompt_len, "max_model_len", max_model_len,
             f"must exceed prompt_len={prompt_len}")
     check_token_text(token_text)
@@ -68,6 +75,8 @@ def _run_step(req: Request, rules: StopProfile, tokens: Iterator[int], size: int
     output, text_before = req.output_token_ids, req.text_state.text
     first = len(output) + 1
     for i, token_id in enumerate(islice(tokens, size)):
+        require(is_int(token_id) and 0 <= token_id <= MAX_TOKEN_ID, f"token_stream[{len(output)}]", token_id,
+                f"must be a token id in [0, {MAX_TOKEN_ID}]")
         output.append(token_id)
         if rules.apply(req, max_model_len):
             if i + 1 < size and rules.keeps_rest_of_step(req, max_model_len):

@@ -102,15 +102,13 @@ def workload_file(run_dir: Path, meta: dict) -> Path:
 def read_workload(path: str | Path) -> list[RequestSpec]:
     """RequestSpecs with the real prompt ids and exactly `output_toks` outputs (ignore_eos)."""
     path, specs = require_path("workload", path, "a workload JSONL file"), []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            row = json.loads(line)
-            n = int(row["output_toks"])
-            specs.append(RequestSpec(
-                arrival_time_s=row["arrival_time_ns"] * 1e-9,
-                prompt_token_ids=np.asarray(row["input_tok_ids"], dtype=np.int32),
-                output_len=None, request_id=f"bench-{i}",
-                sampling_params=SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)))
+    for i, (_, row) in enumerate(_jsonl_objects(path, ("output_toks", "arrival_time_ns", "input_tok_ids"))):
+        n = int(row["output_toks"])
+        specs.append(RequestSpec(
+            arrival_time_s=row["arrival_time_ns"] * 1e-9,
+            prompt_token_ids=np.asarray(row["input_tok_ids"], dtype=np.int32),
+            output_len=None, request_id=f"bench-{i}",
+            sampling_params=SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)))
     return sorted(specs, key=lambda s: s.arrival_time_s)
 
 
@@ -135,9 +133,10 @@ def measured_table(rows) -> pd.DataFrame:
 def read_run(run_dir: str | Path) -> RealRun:
     """Load one run folder and its workload."""
     run_dir = require_path("run_dir", run_dir, "a run folder")
+    require((run_dir / "meta.json").is_file(), "run_dir", str(run_dir), "has no meta.json: not a run folder in the"
+            " shared runs' format (meta.json, requests.jsonl, timeseries.csv)")
     meta = check_meta(_json(run_dir / "meta.json"), run_dir / "meta.json")
-    with open(run_dir / "requests.jsonl") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [row for _, row in _jsonl_objects(run_dir / "requests.jsonl")]
     require(bool(rows), str(run_dir / "requests.jsonl"), 0, "no requests")
     missing = sorted(set(REQUEST_COLUMNS) - set().union(*map(set, rows)))
     require(not missing, str(run_dir / "requests.jsonl"), ", ".join(missing), "missing (the shared runs' format)")
@@ -149,9 +148,33 @@ def read_run(run_dir: str | Path) -> RealRun:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text())
+        return json.loads(_text(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+
+
+def _text(path: Path) -> str:
+    """A file's text; one that is not UTF-8 is a ConfigError naming it."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"byte {exc.start}", "not UTF-8 text") from None
+
+
+def _jsonl_objects(path: Path, keys: tuple[str, ...] = ()):
+    """(line number, object) of each non-blank line of a JSONL file; a line that is not a JSON object, or
+    lacks one of `keys`, is a ConfigError naming the file and the line."""
+    for number, line in enumerate(_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(str(path), f"line {number}", f"not JSON: {exc.msg}") from None
+        require(isinstance(row, dict), str(path), f"line {number}", "must be a JSON object")
+        missing = [key for key in keys if key not in row]
+        require(not missing, str(path), f"line {number}", f"lacks {missing} (the shared runs' format)")
+        yield number, row
 
 
 def check_meta(meta, path) -> dict:

@@ -61,14 +61,23 @@ class RoutedSubmit:
         self.router.outstanding[i] -= 1
 
 
+MAX_REPLICAS = 1024
+"""Most replicas one simulation keeps engines for: each holds its own KV bookkeeping (a million, once
+accepted, exhausted memory before the first step)."""
+
+
 def replica_configs(config: SimulationConfig, replicas: int | list) -> list[SimulationConfig]:
     """One config per replica: `replicas` copies, or one per deployment (dict or DeploymentConfig)."""
     if is_int(replicas):
         require(replicas >= 1, "replicas", replicas, "must be an integer >= 1")
+        require(replicas <= MAX_REPLICAS, "replicas", replicas, f"must be at most {MAX_REPLICAS} (one engine and KV"
+                                                                " cache each, in one process)")
         return [config] * replicas
     require(isinstance(replicas, (list, tuple)), "replicas", replicas,
             "must be an integer >= 1 or a list of deployments (dicts or DeploymentConfig)")
     require(len(replicas) >= 1, "replicas", replicas, "must name at least one deployment")
+    require(len(replicas) <= MAX_REPLICAS, "replicas", f"{len(replicas)} deployments",
+            f"must be at most {MAX_REPLICAS} (one engine and KV cache each, in one process)")
     return [config.replace(deployment=d) for d in replicas]
 
 

@@ -35,7 +35,7 @@ from sim.core.request import RequestStatus
 from sim.engine.engine import Engine
 from sim.engine.simulation import check_outgrown, check_stalled, run_env, start_workload
 from sim.planning.disagg_aborts import abort_at, land_aborted
-from sim.planning.disagg_config import DisaggConfig
+from sim.planning.disagg_config import DisaggConfig, pool_field
 from sim.planning.first_token import decode_request, prefill_spec, recompute_last_prompt_token
 from sim.planning.instances import build_engine, make_process
 from sim.planning.disagg_results import DisaggResults, collect_results
@@ -67,7 +67,7 @@ def pool_config(disagg: DisaggConfig, config: SimulationConfig, pool: str) -> Si
     except ConfigError as exc:
         decode_kv = pool == "decode" and exc.field.endswith("num_gpu_blocks")
         error, why = (KVTransferError, "; a KV transfer could never fit it") if decode_kv else (ConfigError, "")
-        raise error(f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason + why) from None
+        raise error(pool_field(pool, exc.field), exc.value, exc.reason + why) from None
 
 
 class HandOff(EngineHook):
@@ -131,7 +131,7 @@ def pool_error(pool: str, exc: ConfigError) -> ConfigError:
     """`exc` named under the pool's TOML table; a shared setting (the scheduler profile, which may turn
     the hybrid KV manager off, sim.core.hybrid_switch) keeps its own name."""
     shared = exc.field == "engine.scheduler_profile"
-    return ConfigError(exc.field if shared else f"disaggregation.{pool}.{exc.field}", exc.value, exc.reason)
+    return ConfigError(exc.field if shared else pool_field(pool, exc.field), exc.value, exc.reason)
 
 
 class DisaggregatedCluster:

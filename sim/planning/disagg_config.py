@@ -149,6 +149,16 @@ def _pool(name: str, values) -> PoolConfig:
         raise ConfigError(f"{path}.{exc.field}", exc.value, exc.reason) from None
 
 
+POOL_DEPLOYMENT_KEYS = {"deployment.gpu": "gpu", "deployment.tensor_parallel_size": "tensor_parallel_size"}
+"""The deployment settings a [disaggregation.<pool>] table sets as keys of its own."""
+
+
+def pool_field(pool: str, field: str) -> str:
+    """An instance config's field named under the pool's TOML table: deployment.gpu -> disaggregation.decode.gpu,
+    engine.max_num_seqs -> disaggregation.decode.engine.max_num_seqs."""
+    return f"disaggregation.{pool}.{POOL_DEPLOYMENT_KEYS.get(field, field)}"
+
+
 def load_disaggregated(path: str | Path) -> tuple[SimulationConfig, DisaggConfig]:
     """A TOML file with the usual sections plus [disaggregation]."""
     data = read_toml(path)

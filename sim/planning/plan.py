@@ -160,7 +160,12 @@ def _check_candidate(c: Candidate, base: SimulationConfig) -> None:
     """GPU name, TP and engine flags now, and that the model can be split `tensor_parallel_size`
     ways (heads divide): an impossible shape is a plan error naming the candidate, not an
     infeasible row. Whether it fits in memory is the search's question."""
-    d = c.config(base).deployment
+    try:  # the config's checks (the engine's block size reads the TP; other fields keep their own names)
+        d = c.config(base).deployment
+    except ConfigError as exc:
+        if exc.field != "deployment.tensor_parallel_size":
+            raise
+        raise ConfigError(f"search candidate {c.label!r}: {exc.field}", exc.value, exc.reason) from None
     try:  # the roofline's shape checks, whichever cost model prices the steps
         make_cost_model(d.model, d.gpu, d.tensor_parallel_size, calibration=None)
     except ConfigError as exc:

@@ -98,9 +98,17 @@ def make_point(base: SimulationConfig, overrides: dict) -> SweepPoint:
     return SweepPoint(config, cluster["replicas"], cluster["router"], tuple(params))
 
 
+def _same(value, earlier) -> bool:
+    """Whether `value` equals one of `earlier` (5 and 5.0 alike), a bool only a bool (True is not 1)."""
+    return any(value == e and isinstance(value, bool) == isinstance(e, bool) for e in earlier)
+
+
 def _check_cluster(cluster: dict) -> None:
     n = cluster["replicas"]
     require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "replicas", n, "must be an integer >= 1")
+    from sim.planning.cluster import MAX_REPLICAS
+    require(n <= MAX_REPLICAS, "replicas", n, f"must be at most {MAX_REPLICAS} (one engine and KV cache each, in"
+                                              " one process)")
     require(cluster["router"] in ROUTERS, "router", cluster["router"], f"must be one of {ROUTERS}")
 
 
@@ -118,6 +126,9 @@ def grid(base: SimulationConfig, axes: dict[str, list]) -> list[SweepPoint]:
     for name, values in axes.items():
         require(isinstance(values, (list, tuple)) and len(values) > 0, f"sweep.{name}", values,
                 "must be a non-empty list of values")
+        repeated = next((v for i, v in enumerate(values) if _same(v, values[:i])), None)
+        require(repeated is None, f"sweep.{name}", values, f"gives {repeated!r} twice: the sweep would run the same"
+                                                           " configs again; give each value once")
     names = list(axes)
     return [make_point(base, dict(zip(names, combo))) for combo in itertools.product(*axes.values())]
 
