@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,20 +13,18 @@ from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_apply import StretchApply
 from sim.engine.leap_kv import StretchKV
 from sim.engine.leap_steady import MAX_UNITS, least_units, plan_stop
+from sim.engine.step import Step
 from workloads.token_streams import FILLER_RANGE, synthetic_rows, synthetic_spans
-
-if TYPE_CHECKING:
-    from sim.engine.leap import Leaper
-    from sim.engine.step import Step
 
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
 
 
 class StretchPlan(StretchApply, StretchKV):
     """The numbers of one candidate stretch: units u = 1..U, each "plan step k+lag+u, then finish
-    step k+u" (a sync engine plans the step it then finishes)."""
+    step k+u" (a sync engine plans the step it then finishes). Built by a `Leaper` (sim.engine.leap),
+    whose engine, lag and admission order it reads."""
 
-    def __init__(self, leaper: Leaper, rows: list, outputs: list, static: int, plan_static: int,
+    def __init__(self, leaper, rows: list, outputs: list, static: int, plan_static: int,
                  skips: list | None,
                  first_decodes: int, in_flight: Step | None, now: float):
         engine = leaper.engine
