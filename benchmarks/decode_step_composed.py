@@ -212,7 +212,7 @@ def priced(row: dict, gpu: str) -> float:
     """servesim's step for the row's batch on `gpu` (shipped calibration, CUDA graphs, no CPU time), less
     the collectives one rank would wait for."""
     from kernels_cost_model.batch import BatchShape
-    from kernels_cost_model.cost_model import make_cost_model
+    from kernels_cost_model.builder import make_cost_model
     cm = make_cost_model(row["model"], gpu, row["tp"], cpu_overhead=False, max_num_seqs=256)
     parts = cm.breakdown(BatchShape([1] * row["batch"], [row["context"]] * row["batch"], row["batch"]))
     return sum(v for k, v in parts.items() if not any(c in k for c in COLLECTIVE_TERMS))

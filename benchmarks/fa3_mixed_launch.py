@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels_cost_model.batch import BatchShape  # noqa: E402
-from kernels_cost_model.cost_model import make_cost_model  # noqa: E402
+from kernels_cost_model.builder import make_cost_model  # noqa: E402
 from kernels_cost_model.gpu_calibration import MEASURED_DIR  # noqa: E402
 
 #: (model whose head layout is measured, query heads, KV heads): GQA 4:1, MHA, GQA 8:1

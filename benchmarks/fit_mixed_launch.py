@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels_cost_model import mixed_launch  # noqa: E402
 from kernels_cost_model.batch import BatchShape  # noqa: E402
-from kernels_cost_model.cost_model import make_cost_model  # noqa: E402
+from kernels_cost_model.builder import make_cost_model  # noqa: E402
 from kernels_cost_model.llmservingsim_profiles import read_mixed_launches  # noqa: E402
 
 #: LLMServingSim hardware folder -> the calibration the replays of that GPU use.

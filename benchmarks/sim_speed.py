@@ -72,7 +72,7 @@ def run_once(scenario: str, num_requests: int, mode: str | None, token_times: bo
                           max_num_batched_tokens=setup["max_num_batched_tokens"],
                           max_num_seqs=setup["max_num_seqs"], **kwargs)
     if setup["roofline"]:
-        from kernels_cost_model.cost_model import make_cost_model
+        from kernels_cost_model.builder import make_cost_model
         cost_model = make_cost_model("llama-2-7b", "a100-sxm-80gb", async_scheduling=config.is_async,
                                      max_num_seqs=config.max_num_seqs)
     else:

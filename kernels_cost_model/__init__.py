@@ -5,7 +5,8 @@
     cm.step_time(BatchShape([512, 1, 1], [0, 300, 900], num_sampled=3))
 """
 from .calibration import Calibration, fit_profile, load_calibration, save_calibration
-from .cost_model import BREAKDOWN_KEYS, RooflineCostModel, make_cost_model
+from .builder import make_cost_model
+from .cost_model import BREAKDOWN_KEYS, RooflineCostModel
 from .hardware import GPU, get_gpu, list_gpus
 from .kv_memory import kv_bytes_per_token, kv_cache_blocks, kv_layout
 from .models import ModelSpec, get_model, list_models

@@ -130,7 +130,7 @@ def to_efficiency(c: Coeffs, gpu, family: str) -> dict[str, float]:
 #: (benchmarks/measured_check.py), RMSNorm, its fused add and RoPE from 512 tokens were 60 / 63 % off with
 #: the family's rate throughout; below 512 tokens 10 / 8.5 %.
 ELEMENTWISE_MAX_MEMORY_EFFICIENCY = 1.0
-#: The elementwise operators a step prices (cost_model.make_cost_model), each given the family's derived
+#: The elementwise operators a step prices (builder.make_cost_model), each given the family's derived
 #: rate as its L2 tier.
 L2_TIER_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "rope", "add", "embedding")
 

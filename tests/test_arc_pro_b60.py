@@ -3,7 +3,7 @@ calibrated from AIConfigurator's b60 tables like the NVIDIA GPUs."""
 import pytest
 
 from kernels_cost_model.aiconfigurator_tables import read_table
-from kernels_cost_model.cost_model import make_cost_model
+from kernels_cost_model.builder import make_cost_model
 from kernels_cost_model.derived_defaults import group_of
 from kernels_cost_model.hardware import get_gpu
 from kernels_cost_model.l2_cache import l2_bytes

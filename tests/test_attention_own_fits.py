@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.calibration import predict, shipped_calibration
-from kernels_cost_model.cost_model import shipped_variants
+from kernels_cost_model.builder import shipped_variants
 from kernels_cost_model.models import get_model
 
 CALIBRATIONS = ["a100-sxm-80gb", "b200", "b300", "gb200", "gb300", "h100-sxm", "h200", "l40s", "rtx-4090",

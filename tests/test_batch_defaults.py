@@ -119,7 +119,7 @@ def test_throughput_mode_doubles_the_defaulted_settings_only():
 
 def test_interactivity_mode_captures_every_batch_size_up_to_32():
     from kernels_cost_model.cuda_graph import capture_sizes
-    from sim.api.simulator import build_cost_model
+    from sim.api.cost_setup import build_cost_model
     assert capture_sizes(256, interactivity=True)[:33] == (*range(1, 33), 40)
     config = SimulationConfig(engine={"performance_mode": "interactivity"})
     assert 13 in build_cost_model(config.deployment, config.engine).cuda_graph_sizes

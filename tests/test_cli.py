@@ -277,7 +277,8 @@ def _help_of(*command) -> str:
 def test_run_help_states_the_defaults_servesim_runs_with():
     """`servesim run --help` named no default for the rate, request count, model, GPU, seed, block size ...;
     the ones it now states are the config's own defaults."""
-    from sim.api.simulator import DeploymentConfig, SimulationConfig, WorkloadConfig
+    from sim.api.sections import DeploymentConfig, WorkloadConfig
+    from sim.api.simulator import SimulationConfig
     from sim.core.config import EngineConfig
     d, w, e = DeploymentConfig(), WorkloadConfig(), EngineConfig()
     text = _help_of("run").split("options:", 1)[1]  # (after the usage lines)

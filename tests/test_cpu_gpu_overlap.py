@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kernels_cost_model.errors import ConfigError
-from sim.api.simulator import DeploymentConfig, SimulationConfig, build_cost_model, cpu_gpu_overlap
+from sim.api.cost_setup import build_cost_model, cpu_gpu_overlap
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig
 from sim.core.config import EngineConfig
 from tests.test_cli_vllm_names import config_of
 

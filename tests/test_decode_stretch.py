@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernels_cost_model.batch import BatchShape
-from kernels_cost_model.cost_model import make_cost_model
+from kernels_cost_model.builder import make_cost_model
 from kernels_cost_model.decode_stretch import SEQUENTIAL_SUM, roofline_decode_times
 
 SETUPS = [  # (model, gpu, tensor_parallel_size, async_scheduling): dense, MoE, TP, measured imbalance

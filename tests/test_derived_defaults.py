@@ -132,7 +132,8 @@ def test_pcie_hosts_are_not_nvlink_even_when_their_note_mentions_nvlink(name, nv
 
 
 def test_the_engines_max_num_seqs_sets_the_capture_sizes_a_deployment_pads_to():
-    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from sim.api.cost_setup import build_cost_model
+    from sim.api.sections import DeploymentConfig
     from sim.core.config import EngineConfig
     d = DeploymentConfig(model="llama-3.1-8b", gpu="h100")
     assert build_cost_model(d, EngineConfig(max_num_seqs=16)).cuda_graph_sizes == capture_sizes(16)
@@ -208,7 +209,8 @@ def test_a_moe_fits_cost_per_routed_row_carries_over_at_the_bandwidth_of_the_gpu
 
 
 def test_a_speculative_run_builds_its_cost_model_with_its_drafts():
-    from sim.api.simulator import SimulationConfig, build_cost_model
+    from sim.api.cost_setup import build_cost_model
+    from sim.api.simulator import SimulationConfig
     from sim.core.speculative import SpeculativeConfig
     config = SimulationConfig().replace(engine={"max_num_seqs": 60, "max_model_len": 8192})
     plain = build_cost_model(config.deployment, config.engine)

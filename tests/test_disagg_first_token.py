@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kernels_cost_model.errors import ConfigError
-from sim.api.simulator import DeploymentConfig, SimulationConfig
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig
 from sim.core.sampling_params import SamplingParams
 from sim.planning.disagg import DisaggregatedCluster
 from sim.planning.disagg_config import DisaggConfig, PoolConfig, load_disaggregated

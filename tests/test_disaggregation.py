@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.links import get_link, kv_transfer_bytes
 from sim.api.report import format_summary
-from sim.api.simulator import DeploymentConfig, SimulationConfig
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig
 from sim.core.config import EngineConfig
 from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams

@@ -162,7 +162,7 @@ def test_the_pages_have_what_this_test_reads():
 
 @pytest.mark.parametrize("command", SERVESIM_COMMANDS, ids=str)
 def test_every_servesim_command_parses_and_builds_its_config(command, capsys, monkeypatch):
-    from sim.api.simulator import build_cost_model
+    from sim.api.cost_setup import build_cost_model
     from sim.cli.topology_flags import instance_shape
     monkeypatch.chdir(ROOT)
     argv = argv_of(re.sub(SERVESIM, "", command.text, count=1))

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError
-from sim.api.simulator import DeploymentConfig, build_cost_model
+from sim.api.cost_setup import build_cost_model
+from sim.api.sections import DeploymentConfig
 from sim.cli.main import build_parser
 from sim.cli.run import config_from_args
 
@@ -66,7 +67,8 @@ def test_cli_flag_uses_vllms_name():
 
 
 def test_deepseek_v3_on_8_h200_runs_end_to_end_and_repeats():
-    from sim.api.simulator import SimulationConfig, WorkloadConfig, simulate
+    from sim.api.sections import WorkloadConfig
+    from sim.api.simulator import SimulationConfig, simulate
     for ep in (False, True):
         cfg = SimulationConfig(deployment=DeploymentConfig(model="deepseek-v3", gpu="h200", tensor_parallel_size=8,
                                                            enable_expert_parallel=ep),

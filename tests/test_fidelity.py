@@ -142,7 +142,8 @@ def test_grid_fit_picks_the_lowest_headline_error(monkeypatch):
 
 
 def test_host_figures_reach_the_cost_model():
-    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from sim.api.cost_setup import build_cost_model
+    from sim.api.sections import DeploymentConfig
     from kernels_cost_model.errors import ConfigError
     d = DeploymentConfig(model="qwen3-32b", gpu="rtx-pro-6000", tensor_parallel_size=2,
                          cpu_gpu_overlap=False)  # the whole CPU time shows
@@ -200,7 +201,7 @@ def leave_out_runs():
 def test_leave_gpu_out_cost_model_carries_no_measurement_of_the_gpu(leave_out_runs):
     from kernels_cost_model.attention_backend import decode_imbalance
     from sim.fidelity.replay import simulation_config
-    from sim.api.simulator import build_cost_model
+    from sim.api.cost_setup import build_cost_model
     for run, cm in leave_out_runs.values():
         assert cm.calibration.device == "rtx-pro-6000@uncalibrated"
         assert cm.calibration.provenance["kind"] == "leave one GPU out"

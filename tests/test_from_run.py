@@ -63,7 +63,8 @@ def _bench_file(tmp_path, cpu_per_request_s=2e-5, num_gpu_blocks=None, **change)
     """A detailed result file of a known host: servesim's own run written in vllm bench serve's schema."""
     import json
     from sim.api.bench_result import bench_serve_result
-    from sim.api.simulator import DeploymentConfig, WorkloadConfig, simulate
+    from sim.api.sections import DeploymentConfig, WorkloadConfig
+    from sim.api.simulator import simulate
     from sim.core.config import EngineConfig
     cfg = SimulationConfig(engine=EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192,
                                                num_gpu_blocks=num_gpu_blocks),

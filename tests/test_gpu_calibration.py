@@ -140,7 +140,7 @@ def test_calibration_reproduces_its_recorded_held_out_error(device):
 
 def test_named_variant_is_vllm_019_only_and_picked_by_name_for_its_gpu_alone():
     from kernels_cost_model import make_cost_model
-    from kernels_cost_model.cost_model import shipped_variants
+    from kernels_cost_model.builder import shipped_variants
     from kernels_cost_model.errors import ConfigError
     assert "rtx-pro-6000@vllm-0.19" in shipped_variants()
     cal = shipped_calibration("rtx-pro-6000@vllm-0.19")

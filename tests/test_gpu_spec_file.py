@@ -6,7 +6,8 @@ import pytest
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.hardware import get_gpu
-from sim.api.simulator import DeploymentConfig, EngineConfig, SimulationConfig, WorkloadConfig, simulate
+from sim.api.sections import DeploymentConfig, WorkloadConfig
+from sim.api.simulator import EngineConfig, SimulationConfig, simulate
 
 SPEC = {"name": "test-gddr7-card", "bf16_flops_per_s": 209.5e12, "fp8_flops_per_s": 419e12,
         "hbm_bytes_per_s": 1792e9, "memory_bytes": 32 * 2**30, "interconnect_bytes_per_s": 128e9,

@@ -42,7 +42,8 @@ def test_pcie_cards_with_a_catalogued_bridge_may_use_nvlink_and_others_may_not()
 
 
 def test_deployment_setting_reaches_the_cost_model_and_bad_values_name_the_field():
-    from sim.api.simulator import DeploymentConfig, build_cost_model
+    from sim.api.cost_setup import build_cost_model
+    from sim.api.sections import DeploymentConfig
     d = DeploymentConfig(model="llama-3.1-70b", gpu="h100", tensor_parallel_size=4, interconnect="pcie")
     assert not build_cost_model(d).gpu.has_nvlink
     with pytest.raises(ConfigError, match="deployment.interconnect"):

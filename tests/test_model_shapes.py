@@ -138,7 +138,8 @@ def test_max_concurrency_counts_only_the_window_of_sliding_layers():
 
 
 def test_deployment_kv_cache_dtype_and_groups_reach_the_engine():
-    from sim.api.simulator import DeploymentConfig, SimulationConfig, resolve_kv_groups, resolve_num_gpu_blocks
+    from sim.api.sections import DeploymentConfig
+    from sim.api.simulator import SimulationConfig, resolve_kv_groups, resolve_num_gpu_blocks
     auto = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100"))
     fp8 = SimulationConfig(deployment=DeploymentConfig(model="gpt-oss-20b", gpu="h100", kv_cache_dtype="fp8"))
     assert resolve_num_gpu_blocks(fp8) == pytest.approx(2 * resolve_num_gpu_blocks(auto), abs=1)

@@ -11,7 +11,8 @@ from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.kv_memory import kv_cache_blocks
 from kernels_cost_model.links import get_link
 from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_blocks, stage_send_time_s
-from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig, simulate
 from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams
 from sim.planning.instances import simulate_pipeline

@@ -186,7 +186,7 @@ def test_reserve_full_isl_admits_only_when_the_whole_prompt_fits():
 
 
 def test_simulate_uses_a_given_cost_model_and_refuses_it_for_data_parallel():
-    from sim.api.simulator import DeploymentConfig
+    from sim.api.sections import DeploymentConfig
     specs = [RequestSpec(0.1 * i, np.arange(64, dtype=np.int32) + 100, output_len=8, request_id=f"r{i}")
              for i in range(4)]
     base = simulate(SimulationConfig(seed=0), workload=specs)

@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from sim.api.simulator import DeploymentConfig, SimulationConfig
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig
 from sim.core.replay import run_until_stop
 from sim.core.sampling_params import SamplingParams
 from sim.planning.disagg import DisaggregatedCluster

@@ -12,22 +12,21 @@ TOML file with the same section and key names (`SimulationConfig.from_toml`).
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.core.config import AUTO_MAX_MODEL_LEN, MAX_NUM_GPU_BLOCKS, EngineConfig
-from sim.core.cost import LinearCostModel
-from kernels_cost_model.calibration import derived_from
-from kernels_cost_model.errors import ConfigError, require, require_path
+from kernels_cost_model.errors import ConfigError, require
 from sim.api.client import ClientConfig
+from sim.api.cost_setup import build_cost_model, describe_cost_model
 from sim.api.memory import keep_large_blocks_apart, release_freed_memory
 from sim.api.results import Results
+from sim.api.sections import (OTHER_COMMANDS_SECTIONS, SECTIONS, DeploymentConfig, WorkloadConfig, as_section,
+                              build_section, read_toml, within)
 from sim.api.slo import SLOConfig
 from sim.api.version import __version__
-from sim.api.validation import (check_deployment, check_kv_holds_one_request, check_model_limits,
-                                check_simulation, check_step_budget, check_workload,
+from sim.api.validation import (check_kv_holds_one_request, check_model_limits,
+                                check_simulation, check_step_budget,
                                 resolve_engine, switch_kind, unresolved_engine_values, warn_length_cuts,
                                 warn_rejections)
 from sim.api.spec_setup import build_spec_decoder, check_mtp_layers, check_speculative, spec_num_gpu_blocks
@@ -36,103 +35,10 @@ from sim.api.results import merge_results
 from sim.core.hybrid_switch import run_layout
 from sim.core.kv_groups import window_budget_tokens
 from sim.core.kv_mamba_align import runs_mamba_align
-from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.core.speculative import SpeculativeConfig
 from sim.core.text import check_token_text
 from sim.engine.engine import Engine
 from sim.engine.simulation import check_progress, check_traffic, check_until, run_engine
-
-
-@dataclass(frozen=True)
-class DeploymentConfig:
-    """Model, GPU and parallelism; how the step time and the KV-cache size are found.
-
-    cost_model: "roofline" (calibrated per-operator model) or "linear" (sim.core.cost defaults).
-    cpu_gpu_overlap: the engine's CPU work for the next step hides behind this step's GPU work, so a step
-        lasts max(GPU, CPU) rather than GPU + CPU (None: as the engine schedules, overlapped under vLLM's
-        async scheduling, its default; `engine.async_scheduling` decides the schedule itself).
-    collective_scale: multiplier on collective times, in (0, 100] (1 = the measured microbenchmarks;
-        roofline only).
-    cpu_per_request_s: engine time per scheduled request per step (None = the cost model's default).
-    kv_cache_dtype: "auto" (the model's dtype) or "fp8" (vLLM's --kv-cache-dtype fp8: one byte per value).
-    cudagraph_memory_gib: CUDA-graph memory per GPU taken from the KV cache (0: none; vLLM 0.21 and later
-        subtract their estimate, logged as "CUDA graph pool memory: ... (estimated)": set it to that).
-    enable_expert_parallel: shard a MoE model's experts over the TP ranks instead of splitting each one
-        (vLLM's --enable-expert-parallel; no effect on a dense model).
-    data_parallel_size: DP ranks (vLLM's --data-parallel-size), each its own engine and KV cache; above 1
-        it needs a MoE model with enable_expert_parallel, TP 1 and the roofline cost model: the ranks step
-        in lockstep through the expert exchange (sim.api.data_parallel).
-    interconnect: "auto" (the GPU catalog's link), "nvlink" or "pcie": how the host's GPUs talk, which
-        prices the collectives (kernels_cost_model/interconnect.py; roofline only).
-    calibration: "default" (the one shipped for the GPU), a named shipped variant such as
-        "rtx-pro-6000@vllm-0.19", or a calibration JSON file (roofline only).
-    """
-
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100"
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    cost_model: str = "roofline"
-    cpu_gpu_overlap: bool | None = None
-    collective_scale: float = 1.0
-    cpu_per_request_s: float | None = None
-    kv_cache_dtype: str = "auto"
-    cudagraph_memory_gib: float = 0.0
-    enable_expert_parallel: bool = False
-    data_parallel_size: int = 1
-    calibration: str = "default"
-    interconnect: str = "auto"
-
-    def __post_init__(self) -> None:
-        check_deployment(self)
-
-
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """The traffic. kind: poisson | gamma (needs cv) | trace (needs path) | closed_loop (needs
-    num_users) | sessions (multi-turn chat; num_requests = sessions, rate = session starts/s)."""
-
-    kind: str = "poisson"
-    rate: float = 5.0
-    num_requests: int = 1000
-    lengths: str = "sharegpt"
-    cv: float | None = None
-    path: str | None = None
-    format: str | None = None
-    target_rate: float | None = None
-    num_users: int | None = None
-    think_time_s: float = 0.0
-    max_tokens: int | None = None
-    ignore_eos: bool = True
-    shared_prefix_len: int = 0
-
-    def __post_init__(self) -> None:
-        check_workload(self)
-
-    def build(self, eos_token_id: int, max_model_len: int):
-        """The workload object this config describes."""
-        import workloads as w
-        common = dict(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
-        if self.kind == "poisson":
-            return w.poisson_workload(self.rate, self.num_requests, self.lengths,
-                                      shared_prefix_len=self.shared_prefix_len, **common)
-        if self.kind == "gamma":
-            return w.gamma_workload(self.rate, self.cv, self.num_requests, self.lengths,
-                                    shared_prefix_len=self.shared_prefix_len, **common)
-        if self.kind == "trace":
-            from workloads.traces import require_trace_file
-            require_trace_file("workload.path", self.path)
-            trace = w.TraceWorkload(self.path, self.format, target_rate=self.target_rate,
-                                    max_requests=self.num_requests, **common)
-            if self.target_rate is not None:
-                trace.scale()  # a trace that cannot be rescaled is this section's error, before the run
-            return trace
-        if self.kind == "closed_loop":
-            return w.ClosedLoopClients(self.num_users, self.num_requests, self.lengths,
-                                       think_time=self.think_time_s, **common)
-        return w.SessionWorkload(self.num_requests, session_arrivals=w.Poisson(self.rate),
-                                 think_time=self.think_time_s, eos_token_id=eos_token_id,
-                                 max_model_len=max_model_len)
 
 
 @dataclass(frozen=True)
@@ -150,7 +56,7 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         for name, kind in SECTIONS.items():
-            object.__setattr__(self, name, _as_section(name, kind, getattr(self, name)))
+            object.__setattr__(self, name, as_section(name, kind, getattr(self, name)))
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         given = self.engine
         self.__dict__.setdefault("_given_block_size", given.block_size)
@@ -197,7 +103,7 @@ class SimulationConfig:
             hint = f" ([{name}] is read by `{command} --config`, not here)" if command else ""
             raise ConfigError(name, data[name], f"unknown section{hint}; expected {sorted(SECTIONS)}, "
                                                 "speculative_config or seed")
-        kwargs = {name: _section(name, kind, data.get(name, {})) for name, kind in SECTIONS.items()}
+        kwargs = {name: build_section(name, kind, data.get(name, {})) for name, kind in SECTIONS.items()}
         return cls(**kwargs, seed=data.get("seed", 0),
                    speculative_config=SpeculativeConfig.from_dict(data.get("speculative_config")))
 
@@ -223,122 +129,14 @@ class SimulationConfig:
                     merged = switch_kind(current, value)
                 else:
                     merged = {**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)}, **value}
-                value = _section(name, type(current), merged)
+                value = build_section(name, type(current), merged)
             updates[name] = value
         if "deployment" in updates and "engine" not in updates:
-            updates["engine"] = _section("engine", EngineConfig, unresolved_engine_values(self))
+            updates["engine"] = build_section("engine", EngineConfig, unresolved_engine_values(self))
         replaced = dataclasses.replace(self, **updates)
         if "engine" not in updates:  # (the engine carried over is resolved: keep the size asked for)
             replaced.__dict__["_given_block_size"] = self.given_block_size
         return replaced
-
-
-def read_toml(path: str | Path) -> dict:
-    """A TOML file as a dict; a missing, unreadable, binary, malformed or empty file is a ConfigError.
-    A leading UTF-8 byte order mark (as some Windows editors write) is skipped."""
-    path = require_path("config", path, "a TOML file")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError("config", str(path), "file not found") from None
-    except IsADirectoryError:
-        raise ConfigError("config", str(path), "is a folder, not a TOML file") from None
-    except OSError as exc:
-        raise ConfigError("config", str(path), f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config", str(path), f"not a text file (byte {exc.start} is not UTF-8)") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
-    require(len(data) > 0, "config", str(path), "sets nothing (the file is empty); give at least one setting")
-    return data
-
-
-OTHER_COMMANDS_SECTIONS = {"sweep": "servesim sweep", "search": "servesim capacity", "target": "servesim capacity",
-                           "prices": "servesim capacity", "disaggregation": "servesim disagg"}
-"""Sections of the other commands' TOML files, named when such a file reaches the wrong command."""
-
-SECTIONS = {"engine": EngineConfig, "deployment": DeploymentConfig, "workload": WorkloadConfig,
-            "slo": SLOConfig, "client": ClientConfig}
-"""SimulationConfig's sections: each given as its dataclass or as a dict of its settings."""
-
-
-def _as_section(name: str, kind: type, value):
-    """`value` as section `kind`: the dataclass itself, or built from a dict of its settings."""
-    if isinstance(value, kind):
-        return value
-    if isinstance(value, dict):
-        return _section(name, kind, value)
-    raise ConfigError(name, value, f"must be {kind.__name__}(...) or a dict of its settings")
-
-
-def _section(name: str, kind: type, values: dict):
-    if not isinstance(values, dict):
-        raise ConfigError(name, values, "must be a table of settings")
-    known = {f.name for f in dataclasses.fields(kind)}
-    if kind is DeploymentConfig and "async_scheduling" in values:
-        raise ConfigError("deployment.async_scheduling", values["async_scheduling"],
-                          "renamed deployment.cpu_gpu_overlap (CPU time hidden behind GPU time; unset, it "
-                          "follows engine.async_scheduling, which decides the schedule)")
-    for key in values:
-        if key not in known:
-            raise ConfigError(f"{name}.{key}", values[key], f"unknown setting; known: {sorted(known)}")
-    try:
-        with within(name):
-            return kind(**values)
-    except TypeError as exc:
-        raise ConfigError(name, values, str(exc)) from None
-
-
-@contextmanager
-def within(section: str):
-    """Name a ConfigError about a bare field by its TOML path: max_num_seqs -> engine.max_num_seqs."""
-    try:
-        yield
-    except ConfigError as exc:
-        if "." in exc.field or exc.field in ("config", "seed"):
-            raise
-        raise ConfigError(f"{section}.{exc.field}", exc.value, exc.reason) from None
-
-
-def cpu_gpu_overlap(deployment: DeploymentConfig, engine: EngineConfig | None = None) -> bool:
-    """Whether CPU time hides behind GPU time: the setting, else the engine's async scheduling."""
-    if deployment.cpu_gpu_overlap is not None:
-        return deployment.cpu_gpu_overlap
-    return (engine if engine is not None else EngineConfig()).is_async
-
-
-def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None = None, speculative=None):
-    """The step-time model a deployment asks for. `engine` (None: the default engine) sets the CUDA-graph
-    capture sizes decode batches pad to (vLLM's for its max_num_seqs; `speculative`, a SpeculativeConfig,
-    widens them to its decode rows of 1 + k tokens), the max_model_len an FA2 decode
-    graph's split count is decided at and, when
-    `deployment.cpu_gpu_overlap` is unset, whether CPU time overlaps GPU time (its async scheduling)."""
-    if deployment.cost_model == "linear":
-        return LinearCostModel()
-    from kernels_cost_model import make_cost_model
-    if engine is not None and engine.max_num_seqs is None:  # (vLLM's default for the GPU)
-        engine = dataclasses.replace(engine, max_num_seqs=resolve_engine(engine, deployment).resolved().max_num_seqs)
-    with within("deployment"):
-        return make_cost_model(deployment.model, deployment.gpu, deployment.tensor_parallel_size,
-                               async_scheduling=cpu_gpu_overlap(deployment, engine),
-                               collective_scale=deployment.collective_scale,
-                               cpu_per_request_s=deployment.cpu_per_request_s,
-                               kv_cache_dtype=deployment.kv_cache_dtype,
-                               enable_expert_parallel=deployment.enable_expert_parallel,
-                               calibration=deployment.calibration, interconnect=deployment.interconnect,
-                               **(engine_graph_settings(engine, speculative) if engine is not None else {}))
-
-
-def engine_graph_settings(engine: EngineConfig, speculative=None) -> dict:
-    """The engine settings the cost model's CUDA-graph capture sizes and decode splits follow (and the
-    drafts a decode row verifies, with `speculative`)."""
-    return {"max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len,
-            "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "vllm_release": get_scheduler_profile(engine.scheduler_profile).release,
-            "performance_mode": engine.performance_mode,
-            "num_speculative_tokens": speculative.num_speculative_tokens if speculative is not None else 0}
 
 
 def resolve_num_gpu_blocks(config: SimulationConfig, connectors=()) -> int:
@@ -576,21 +374,6 @@ def simulate_data_parallel(config: SimulationConfig, traffic, *, until=None, pro
     warn_rejections(results.requests, config.engine.max_model_len, config.engine.refuses_over_length)
     warn_length_cuts(results.requests, config.engine.max_model_len)
     return results
-
-
-def describe_cost_model(cost_model) -> str:
-    """What prices the steps, for the summary header: 'roofline cost model calibrated on h100-sxm
-    kernels', 'uncalibrated roofline cost model (datasheet peaks)' or 'linear cost model'. A per-layer-type
-    model (MLA, sliding window, linear attention) is described by the roofline it builds on."""
-    calibration = getattr(getattr(cost_model, "base", cost_model), "calibration", None)
-    if calibration is None:
-        name = "linear" if isinstance(cost_model, LinearCostModel) else type(cost_model).__name__
-        return f"{name} cost model"
-    if calibration.provenance.get("kind") == "uncalibrated roofline":
-        derived = derived_from(calibration) is not None
-        return ("uncalibrated roofline cost model (datasheet peaks"
-                + (", efficiencies derived from calibrated GPUs)" if derived else ")"))
-    return f"roofline cost model calibrated on {calibration.device} kernels"
 
 
 def _plain(config: SimulationConfig) -> dict:

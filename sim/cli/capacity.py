@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.api.simulator import read_toml
+from sim.api.sections import read_toml
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
 from sim.planning.executors import EXECUTORS

@@ -256,7 +256,7 @@ def config_from_args(args):
 
 def deployment_sections(path: Path) -> dict:
     """The [deployment] and [engine] sections of a deployment file; any other section is an error."""
-    from sim.api.simulator import read_toml
+    from sim.api.sections import read_toml
     try:
         data = read_toml(path)
     except ConfigError as exc:  # name the flag's file, not --config's

@@ -9,7 +9,8 @@ import pandas as pd
 import simpy
 
 from sim.api.data_parallel import LockstepDP
-from sim.api.simulator import SimulationConfig, build_cost_model
+from sim.api.cost_setup import build_cost_model
+from sim.api.simulator import SimulationConfig
 from sim.engine.engine import Engine
 from sim.engine.simulation import run_env
 from sim.api.metrics import add_latency_columns

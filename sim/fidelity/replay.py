@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 
 
-from sim.api.simulator import DeploymentConfig, SimulationConfig, simulate
+from sim.api.sections import DeploymentConfig
+from sim.api.simulator import SimulationConfig, simulate
 from sim.api.validation import gpu_batch_defaults
 from sim.core.batch_defaults import with_batch_defaults
 from sim.core.config import EngineConfig
 from sim.core.scheduler_profiles import major_minor, profile_for_version
 from kernels_cost_model import get_model, make_cost_model
-from kernels_cost_model.cost_model import shipped_variants
+from kernels_cost_model.builder import shipped_variants
 from kernels_cost_model.gpu_calibration import left_out_calibration
 from kernels_cost_model.hardware import get_gpu
 

@@ -17,7 +17,8 @@ import pandas as pd
 import simpy
 
 from sim.api.data_parallel import single_rank_only
-from sim.api.simulator import SimulationConfig, build_cost_model, resolve_kv_groups, resolve_num_gpu_blocks
+from sim.api.cost_setup import build_cost_model
+from sim.api.simulator import SimulationConfig, resolve_kv_groups, resolve_num_gpu_blocks
 from sim.api.spec_setup import speculation_hooks
 from sim.engine.engine import Engine
 from kernels_cost_model.errors import require

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from kernels_cost_model.errors import ConfigError, require
 from kernels_cost_model.links import get_link
-from sim.api.simulator import SimulationConfig, _section as section, read_toml, within
+from sim.api.sections import build_section as section, read_toml, within
+from sim.api.simulator import SimulationConfig
 from sim.planning.disagg_aborts import ABORT_IN_TRANSFER
 from sim.planning.first_token import FIRST_TOKEN
 from sim.planning.instances import InstanceShape

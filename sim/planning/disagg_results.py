@@ -17,7 +17,7 @@ import pandas as pd
 
 from sim.api.metrics import add_latency_columns, describe, summarize
 from sim.api.results import Results
-from sim.api.simulator import describe_cost_model
+from sim.api.cost_setup import describe_cost_model
 
 FROM_DECODE = ("finish_time", "num_output_tokens", "finish_reason", "stop_reason")
 DERIVED = ("ttft_s", "e2e_s", "queueing_s", "tpot_s", "completed")

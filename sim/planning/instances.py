@@ -22,9 +22,10 @@ from kernels_cost_model.pipeline import check_pipeline_size, pipeline_kv_cache_b
 from sim.api.data_parallel import single_rank_only
 from sim.planning.pipeline import check_no_auto_length
 from sim.api.results import Results
-from sim.api.simulator import (SimulationConfig, _plain, build_cost_model, check_names, describe_cost_model,
-                               require_bookable_blocks, resolve_kv_groups, resolve_kv_layout, resolve_num_gpu_blocks,
-                               within)
+from sim.api.cost_setup import build_cost_model, describe_cost_model
+from sim.api.sections import within
+from sim.api.simulator import (SimulationConfig, _plain, check_names, require_bookable_blocks, resolve_kv_groups,
+                               resolve_kv_layout, resolve_num_gpu_blocks)
 from sim.api.validation import check_kv_holds_one_request
 from sim.api.spec_setup import speculation_hooks
 from sim.core.hybrid_switch import NIXL, OFFLOADING

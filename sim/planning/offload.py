@@ -25,8 +25,9 @@ from kernels_cost_model.links import get_link
 from sim.api.data_parallel import single_rank_only
 from sim.api.results import Results
 from sim.planning.engine_run import serve
-from sim.api.simulator import (SimulationConfig, build_cost_model, check_names, resolve_kv_groups,
-                               resolve_num_gpu_blocks, within)
+from sim.api.cost_setup import build_cost_model
+from sim.api.sections import within
+from sim.api.simulator import SimulationConfig, check_names, resolve_kv_groups, resolve_num_gpu_blocks
 from sim.api.spec_setup import speculation_hooks
 from sim.core.fields import is_number
 from sim.core.hooks import EngineHook

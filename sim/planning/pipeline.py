@@ -28,7 +28,8 @@ from kernels_cost_model.errors import is_int, require
 from kernels_cost_model.layer_partition import check_layer_partition
 from kernels_cost_model.links import get_link
 from kernels_cost_model.stage_times import split_by_layers, stage_times
-from sim.api.simulator import SimulationConfig, within
+from sim.api.sections import within
+from sim.api.simulator import SimulationConfig
 from sim.core.invariants import InvariantError
 from sim.engine.engine import Engine
 from policies.vllm import VllmV1Policy

@@ -15,7 +15,7 @@ from pathlib import Path
 from kernels_cost_model import make_cost_model
 from sim.api.simulator import SimulationConfig
 from sim.planning.capacity import CapacityTarget
-from sim.api.simulator import read_toml
+from sim.api.sections import read_toml
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int, is_number
 from sim.planning.executors import EXECUTORS

@@ -22,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim.api.table_io import write_text
-from sim.api.simulator import SECTIONS, SimulationConfig, simulate
+from sim.api.sections import SECTIONS
+from sim.api.simulator import SimulationConfig, simulate
 from sim.core.speculative import SpeculativeConfig
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
