@@ -32,7 +32,8 @@ END_STAGES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Llama4ForCaus
 EVERY_STAGE = frozenset({"MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Gemma3ForCausalLM",
                          "Gemma3ForConditionalGeneration", "Qwen3NextForCausalLM"})
 
-_OF_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "llama4": "Llama4ForConditionalGeneration",
+_OF_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "llama4": "Llama4ForConditionalGeneration",
                   "llama4_text": "Llama4ForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                   "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
