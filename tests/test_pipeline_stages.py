@@ -177,6 +177,14 @@ def test_the_stage_with_the_least_room_sets_the_count():
     assert pipeline_kv_cache_blocks("llama-3.1-8b", "h100", 1, 2, layer_partition=(20, 12)) == heavy_first[0]
 
 
+def test_every_stage_reserves_the_same_cuda_graph_figure():
+    """cudagraph_memory_gib is a user's figure per GPU, taken from each stage's room alike."""
+    from kernels_cost_model.pipeline import stage_free_bytes
+    without = stage_free_bytes("llama-3.1-70b", "h100", 4, (27, 27, 26))
+    graphs = stage_free_bytes("llama-3.1-70b", "h100", 4, (27, 27, 26), cudagraph_memory_bytes=3 * 2**30)
+    assert [a - b for a, b in zip(without, graphs)] == [3 * 2**30] * 3
+
+
 def test_a_stage_with_no_room_is_named():
     """At 11.6 % of an H100 the first stage of Llama-3.1-8B fits, the last (LM head and sampler) not."""
     with pytest.raises(ConfigError, match=r"stage 1 \(layers 16-31, the final norm and LM head\) needs"):
