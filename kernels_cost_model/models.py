@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kernels_cost_model.errors import ConfigError, read_json_file, require
 
+from .architectures import architecture_of
 from ._catalog import alias_index, normalise, read_catalog, read_config_catalog
 from .model_shapes import (LINEAR, extended_fields, head_dim_of, num_experts_of, num_mtp_layers_of, qk_norm_layers_of,
                            split_params)
@@ -59,6 +60,7 @@ class ModelSpec:
     weight_block_size: int = 0             # FP8 block-scale tile (DeepSeek: 128); 0 = per-tensor scales
     num_mtp_layers: int = 0                # the checkpoint's own multi-token-prediction layers (vLLM's "mtp")
     qk_norm_layers: int = 0                # layers that RMS-normalise each query and key head before RoPE
+    architecture: str = ""                 # vLLM's model class (architectures.py); "" = unknown
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -129,7 +131,7 @@ def _row_to_spec(row: dict[str, str]) -> ModelSpec:
             "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
             "max_position_embeddings", "dtype_bytes")
     qk_norm = row["qk_norm"].lower() == "true"
-    return ModelSpec(name=row["name"], source=row["source"],
+    return ModelSpec(name=row["name"], source=row["source"], architecture=row["architecture"],
                      tie_word_embeddings=row["tie_word_embeddings"].lower() == "true",
                      qk_norm_layers=int(row["num_layers"]) if qk_norm else 0,
                      **{k: int(row[k]) for k in ints})
@@ -165,7 +167,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
 
 def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: str = "") -> ModelSpec:
     """ModelSpec of a config.json dict (a multimodal config's `text_config` is read)."""
-    outer_quant, outer_type = cfg.get("quantization_config"), cfg.get("model_type")
+    outer_quant, outer_type, architecture = cfg.get("quantization_config"), cfg.get("model_type"), architecture_of(cfg)
     cfg = cfg.get("text_config", cfg)
     if outer_quant and "quantization_config" not in cfg:
         cfg = dict(cfg, quantization_config=outer_quant)
@@ -197,7 +199,7 @@ def spec_from_config(cfg: dict, name: str | None, source: str, fallback_name: st
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2),
             num_mtp_layers=num_mtp_layers_of(cfg), qk_norm_layers=qk_norm_layers_of(cfg, outer_type, layers),
-            source=source, **extra,
+            architecture=architecture, source=source, **extra,
         )
     except KeyError as exc:
         raise ConfigError("model", source, f"config.json lacks required key {exc}") from exc

@@ -59,7 +59,8 @@ def stage_free_bytes(model, gpu, tensor_parallel_size: int, partition: tuple[int
     """Bytes each stage's GPUs leave for the KV cache: the budget less the stage's weights, its
     activation peak (only the last stage runs the sampler in vLLM's profiling run, gpu_model_runner
     `profile_run` / `_dummy_sampler_run`; the others peak in the forward pass), non-torch memory and
-    CUDA-graph memory. May be <= 0."""
+    CUDA-graph memory: `cudagraph_memory_bytes` is one figure per GPU (the user's), taken from every
+    stage alike (vLLM's per-rank graphs over each rank's layers are not estimated). May be <= 0."""
     hw, spec, tp, pp = get_gpu(gpu), get_model(model), tensor_parallel_size, len(partition)
     budget = total_memory_bytes(hw.name) * gpu_memory_utilization
     weights = stage_weight_bytes(spec, tp, hw.name, partition)

@@ -1,16 +1,23 @@
 """Weights on each pipeline stage, placed as vLLM's decoder models place them.
 
-A stage holds its own decoder layers (the partition of kernels_cost_model.pipeline.layer_partition);
-the first stage also holds the input embedding, the last the final norm and the LM head, both
-vocabulary-parallel (1/TP per rank). With `tie_word_embeddings` the last stage builds the embedding
-too and shares it with its LM head, so a tied model holds one copy at PP 1 and one on each end stage
-at PP > 1 (vLLM's LlamaModel builds `embed_tokens` on the first rank, or on the last when the
-embeddings are tied; LlamaForCausalLM builds `lm_head` and the final `norm` on the last rank only).
+A stage holds its own decoder layers (the partition of kernels_cost_model.pipeline.layer_partition)
+and the embedding, final norm and LM head its architecture's vLLM model class builds there, each
+vocabulary-parallel (1/TP per rank) (kernels_cost_model.architectures):
+
+- the Llama family (Llama, Mistral, Llama 4, Qwen2/3, DeepSeek-V2/V3, and a config of unknown class):
+  the first stage holds the input embedding, the last the final norm and the LM head; with
+  `tie_word_embeddings` the last stage builds the embedding too and shares it with its LM head, so a
+  tied model holds one copy at PP 1 and one on each end stage at PP > 1 (llama.py `LlamaModel`,
+  `LlamaForCausalLM`);
+- Mixtral, Qwen3-MoE, gpt-oss, Gemma 3, Qwen3-Next: every stage builds all three (mixtral.py
+  `MixtralModel`, qwen3_moe.py `Qwen3MoeModel`, ...), one table when tied.
+
 Dense layers of a DeepSeek-style MoE model (`first_k_dense_replace`) are its first layers, so they
 fall on the first stages.
 """
 from __future__ import annotations
 
+from .architectures import ends_on_every_stage
 from .hardware import get_gpu
 from .kv_memory import weight_bytes_per_gpu
 from .model_shapes import LINEAR, attention_params, linear_attention_params
@@ -40,8 +47,12 @@ def layer_params(spec) -> list[tuple[int, int]]:
 
 
 def end_params(spec, first: bool, last: bool) -> int:
-    """Parameters of the embedding, final norm and LM head a stage holds (whole, before the TP split)."""
+    """Parameters of the embedding, final norm and LM head a stage holds (whole, before the TP split):
+    as an end stage of the Llama family, or both ends on every stage of an architecture that builds
+    them on every PP rank (architectures.EVERY_STAGE)."""
     table = spec.vocab_size * spec.hidden_size
+    if ends_on_every_stage(spec.architecture):
+        first = last = True
     params = (table if first else 0) + (table + spec.hidden_size if last else 0)
     return params - table if first and last and spec.tie_word_embeddings else params
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from kernels_cost_model import make_cost_model
+from kernels_cost_model.architectures import END_STAGES, EVERY_STAGE, architecture_of, ends_on_every_stage
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.errors import ConfigError
 from kernels_cost_model.kv_memory import weight_bytes_per_gpu
@@ -88,12 +89,60 @@ def test_tied_embeddings_are_held_once_on_one_stage_and_on_both_ends_under_pp():
 
 def test_moe_stages_hold_their_layers_experts():
     """DeepSeek-V3's first 3 layers are dense, so the first stage holds fewer experts; gpt-oss-20b's MXFP4
-    experts are laid out per stage as for the whole model."""
+    experts are laid out per stage as for the whole model (and, as vLLM's GptOssModel builds them on every
+    rank, each stage holds the embedding, final norm and LM head)."""
     ds = get_model("deepseek-v3")
     first, last = stage_weight_bytes(ds, 8, None, (31, 30))
     assert [e for _, e in layer_params(ds)[:4]] == [0, 0, 0, layer_params(ds)[3][1]] and first < last
     gpt = get_model("gpt-oss-20b")
-    assert sum(stage_weight_bytes(gpt, 1, "h100", (12, 12))) == weight_bytes_per_gpu(gpt, 1, "h100")
+    ends = end_params(gpt, True, True) * (gpt.weight_bytes or gpt.dtype_bytes)
+    assert sum(stage_weight_bytes(gpt, 1, "h100", (12, 12))) == pytest.approx(
+        weight_bytes_per_gpu(gpt, 1, "h100") + ends, abs=2)
+
+
+# ----- embedding and LM head per architecture (kernels_cost_model.architectures) ----------------------------
+def test_every_catalog_model_has_a_vllm_class_whose_placement_is_known():
+    for name in list_models():
+        assert get_model(name).architecture in END_STAGES | EVERY_STAGE, name
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    ({"architectures": ["MixtralForCausalLM"], "model_type": "llama"}, "MixtralForCausalLM"),
+    ({"model_type": "qwen3_moe"}, "Qwen3MoeForCausalLM"),
+    ({"model_type": "unknown", "text_config": {"model_type": "gemma3_text"}}, "Gemma3ForCausalLM"),
+    ({"model_type": "something_new"}, ""), ({}, "")])
+def test_a_configs_class_is_its_architectures_else_its_model_type(cfg, expected):
+    assert architecture_of(cfg) == expected
+
+
+def test_llama_family_stages_hold_the_embedding_first_and_the_head_last():
+    """vLLM's LlamaModel / Qwen2Model / DeepseekV2Model: the embedding on the first rank (and the last when
+    tied), the final norm and LM head on the last; the middle stages hold neither."""
+    for name in ("llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-32b", "deepseek-v3", "llama-4-scout"):
+        spec = get_model(name)
+        table = spec.vocab_size * spec.hidden_size
+        assert not ends_on_every_stage(spec.architecture), name
+        assert (end_params(spec, True, False), end_params(spec, False, False), end_params(spec, False, True)) == (
+            table, 0, table + spec.hidden_size), name
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma-3-27b", "qwen3-next-80b-a3b"])
+def test_models_whose_vllm_class_builds_the_ends_on_every_rank_hold_them_on_every_stage(name):
+    """Mixtral, Qwen3-MoE, gpt-oss, Gemma 3, Qwen3-Next: vLLM builds embed_tokens, norm and lm_head
+    unconditionally, so every stage (a middle one too) holds both tables, or one when tied (Gemma 3)."""
+    spec = get_model(name)
+    tables = 1 if spec.tie_word_embeddings else 2
+    every = tables * spec.vocab_size * spec.hidden_size + spec.hidden_size
+    assert [end_params(spec, i == 0, i == 3) for i in range(4)] == [every] * 4
+
+
+def test_a_middle_mixtral_stage_holds_both_tables():
+    """By hand, Mixtral-8x7B at TP 1 x PP 4 (8 layers a stage, bf16): a stage's weights are its 8 layers
+    plus two 32000 x 4096 tables and the final norm's 4096, the middle ones too."""
+    spec = get_model("mixtral-8x7b")
+    layer = sum(d for d, _ in layer_params(spec)[:1])
+    weights = stage_weight_bytes(spec, 1, "h100", (8, 8, 8, 8))
+    assert weights == (2 * (8 * layer + 2 * 32000 * 4096 + 4096),) * 4
 
 
 # ----- KV blocks per stage -------------------------------------------------------------------------------
@@ -126,6 +175,14 @@ def test_the_stage_with_the_least_room_sets_the_count():
     heavy_first = stage_kv_cache_blocks("llama-3.1-8b", "h100", 1, 2, layer_partition=(20, 12))
     assert heavy_first[0] < heavy_first[1]
     assert pipeline_kv_cache_blocks("llama-3.1-8b", "h100", 1, 2, layer_partition=(20, 12)) == heavy_first[0]
+
+
+def test_every_stage_reserves_the_same_cuda_graph_figure():
+    """cudagraph_memory_gib is a user's figure per GPU, taken from each stage's room alike."""
+    from kernels_cost_model.pipeline import stage_free_bytes
+    without = stage_free_bytes("llama-3.1-70b", "h100", 4, (27, 27, 26))
+    graphs = stage_free_bytes("llama-3.1-70b", "h100", 4, (27, 27, 26), cudagraph_memory_bytes=3 * 2**30)
+    assert [a - b for a, b in zip(without, graphs)] == [3 * 2**30] * 3
 
 
 def test_a_stage_with_no_room_is_named():

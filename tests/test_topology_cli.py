@@ -195,3 +195,26 @@ def test_disagg_first_token_flag(capsys, tmp_path):
     assert "first token from decode" in capsys.readouterr().out
     assert main(["disagg", "--config", str(config), "--first-token", "prefill"]) == 0
     assert "first token from prefill" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, warning", [
+    (["--pipeline-link", "pcie5"], "--pipeline-link prices the sends between pipeline stages; without "
+                                   "--pipeline-parallel-size > 1 it changes nothing"),
+    (["--pipeline-link", "pcie5", "-pp", "1"], "--pipeline-link prices the sends between pipeline stages; without "
+                                               "--pipeline-parallel-size > 1 it changes nothing"),
+    (["--kv-offloading-link", "pcie4"], "--kv-offloading-link prices the CPU KV tier's copies; without "
+                                        "--kv-offloading-size it changes nothing")])
+def test_a_link_flag_without_what_it_prices_says_it_changes_nothing(capsys, argv, warning):
+    """As --save-detailed without --save-result: a warning, and the run is the plain one."""
+    assert main(["run", *FAST, *argv]) == 0
+    out = capsys.readouterr()
+    assert out.err == f"servesim: warning: {warning}\n"
+    assert json.loads(out.out) == summary(capsys)
+
+
+def test_a_link_flag_with_what_it_prices_is_used_and_says_nothing(capsys):
+    piped = summary(capsys, "-pp", "2", "--pipeline-link", "ethernet-100g")
+    assert "warning" not in capsys.readouterr().err
+    assert piped != summary(capsys, "-pp", "2")         # the slower link shows
+    tier = summary(capsys, "--kv-offloading-size", "4", "--kv-offloading-link", "pcie4")
+    assert "warning" not in capsys.readouterr().err and tier["cpu_offloaded_blocks"] > 0

@@ -12,24 +12,30 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 from kernels_cost_model.errors import ConfigError, require
+
+
+PIPELINE_LINK, OFFLOADING_LINK = "nvlink4", "pcie5"
+"""The links --pipeline-link and --kv-offloading-link default to."""
 
 
 def add_topology_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("topology")
     g.add_argument("--pipeline-parallel-size", "-pp", "--pp", dest="pp", type=int, metavar="N",
                    help="pipeline stages per replica (vLLM's flag; default 1)")
-    g.add_argument("--pipeline-link", metavar="LINK", default="nvlink4",
-                   help="link between stages (kernels_cost_model/data/links.csv; default nvlink4)")
+    g.add_argument("--pipeline-link", metavar="LINK",
+                   help=f"link between stages, with -pp > 1 (kernels_cost_model/data/links.csv; default "
+                        f"{PIPELINE_LINK})")
     g.add_argument("--pipeline-layer-partition", metavar="N,N,...",
                    help="layers of each stage, comma-separated (vLLM's VLLM_PP_LAYER_PARTITION; default vLLM's "
                         "partition: num_layers // PP each, the remainder on the stages before the last)")
     g.add_argument("--kv-offloading-size", type=float, metavar="GIB",
                    help="CPU KV tier of GIB GiB of host memory, at most 1e5 (vLLM's flag; needs prefix caching)")
-    g.add_argument("--kv-offloading-link", metavar="LINK", default="pcie5",
-                   help="host-to-GPU link of the CPU tier (default pcie5)")
+    g.add_argument("--kv-offloading-link", metavar="LINK",
+                   help=f"host-to-GPU link of the CPU tier, with --kv-offloading-size (default {OFFLOADING_LINK})")
     g.add_argument("--conversations", metavar="PATH",
                    help="replay multi-turn conversations closed-loop: a Mooncake prefix-hash JSONL "
                         "trace or OpenTelemetry GenAI spans (OTLP JSON), in place of the workload flags; "
@@ -59,22 +65,40 @@ def instance_shape(args):
         except ConfigError as exc:
             raise ConfigError(flag, link, exc.reason) from None
     partition = _layer_partition(getattr(args, "pipeline_layer_partition", None), pp)
+    warn_idle_links(args)
     if (pp is None or pp == 1) and size is None:
         return None
     require(pp is None or pp >= 1, "--pipeline-parallel-size", pp, "must be an integer >= 1")
     if size is not None:
         check_offloading_size("--kv-offloading-size", size)
     try:
-        pipeline = PipelineConfig(pp, args.pipeline_link, partition) if pp and pp > 1 else None
+        pipeline = PipelineConfig(pp, args.pipeline_link or PIPELINE_LINK, partition) if pp and pp > 1 else None
     except ConfigError as exc:
         if exc.field == "pipeline.layer_partition":
             raise ConfigError("--pipeline-layer-partition", args.pipeline_layer_partition, exc.reason) from None
         raise ConfigError("--pipeline-link", args.pipeline_link, exc.reason) from None
     try:
-        offload = OffloadConfig(cpu_bytes=size * 2**30, link=args.kv_offloading_link) if size else None
+        link = args.kv_offloading_link or OFFLOADING_LINK
+        offload = OffloadConfig(cpu_bytes=size * 2**30, link=link) if size else None
     except ConfigError as exc:
         raise ConfigError("--kv-offloading-link", args.kv_offloading_link, exc.reason) from None
     return InstanceShape(pipeline, offload)
+
+
+def warn_idle_links(args) -> None:
+    """Say so when a link flag is given without what it prices (as --save-detailed without --save-result,
+    it then changes nothing): --pipeline-link without -pp > 1, --kv-offloading-link without
+    --kv-offloading-size."""
+    pp = getattr(args, "pp", None)
+    if getattr(args, "pipeline_link", None) is not None and (pp is None or pp <= 1):
+        _warn("--pipeline-link prices the sends between pipeline stages; without --pipeline-parallel-size > 1 "
+              "it changes nothing")
+    if getattr(args, "kv_offloading_link", None) is not None and getattr(args, "kv_offloading_size", None) is None:
+        _warn("--kv-offloading-link prices the CPU KV tier's copies; without --kv-offloading-size it changes nothing")
+
+
+def _warn(message: str) -> None:
+    print(f"servesim: warning: {message}", file=sys.stderr)
 
 
 def _layer_partition(text: str | None, pp: int | None) -> tuple[int, ...] | None:

@@ -7,9 +7,12 @@ plain or a pipeline-parallel process.
     results = simulate_pipeline(config, PipelineConfig(pipeline_parallel_size=2, link="nvlink4"))
 
 Aggregated deployments in the topology search and each pool of a disaggregated one use these
-builders, so PP and a CPU tier combine the same way everywhere: the tier's reload time is added to
-the step (under PP each stage loads its own layers' share of the KV, in parallel, during its part of
-the step) and the KV cache is sized per stage, for the stage's own layers and weights.
+builders, so PP and a CPU tier combine the same way everywhere: under PP each stage's GPUs copy only
+their own layers' pages of a block over their own links, all stages at once (vLLM runs an offloading
+worker on every PP rank, each on its layers' KV), so a load lands when the stage with the most layers
+has copied its share (sim.planning.offload.stage_copies); a step that waits for nothing but a landing
+has that wait shared by layers across the stages (PipelineProcess.stage_seconds). The KV cache is
+sized per stage, for the stage's own layers and weights.
 """
 from __future__ import annotations
 
@@ -104,7 +107,9 @@ def build_engine(config: SimulationConfig, shape: InstanceShape, hooks=(),
         return Engine(e, cost, blocks, hooks=list(hooks), kv_groups=groups), None
     kv = CPUOffloadKVCacheManager(blocks, e.block_size, e.enable_prefix_caching, shape.offload.cpu_blocks(config),
                                   get_scheduler_profile(e.scheduler_profile).free_uncached_first)
-    transfers = offload_transfers(config, shape.offload, starts_when_planned=shape.pipeline_parallel_size > 1)
+    pp = shape.pipeline_parallel_size
+    transfers = offload_transfers(config, shape.offload, starts_when_planned=pp > 1,
+                                  layer_partition=shape.layer_partition(config) if pp > 1 else None)
     cost = build_cost_model(config.deployment, e, config.speculative_config)
     return Engine(e, cost, blocks, hooks=[*hooks, transfers], kv=kv), transfers
 

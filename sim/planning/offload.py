@@ -120,12 +120,16 @@ class OffloadTransfers(EngineHook):
     """
 
     def __init__(self, copies: HostCopies, copy_bytes: float, check: bool, starts_when_planned: bool = False,
-                 copies_per_block: int = 1):
-        self.copies, self.copy_bytes, self.check = copies, copy_bytes, check
-        self.copies_per_block = copies_per_block   # one per block (all layers), or one per layer
+                 copies_per_block: int = 1, stages: tuple[tuple[float, int], ...] | None = None):
+        self.copies, self.check = copies, check
+        #: (bytes per copy, copies per block) of each pipeline stage's GPUs: one per block (all the stage's
+        #: layers) or one per layer; each stage copies over its own links, beside the others
+        self.stages = stages or ((copy_bytes, copies_per_block),)
         self.starts_when_planned = starts_when_planned   # (pipeline stages: a batch enters when planned)
         self.load_s = self.store_s = 0.0
-        self.h2d_free = self.d2h_free = self.gpu_free = 0.0
+        self.h2d_free = [0.0] * len(self.stages)   # when each stage's copies in that direction end
+        self.d2h_free = [0.0] * len(self.stages)
+        self.gpu_free = 0.0
         self.load_end: dict = {}        # parked request -> when its load lands
         self.store_end: dict = {}       # request -> when its last store lands
         self.finished_after: dict = {}  # finished request -> steps planned when it finished
@@ -145,23 +149,30 @@ class OffloadTransfers(EngineHook):
             return True
         return bool(kv.parked or kv.finished) and not self.state.running
 
-    def _copy(self, blocks: int, direction: str) -> float:
-        return self.copies.seconds(blocks * self.copies_per_block, self.copy_bytes, direction)
+    def _copy(self, blocks: int, direction: str, start: float) -> tuple[float, float]:
+        """(when a transfer of `blocks` issued at `start` lands, its seconds): each stage copies its own
+        layers' share after its copies before it in that direction, and the transfer lands with the
+        last stage's; its seconds are the longest stage's."""
+        free = self.h2d_free if direction == "h2d" else self.d2h_free
+        landed = longest = 0.0
+        for i, (copy_bytes, per_block) in enumerate(self.stages):
+            seconds = self.copies.seconds(blocks * per_block, copy_bytes, direction)
+            free[i] = max(start, free[i]) + seconds
+            landed, longest = max(landed, free[i]), max(longest, seconds)
+        return landed, longest
 
     def on_plan(self, engine, step) -> None:
         self.planned += 1
         start = step.start if self.starts_when_planned else max(step.start, self.gpu_free)
         for req, hashes in self.kv.parked.items():
             if req not in self.load_end:
-                seconds = self._copy(len(hashes), "h2d")
-                self.h2d_free = self.load_end[req] = max(start, self.h2d_free) + seconds
+                self.load_end[req], seconds = self._copy(len(hashes), "h2d", start)
                 self.load_s += seconds
         if not step.plan.scheduled:
             step.duration += max(0.0, self._next_landing(start) - start)
         end = start + step.duration
         for req, blocks in self.kv.prepare_stores(step.plan.scheduled):
-            seconds = self._copy(blocks, "d2h")
-            self.d2h_free = self.store_end[req] = max(end, self.d2h_free) + seconds
+            self.store_end[req], seconds = self._copy(blocks, "d2h", end)
             self.store_s += seconds
         self.gpu_free = end
 
@@ -214,19 +225,35 @@ def simulate_offload(config: SimulationConfig, offload: OffloadConfig, *, worklo
     return results
 
 
-def offload_transfers(config: SimulationConfig, offload: OffloadConfig, *,
-                      starts_when_planned: bool = False) -> OffloadTransfers:
+def offload_transfers(config: SimulationConfig, offload: OffloadConfig, *, starts_when_planned: bool = False,
+                      layer_partition: tuple[int, ...] | None = None) -> OffloadTransfers:
     """The hook timing `offload`'s copies for `config`'s model, as the scheduler profile's release
     issues them, the GPUs over their own links at once: vLLM 0.19 lays the cache out across layers
     for its connector (one copy of all a block's layers on a GPU), 0.33 copies each layer's page of
     a block apart, batched. `starts_when_planned`: a step starts when it is planned (pipeline
-    stages), else when the one planned before it ends."""
+    stages), else when the one planned before it ends. `layer_partition` (pipeline stages): each
+    stage's GPUs copy only their layers' pages of a block (every PP rank runs its own offloading
+    worker on its own layers' KV), so a stage of n of L layers moves n/L of a block's bytes."""
     d, e = config.deployment, config.engine
     block_bytes = kv_bytes_per_token(d.model, d.tensor_parallel_size, d.kv_cache_dtype) * e.block_size
     release = get_scheduler_profile(e.scheduler_profile).release
-    per_block = 1 if release == "0.19" else get_model(d.model).num_layers
-    return OffloadTransfers(host_copies(offload.link, release), block_bytes / per_block, e.check_invariants,
-                            starts_when_planned, per_block)
+    num_layers = get_model(d.model).num_layers
+    per_block = 1 if release == "0.19" else num_layers
+    copies = host_copies(offload.link, release)
+    if layer_partition is None or len(layer_partition) == 1:
+        return OffloadTransfers(copies, block_bytes / per_block, e.check_invariants, starts_when_planned, per_block)
+    return OffloadTransfers(copies, 0.0, e.check_invariants, starts_when_planned,
+                            stages=stage_copies(block_bytes, num_layers, layer_partition, release))
+
+
+def stage_copies(block_bytes: int, num_layers: int, layer_partition: tuple[int, ...],
+                 release: str) -> tuple[tuple[float, int], ...]:
+    """(bytes per copy, copies per block) on each stage's GPUs, whose pages of a block are its n
+    layers' share of `block_bytes` (one GPU's bytes of a block, all layers): vLLM 0.19 copies them in
+    one (block_bytes x n / L), 0.33 one per layer (n copies of block_bytes / L)."""
+    if release == "0.19":
+        return tuple((block_bytes * n / num_layers, 1) for n in layer_partition)
+    return tuple((block_bytes / num_layers, n) for n in layer_partition)
 
 
 def tier_summary(kv: CPUOffloadKVCacheManager, hook: OffloadTransfers, prompt_tokens: int) -> dict:
