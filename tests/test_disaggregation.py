@@ -3,6 +3,7 @@ determinism and named errors."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -429,3 +430,18 @@ def test_an_fp8_kv_cache_moves_half_the_bytes(model, profile):
     full = _hybrid_handoff(model, profile)
     assert _hybrid_handoff(model, profile, kv_cache_dtype="fp8") * 2 == full
     assert kv_transfer_bytes("llama-3.1-8b", 10, "fp8") == 10 * 131072 // 2
+
+
+def test_a_pool_link_whose_feature_is_off_is_still_checked_and_said_to_change_nothing():
+    """A pool's pipeline_link without PP, or kv_offloading_link without a CPU tier, prices nothing: a typo
+    in it is still named, and a link other than the default warns; the default itself passes quietly."""
+    with pytest.raises(ConfigError, match="pipeline_link"):
+        PoolConfig(1, pipeline_link="nvlnk")
+    with pytest.warns(UserWarning, match="kv_offloading_link='pcie4' changes nothing without kv_offloading_size"):
+        PoolConfig(1, kv_offloading_link="pcie4")
+    with pytest.warns(UserWarning, match="pipeline_link='pcie5' changes nothing without pipeline_parallel_size"):
+        PoolConfig(1, pipeline_link="pcie5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PoolConfig(1)
+        PoolConfig(1, pipeline_parallel_size=2, pipeline_link="pcie5")

@@ -24,6 +24,7 @@ the same over-long requests).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,22 @@ class PoolConfig:
                     "is shared by both pools; set it in [engine]")
         require(is_int(self.pipeline_parallel_size) and self.pipeline_parallel_size >= 1,
                 "pipeline_parallel_size", self.pipeline_parallel_size, "must be an integer >= 1")
+        self._check_idle_links()
         self.shape   # links and offload size checked now
+
+    def _check_idle_links(self) -> None:
+        """A link whose feature is off is still a known link (a typo is named), and one set to other than
+        its default says that it changes nothing."""
+        for key, default, used, needs in (
+                ("pipeline_link", "nvlink4", self.pipeline_parallel_size > 1, "pipeline_parallel_size > 1"),
+                ("kv_offloading_link", "pcie5", self.kv_offloading_size is not None, "kv_offloading_size")):
+            value = getattr(self, key)
+            try:
+                get_link(value)
+            except ConfigError as exc:
+                raise ConfigError(key, value, exc.reason) from None
+            if not used and value != default:
+                warnings.warn(f"{key}={value!r} changes nothing without {needs}", stacklevel=4)
 
     @property
     def shape(self):
