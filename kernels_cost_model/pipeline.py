@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kernels_cost_model.errors import ConfigError, is_int, require
 
+from .architectures import ends_on_every_stage
 from .hardware import get_gpu
 from .kv_layout import stage_group_sizes
 from .layer_partition import layer_partition
@@ -102,14 +103,17 @@ def stage_kv_cache_blocks(model, gpu, tensor_parallel_size: int, pipeline_parall
     for stage, room in enumerate(free):
         if room <= 0:
             raise ConfigError("gpu", hw.name, f"{spec.name} at TP{tp} x PP{pipeline_parallel_size}: stage "
-                              f"{stage} ({_stage_label(partition, stage)}) needs {-room / GIB:.1f} GiB more than "
+                              f"{stage} ({_stage_label(spec, partition, stage)}) needs {-room / GIB:.1f} GiB more than "
                               f"gpu_memory_utilization={gpu_memory_utilization} leaves: no room for a KV cache")
     sizes = stage_block_bytes(spec, tp, partition, block_size, kv_cache_dtype, hybrid_manager)
     return tuple(int(room // size) for room, size in zip(free, sizes))
 
 
-def _stage_label(partition: tuple[int, ...], stage: int) -> str:
-    """'layers 0-39, the embedding' / 'layers 40-79, the final norm and LM head'."""
+def _stage_label(spec, partition: tuple[int, ...], stage: int) -> str:
+    """'layers 0-39, the embedding' / 'layers 40-79, the final norm and LM head' (both on every stage of an
+    architecture whose vLLM class builds them on every rank: architectures.py)."""
     start = sum(partition[:stage])
-    ends = ["the embedding"] * (stage == 0) + ["the final norm and LM head"] * (stage == len(partition) - 1)
+    every = ends_on_every_stage(spec.architecture)
+    ends = (["the embedding"] * (every or stage == 0)
+            + ["the final norm and LM head"] * (every or stage == len(partition) - 1))
     return ", ".join([f"layers {start}-{start + partition[stage] - 1}", *ends])

@@ -191,6 +191,13 @@ def test_a_stage_with_no_room_is_named():
         pipeline_kv_cache_blocks("llama-3.1-8b", "h100", 1, 2, gpu_memory_utilization=0.116)
 
 
+def test_a_stage_with_no_room_names_the_tables_it_holds():
+    """Mixtral's vLLM class builds the embedding, final norm and LM head on every rank: the first stage
+    with no room names all three (a Llama first stage holds the embedding alone)."""
+    with pytest.raises(ConfigError, match=r"stage 0 \(layers 0-7, the embedding, the final norm and LM head\)"):
+        pipeline_kv_cache_blocks("mixtral-8x7b", "h100", 1, 4, gpu_memory_utilization=0.3)
+
+
 def test_a_hybrid_model_takes_its_groups_per_uneven_stage():
     """gemma-3-27b at PP 4: vLLM's partition (15, 16, 16, 15); each stage's block its fullest group there."""
     from kernels_cost_model.kv_layout import stage_group_sizes
