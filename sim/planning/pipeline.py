@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from math import fsum
 from collections import deque
 from dataclasses import dataclass
 
@@ -118,10 +117,10 @@ class PipelineProcess(EngineProcess):
         ahead, last = tuple(self.stage_free), self.stages - 1
         held_up_at = (last,) if self.even else range(1, self.stages)
         for j in range(self.stages):
-            end = now + fsum(seconds[:j + 1]) + j * send_s
+            end = now + math.fsum(seconds[:j + 1]) + j * send_s
             for k in held_up_at:
                 if k <= j:
-                    end = max(end, ahead[k] + fsum(seconds[k:j + 1]) + (j - k) * send_s)
+                    end = max(end, ahead[k] + math.fsum(seconds[k:j + 1]) + (j - k) * send_s)
             self.stage_free[j] = end
         return end
 
