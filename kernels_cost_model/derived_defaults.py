@@ -171,7 +171,7 @@ def derive_defaults(calibrations: dict, gpus: dict) -> dict:
     out: dict = {"groups": {}, "all": {}}
     for (group, key), items in sorted(samples.items()):
         merged = {f: float(f"{median(e[f] for _, e in items):.4g}") for f in items[0][1]}
-        if key.startswith("matmul@"):
+        if key == "matmul" or key.startswith("matmul@"):
             merged = _within_sources(key, items, merged, [gpus[d] for d, _ in items])
         if "@" not in key:  # shape keys come from the same GPUs as their family
             merged["from"] = [d for d, _ in items]
@@ -181,19 +181,23 @@ def derive_defaults(calibrations: dict, gpus: dict) -> dict:
 
 #: Rows a GEMM shape key is checked at (decode batches and a prefill chunk's worth).
 CHECK_ROWS = (1, 64, 1024)
+#: The GEMM the family key `matmul` is checked at (it prices shapes off every grid: a large
+#: vocabulary's LM head, layers wider than the tables): a 4096-wide hidden layer's projection.
+FAMILY_CHECK_KEY = "matmul@4096x4096"
 
 
 def _gemm_time(key: str, e: dict, flops: float, bandwidth: float, rows: float) -> float:
     """Seconds of the BF16 `matmul@n x k` GEMM over `rows` rows at efficiencies `e` of the given peaks
-    (as operators.MatmulOp prices it: tile-rounded compute or bytes, whichever is larger, + overhead)."""
-    n, k = (float(v) for v in key.split("@")[1].split("x"))
+    (as operators.MatmulOp prices it: tile-rounded compute or bytes, whichever is larger, + overhead);
+    the family key `matmul` at FAMILY_CHECK_KEY's shape."""
+    n, k = (float(v) for v in (key if "@" in key else FAMILY_CHECK_KEY).split("@")[1].split("x"))
     compute = 2.0 * (rows + e["tile_rows"]) * n * k / (e["compute"] * flops) if e["compute"] else 0.0
     memory = 2.0 * (rows * (n + k) + n * k) / (e["memory"] * bandwidth) if e["memory"] else 0.0
     return max(compute, memory) + e["overhead_s"]
 
 
 def _within_sources(key: str, items: list, merged: dict, gpus: list) -> dict:
-    """The per-field medians of a GEMM shape key where they price it within the range of the source
+    """The per-field medians of a GEMM key (a shape's, or the family's) where they price it within the range of the source
     GPUs' own fits (at the sources' median peaks, at CHECK_ROWS), else the whole fit of the source GPU
     in the middle by priced time (the lower middle one for an even count; name breaks ties).
 

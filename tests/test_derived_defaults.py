@@ -197,6 +197,27 @@ def test_a_gemm_shape_key_never_prices_outside_the_fits_it_comes_from():
         assert min(times) * 0.999 <= _gemm_time(key, got, ref.bf16_flops_per_s, ref.hbm_bytes_per_s, r) <= max(times) * 1.001
 
 
+def test_the_shipped_matmul_family_defaults_price_within_the_fits_they_come_from():
+    # The Ada family default was once the field-by-field median of the L40S's fit (no bandwidth term:
+    # tile rows stand in for it) and the RTX 4090's (94 % of bandwidth): bandwidth 0.47, a decode-row
+    # GEMM priced slower than on either GPU. The family key takes the same guard as the shape keys.
+    from kernels_cost_model.calibration import shipped_calibration
+    from kernels_cost_model.derived_defaults import CHECK_ROWS, FAMILY_CHECK_KEY, _gemm_time
+    from statistics import median
+    for group, keys in shipped_defaults()["groups"].items():
+        if "matmul" not in keys:
+            continue
+        sources = [get_gpu(d) for d in keys["matmul"]["from"]]
+        flops = median(g.bf16_flops_per_s for g in sources)
+        bandwidth = median(g.hbm_bytes_per_s for g in sources)
+        own = [to_efficiency(shipped_calibration(g.name).coeffs["matmul"], g, "matmul") for g in sources]
+        for r in CHECK_ROWS:
+            times = [_gemm_time(FAMILY_CHECK_KEY, e, flops, bandwidth, r) for e in own]
+            got = _gemm_time("matmul", keys["matmul"], flops, bandwidth, r)
+            assert min(times) * 0.99 <= got <= max(times) * 1.01, (group, r)
+    assert shipped_defaults()["groups"]["ada"]["matmul"]["memory"] > 0.9   # the RTX 4090's whole fit
+
+
 def test_a_moe_fits_cost_per_routed_row_carries_over_at_the_bandwidth_of_the_gpu():
     from kernels_cost_model.derived_defaults import from_efficiency
     b200, pro = get_gpu("b200"), get_gpu("rtx-pro-6000")
