@@ -102,6 +102,8 @@ class PipelineProcess(EngineProcess):
         if not step.plan.scheduled or not hasattr(cost, "layer_seconds"):
             return split_by_layers(step.duration, self.partition)
         priced = stage_times(cost, step.batch, self.partition)
+        if not self.engine.hooks:
+            return priced  # (the step's duration is its price: nothing added)
         added = split_by_layers(step.duration - cost.step_time(step.batch), self.partition)
         return tuple(p + a for p, a in zip(priced, added))
 
