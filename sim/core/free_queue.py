@@ -23,7 +23,7 @@ STALE_SLACK = 4096
 
 class FreeBlockQueue:
     """The free blocks, front first: iteration and length read as the `OrderedDict` queue did;
-    `pop_front`, `pop_front_many`, `take_out`, `push_back`, `push_front` are its moves."""
+    `pop_front`, `pop_front_many`, `take_out` (`take_out_many`), `push_back`, `push_front` are its moves."""
 
     __slots__ = ("entries", "stale", "num_stale", "count")
 
@@ -74,6 +74,17 @@ class FreeBlockQueue:
         self.stale[block] += 1
         self.num_stale += 1
         self.count -= 1
+        if self.num_stale > self.count + STALE_SLACK:
+            self._drop_stale()
+
+    def take_out_many(self, blocks: list[int]) -> None:
+        """`take_out` each of `blocks` (free, distinct), the stale entries' rewrite checked once at
+        the end: it changes no block's place, and the check that fires midway fires at the end too."""
+        stale = self.stale
+        for block in blocks:
+            stale[block] += 1
+        self.num_stale += len(blocks)
+        self.count -= len(blocks)
         if self.num_stale > self.count + STALE_SLACK:
             self._drop_stale()
 

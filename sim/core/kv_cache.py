@@ -245,12 +245,14 @@ class KVCacheManager(PrefixCache):
             for block in blocks:
                 self._touch(block)
             return
-        ref_cnt, take_out = self.ref_cnt, self.free_queue.take_out
+        ref_cnt, idle = self.ref_cnt, []
         for block in blocks:
             count = ref_cnt[block]
             if not count:
-                take_out(block)
+                idle.append(block)
             ref_cnt[block] = count + 1
+        if idle:  # (the hits are distinct blocks: taken out together, as one by one)
+            self.free_queue.take_out_many(idle)
 
     def _pop_free(self) -> int:
         block = self.free_queue.pop_front()
