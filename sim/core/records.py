@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,9 +140,8 @@ class StepRecords:
     def append_row(self, row: tuple) -> None:
         """Add one step: a value per column, in the order of the fields."""
         size = len(self.start_time)
-        try:
-            for column, value in zip(self._arrays(), row):
-                column.append(value)
+        try:  # (each column's append, looped in C: the deque of no length keeps nothing)
+            deque(map(array.append, self._arrays(), row), 0)
         except OverflowError:
             self._widen_and_extend(size, [(value,) for value in row])
 
