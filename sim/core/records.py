@@ -1,6 +1,7 @@
 """Records of a run: per request and per step, kept as columns so they stay cheap to grow."""
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -14,6 +15,13 @@ NAN = float("nan")
 
 def _floats() -> array:
     return array("d")
+
+
+def _doubles(values: list) -> array:
+    """`array("d", values)`, built from one struct pack of the floats (native doubles, the array's
+    own layout): the array's constructor parses each value in turn, ~2x the time for the few hundred
+    token times a finished request hands over."""
+    return array("d", struct.pack(f"{len(values)}d", *values))
 
 
 def _ints() -> array:
@@ -78,7 +86,7 @@ class RequestRecords:
         appending it to an array, which parses its argument each time."""
         times = self.token_times[index]
         if type(times) is list:
-            self.token_times[index] = array("d", times)
+            self.token_times[index] = _doubles(times)
         if self.token_runs is not None:
             self.token_runs.finish(index, self.token_times)
 
@@ -87,7 +95,7 @@ class RequestRecords:
         token_times = self.token_times
         for index, times in enumerate(token_times):
             if type(times) is list:  # (a request still running when the run ended)
-                token_times[index] = array("d", times)
+                token_times[index] = _doubles(times)
         if self.token_runs is None:
             return token_times
         self.token_runs.compact(self.token_times)
