@@ -10,7 +10,7 @@ from sim.core.free_queue import STALE_SLACK, FreeBlockQueue
 NUM_BLOCKS = 24
 
 # (move, argument): the argument picks a block or a count, modulo what is there to pick
-MOVES = st.lists(st.tuples(st.sampled_from(["pop", "pop_many", "take_out", "back", "front"]),
+MOVES = st.lists(st.tuples(st.sampled_from(["pop", "pop_many", "take_out", "take_out_many", "back", "front"]),
                            st.integers(0, 1000)), max_size=120)
 
 
@@ -31,6 +31,14 @@ def _reference_move(ref: OrderedDict, held: list, move: str, pick: int):
         del ref[block]
         held.append(block)
         return block
+    if move == "take_out_many" and ref:
+        free = list(ref)
+        blocks = [free[(pick + 7 * i) % len(free)] for i in range(pick % len(free) + 1)]
+        blocks = list(dict.fromkeys(blocks))  # distinct, as a prefix hit's blocks are
+        for block in blocks:
+            del ref[block]
+        held.extend(blocks)
+        return blocks
     if move in ("back", "front") and held:
         count = pick % len(held) + 1
         blocks = [held.pop(pick % len(held)) for _ in range(count)]
@@ -59,6 +67,8 @@ def test_every_move_matches_an_ordered_dict(moves):
             assert queue.pop_front_many(len(outcome)) == outcome
         elif move == "take_out":
             queue.take_out(outcome)
+        elif move == "take_out_many":
+            queue.take_out_many(outcome)
         elif move == "back":
             queue.push_back(outcome)
         else:
@@ -89,3 +99,13 @@ def test_stale_entries_are_dropped_once_they_pile_up():
         queue.push_back([1])
     assert queue.num_stale <= STALE_SLACK + 1 and len(queue.entries) <= STALE_SLACK + 3
     assert list(queue) == [2, 1]
+
+
+def test_blocks_taken_out_together_leave_the_queue_as_one_by_one():
+    one, many = FreeBlockQueue(STALE_SLACK + 40), FreeBlockQueue(STALE_SLACK + 40)
+    blocks = list(range(5, STALE_SLACK + 30, 1))  # enough stale entries to rewrite the deque
+    for block in blocks:
+        one.take_out(block)
+    many.take_out_many(blocks)
+    assert list(one) == list(many) and len(one) == len(many)
+    assert one.pop_front_many(len(one)) == many.pop_front_many(len(many))

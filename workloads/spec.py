@@ -10,6 +10,12 @@ from sim.core.fields import MAX_ARRIVAL_S, MAX_TOKEN_ID, is_int, is_number
 from sim.core.sampling_params import SamplingParams
 
 
+#: the reasons of two checks every spec makes (formatted once: a float's `:g` costs ~0.3 us a spec)
+_ARRIVAL_RULE = (f"must be a finite number in [0, {MAX_ARRIVAL_S:g}] seconds (a float clock resolves"
+                 " microseconds no further)")
+_ABORT_RULE = f"must be a finite number, not before arrival_time_s, at most {MAX_ARRIVAL_S:g} seconds"
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class RequestSpec:
     """A request to simulate.
@@ -42,8 +48,7 @@ class RequestSpec:
         label = self.request_id or "request"
         object.__setattr__(self, "prompt_token_ids", _token_array(self.prompt_token_ids, f"{label}.prompt_token_ids"))
         require(is_number(self.arrival_time_s) and 0 <= self.arrival_time_s <= MAX_ARRIVAL_S,
-                f"{label}.arrival_time_s", self.arrival_time_s, f"must be a finite number in [0, {MAX_ARRIVAL_S:g}]"
-                " seconds (a float clock resolves microseconds no further)")
+                f"{label}.arrival_time_s", self.arrival_time_s, _ARRIVAL_RULE)
         if isinstance(self.sampling_params, dict):
             object.__setattr__(self, "sampling_params",
                                _sampling_params(self.sampling_params, f"{label}.sampling_params"))
@@ -68,8 +73,7 @@ class RequestSpec:
                 self.return_hidden_states, "must be true or false")
         require(self.abort_time_s is None or (is_number(self.abort_time_s)
                                               and self.arrival_time_s <= self.abort_time_s <= MAX_ARRIVAL_S),
-                f"{label}.abort_time_s", self.abort_time_s,
-                f"must be a finite number, not before arrival_time_s, at most {MAX_ARRIVAL_S:g} seconds")
+                f"{label}.abort_time_s", self.abort_time_s, _ABORT_RULE)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -15,6 +15,7 @@ back out. `push_front` checks this, and rewrites the deque without stale entries
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat, starmap
 
 #: Rewrite the deque without its stale entries once they outnumber the live ones by this many.
 STALE_SLACK = 4096
@@ -22,7 +23,7 @@ STALE_SLACK = 4096
 
 class FreeBlockQueue:
     """The free blocks, front first: iteration and length read as the `OrderedDict` queue did;
-    `pop_front`, `pop_front_many`, `take_out`, `push_back`, `push_front` are its moves."""
+    `pop_front`, `pop_front_many`, `take_out` (`take_out_many`), `push_back`, `push_front` are its moves."""
 
     __slots__ = ("entries", "stale", "num_stale", "count")
 
@@ -65,15 +66,25 @@ class FreeBlockQueue:
         """Take `count` blocks (at most `len(self)`) off the front, front first."""
         if self.num_stale:
             return [self.pop_front() for _ in range(count)]
-        popleft = self.entries.popleft
         self.count -= count
-        return [popleft() for _ in range(count)]
+        return list(starmap(self.entries.popleft, repeat((), count)))  # (`count` popleft calls, looped in C)
 
     def take_out(self, block: int) -> None:
         """Take a free block out of the queue wherever it is (its entry turns stale)."""
         self.stale[block] += 1
         self.num_stale += 1
         self.count -= 1
+        if self.num_stale > self.count + STALE_SLACK:
+            self._drop_stale()
+
+    def take_out_many(self, blocks: list[int]) -> None:
+        """`take_out` each of `blocks` (free, distinct), the stale entries' rewrite checked once at
+        the end: it changes no block's place, and the check that fires midway fires at the end too."""
+        stale = self.stale
+        for block in blocks:
+            stale[block] += 1
+        self.num_stale += len(blocks)
+        self.count -= len(blocks)
         if self.num_stale > self.count + STALE_SLACK:
             self._drop_stale()
 

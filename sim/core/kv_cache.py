@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from contextlib import contextmanager
+from operator import itemgetter
 
 from kernels_cost_model.errors import require
 from sim.core.free_queue import FreeBlockQueue
@@ -245,12 +246,14 @@ class KVCacheManager(PrefixCache):
             for block in blocks:
                 self._touch(block)
             return
-        ref_cnt, take_out = self.ref_cnt, self.free_queue.take_out
+        ref_cnt, idle = self.ref_cnt, []
         for block in blocks:
             count = ref_cnt[block]
             if not count:
-                take_out(block)
+                idle.append(block)
             ref_cnt[block] = count + 1
+        if idle:  # (the hits are distinct blocks: taken out together, as one by one)
+            self.free_queue.take_out_many(idle)
 
     def _pop_free(self) -> int:
         block = self.free_queue.pop_front()
@@ -317,10 +320,21 @@ class KVCacheManager(PrefixCache):
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return
+        order = blocks[::-1]  # tail blocks first
+        if len(order) > 1 and itemgetter(*order)(self.ref_cnt).count(1) == len(order):
+            first, back = self._release_sole(order)  # (no other holder: the usual case)
+        else:
+            first, back = self._release_shared(order)
+        self.free_queue.push_back(back)
+        if first:
+            self.free_queue.push_front(first)
+
+    def _release_shared(self, order: list[int]) -> tuple[list[int], list[int]]:
+        """Drop one holder of each block of `order`; the blocks freed, (to the front, to the back)."""
         first, back = [], []
         ref_cnt, block_hash = self.ref_cnt, self.block_hash
         uncached_first = self.free_uncached_first
-        for block in reversed(blocks):
+        for block in order:
             count = ref_cnt[block] - 1
             ref_cnt[block] = count
             if count == 0:
@@ -328,6 +342,24 @@ class KVCacheManager(PrefixCache):
                     first.append(block)
                 else:
                     back.append(block)
-        self.free_queue.push_back(back)
-        if first:
-            self.free_queue.push_front(first)
+        return first, back
+
+    def _release_sole(self, order: list[int]) -> tuple[list[int], list[int]]:
+        """`_release_shared` where every block's count is 1 (a count covers each place a block is
+        held, so the request holds each once and alone): all are freed, and their hashes are sorted
+        in C (a private request's blocks are LAZY but for its last, part-filled one)."""
+        ref_cnt = self.ref_cnt
+        for block in order:
+            ref_cnt[block] = 0
+        if not self.free_uncached_first:
+            return [], order
+        hashes = itemgetter(*order)(self.block_hash)
+        uncached = hashes.count(None)
+        if not uncached:
+            return [], order
+        if uncached == 1 and hashes[0] is None:  # only the last block holds no cached prefix
+            return order[:1], order[1:]
+        if uncached == len(order):
+            return order, []
+        return ([block for block, h in zip(order, hashes) if h is None],
+                [block for block, h in zip(order, hashes) if h is not None])

@@ -16,7 +16,7 @@ enters its engine must go through `arrive`, so that no chain appears unseen.
 """
 from __future__ import annotations
 
-from itertools import islice
+from operator import itemgetter
 
 import numpy as np
 
@@ -66,11 +66,18 @@ class PrivatePrefixes:
         """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked, not hashed."""
         kv = self.kv
         block_hash, owner, marked = kv.block_hash, self.owner, 0
-        for block in islice(kv.req_blocks[req], done, num_full):
-            if block_hash[block] is None:
+        blocks = kv.req_blocks[req][done:num_full]
+        if len(blocks) > 1 and itemgetter(*blocks)(block_hash).count(None) == len(blocks):
+            for block in blocks:  # all hold nothing yet (a prompt's fresh blocks: the usual case)
                 block_hash[block] = LAZY
                 owner[block] = req
-                marked += 1
+            marked = len(blocks)
+        else:
+            for block in blocks:
+                if block_hash[block] is None:
+                    block_hash[block] = LAZY
+                    owner[block] = req
+                    marked += 1
         kv.lazy_blocks += marked
         req.kv_lazy_resident += marked
         kv.num_hashed_blocks[req] = num_full

@@ -1,7 +1,9 @@
 """Records of a run: per request and per step, kept as columns so they stay cheap to grow."""
 from __future__ import annotations
 
+import struct
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +15,13 @@ NAN = float("nan")
 
 def _floats() -> array:
     return array("d")
+
+
+def _doubles(values: list) -> array:
+    """`array("d", values)`, built from one struct pack of the floats (native doubles, the array's
+    own layout): the array's constructor parses each value in turn, ~2x the time for the few hundred
+    token times a finished request hands over."""
+    return array("d", struct.pack(f"{len(values)}d", *values))
 
 
 def _ints() -> array:
@@ -77,7 +86,7 @@ class RequestRecords:
         appending it to an array, which parses its argument each time."""
         times = self.token_times[index]
         if type(times) is list:
-            self.token_times[index] = array("d", times)
+            self.token_times[index] = _doubles(times)
         if self.token_runs is not None:
             self.token_runs.finish(index, self.token_times)
 
@@ -86,7 +95,7 @@ class RequestRecords:
         token_times = self.token_times
         for index, times in enumerate(token_times):
             if type(times) is list:  # (a request still running when the run ended)
-                token_times[index] = array("d", times)
+                token_times[index] = _doubles(times)
         if self.token_runs is None:
             return token_times
         self.token_runs.compact(self.token_times)
@@ -139,9 +148,8 @@ class StepRecords:
     def append_row(self, row: tuple) -> None:
         """Add one step: a value per column, in the order of the fields."""
         size = len(self.start_time)
-        try:
-            for column, value in zip(self._arrays(), row):
-                column.append(value)
+        try:  # (each column's append, looped in C: the deque of no length keeps nothing)
+            deque(map(array.append, self._arrays(), row), 0)
         except OverflowError:
             self._widen_and_extend(size, [(value,) for value in row])
 
