@@ -351,23 +351,31 @@ def interpolated(at, n: int, p: float) -> float:
 
 def order_statistic(chunks, rank: int) -> float:
     """The value at 0-based `rank` in the sorted multiset: narrow a range of bit patterns (positive
-    floats sort as their int64 patterns) by histograms until its entries are few, then sort those."""
-    lo, hi = 0, 1 << 63
+    floats sort as their int64 patterns) by histograms until its entries are few, then sort those.
+    One pass over the chunks a level: a range's histogram also counts its entries per bin, the next
+    range's count (the first level's total decides whether the whole multiset is sorted at once)."""
+    lo, hi, entries = 0, 1 << 63, None
     while True:
         if hi - lo == 1:
             return float(np.array([lo], dtype=np.int64).view(np.float64)[0])  # every entry left is this value
-        entries = sum(int(_inside(values, lo, hi).sum()) for values, _ in each(chunks))
-        if entries <= CHUNK:
+        if entries is not None and entries <= CHUNK:
             return _pick([_in_range(values, counts, lo, hi) for values, counts in each(chunks)], rank)
         shift = max(0, (hi - lo - 1).bit_length() - 16)
         bins = ((hi - lo - 1) >> shift) + 1
-        hist = np.zeros(bins)
+        hist, found = np.zeros(bins), np.zeros(bins, dtype=np.int64)
         for values, counts in each(chunks):
             values, counts = _in_range(values, counts, lo, hi)
-            hist += np.bincount((values.view(np.int64) - lo) >> shift, weights=counts, minlength=bins)
+            keys = (values.view(np.int64) - lo) >> shift
+            hist += np.bincount(keys, weights=counts, minlength=bins)
+            found += np.bincount(keys, minlength=bins)
+        if entries is None:
+            entries = int(found.sum())
+            if entries <= CHUNK:
+                continue  # (few entries in all: sorted at once)
         cumulative = np.cumsum(hist)  # exact: counts far below 2**53
         b = int(np.searchsorted(cumulative, rank, "right"))
         rank -= int(cumulative[b - 1]) if b else 0
+        entries = int(found[b])
         lo, hi = lo + (b << shift), min(hi, lo + ((b + 1) << shift))
 
 
