@@ -284,20 +284,31 @@ class KVCacheManager(PrefixCache):
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
         taken = self.free_queue.pop_front_many(count)
-        lazy = []
+        # a LAZY block leaves the count; its owner loses its blocks run by run (a request's blocks
+        # leave together), in this one pass
+        lazy = self.lazy
+        owner, last, run, num_lazy = lazy.owner if lazy is not None else None, None, 0, 0
         for block in taken:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
                 if old_hash == LAZY:
-                    lazy.append(block)
+                    req = owner[block]
+                    owner[block] = None
+                    if req is not last:
+                        if run:
+                            lazy._lose(last, run)
+                            num_lazy += run
+                        last, run = req, 0
+                    run += 1
                 elif more_holders and old_hash in more_holders:
                     self._evict(old_hash, block)
                 else:  # the usual case: it was the only holder
                     del cached[old_hash]
                 block_hash[block] = None
             ref_cnt[block] = 1
-        if lazy:
-            self.lazy.evicted(lazy)
+        if run:
+            self.lazy_blocks -= num_lazy + run
+            lazy._lose(last, run)
         return taken
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
