@@ -365,6 +365,13 @@ class KVCacheManager(PrefixCache):
         if not self.free_uncached_first:
             return [], order
         hashes = itemgetter(*order)(self.block_hash)
+        if hashes[-1] == LAZY:  # a private request's blocks: LAZY but for a part-filled last one. Counted
+            # by identity (-1 is a cached small int); `count(None)` compares None with each int instead
+            lazy = hashes.count(LAZY)
+            if lazy == len(order):
+                return [], order
+            if lazy == len(order) - 1 and hashes[0] is None:
+                return order[:1], order[1:]
         uncached = hashes.count(None)
         if not uncached:
             return [], order
