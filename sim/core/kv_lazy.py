@@ -83,22 +83,9 @@ class PrivatePrefixes:
         kv.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * kv.block_size
 
-    def evicted(self, blocks) -> None:
-        """LAZY blocks left the free queue: they no longer count as cached (a request's blocks leave
-        together, so the owners' counts drop run by run)."""
-        owner, last, run = self.owner, None, 0
-        self.kv.lazy_blocks -= len(blocks)
-        for block in blocks:
-            req = owner[block]
-            owner[block] = None
-            if req is not last:
-                if run:
-                    self._lose(last, run)
-                last, run = req, 0
-            run += 1
-        self._lose(last, run)
-
     def _lose(self, req, count: int) -> None:
+        """`count` of `req`'s LAZY blocks left the free queue (`KVCacheManager._pop_free_many` evicts a
+        request's blocks together, run by run): it leaves once none is resident and it is finished."""
         req.kv_lazy_resident -= count
         if not req.kv_lazy_resident and req.kv_lazy_blocks is not None:
             self.leave(req)
