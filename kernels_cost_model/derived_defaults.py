@@ -197,9 +197,10 @@ def _gemm_time(key: str, e: dict, flops: float, bandwidth: float, rows: float) -
 
 
 def _within_sources(key: str, items: list, merged: dict, gpus: list) -> dict:
-    """The per-field medians of a GEMM key (a shape's, or the family's) where they price it within the range of the source
-    GPUs' own fits (at the sources' median peaks, at CHECK_ROWS), else the whole fit of the source GPU
-    in the middle by priced time (the lower middle one for an even count; name breaks ties).
+    """The per-field medians of a GEMM key (a shape's, or the family's) where they price it within the
+    range of the source GPUs' own fits (at the sources' median peaks, at CHECK_ROWS), else the whole fit
+    of the source GPU in the middle by priced time (the lower middle one for an even count; name breaks
+    ties).
 
     A shape fit trades its terms against each other (a bandwidth term on one GPU, tile rows or a fitted-away
     term, efficiency 0, on another), so medians taken field by field can combine into a set no GPU was
