@@ -148,13 +148,14 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float,
     the seconds b, ascending, that hold tokens (times t with floor(t - start) = b, clipped at 0) and
     how many each holds, so memory follows the tokens, not the span of time. Requests kept as runs
     are counted per step position (each of a run's steps holds one of its tokens), the rest from
-    their times; `chunk` requests at a time."""
+    their times; `chunk` requests at a time, each chunk's counts added to the others' once, at the
+    end (adding each into a running total would cost a pass over every second so far per chunk)."""
     if isinstance(token_times, MergedTokenTimes):
         mask = np.zeros(len(token_times), dtype=bool)
         mask[chosen] = True
         return _add_counts(*(tokens_per_second(times, np.flatnonzero(picked), start, chunk)
                              for times, picked in token_times.split(mask)))
-    total = _NO_COUNTS
+    parts = []
     if isinstance(token_times, TokenTimes):
         store = token_times.store
         picked, chosen = _kept_as_runs(store, chosen)
@@ -165,32 +166,32 @@ def tokens_per_second(token_times, chosen: np.ndarray, start: float,
                 low, high = int(first.min()), int(last.max()) + 1
                 tokens = np.cumsum(np.bincount(first - low, minlength=high - low + 1)
                                    - np.bincount(last + 1 - low, minlength=high - low + 1))[:-1]
-                total = _count_into(total, np.floor(starts[low:high] - start).astype(int).clip(min=0), tokens)
+                parts.append(_counted(np.floor(starts[low:high] - start).astype(int).clip(min=0), tokens))
     for lo in range(0, len(chosen), chunk):
         times = [token_times[i] for i in chosen[lo:lo + chunk].tolist()]
         times = [np.asarray(t, dtype=float) for t in times if t is not None]
         if times:
-            total = _count_into(total, np.floor(np.concatenate(times) - start).astype(int).clip(min=0))
-    return total
+            parts.append(_counted(np.floor(np.concatenate(times) - start).astype(int).clip(min=0)))
+    return _add_counts(*parts)
 
 
 _NO_COUNTS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
-def _count_into(total: tuple, bins: np.ndarray, weights: np.ndarray | None = None) -> tuple:
-    """`total` (seconds, int64 counts) with `bins` counted in (`weights`: a count each; exact below
-    2**53); a second whose count stays 0 is left out. Bins spread over more seconds than there are
-    bins are counted sorted, not in an array over their span."""
+def _counted(bins: np.ndarray, weights: np.ndarray | None = None) -> tuple:
+    """`bins` counted as (seconds, int64 counts) (`weights`: a count each; exact below 2**53); a second
+    whose count is 0 is left out. Bins spread over more seconds than there are bins are counted
+    sorted, not in an array over their span."""
     if not len(bins):
-        return total
+        return _NO_COUNTS
     low = int(bins.min())
     if int(bins.max()) - low < 2 * len(bins):
         dense = np.bincount(bins - low, weights=weights).astype(np.int64)
         seconds = np.flatnonzero(dense)
-        return _add_counts(total, (seconds + low, dense[seconds]))
+        return seconds + low, dense[seconds]
     seconds, inverse = np.unique(bins, return_inverse=True)
     counts = np.bincount(inverse, weights=weights).astype(np.int64)
-    return _add_counts(total, (seconds[counts > 0], counts[counts > 0]))
+    return seconds[counts > 0], counts[counts > 0]
 
 
 def _add_counts(*parts: tuple) -> tuple:
