@@ -52,6 +52,9 @@ class Policy:
     whole_prompts = False  # schedules whole prompts only: the budget must hold max_model_len
     row_slots = 0  # budget each scheduled row costs beyond its tokens (a draft model's slot: VllmV1Policy)
     pad_decodes = 0  # 1 + k: vLLM 0.33 pads a one-token admission to a decode row (`_padded_decode`)
+    #: its decode steps schedule every running request, nearly always: the fast engine times their
+    #: rows with one slot a step (sim.engine.shared_times), which pays only then
+    shares_step_times = False
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         raise NotImplementedError

@@ -14,6 +14,7 @@ from policies.base import EngineState, Policy, SchedulerOutput
 class VllmV0Policy(Policy):
     name = "vllm-v0"
     whole_prompts = True
+    shares_step_times = True  # (a step runs the admitted prompts only, or every running request)
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         self.require_whole_prompt_budget(state.config)

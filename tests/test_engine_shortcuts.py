@@ -157,8 +157,8 @@ def _in_flight_checked(specs, config) -> int:
         check()
         return step
 
-    def finished(step, now):
-        out = finish(step, now)
+    def finished(step, now, following=None):
+        out = finish(step, now, following)
         flying.remove(step)
         check()
         return out

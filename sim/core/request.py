@@ -58,6 +58,7 @@ class Request:
         "num_spec_tokens", "is_prefill_chunk",
         "num_output_placeholders", "num_in_flight_extra", "num_stale_tokens", "client_finished",
         "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
+        "times_mark",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -104,6 +105,8 @@ class Request:
         self.kv_lazy = False
         self.kv_lazy_resident = 0
         self.kv_lazy_blocks = None
+        #: the first slot of shared step times its token times are owed from (sim.engine.shared_times)
+        self.times_mark = 1 << 62
 
     @property
     def num_in_flight_tokens(self) -> int:

@@ -19,6 +19,11 @@ class StretchApply:
         """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
         step in flight afterwards (async) or None."""
         units, rows = self.units, self.rows
+        shared, token_times = self.engine.shared_times, self.engine.requests.token_times
+        self.slotted = shared is not None and shared.stretch(rows, token_times, self.in_flight,
+                                                             self.times[1:units + 1], self.skips)
+        if shared is not None and not self.slotted:
+            shared.leap(rows, token_times, self.in_flight, self.times[1])
         self._advance_rows()
         self._record_steps(self._replay_kv())  # (the hashes read the tokens appended)
         if not self.lag:
@@ -37,22 +42,23 @@ class StretchApply:
 
     def _advance_rows(self) -> None:
         """Per row, in one pass: append the tokens it samples in units 1..U (one fewer for a row
-        that skips unit 1) and their times, count its computed tokens; under async scheduling, count
-        the step now in flight's token (in flight, a placeholder) and a first token's time (the end
-        of unit 1)."""
+        that skips unit 1) and their times (unless shared slots time them), count its computed
+        tokens; under async scheduling, count the step now in flight's token (in flight, a
+        placeholder) and a first token's time (the end of unit 1)."""
         units, times = self.units, self.times
         if self.tokens is None:
             self._read_synthetic(units)
         finish_times = times[1:]  # (the floats themselves: a running request's times are a list)
         requests = self.engine.requests
         token_times, first_token = requests.token_times, requests.first_token_time
-        lag = self.lag
+        lag, timed = self.lag, not self.slotted  # (sim.engine.shared_times)
         for req, row, o, skip in zip(self.rows, self.tokens, self.outputs, self.skips or repeat(0)):
             req.output_token_ids.extend(row[:units - skip])
             req.num_computed_tokens += units
-            column = token_times[req.index]
-            if column is not None:
-                column.extend(finish_times[skip:] if skip else finish_times)
+            if timed:
+                column = token_times[req.index]
+                if column is not None:
+                    column.extend(finish_times[skip:] if skip else finish_times)
             if lag:
                 req.num_output_placeholders = 1  # the step now in flight's token (in flight, a placeholder)
                 req.num_in_flight_extra = 0
@@ -70,10 +76,14 @@ class StretchApply:
             context = [c for r, c in enumerate(context) if r not in left]
             rows = [req for r, req in enumerate(rows) if r not in left]
         batch = BatchShape([1] * len(rows), context, len(rows))
+        slot = None
         if len(rows) < self.num_rows:
             duration = self.engine.cost_model.step_time(batch)
+        elif self.engine.shared_times is not None:  # (every running request: a slot times its rows)
+            slot = self.engine.shared_times.take()
         start = self.now if unit == 1 else self.times[unit - 1]
-        return Step(SchedulerOutput([(req, 1) for req in rows]), batch, duration, start, 0, [True] * len(rows))
+        return Step(SchedulerOutput([(req, 1) for req in rows]), batch, duration, start, 0, [True] * len(rows),
+                    time_slot=slot)
 
     def _plan_next(self) -> Step:
         """Plan the step after the stretch (at its end, as `Engine.plan_step` would: its KV moves

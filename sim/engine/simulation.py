@@ -125,7 +125,7 @@ class EngineProcess:
                     following = engine.plan_step(env.now)
             if step.duration > 0:
                 yield env.timeout(step.duration)
-            engine.finish_step(step, env.now)
+            engine.finish_step(step, env.now, following)
             step = following
 
 

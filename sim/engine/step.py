@@ -21,3 +21,8 @@ class Step:
     start: float
     num_decode: int  # decode rows (1 token, request already has outputs), counted at the step's end
     samples: list = field(default_factory=list)
+    #: its plan scheduled every running request (`Engine.plan_step`): while it is in flight, each of
+    #: them has a token in flight (False where not known: a leap's steps)
+    covers_running: bool = False
+    #: its slot of shared token times (sim.engine.shared_times), or None: each row times its own token
+    time_slot: int | None = None

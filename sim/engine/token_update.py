@@ -36,17 +36,23 @@ class TokenUpdate:
         # cache_full_blocks itself would, when no new block is full). A row of a request in the step
         # planned next needs no check where planning registers: that plan registered up to
         # min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
-        # a token, one sample in flight at most), which covers min(known now, written) here
-        caching = async_ and kv.enable_prefix_caching
+        # a token, one sample in flight at most), which covers min(known now, written) here; where
+        # that step scheduled every running request (`Step.covers_running`) no row needs it
         every_row = not self.plan_registers
+        caching = async_ and kv.enable_prefix_caching and (every_row or not self.following_covers)
         block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
         exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
         num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
+        shared, slot = self.shared_times, step.time_slot
+        if slot is not None:  # every row that samples below is timed by the step's slot
+            shared.write(slot, now, self.state.running)
+        # a row owed slots catches up before its own time (never in step mode: no shared times)
+        owed_before = shared.written if shared is not None else -1
         for (req, n), samples in zip(step.plan.scheduled, step.samples):
             if req.num_stale_tokens or not samples or req.status is not running:
-                num_decode -= self._apply_other_row(req, n, samples, now, finished)
+                num_decode -= self._apply_other_row(req, n, samples, now, finished, slot)
                 continue
             if not async_:
                 req.num_in_flight_extra -= n
@@ -66,6 +72,8 @@ class TokenUpdate:
             except (TypeError, IndexError):  # not read ahead yet, or not this far
                 token = self._read_ahead(req, position)
             if client_finishes and req.client_finished:
+                if slot is not None:
+                    shared.skip(req, token_times[index], slot)
                 if self._after_client_finish(req, token):
                     finished.append(req)
                 continue
@@ -79,9 +87,12 @@ class TokenUpdate:
                         known = written
                     if known // block_size > hashed_get(req, 0):
                         kv.cache_full_blocks(req, known)
-            times = token_times[index]
-            if times is not None:
-                times.append(now)
+            if slot is None:
+                times = token_times[index]
+                if times is not None:
+                    if owed_before >= 0 and req.times_mark < owed_before:
+                        shared.catch_up(req, times)
+                    times.append(now)
             quiet = req.quiet_until
             if position < quiet:
                 continue  # cannot stop on this token under any profile, known without reading it
@@ -110,12 +121,16 @@ class TokenUpdate:
         tokens += read_tokens(stream, start, max(position + 1, 2 * start, READ_AHEAD, natural))
         return tokens[position]
 
-    def _apply_other_row(self, req: Request, n: int, samples: bool, now: float, finished: list) -> int:
+    def _apply_other_row(self, req: Request, n: int, samples: bool, now: float, finished: list,
+                         slot: int | None = None) -> int:
         """`_apply_rows` for a row that is stale (planned before its request's preemption), does not
         sample (mid-prefill) or whose request is no longer running: a stale row's token still lands
         (no placeholder of its own to clear, no blocks to register); a stopped or aborted request's is
         wasted. Appends the request to `finished` if the token stops it; returns 1 for a row of one token
-        that is not a decode (it samples no token or its first)."""
+        that is not a decode (it samples no token or its first). `slot`: the step's shared times slot,
+        which times none of these rows."""
+        if slot is not None:
+            self.shared_times.skip(req, self.requests.token_times[req.index], slot)
         stale = req.num_stale_tokens
         if stale:
             req.num_stale_tokens = stale - n
@@ -171,6 +186,8 @@ class TokenUpdate:
         output.append(token)
         times = self.requests.token_times[req.index]
         if times is not None:
+            if self.shared_times is not None:
+                self.shared_times.catch_up(req, times)
             times.append(now)
 
     def emit_step(self, req: Request, stream, position: int, count: int, now: float) -> bool:
@@ -202,6 +219,8 @@ class TokenUpdate:
         self.stop_profile.finish_step(req, rest, text_before, first, self.config.max_model_len)
         times = self.requests.token_times[req.index]
         if times is not None:
+            if self.shared_times is not None:
+                self.shared_times.catch_up(req, times)
             times.extend([now] * (len(output) - kept))
 
     def stops_on_last_token(self, req: Request, now: float) -> bool:
