@@ -47,3 +47,26 @@ def test_the_itl_panel_draws_the_pooled_gaps_figure():
     assert np.array_equal(x, px) and np.array_equal(y, py)
     marks = [line.get_xdata()[0] for line in ax.lines[1:]]
     assert marks == [np.percentile(pooled, 50), np.percentile(pooled, 99)]
+
+
+@given(st.lists(st.tuples(st.lists(st.sampled_from([0.5, 1.0, 3.0]) | st.floats(1e-3, 1e3), max_size=12),
+                          st.booleans()), max_size=30))
+def test_distinct_counts_merged_in_parts_equal_the_pooled_ones(chunks):
+    """Many small chunks (CHUNK of 2: a part every 8 entries, merged up a stack): the same sorted
+    distinct values and counts as counting the pooled entries at once."""
+    import sim.api.itl as itl
+    given_chunks, pooled = [], []
+    for values, weighted in chunks:
+        v = np.array(values, dtype=float)
+        counts = np.arange(1, len(v) + 1, dtype=np.int64) if weighted else None
+        given_chunks.append((v, counts))
+        pooled.extend(np.repeat(v, counts) if weighted else v)
+    chunk = itl.CHUNK
+    itl.CHUNK = 2
+    try:
+        values, counts = distinct_counts(given_chunks)
+    finally:
+        itl.CHUNK = chunk
+    expected_values, expected_counts = np.unique(np.array(pooled, dtype=float), return_counts=True)
+    assert np.array_equal(values, expected_values) and np.array_equal(counts, expected_counts)
+    assert counts.dtype == np.int64

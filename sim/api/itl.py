@@ -224,16 +224,26 @@ def each(chunks):
 
 def distinct_counts(chunks) -> tuple[np.ndarray, np.ndarray]:
     """The multiset of (values, counts) `chunks` as its sorted distinct values and their counts
-    (int64), merged a few chunks at a time (as many bytes as distinct values, not as entries)."""
-    values, counts = np.zeros(0), np.zeros(0, dtype=np.int64)
-    batch, size = [], 0
+    (int64), merged a few chunks at a time (about as many bytes as distinct values, not as
+    entries). The merged parts are kept as a stack whose sizes at least double downwards, each new
+    part merged into the top while the top is no larger: merging each batch into all the values so
+    far re-sorted every distinct value once a batch (quadratic where nearly every value differs,
+    as step gaps do)."""
+    stack, batch, size = [], [], 0
     for v, c in each(chunks):
         batch.append((v, np.ones(len(v), dtype=np.int64) if c is None else c.astype(np.int64)))
         size += len(v)
         if size >= 4 * CHUNK:
-            values, counts = _merge_distinct([(values, counts), *batch])
+            _push_distinct(stack, _merge_distinct(batch))
             batch, size = [], 0
-    return _merge_distinct([(values, counts), *batch])
+    return _merge_distinct([*stack, *batch] or [(np.zeros(0), np.zeros(0, dtype=np.int64))])
+
+
+def _push_distinct(stack: list, part: tuple) -> None:
+    """Put `part` on `stack`, merged with the parts on top no larger than it."""
+    while stack and len(stack[-1][0]) <= len(part[0]):
+        part = _merge_distinct([stack.pop(), part])
+    stack.append(part)
 
 
 def _merge_distinct(parts) -> tuple[np.ndarray, np.ndarray]:
