@@ -84,6 +84,15 @@ def test_a_slot_finished_out_of_order_is_an_error():
         shared.write(1, 1.0, [])
 
 
+def test_a_leap_past_a_slot_not_written_is_an_error():
+    """A leap writes its units' slots next: any slot taken and not written but the step in flight's
+    would be written out of order."""
+    shared = SharedTimes()
+    shared.take()
+    with pytest.raises(RuntimeError, match=r"slots \(0,\) taken and not written"):
+        shared.stretch([], [], None, [1.0], None)
+
+
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_fast_runs_use_slots_and_drop_old_times(async_scheduling, monkeypatch):
     """A fast run under vLLM V0's policy times its full steps with slots, drops the times no running

@@ -19,11 +19,10 @@ class StretchApply:
         """Do the stretch: KV events, tokens, token times, counters, step records. Returns the
         step in flight afterwards (async) or None."""
         units, rows = self.units, self.rows
-        shared, token_times = self.engine.shared_times, self.engine.requests.token_times
-        self.slotted = shared is not None and shared.stretch(rows, token_times, self.in_flight,
-                                                             self.times[1:units + 1], self.skips)
-        if shared is not None and not self.slotted:
-            shared.leap(rows, token_times, self.in_flight, self.times[1])
+        shared = self.engine.shared_times
+        if shared is not None:  # (its slots time the rows' tokens: `_advance_rows` leaves their times)
+            shared.stretch(rows, self.engine.requests.token_times, self.in_flight, self.times[1:units + 1],
+                           self.skips)
         self._advance_rows()
         self._record_steps(self._replay_kv())  # (the hashes read the tokens appended)
         if not self.lag:
@@ -51,7 +50,7 @@ class StretchApply:
         finish_times = times[1:]  # (the floats themselves: a running request's times are a list)
         requests = self.engine.requests
         token_times, first_token = requests.token_times, requests.first_token_time
-        lag, timed = self.lag, not self.slotted  # (sim.engine.shared_times)
+        lag, timed = self.lag, self.engine.shared_times is None
         for req, row, o, skip in zip(self.rows, self.tokens, self.outputs, self.skips or repeat(0)):
             req.output_token_ids.extend(row[:units - skip])
             req.num_computed_tokens += units

@@ -49,7 +49,6 @@ class StretchPlan(StretchApply, StretchKV):
         self.times: list[float] = []  # see _price
         self.half = 0            # 1: the step after the stretch is planned by it too
         self.tail = False        # its last unit ends after the leap's timeouts (Leaper.finish_tail)
-        self.slotted = False     # its units are timed by shared slots (sim.engine.shared_times)
         self.may_stop = False    # ... and a row may stop on the token it samples
         self.left = ()           # rows the tail's plan leaves out (async: `_plan_leaves_rows`)
         self.next_step = None    # (async) that step, for the loop to run after the one in flight

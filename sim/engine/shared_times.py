@@ -4,9 +4,10 @@ A step whose plan scheduled every running request (`Step.covers_running`) gives 
 its token at the step's end, the same time for all. Rather than append that time to every row's list,
 the step takes a *slot* when planned; its end time is written there when it finishes, and a running
 request's list is owed the slots from its *mark* on. The owed times are copied into the list
-(`catch_up`) before anything else reads or extends it: the request's finish, a preemption, a leap,
-a token of another step, the run's records. A row of a slotted step that gets no token there (stale,
-stopped, mid-prefill, finished for its client) moves its mark past the slot (`skip`).
+(`catch_up`) before anything else reads or extends it: the request's finish, a preemption, a token
+of a step without a slot, the run's records. A leap's units take slots too (`stretch`). A row of a
+slotted step that gets no token there (stale, stopped, mid-prefill, finished for its client) moves
+its mark past the slot (`skip`).
 
 Slots are written in the order they were taken (steps finish in the order planned); a request not
 running owes nothing (`NOTHING_OWED`). Every time copied is the float the step ended at, so the lists
@@ -71,28 +72,25 @@ class SharedTimes:
             self.catch_up(req, times)
         req.times_mark = NOTHING_OWED
 
-    def stretch(self, rows: list, token_times: list, in_flight, ends: list, skips: list | None) -> bool:
+    def stretch(self, rows: list, token_times: list, in_flight, ends: list, skips: list | None) -> None:
         """A leap's units (ending at `ends`) over `rows` (every running request) timed by slots, one a
-        unit, where the slots stay in order. Unit 1 finishes the step `in_flight` (under async
-        scheduling): its slot, the only one taken and not written; where it has none (it did not
+        unit. Unit 1 finishes the step `in_flight` (under async scheduling; a leap starts with no other
+        step in flight): its slot, the only one taken and not written; where it has none (it did not
         schedule every row), the rows in it append unit 1's time themselves (a row that skips unit 1
-        is not in it, or does not sample there). False (nothing done) where the slots would not stay
-        in order: the leap then appends the times itself (`leap`)."""
+        is not in it, or does not sample there)."""
         first = None if in_flight is None else in_flight.time_slot
+        outstanding = tuple(range(self.written, self.taken))  # slots taken, not written
+        if outstanding != (() if first is None else (first,)):
+            raise RuntimeError(f"a leap from step time slot {first} with slots {outstanding} taken and not written")
         if first is None:
-            if self.taken != self.written:
-                return False
             if in_flight is not None:  # unit 1 times the rows of the step in flight
                 self._time_own(rows, token_times, ends[0], skips)
                 ends = ends[1:]
-        elif first != self.written or self.taken != first + 1:
-            return False
         elif skips is not None:
             for req, skip in zip(rows, skips):
                 if skip:
                     self.skip(req, token_times[req.index], first)
         self._write_run(ends, rows)
-        return True
 
     def _write_run(self, ends: list, running: list) -> None:
         """Write the slot taken and not written, if any, and as many new ones after it as `ends`
@@ -122,20 +120,6 @@ class SharedTimes:
                         times.extend(slots[mark - base:written - base])
                         req.times_mark = written
                     times.append(end)
-
-    def leap(self, rows: list, token_times: list, in_flight, end: float) -> None:
-        """A leap appends the times of `rows` (every running request) itself, from the step
-        `in_flight` on (which ends at `end`): each catches up first, and is owed nothing the leap gives."""
-        written, base, times = self.written, self.base, self.times
-        slot = in_flight.time_slot if in_flight is not None else None
-        after = written if slot is None else slot + 1
-        for req in rows:  # (`catch_up` inline: one pass, no call a row)
-            mark = req.times_mark
-            if mark < written:
-                token_times[req.index].extend(times[mark - base:written - base])
-            req.times_mark = after
-        if slot is not None:
-            self.write(slot, end, rows)
 
     def _compact(self, running: list) -> None:
         """Drop the times before the least mark of the running requests."""
