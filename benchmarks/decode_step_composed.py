@@ -77,9 +77,12 @@ class Rank:
         self.final_norm = ones(s["hidden"])
         self.cos_sin = torch.randn(ROPE_POSITIONS, hd, device=DEVICE, generator=gen).to(self.dtype)
         self.max_batch, self.max_tokens = max(BATCHES), max_tokens
-        self.caches = [(torch.zeros(self.max_batch, max_tokens, s["kv_heads"], hd, device=DEVICE, dtype=self.dtype),
-                        torch.zeros(self.max_batch, max_tokens, s["kv_heads"], hd, device=DEVICE, dtype=self.dtype))
-                       for _ in range(s["layers"])]
+        self.caches = [self.layer_cache() for _ in range(s["layers"])]
+
+    def layer_cache(self):
+        """One layer's K and V caches, each request's keys contiguous, as one zeroed tensor (unpacks to K, V)."""
+        return self.torch.zeros(2, self.max_batch, self.max_tokens, self.s["kv_heads"], self.s["head_dim"],
+                                device=DEVICE, dtype=self.dtype)
 
     def step(self, batch: int, context: int):
         """fn() running one decode step of `batch` requests, each with `context` tokens cached."""
@@ -208,14 +211,18 @@ def read(path: Path) -> list[dict]:
     return rows
 
 
-def priced(row: dict, gpu: str) -> float:
-    """servesim's step for the row's batch on `gpu` (shipped calibration, CUDA graphs, no CPU time), less
-    the collectives one rank would wait for."""
+def priced_parts(row: dict, gpu: str, clocks: str = "burst") -> dict:
+    """servesim's step for the row's batch on `gpu` (shipped calibration, CUDA graphs, no CPU time, at
+    `clocks`) by operator (`breakdown`)."""
     from kernels_cost_model.batch import BatchShape
     from kernels_cost_model.builder import make_cost_model
-    cm = make_cost_model(row["model"], gpu, row["tp"], cpu_overhead=False, max_num_seqs=256)
-    parts = cm.breakdown(BatchShape([1] * row["batch"], [row["context"]] * row["batch"], row["batch"]))
-    return sum(v for k, v in parts.items() if not any(c in k for c in COLLECTIVE_TERMS))
+    cm = make_cost_model(row["model"], gpu, row["tp"], cpu_overhead=False, max_num_seqs=256, clocks=clocks)
+    return cm.breakdown(BatchShape([1] * row["batch"], [row["context"]] * row["batch"], row["batch"]))
+
+
+def priced(row: dict, gpu: str, clocks: str = "burst") -> float:
+    """The step of `priced_parts` less the collectives one rank would wait for."""
+    return sum(v for k, v in priced_parts(row, gpu, clocks).items() if not any(c in k for c in COLLECTIVE_TERMS))
 
 
 def check() -> None:

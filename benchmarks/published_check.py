@@ -108,19 +108,19 @@ def workload_for(row: dict, max_prompts: int, ramp_up_s: float = 0.0):
     return w.ClosedLoopClients(users, max(n, users), lengths=fixed, ramp_up_s=ramp)
 
 
-def config_for(row: dict) -> SimulationConfig:
+def config_for(row: dict, clocks: str = "burst") -> SimulationConfig:
     """The deployment and engine of a row: vLLM's defaults for its entry point, seed 0."""
     entry = "openai_api_server" if load(row)[0] == "concurrency" else "llm_class"
     return SimulationConfig(seed=0).replace(
-        deployment={"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": row["tp"]},
+        deployment={"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": row["tp"], "clocks": clocks},
         engine={"usage_context": entry})
 
 
-def check_row(row: dict, max_prompts: int, ramp_up_s: float = 0.0) -> dict:
+def check_row(row: dict, max_prompts: int, ramp_up_s: float = 0.0, clocks: str = "burst") -> dict:
     """The row with `simulated`, `error` and the mean tokens drawn (`drawn`) added, or `skipped` with
     the reason."""
     try:
-        summary = simulate(config_for(row), workload=workload_for(row, max_prompts, ramp_up_s)).summary
+        summary = simulate(config_for(row, clocks), workload=workload_for(row, max_prompts, ramp_up_s)).summary
     except Exception as e:  # noqa: BLE001 - an unknown model or GPU is reported, not fatal
         return dict(row, skipped=f"{type(e).__name__}: {e}")
     sim, n = float(summary[SUMMARY_KEY[row["metric"]]]), summary["num_requests"]
@@ -164,13 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ramp-up-s", type=float, default=0.0,
                     help="spread the closed-loop clients' first requests over S seconds (default 0: together, "
                          "as vllm bench serve starts them); a sensitivity check, the sources give no spread")
+    ap.add_argument("--clocks", choices=("burst", "sustained"), default="burst",
+                    help="the GPUs' clocks (deployment.clocks; sustained: at the power cap, where measured)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
-    checked = [check_row(r, args.max_prompts, args.ramp_up_s) for r in read_rows(Path(args.csv))]
+    checked = [check_row(r, args.max_prompts, args.ramp_up_s, args.clocks) for r in read_rows(Path(args.csv))]
     print(table(checked))
     print()
     for metric, err in median_errors(checked).items():

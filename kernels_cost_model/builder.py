@@ -23,6 +23,7 @@ from .l2_cache import ElementwiseOp, elementwise_op
 from .layer_ops import shaped_cost_model
 from .models import ModelSpec, get_model
 from .operators import MatmulOp, all_reduce_curve, attention_operator, matmul_operator, moe_operator
+from .power_cap import CLOCKS, at_clocks
 from .prefill_waves import fa2_sms, key_block
 from .roofline import Coeffs
 
@@ -109,7 +110,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                     performance_mode: str = "balanced",
                     kv_cache_dtype: str = "auto",
                     enable_expert_parallel: bool = False,
-                    interconnect: str | None = "auto", num_speculative_tokens: int = 0) -> RooflineCostModel:
+                    interconnect: str | None = "auto", num_speculative_tokens: int = 0,
+                    clocks: str = "burst") -> RooflineCostModel:
     """Cost model of `model` on `tensor_parallel_size` x `gpu`.
 
     calibration: "default" = the fit shipped for this GPU (or the uncalibrated roofline with a
@@ -126,6 +128,8 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     kv_cache_dtype: "auto" or "fp8" (picks the measured MLA kernels of that KV dtype, modern_kernels.py).
     enable_expert_parallel: shard a MoE model's experts over the TP ranks (expert_sharding.py).
     interconnect: "auto" (the catalog's link), "nvlink" or "pcie": the host's link (interconnect.py).
+    clocks: "burst" (the kernel tables' own clocks) or "sustained" (a GPU kept at its power cap by
+    compute-heavy work: compute at the clock the cap holds, where measured; power_cap.py).
     """
     require(is_number(collective_scale) and collective_scale > 0, "collective_scale", collective_scale, "must be > 0")
     cpu_per_request_s = CPU_PER_REQUEST_S if cpu_per_request_s is None else cpu_per_request_s
@@ -139,6 +143,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
     require(max_num_batched_tokens is None or (is_int(max_num_batched_tokens) and max_num_batched_tokens >= 1),
             "max_num_batched_tokens", max_num_batched_tokens, "must be an integer >= 1 (or None)")
     require(kv_cache_dtype in ("auto", "fp8"), "kv_cache_dtype", kv_cache_dtype, "must be one of auto, fp8")
+    require(clocks in CLOCKS, "clocks", clocks, f"must be one of {', '.join(CLOCKS)}")
     require(is_int(num_speculative_tokens) and num_speculative_tokens >= 0, "num_speculative_tokens",
             num_speculative_tokens, "must be an integer >= 0")
     require(calibration is None or isinstance(calibration, (str, Path, Calibration)), "calibration", calibration,
@@ -150,7 +155,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
             f"must divide num_heads={spec.num_heads} of {spec.name}")
     require(spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0, "tensor_parallel_size", tp,
             f"must divide or be a multiple of num_kv_heads={spec.num_kv_heads} of {spec.name}")
-    cal = _resolve_calibration(hw, calibration)
+    cal, clock_factor = at_clocks(_resolve_calibration(hw, calibration), hw.name, clocks)
     host = host_gpu(hw, interconnect)
     (mixed_decode, mixed_from), (imbalance, imbalance_from) = mixed_decode_for(hw), decode_imbalance_for(hw)
     own_host = host is hw  # collectives at this host's measured curves, else at its link's class
@@ -196,6 +201,7 @@ def make_cost_model(model: str | Path | ModelSpec, gpu: str | GPU, tensor_parall
                       -(-(max_model_len or spec.max_position_embeddings) // key_block(hd))),
         mechanism_sources=(("mixed_decode", mixed_from), ("decode_imbalance", imbalance_from)),
         mixed_launch=_mixed_launch_of(hw, mixed_decode), qk_norm_layers=float(spec.qk_norm_layers),
+        compute_clock_factor=clock_factor,
     )
     if enable_expert_parallel:
         plain = expert_sharded(plain)

@@ -112,6 +112,9 @@ class RooflineCostModel:
     #: Layers that RMS-normalise each query and key head before RoPE (Qwen3, Gemma-3: ModelSpec.qk_norm_layers):
     #: one launch of the RMSNorm operator a layer whose rows are the q and k heads (LLMServingSim times it as one).
     qk_norm_layers: float = 0.0
+    #: Factor the calibration's compute coefficients were scaled by for the clock a busy GPU's power cap
+    #: holds (power_cap.py; 1.0: the kernel tables' burst clocks).
+    compute_clock_factor: float = 1.0
     #: Prices of small batches that are not pure decodes, by their rows (a prefill step's few rows
     #: recur: prompt lengths and prefix hits repeat); cleared past STEP_MEMO_SIZE entries.
     step_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -68,7 +68,8 @@ def test_serving_pays_the_longest_row_once_per_launch():
         return Calibration(cal.device, coeffs, cal.provenance, cal.curves)
 
     def step(prefill: float, decode: float, batch: BatchShape) -> float:
-        cm = make_cost_model("llama-3.1-8b", "h100", calibration=with_key_cost(prefill, decode), cpu_overhead=False)
+        cm = make_cost_model("llama-3.1-8b", "h100", calibration=with_key_cost(prefill, decode), cpu_overhead=False,
+                             clocks="burst")
         return cm.step_time(batch)
 
     mixed = BatchShape(num_new_tokens=[300, 2000, 1, 1], num_context_tokens=[5000, 0, 700, 90], num_sampled=3)

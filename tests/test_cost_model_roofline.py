@@ -20,10 +20,11 @@ def rf(flops, nbytes):
 
 
 def model(name="llama-3.1-8b", tp=1, **kw):
-    """The hand computations below use the unpadded token count and every decode at its own context
-    (the H100's measured decode imbalance is tested in test_decode_imbalance.py)."""
+    """The hand computations below use the unpadded token count, every decode at its own context (the
+    H100's measured decode imbalance is tested in test_decode_imbalance.py) and the kernels' own clocks
+    (the power cap's in test_power_cap.py)."""
     cm = make_cost_model(name, "h100", tp, calibration=simple_calibration(**kw), cpu_overhead=False,
-                         enforce_eager=True)
+                         enforce_eager=True, clocks="burst")
     return dataclasses.replace(cm, decode_imbalance=None)
 
 

@@ -37,6 +37,7 @@ def build_cost_model(deployment: DeploymentConfig, engine: EngineConfig | None =
                                kv_cache_dtype=deployment.kv_cache_dtype,
                                enable_expert_parallel=deployment.enable_expert_parallel,
                                calibration=deployment.calibration, interconnect=deployment.interconnect,
+                               clocks=deployment.clocks,
                                **(engine_graph_settings(engine, speculative) if engine is not None else {}))
 
 
@@ -52,14 +53,18 @@ def engine_graph_settings(engine: EngineConfig, speculative=None) -> dict:
 
 def describe_cost_model(cost_model) -> str:
     """What prices the steps, for the summary header: 'roofline cost model calibrated on h100-sxm
-    kernels', 'uncalibrated roofline cost model (datasheet peaks)' or 'linear cost model'. A per-layer-type
-    model (MLA, sliding window, linear attention) is described by the roofline it builds on."""
-    calibration = getattr(getattr(cost_model, "base", cost_model), "calibration", None)
+    kernels, compute at its power-capped clock (x1.11)', 'uncalibrated roofline cost model (datasheet
+    peaks)' or 'linear cost model'. A per-layer-type model (MLA, sliding window, linear attention) is
+    described by the roofline it builds on."""
+    roofline = getattr(cost_model, "base", cost_model)
+    calibration = getattr(roofline, "calibration", None)
     if calibration is None:
         name = "linear" if isinstance(cost_model, LinearCostModel) else type(cost_model).__name__
         return f"{name} cost model"
+    factor = getattr(roofline, "compute_clock_factor", 1.0)
+    clocks = f", compute at its power-capped clock (x{factor:.2f})" if factor != 1.0 else ""
     if calibration.provenance.get("kind") == "uncalibrated roofline":
         derived = derived_from(calibration) is not None
         return ("uncalibrated roofline cost model (datasheet peaks"
-                + (", efficiencies derived from calibrated GPUs)" if derived else ")"))
-    return f"roofline cost model calibrated on {calibration.device} kernels"
+                + (", efficiencies derived from calibrated GPUs)" if derived else ")") + clocks)
+    return f"roofline cost model calibrated on {calibration.device} kernels{clocks}"

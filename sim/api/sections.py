@@ -41,6 +41,9 @@ class DeploymentConfig:
         prices the collectives (kernels_cost_model/interconnect.py; roofline only).
     calibration: "default" (the one shipped for the GPU), a named shipped variant such as
         "rtx-pro-6000@vllm-0.19", or a calibration JSON file (roofline only).
+    clocks: "burst" (the kernel tables' clocks, the default) or "sustained" (a GPU kept at its power cap
+        by compute-heavy work, as offline batches or long prompts under load: compute at the clock the cap
+        holds, where that was measured: H100 SXM, H200; kernels_cost_model/power_cap.py; roofline only).
     """
 
     model: str = "llama-3.1-8b"
@@ -57,6 +60,7 @@ class DeploymentConfig:
     data_parallel_size: int = 1
     calibration: str = "default"
     interconnect: str = "auto"
+    clocks: str = "burst"
 
     def __post_init__(self) -> None:
         check_deployment(self)

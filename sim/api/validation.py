@@ -60,6 +60,7 @@ def check_deployment(d) -> None:
     one_of("deployment.kv_cache_dtype", d.kv_cache_dtype, ("auto", "fp8"))
     in_range("deployment.cudagraph_memory_gib", d.cudagraph_memory_gib, 0, 1024, why="GiB per GPU")
     one_of("deployment.interconnect", d.interconnect, ("auto", "nvlink", "pcie"))
+    one_of("deployment.clocks", d.clocks, ("sustained", "burst"))
 
 
 def check_workload(w) -> None:

@@ -50,7 +50,7 @@ FIELDS = {
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"),
     "enable_expert_parallel": ("deployment", "enable_expert_parallel"),
     "kv_cache_dtype": ("deployment", "kv_cache_dtype"), "calibration": ("deployment", "calibration"),
-    "interconnect": ("deployment", "interconnect"),
+    "interconnect": ("deployment", "interconnect"), "clocks": ("deployment", "clocks"),
     "policy": ("engine", "policy"), "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_model_len": ("engine", "max_model_len"), "block_size": ("engine", "block_size"),
@@ -125,6 +125,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="shard a MoE model's experts over the TP ranks (vLLM's flag)")
     g.add_argument("--interconnect", choices=("auto", "nvlink", "pcie"),
                    help="the host's GPU link (default auto: the GPU catalog's); prices the collectives")
+    g.add_argument("--clocks", choices=("burst", "sustained"),
+                   help="burst (default): the kernel tables' clocks; sustained: compute at the clock a GPU's "
+                   "power cap holds under compute-heavy load (measured on H100 SXM, H200)")
     g.add_argument("--calibration", metavar="NAME", help="kernel calibration: default, a shipped variant "
                    "(e.g. rtx-pro-6000@vllm-0.19) or a calibration JSON file")
     g = p.add_argument_group("engine")
