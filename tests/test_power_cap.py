@@ -121,3 +121,13 @@ def test_the_deployment_and_the_command_line_choose_the_clocks():
     assert cost_model.compute_clock_factor == sustained_compute_factor("h200")
     assert "power-capped clock (x1.19)" in describe_cost_model(cost_model)
     assert "power-capped" not in describe_cost_model(build_cost_model(DeploymentConfig(gpu="h200")))
+
+
+def test_a_drafter_runs_at_the_deployments_clocks_too():
+    from sim.api.spec_setup import proposer_cost
+    from sim.core.speculative import SpeculativeConfig
+    spec = SpeculativeConfig(method="draft_model", model="qwen2.5-0.5b", num_speculative_tokens=3)
+    capped = proposer_cost(spec, DeploymentConfig(gpu="h200", clocks="sustained")).draft
+    burst = proposer_cost(spec, DeploymentConfig(gpu="h200")).draft
+    assert getattr(capped, "base", capped).compute_clock_factor == sustained_compute_factor("h200")
+    assert getattr(burst, "base", burst).compute_clock_factor == 1.0

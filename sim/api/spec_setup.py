@@ -84,9 +84,10 @@ def proposer_cost(spec: SpeculativeConfig, deployment):
         tp = deployment.tensor_parallel_size
         target = get_model(deployment.model)
         if drafter is not None:
-            draft = make_cost_model(drafter, deployment.gpu, tp, cpu_overhead=False)
+            draft = make_cost_model(drafter, deployment.gpu, tp, cpu_overhead=False, clocks=deployment.clocks)
             draft, shape = head_cost_model(spec.method, draft, spec.draft_vocab_size)
-        priced_on = draft if draft is not None else make_cost_model(target, deployment.gpu, tp, cpu_overhead=False)
+        priced_on = draft if draft is not None else make_cost_model(target, deployment.gpu, tp, cpu_overhead=False,
+                                                                    clocks=deployment.clocks)
         sampler = rejection_sampler(priced_on, target.vocab_size, spec.target_sampling)
     tree = spec.tree
     widths = tuple(tree.level_widths(len(tree))) if tree is not None else None
