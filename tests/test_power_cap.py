@@ -5,6 +5,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kernels_cost_model import make_cost_model
 from kernels_cost_model.batch import BatchShape
@@ -131,3 +133,33 @@ def test_a_drafter_runs_at_the_deployments_clocks_too():
     burst = proposer_cost(spec, DeploymentConfig(gpu="h200")).draft
     assert getattr(capped, "base", capped).compute_clock_factor == sustained_compute_factor("h200")
     assert getattr(burst, "base", burst).compute_clock_factor == 1.0
+
+
+_COST_MODELS: dict = {}
+
+
+def _pair(model: str, gpu: str, tp: int):
+    """(burst, sustained) cost models, built once per shape."""
+    key = (model, gpu, tp)
+    if key not in _COST_MODELS:
+        _COST_MODELS[key] = tuple(make_cost_model(model, gpu, tp, clocks=c) for c in ("burst", "sustained"))
+    return _COST_MODELS[key]
+
+
+@st.composite
+def batches(draw):
+    """A step of decodes and prefill chunks (with cached contexts), some rows sampling."""
+    rows = draw(st.lists(st.tuples(st.sampled_from([1, 1, 1, 2, 17, 256, 2048]), st.integers(0, 9000)),
+                         min_size=1, max_size=40))
+    new, context = [n for n, _ in rows], [c for _, c in rows]
+    return BatchShape(new, context, draw(st.integers(1, len(rows))))
+
+
+@given(batches(), st.sampled_from([("llama-3.1-8b", "h100", 1), ("llama-3.1-70b", "h200", 4),
+                                   ("qwen3-30b-a3b", "h100", 2)]))
+def test_a_step_at_sustained_clocks_is_never_faster_nor_slower_than_the_factor_allows(batch, shape):
+    """Only compute slows, by the GPU's factor: a step costs at least its burst price and at most the
+    factor times it (CPU time, memory and launch overheads unchanged)."""
+    burst, capped = _pair(*shape)
+    low, high = burst.step_time(batch), capped.step_time(batch)
+    assert low <= high <= capped.compute_clock_factor * low * (1 + 1e-12)
