@@ -58,16 +58,16 @@ class StretchKV:
             while u <= units:
                 events.append((u, r, 0))
                 u += bs
+        num_pops, most = len(events), units
         if kv.enable_prefix_caching:
             self._registrations(units, events)
         # sorted by (unit, row); a pop comes before its row's registration in one allocate
         events.sort()
-        pops = [i for i, event in enumerate(events) if not event[2]]
         free = kv.num_free_blocks
-        if len(pops) > free:
-            units = min(units, events[pops[free]][0] - 1)
+        if num_pops > free:  # up to the unit before the first pop that finds no free block
+            units = [event[0] for event in events if not event[2]][free] - 1
         units = min(units, self._admission_limit(events, units))
-        self.events = [event for event in events if event[0] <= units]
+        self.events = events if units == most else [event for event in events if event[0] <= units]
         return units
 
     def _registrations(self, units: int, events: list) -> None:
