@@ -25,7 +25,7 @@ class StretchPlan(StretchApply, StretchKV):
     step k+u" (a sync engine plans the step it then finishes). Built by a `Leaper` (sim.engine.leap),
     whose engine, lag and admission order it reads."""
 
-    def __init__(self, leaper, rows: list, outputs: list, static: int, plan_static: int,
+    def __init__(self, leaper, rows: list, outputs: list, computed: list, static: int, plan_static: int,
                  skips: list | None,
                  first_decodes: int, in_flight: Step | None, now: float):
         engine = leaper.engine
@@ -38,13 +38,11 @@ class StretchPlan(StretchApply, StretchKV):
         self.plan_static = plan_static        # units before a rule leaves a row out of a plan
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
         self.outputs = outputs
-        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, outputs)]  # tokens known - 1
-        lag = self.lag
-        self.computed = [base + lag for base in self.bases] if lag else self.bases
+        # computed tokens, the context of unit 1: prompt + outputs - 1 (tokens known - 1), + lag
+        # (its token in flight) unless it skips unit 1
+        self.computed = computed
         self.first_decodes = first_decodes  # decode rows of the step in flight
         self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
-        if skips is not None:
-            self.computed = [c - skip for c, skip in zip(self.computed, skips)]
         self.leaper = leaper
         self.units = 0
         self.times: list[float] = []  # see _price

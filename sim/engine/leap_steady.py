@@ -94,8 +94,9 @@ def least_units(num_rows: int) -> int:
 
 def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
                   skip_last: bool, min_units: int = MIN_UNITS):
-    """(rows, their output counts, units before a length rule, the async last-token skip or
-    max_model_len stops one, which rows skip the first unit) if every running request decodes from
+    """(rows, their output counts, their computed tokens (each row's context at the stretch's first
+    unit), units before a length rule, the async last-token skip or max_model_len stops one, which
+    rows skip the first unit, the step in flight's decode rows) if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
     within `min_units` of one; else the row whose length rule is near (`near_length_stop` holds for it
     until it leaves the batch or the batch shrinks: a cheap refusal until then), or None. One pass.
@@ -105,7 +106,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
     yet); a row not in it (vLLM V0 runs a step of prefills alone) has nothing in flight and samples
     from unit 2 on ("skips" unit 1)."""
     running_status = RequestStatus.RUNNING
-    outputs = []
+    outputs, contexts = [], []
     skips = None if not lag or len(flying) == len(running) else []
     least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
     plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
@@ -113,25 +114,26 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
     decodes = 0            # rows of the step in flight that are decodes (its record counts them)
     for req in running:
         quick = quick_stop[req.index]
-        output = req.output_token_ids
-        o = len(output)
+        o = len(req.output_token_ids)
+        prompt = req.num_prompt_tokens
+        computed = req.num_computed_tokens
         if lag:
             n = flying.get(req)
             if n is None:  # not in the step in flight: a decode with nothing in flight
                 if (req.num_in_flight_extra or req.num_output_placeholders or not o or skips is None
-                        or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+                        or computed != prompt + o - 1):
                     return None
                 skips.append(1)
             else:          # samples at the end of the step in flight
                 if (req.num_output_placeholders != 1 or req.num_in_flight_extra != n - 1
-                        or req.num_computed_tokens != req.num_prompt_tokens + o):
+                        or computed != prompt + o):
                     return None
                 if skips is not None:
                     skips.append(0)
                 if n == 1 and o:
                     decodes += 1
         elif (req.num_in_flight_extra or req.num_output_placeholders or not o
-              or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+              or computed != prompt + o - 1):
             return None
         if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
             return None
@@ -140,7 +142,6 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
         # that skips it stops a unit later at most)
         # (`length_stop` states the same rule for one row; inlined here: this pass runs per attempt)
-        prompt = req.num_prompt_tokens
         plan_stop = max_model_len - prompt - lag + 1
         if skip_last:
             cap = req.sampling_params.max_tokens or max_model_len - prompt
@@ -158,7 +159,8 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
             if bound < least:
                 least = bound
         outputs.append(o)
-    return running, outputs, least - 1, plan_least - 1, skips, decodes
+        contexts.append(computed)
+    return running, outputs, contexts, least - 1, plan_least - 1, skips, decodes
 
 
 def flying_rows(step: Step, running: list) -> dict | None:
