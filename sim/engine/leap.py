@@ -134,10 +134,9 @@ class Leaper:
         stop rules on the token each row sampled last, retire the stopped, record the step."""
         plan, self.tail = self.tail, None
         engine = self.engine
-        if plan.may_stop:  # (the rows whose token cannot stop them under any profile passed first)
-            quick_stop = engine.quick_stop
-            may = [req for req in plan.rows if req.output_token_ids[-1] in quick_stop[req.index][0]
-                   or len(req.output_token_ids) >= quick_stop[req.index][1]]
+        if plan.may_stop:  # (the rows whose last token lies below `Request.quiet_until` pass first: it
+            # cannot stop them under any profile; `stops_on_last_token` tests the others' stop candidates)
+            may = [req for req in plan.rows if len(req.output_token_ids) > req.quiet_until]
             engine.retire([req for req in may if engine.stops_on_last_token(req, now)], now)
         kv, state = engine.state.kv, engine.state
         engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks,
