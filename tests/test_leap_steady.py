@@ -26,7 +26,7 @@ def _request(index: int, in_flight: bool, status=RequestStatus.RUNNING):
     return _Request(index=index, output_token_ids=[5] * outputs, num_prompt_tokens=prompt,
                     num_computed_tokens=prompt + outputs - (0 if in_flight else 1),
                     num_output_placeholders=int(in_flight), num_in_flight_extra=0, status=status,
-                    num_spec_tokens=0, num_stale_tokens=0)
+                    num_spec_tokens=0, num_stale_tokens=0, quiet_until=40 - 3 * index)
 
 
 def _matched_rows(rows: list, samples: list, running: list) -> dict | None:
@@ -69,12 +69,13 @@ def test_the_step_in_flight_is_matched_in_running_order(flags, finished, swap, m
         assert result is None or result is False
         return
     assert type(result) is tuple
-    got_rows, outputs, computed, _, _, skips, decodes = result
+    got_rows, outputs, computed, _, _, skips, decodes, quiet_units = result
     assert got_rows is running and computed == [req.num_computed_tokens for req in running]
     assert outputs == [len(req.output_token_ids) for req in running]
     assert (skips or [0] * len(running)) == [0 if req in expected else 1 for req in running]
     assert skips is None or 1 in skips
     assert decodes == len(expected)
+    assert quiet_units == min(req.quiet_until - len(req.output_token_ids) + (req not in expected) for req in running)
 
 
 def test_a_row_of_the_step_in_flight_that_does_not_sample_refuses_without_back_off():

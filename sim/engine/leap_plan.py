@@ -26,8 +26,7 @@ class StretchPlan(StretchApply, StretchKV):
     whose engine, lag and admission order it reads."""
 
     def __init__(self, leaper, rows: list, outputs: list, computed: list, static: int, plan_static: int,
-                 skips: list | None,
-                 first_decodes: int, in_flight: Step | None, now: float):
+                 skips: list | None, first_decodes: int, quiet_units: int, in_flight: Step | None, now: float):
         engine = leaper.engine
         self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
         self.kv = engine.state.kv
@@ -43,6 +42,7 @@ class StretchPlan(StretchApply, StretchKV):
         self.computed = computed
         self.first_decodes = first_decodes  # decode rows of the step in flight
         self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
+        self.quiet_units = quiet_units  # units before a row's `quiet_until` (see `_quiet_token_limit`)
         self.leaper = leaper
         self.units = 0
         self.times: list[float] = []  # see _price
@@ -165,6 +165,8 @@ class StretchPlan(StretchApply, StretchKV):
     def _token_limit(self, units: int) -> int:
         """Units before any row's next token could stop it; keeps the tokens of those units where
         it reads them (`tokens`; else they are read when the stretch is taken: `_row_tokens`)."""
+        if self.quiet_units > 0:  # (`_quiet_token_limit`'s answer, found by the pass over the rows)
+            return min(units, self.quiet_units)
         quiet = self._quiet_token_limit(units)
         if quiet is not None:
             return quiet
@@ -203,7 +205,8 @@ class StretchPlan(StretchApply, StretchKV):
         its filler ids): the stretch ends before any row samples there. Its length rule's position
         binds no earlier than `static` already does, so only the stop ids' positions bound the
         stretch (as reading the tokens would). None where a row's tokens must be read (`ALWAYS_CHECK`).
-        The tokens are read when the stretch is taken."""
+        The tokens are read when the stretch is taken. (Where every row's `quiet_until` lies ahead
+        of its tokens, `rows_at_rest` has found the answer: `quiet_units`.)"""
         engine = self.engine
         for req, o, skip in zip(self.rows, self.outputs, self.skips or repeat(0)):
             quiet = req.quiet_until

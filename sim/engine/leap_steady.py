@@ -96,7 +96,9 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
                  skip_last: bool, min_units: int = MIN_UNITS):
     """(rows, their output counts, their computed tokens (each row's context at the stretch's first
     unit), units before a length rule, the async last-token skip or max_model_len stops one, which
-    rows skip the first unit, the step in flight's decode rows) if every running request decodes from
+    rows skip the first unit, the step in flight's decode rows, units before a row samples a token its
+    stop test must see by `Request.quiet_until` (<= 0 where a row's is not known or lies behind it))
+    if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
     within `min_units` of one. Else the row whose length rule is near (`near_length_stop` holds for it
     until it leaves the batch or the batch shrinks: a cheap refusal until then), False where another
@@ -112,6 +114,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
     skips = None   # (a list once a row skips unit 1)
     least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
     plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
+    quiet_least = MAX_UNITS + 1  # min over rows of quiet_until - outputs (+ 1 for a row that skips unit 1)
     skip_last = lag and skip_last
     decodes = 0            # rows of the step in flight that are decodes (its record counts them)
     skip = 0
@@ -174,13 +177,16 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
             bound = stop - o + 1 if skip and quick[1] < plan_stop else stop - o
             if bound < least:
                 least = bound
+        quiet = req.quiet_until - o + skip
+        if quiet < quiet_least:
+            quiet_least = quiet
         outputs.append(o)
         contexts.append(computed)
     if lag:
         for req, _ in flying[f:]:
             if req.status <= finished:
                 return None  # a row of the step in flight not running, or out of running's order
-    return running, outputs, contexts, least - 1, plan_least - 1, skips, decodes
+    return running, outputs, contexts, least - 1, plan_least - 1, skips, decodes, quiet_least
 
 
 def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
