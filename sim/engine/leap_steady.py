@@ -116,6 +116,7 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
     plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
     quiet_least = MAX_UNITS + 1  # min over rows of quiet_until - outputs (+ 1 for a row that skips unit 1)
     skip_last = lag and skip_last
+    edge = max_model_len - lag + 1  # less its prompt: the output count where max_model_len leaves a row out
     decodes = 0            # rows of the step in flight that are decodes (its record counts them)
     skip = 0
     if lag:
@@ -154,27 +155,28 @@ def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, 
         elif (req.num_in_flight_extra or req.num_output_placeholders or not o
               or computed != prompt + o - 1):
             return False
-        if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
+        if req.status is not running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
             return False
         # the count of outputs at which the row must stop: its length rule; or be left out of a
         # plan: max_model_len (its computed tokens reach max_model_len - 1), or under async with
         # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
         # that skips it stops a unit later at most)
         # (`length_stop` states the same rule for one row; inlined here: this pass runs per attempt)
-        plan_stop = max_model_len - prompt - lag + 1
+        plan_stop = edge - prompt
         if skip_last:
             cap = req.sampling_params.max_tokens or max_model_len - prompt
             if cap < plan_stop:
                 plan_stop = cap
         if plan_stop - o < plan_least:
             plan_least = plan_stop - o
-        stop = quick[1] if quick[1] < plan_stop else plan_stop
+        limit = quick[1]
+        stop = limit if limit < plan_stop else plan_stop
         if stop - o < least + 1:
             if stop - o - 1 < min_units:
                 return req  # a length rule is near
             # (a row that skips unit 1 reaches its count a unit later; where the plan rule binds,
             # `plan_least` keeps the stretch short of it)
-            bound = stop - o + 1 if skip and quick[1] < plan_stop else stop - o
+            bound = stop - o + 1 if skip and limit < plan_stop else stop - o
             if bound < least:
                 least = bound
         quiet = req.quiet_until - o + skip
