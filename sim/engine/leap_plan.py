@@ -18,6 +18,7 @@ from sim.engine.step import Step
 from workloads.token_streams import synthetic_spans
 
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
+PRICED_AHEAD = 6   # steps priced with the first (most stretches then need one call of the cost model, not two)
 
 
 class StretchPlan(StretchApply, StretchKV):
@@ -134,8 +135,8 @@ class StretchPlan(StretchApply, StretchKV):
     def _horizon_bound(self, units: int, horizon: float) -> int:
         """At most `units`, about as many as fit before `horizon` at the first step's price (steps
         only grow dearer as contexts grow): bounds the tokens and blocks looked at; `_time_limit`
-        then fixes the exact count."""
-        planned = decode_step_times(self.engine.cost_model, self.computed, 0, 1)
+        then fixes the exact count. Prices the first `PRICED_AHEAD` steps."""
+        planned = decode_step_times(self.engine.cost_model, self.computed, 0, min(units, PRICED_AHEAD))
         self.planned = planned
         first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
         return units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
