@@ -8,7 +8,6 @@ attention term step by step, with the same floating-point operations in the same
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +16,7 @@ from .attention_backend import imbalance_alpha
 from .prefill_waves import decode_launch_units
 
 VECTOR_FROM = 48   # steps from which the stretch is priced in numpy rather than in a Python loop
+EXACT_BELOW = 1 << 51  # integer figures below this: `_step_times` takes its ceilings in integers (`_integral`)
 
 
 def sequential_sum_of_floats() -> bool:
@@ -69,7 +69,10 @@ def decode_step_time(model, num_rows: int, context_sum: int, longest: int) -> fl
     """`RooflineCostModel.step_time` of one pure-decode step (every row 1 new token and sampling)
     over contexts summing to `context_sum`, the longest `longest`.
     Only where SEQUENTIAL_SUM holds and num_rows >= 1."""
-    return _step_times(_fixed_for(model, num_rows), num_rows, context_sum + num_rows, longest + 1, 1)[0]
+    fixed, dec_keys, longest = _fixed_for(model, num_rows), context_sum + num_rows, longest + 1
+    if _integral(dec_keys, longest):
+        return _step_times(fixed, num_rows, dec_keys, longest, 1)[0]
+    return float(_steps(fixed, num_rows, np.array([dec_keys]), np.array([longest]))[0])
 
 
 def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, first: int,
@@ -82,10 +85,19 @@ def roofline_decode_times(model, num_rows: int, context_sum: int, longest: int, 
         return None
     n = num_rows
     fixed = _fixed_for(model, n)
-    if count < VECTOR_FROM:
+    if count < VECTOR_FROM and _integral(context_sum + n * (first + count), longest + first + count):
         return _step_times(fixed, n, context_sum + n * first + n, longest + first + 1, count)
     steps = np.arange(first, first + count, dtype=np.int64)
     return _steps(fixed, n, (context_sum + n * steps) + n, longest + steps + 1).tolist()
+
+
+def _integral(dec_keys, longest) -> bool:
+    """Whether `_step_times` may take the ceilings of its quotients in integers (its last step's
+    figures): Python ints below `EXACT_BELOW`. For such an a >= 0 and ints b, c >= 1 the float
+    quotient a / b / c (or a / b) lies within a * 2**-51 / (b * c) < 1 / (b * c) of the exact one,
+    which is an integer (then both are exact) or lies at least 1 / (b * c) from one: its ceiling is
+    the exact quotient's, -(-a // (b * c))."""
+    return type(dec_keys) is int and type(longest) is int and dec_keys < EXACT_BELOW and longest < EXACT_BELOW
 
 
 def _fixed(model, n: int) -> _Fixed:
@@ -120,7 +132,8 @@ def _units(waves: tuple, blocks: int) -> tuple[int, int, int]:
 def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> list[float]:
     """The prices (Python floats) of `count` consecutive steps, as `RooflineCostModel.step_time`
     computes each: the first over `dec_keys` keys with the longest row at `longest`, each next one
-    over n keys more and a longest row 1 longer. One loop with the step's figures held in locals."""
+    over n keys more and a longest row 1 longer. One loop with the step's figures held in locals;
+    FA2's key blocks are counted in integers, the same counts as the float ceilings (`_integral`)."""
     alpha, (hx, tile, s_per_flop) = f.alpha, f.hx_tile_flop
     d, q_term, kv_gpu, s_per_byte = f.d, f.q_term, f.kv_gpu, f.s_per_byte
     c_pf, m_pf, overhead, pf_path, s_per_key = f.c_pf, f.m_pf, f.overhead, f.pf_path, f.s_per_key
@@ -128,6 +141,7 @@ def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> l
     waves, memo = f.waves, f.units
     if waves is not None:
         rows, block = waves[0], waves[4]
+        rows_block, float_block = rows * block, float(block)
     times = []
     for _ in range(count):
         keys = dec_keys if alpha is None else dec_keys + alpha * (n * longest - dec_keys)
@@ -136,16 +150,21 @@ def _step_times(f: _Fixed, n: int, dec_keys: int, longest: int, count: int) -> l
         compute, memory = c_pf + c_dec, m_pf + m_dec
         if waves is None:
             critical = longest
-        else:  # prefill_waves.decode_path of an FA2 pure-decode step (same operations, same order)
-            blocks = max(math.ceil(longest / block), 1)
+        else:  # prefill_waves.decode_path of an FA2 pure-decode step (the same key blocks, in integers)
+            blocks = -(-longest // block)
+            if blocks < 1:
+                blocks = 1
             units = memo.get(blocks)
             if units is None:
                 units = memo[blocks] = _units(waves, blocks)
             if units[0] == 1:
                 critical = float(units[1] * block)
             else:
-                mean = -(-max(math.ceil(dec_keys / rows / block), 1) // units[2])  # (mean_unit_blocks)
-                critical = float(((units[0] - 1) * mean + units[1]) * block)
+                mean = -(-dec_keys // rows_block)
+                if mean < 1:
+                    mean = 1
+                mean = -(-mean // units[2])  # (mean_unit_blocks)
+                critical = ((units[0] - 1) * mean + units[1]) * float_block
         path = critical * s_per_key
         total = (compute if compute > memory else memory) + (overhead + (pf_path if pf_path > path else path))
         if (c_dec if c_dec > m_dec else m_dec) > 0.0:  # share 0.0: step_time's two halves add 0.0, then total

@@ -1,14 +1,15 @@
 """The roofline model's closed-form decode stretch equals its step-by-step prices, bit for bit."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.builder import make_cost_model
-from kernels_cost_model.decode_stretch import SEQUENTIAL_SUM, roofline_decode_times
+from kernels_cost_model.decode_stretch import EXACT_BELOW, SEQUENTIAL_SUM, roofline_decode_times
 
 SETUPS = [  # (model, gpu, tensor_parallel_size, async_scheduling): dense, MoE, TP, measured imbalance
     ("llama-2-7b", "a100-sxm-80gb", 1, True),
@@ -77,3 +78,26 @@ def test_small_batches_priced_once_give_their_own_price(setup, rows, sampled):
     other = dataclasses.replace(model, async_scheduling=not model.async_scheduling)
     assert other.step_memo is not model.step_memo
     assert other.step_time(batch) == sum(other._terms(batch))
+
+
+@given(k=st.integers(0, 2**40), delta=st.integers(-2, 2), b=st.integers(1, 4096), c=st.integers(1, 2048))
+def test_integer_ceilings_of_the_quotients_are_the_float_ones(k, delta, b, c):
+    """`_step_times` counts FA2's key blocks in integers: below EXACT_BELOW the float ceilings that
+    `step_time` takes are the same (operands at and around multiples of the divisors)."""
+    a = k * b * c + delta
+    assume(0 <= a < EXACT_BELOW)
+    assert math.ceil(a / b / c) == -(-a // (b * c))
+    assert math.ceil(a / b) == -(-a // b)
+
+
+@pytest.mark.skipif(not SEQUENTIAL_SUM, reason="this Python's sum compensates float rounding")
+@pytest.mark.parametrize("contexts", [[2**60] + [1] * 7, [2**52, 3], [2**51 - 2]])
+def test_figures_past_exact_integers_are_priced_in_floats(contexts):
+    """Where the integer ceilings could part from the float ones (2**60 + 15 keys over 8 rows of 128
+    a block: the float quotient rounds to 2**50), the stretch and the single step are priced as
+    `step_time`'s general path prices them."""
+    model = MODELS[("llama-2-7b", "a100-sxm-80gb", 1, True)]
+    n = len(contexts)
+    want = [sum(model._terms(BatchShape([1] * n, [c + u for c in contexts], n))) for u in range(3)]
+    assert roofline_decode_times(model, n, sum(contexts), max(contexts), 0, 3) == want
+    assert model.step_time(BatchShape([1] * n, contexts, n)) == want[0]

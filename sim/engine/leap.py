@@ -32,7 +32,7 @@ from sim.core.kv_stack import StackedKVCacheManager
 from sim.engine.leap_apply import exact_delays
 from sim.engine.leap_kv import head_may_enter
 from sim.engine.leap_plan import StretchPlan
-from sim.engine.leap_steady import (MAX_UNITS, MIN_UNITS, ArrivalTimeout, events_due, flying_rows, least_units,
+from sim.engine.leap_steady import (MAX_UNITS, MIN_UNITS, ArrivalTimeout, events_due, least_units,
                                     quiet_horizon, rows_at_rest, rows_near_stop, watch_refuses)
 from sim.engine.engine import Engine, Step
 
@@ -87,7 +87,7 @@ class Leaper:
         horizon = quiet_horizon(self.env)
         steady = self._steady_rows(in_flight, now, horizon)
         if steady is None:
-            return None  # (refused by the cheap checks: no back-off)
+            return None  # (refused by the cheap checks or the step in flight: no back-off)
         if type(steady) is not tuple:
             if steady is not False:  # a row near its length rule: watch it and the next nearest
                 engine = self.engine
@@ -134,10 +134,9 @@ class Leaper:
         stop rules on the token each row sampled last, retire the stopped, record the step."""
         plan, self.tail = self.tail, None
         engine = self.engine
-        if plan.may_stop:  # (the rows whose token cannot stop them under any profile passed first)
-            quick_stop = engine.quick_stop
-            may = [req for req in plan.rows if req.output_token_ids[-1] in quick_stop[req.index][0]
-                   or len(req.output_token_ids) >= quick_stop[req.index][1]]
+        if plan.may_stop:  # (the rows whose last token lies below `Request.quiet_until` pass first: it
+            # cannot stop them under any profile; `stops_on_last_token` tests the others' stop candidates)
+            may = [req for req in plan.rows if len(req.output_token_ids) > req.quiet_until]
             engine.retire([req for req in may if engine.stops_on_last_token(req, now)], now)
         kv, state = engine.state.kv, engine.state
         engine.steps.append_row(plan.tail_row + (kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks,
@@ -175,7 +174,7 @@ class Leaper:
 
     def _steady_rows(self, in_flight: Step | None, now: float, horizon: float):
         """The running requests and their numbers (`_rows_at_rest`) if the engine is at a steady
-        point; None where a cheap check refuses (cheapest first); where the pass over the rows
+        point; None where a cheap check (cheapest first) or the step in flight refuses; where a row
         does, the row near its length rule that refused, or False for other reasons."""
         engine, lag = self.engine, self.lag
         state = engine.state
@@ -188,11 +187,5 @@ class Leaper:
             return None  # the step in flight itself ends at or after the next event
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None  # (before the pass over the step in flight: after an arrival, the usual refusal)
-        flying = None
-        if in_flight is not None:
-            flying = flying_rows(in_flight, running)
-            if flying is None:
-                return None
-        rows = rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, flying,
-                             self.skips_last_token, least_units(len(running)))
-        return False if rows is None else rows  # (or the row near its length rule)
+        return rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, in_flight,
+                            self.skips_last_token, least_units(len(running)))

@@ -45,14 +45,20 @@ class StretchApply:
         tokens; under async scheduling, count the step now in flight's token (in flight, a
         placeholder) and a first token's time (the end of unit 1)."""
         units, times = self.units, self.times
-        if self.tokens is None:
-            self._read_synthetic(units)
         finish_times = times[1:]  # (the floats themselves: a running request's times are a list)
         requests = self.engine.requests
         token_times, first_token = requests.token_times, requests.first_token_time
         lag, timed = self.lag, self.engine.shared_times is None
-        for req, row, o, skip in zip(self.rows, self.tokens, self.outputs, self.skips or repeat(0)):
-            req.output_token_ids.extend(row[:units - skip])
+        stream_tokens = self.engine.stream_tokens
+        for req, row, o, skip in zip(self.rows, self.tokens or repeat(None), self.outputs, self.skips or repeat(0)):
+            if row is None:  # (`_row_tokens` inline: the stream's tokens read ahead, from output o on)
+                end = o + units - skip
+                read = stream_tokens[req.index]
+                if read is None or len(read) < end:
+                    read = self._read_to(req, end)
+                req.output_token_ids.extend(read[o:end])
+            else:
+                req.output_token_ids.extend(row[:units - skip])
             req.num_computed_tokens += units
             if timed:
                 column = token_times[req.index]

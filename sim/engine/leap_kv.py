@@ -8,6 +8,8 @@ order matter for later prefix-cache hits), and the KV counters recorded after ea
 """
 from __future__ import annotations
 
+from itertools import repeat
+
 
 def waiting_head(state, num_rows: int, admission_first: bool):
     """The waiting request the policy will try after a pure-decode pass of `num_rows` rows (a seat
@@ -39,9 +41,9 @@ def head_may_enter(state, num_rows: int, admission_first: bool) -> bool:
 
 
 class StretchKV:
-    """Mixed into the leap's stretch plan, which owns `kv`, `rows`, `engine`, `bases`, `outputs`,
-    `computed`, `num_rows`, `units`, `admission_first` (the policy tries the waiting head with the
-    whole budget), `_append_tokens` and `_truncate_tokens`; `_kv_limit` sets `events`."""
+    """Mixed into the leap's stretch plan, which owns `kv`, `rows`, `engine`, `lag`, `outputs`,
+    `computed`, `skips`, `num_rows`, `units`, `admission_first` (the policy tries the waiting head
+    with the whole budget), `_append_tokens` and `_truncate_tokens`; `_kv_limit` sets `events`."""
 
     def _kv_limit(self, units: int) -> int:
         """Units whose block allocations all fit and cannot let the waiting head in. Builds the
@@ -58,39 +60,36 @@ class StretchKV:
             while u <= units:
                 events.append((u, r, 0))
                 u += bs
+        num_pops, most = len(events), units
         if kv.enable_prefix_caching:
             self._registrations(units, events)
         # sorted by (unit, row); a pop comes before its row's registration in one allocate
         events.sort()
-        pops = [i for i, event in enumerate(events) if not event[2]]
         free = kv.num_free_blocks
-        if len(pops) > free:
-            units = min(units, events[pops[free]][0] - 1)
+        if num_pops > free:  # up to the unit before the first pop that finds no free block
+            units = [event[0] for event in events if not event[2]][free] - 1
         units = min(units, self._admission_limit(events, units))
-        self.events = [event for event in events if event[0] <= units]
+        self.events = events if units == most else [event for event in events if event[0] <= units]
         return units
 
     def _registrations(self, units: int, events: list) -> None:
         """Add (unit, row, 1) for every allocate that registers new full blocks: the target
         (`_target`) is prompt + output - 1 + u tokens at unit u, one less from unit 2 on for a row
         that skips unit 1 (its outputs lag a unit behind its computed tokens)."""
-        bs, hashed = self.kv.block_size, self.kv.num_hashed_blocks
-        bases = self.bases   # target at unit u is base + u
-        skips = self.skips or [0] * self.num_rows
-        for r, req in enumerate(self.rows):
-            base = bases[r]
+        bs, hashed, lag = self.kv.block_size, self.kv.num_hashed_blocks, self.lag
+        for r, (req, computed, skip) in enumerate(zip(self.rows, self.computed, self.skips or repeat(0))):
+            base = computed - lag + skip   # prompt + output - 1
             if (base + 1) // bs > hashed.get(req, 0):
                 events.append((1, r, 1))
-            u = (-(base + 2)) % bs + 2 + skips[r]   # later ones: base + u (- skip) a multiple of bs
+            u = (-(base + 2)) % bs + 2 + skip   # later ones: base + u - skip a multiple of bs
             while u <= units:
                 events.append((u, r, 1))
                 u += bs
 
     def _target(self, r: int, u: int) -> int:
         """The token count row r's allocate at unit u registers full blocks up to."""
-        if u > 1 and self.skips is not None:
-            return self.bases[r] + u - self.skips[r]
-        return self.bases[r] + u
+        target = self.computed[r] - self.lag + u   # prompt + output - 1 + u, less its skip (u > 1)
+        return target + self.skips[r] if u == 1 and self.skips is not None else target
 
     def _admission_limit(self, events: list, units: int) -> int:
         """Units during which the waiting head stays out. The policy tries it when a seat and budget
@@ -142,7 +141,7 @@ class StretchKV:
         """The events' moves, in order, recording the counters of each unit before the last
         event's: a pop takes the free queue's head, a registration is `kv.cache_full_blocks` up to
         the row's target (`_target`, inline)."""
-        kv, rows, bases, skips = self.kv, self.rows, self.bases, self.skips
+        kv, rows, computed, skips, lag = self.kv, self.rows, self.computed, self.skips, self.lag
         req_blocks, free_queue = kv.req_blocks, kv.free_queue
         total, pop_free, register = kv.num_gpu_blocks - 1, kv._pop_free, kv.cache_full_blocks
         unit = 0  # the unit whose events are being made; the units before it are recorded
@@ -155,4 +154,4 @@ class StretchKV:
             if kind == 0:
                 req_blocks[rows[r]].append(pop_free())
             else:
-                register(rows[r], bases[r] + u - (skips[r] if u > 1 and skips is not None else 0))
+                register(rows[r], computed[r] - lag + u + (skips[r] if u == 1 and skips is not None else 0))

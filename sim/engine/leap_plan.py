@@ -5,7 +5,7 @@ tail. Applying it is `StretchApply`'s (sim.engine.leap_apply), its KV side `Stre
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 import numpy as np
 
@@ -13,10 +13,12 @@ from sim.engine.decode_times import decode_step_times
 from sim.engine.leap_apply import StretchApply
 from sim.engine.leap_kv import StretchKV
 from sim.engine.leap_steady import MAX_UNITS, least_units, plan_stop
+from sim.engine.quiet import ALWAYS_CHECK, quiet_until
 from sim.engine.step import Step
-from workloads.token_streams import FILLER_RANGE, synthetic_rows, synthetic_spans
+from workloads.token_streams import synthetic_spans
 
 SPAN_FROM = 48     # read more tokens than this per row with the stream's vectorised span
+PRICED_AHEAD = 6   # steps priced with the first (most stretches then need one call of the cost model, not two)
 
 
 class StretchPlan(StretchApply, StretchKV):
@@ -24,9 +26,8 @@ class StretchPlan(StretchApply, StretchKV):
     step k+u" (a sync engine plans the step it then finishes). Built by a `Leaper` (sim.engine.leap),
     whose engine, lag and admission order it reads."""
 
-    def __init__(self, leaper, rows: list, outputs: list, static: int, plan_static: int,
-                 skips: list | None,
-                 first_decodes: int, in_flight: Step | None, now: float):
+    def __init__(self, leaper, rows: list, outputs: list, computed: list, static: int, plan_static: int,
+                 skips: list | None, first_decodes: int, quiet_units: int, in_flight: Step | None, now: float):
         engine = leaper.engine
         self.engine, self.lag, self.rows, self.in_flight, self.now = engine, leaper.lag, rows, in_flight, now
         self.kv = engine.state.kv
@@ -37,13 +38,12 @@ class StretchPlan(StretchApply, StretchKV):
         self.plan_static = plan_static        # units before a rule leaves a row out of a plan
         # per row (plain lists: a batch has tens of rows, fewer than numpy's fixed costs repay)
         self.outputs = outputs
-        self.bases = [r.num_prompt_tokens + o - 1 for r, o in zip(rows, outputs)]  # tokens known - 1
-        lag = self.lag
-        self.computed = [base + lag for base in self.bases] if lag else self.bases
+        # computed tokens, the context of unit 1: prompt + outputs - 1 (tokens known - 1), + lag
+        # (its token in flight) unless it skips unit 1
+        self.computed = computed
         self.first_decodes = first_decodes  # decode rows of the step in flight
         self.skips = skips   # per row 1 if it samples from unit 2 on (not in the step in flight), or None
-        if skips is not None:
-            self.computed = [c - skip for c, skip in zip(self.computed, skips)]
+        self.quiet_units = quiet_units  # units before a row's `quiet_until` (see `_quiet_token_limit`)
         self.leaper = leaper
         self.units = 0
         self.times: list[float] = []  # see _price
@@ -52,7 +52,7 @@ class StretchPlan(StretchApply, StretchKV):
         self.may_stop = False    # ... and a row may stop on the token it samples
         self.left = ()           # rows the tail's plan leaves out (async: `_plan_leaves_rows`)
         self.next_step = None    # (async) that step, for the loop to run after the one in flight
-        self.tokens: list[list[int]] | None = None  # per row, from the first unit on
+        self.tokens: list[list[int]] | None = None  # per row, from the first unit on (`_row_tokens`)
 
     # ----- how many units are quiet -------------------------------------------------------
     def fix_units(self, horizon: float) -> bool:
@@ -135,8 +135,8 @@ class StretchPlan(StretchApply, StretchKV):
     def _horizon_bound(self, units: int, horizon: float) -> int:
         """At most `units`, about as many as fit before `horizon` at the first step's price (steps
         only grow dearer as contexts grow): bounds the tokens and blocks looked at; `_time_limit`
-        then fixes the exact count."""
-        planned = decode_step_times(self.engine.cost_model, self.computed, 0, 1)
+        then fixes the exact count. Prices the first `PRICED_AHEAD` steps."""
+        planned = decode_step_times(self.engine.cost_model, self.computed, 0, min(units, PRICED_AHEAD))
         self.planned = planned
         first = planned[0] if not self.lag else min(planned[0], self.in_flight.duration)
         return units if first <= 0 else int(min(units, (horizon - self.now) / first + 2))
@@ -164,8 +164,13 @@ class StretchPlan(StretchApply, StretchKV):
         self.finishing, self.times = finishing, list(accumulate(finishing, initial=self.now))
 
     def _token_limit(self, units: int) -> int:
-        """Units before any row's next token could stop it; keeps the tokens of those units (or,
-        for synthetic streams, reads them only when the stretch is taken: `_append_tokens`)."""
+        """Units before any row's next token could stop it; keeps the tokens of those units where
+        it reads them (`tokens`; else they are read when the stretch is taken: `_row_tokens`)."""
+        if self.quiet_units > 0:  # (`_quiet_token_limit`'s answer, found by the pass over the rows)
+            return min(units, self.quiet_units)
+        quiet = self._quiet_token_limit(units)
+        if quiet is not None:
+            return quiet
         engine = self.engine
         streams = engine.streams
         synthetic = [getattr(streams[req.index], "synthetic", None) for req in self.rows]
@@ -195,45 +200,61 @@ class StretchPlan(StretchApply, StretchKV):
         self.tokens = tokens
         return units
 
+    def _quiet_token_limit(self, units: int) -> int | None:
+        """`_token_limit` where every row knows the first output position whose token the stop test
+        must see (`Request.quiet_until`, sim.engine.quiet: a synthetic stream with no stop id among
+        its filler ids): the stretch ends before any row samples there. Its length rule's position
+        binds no earlier than `static` already does, so only the stop ids' positions bound the
+        stretch (as reading the tokens would). None where a row's tokens must be read (`ALWAYS_CHECK`).
+        The tokens are read when the stretch is taken. (Where every row's `quiet_until` lies ahead
+        of its tokens, `rows_at_rest` has found the answer: `quiet_units`.)"""
+        engine = self.engine
+        for req, o, skip in zip(self.rows, self.outputs, self.skips or repeat(0)):
+            quiet = req.quiet_until
+            if quiet < o:
+                if quiet == ALWAYS_CHECK:
+                    return None
+                # behind the row's tokens (a leap's tail sampled there and the row went on): from here
+                quiet = req.quiet_until = quiet_until(engine.streams[req.index], engine.quick_stop[req.index], o)
+            if quiet - o + skip < units:
+                units = quiet - o + skip
+        return units
+
     def _synthetic_token_limit(self, units: int, synthetic: list) -> int:
-        """`_token_limit` for rows that all read synthetic streams. Their tokens are filler ids
-        (`FILLER_RANGE`) but for the EOS id at the EOS position: where no row's stop set holds a
-        filler id, a row can stop only at its EOS position, and only if its stop set holds the EOS
-        id (known without reading a token). Else every row's tokens are read at once and the
-        stretch ends before the first token any row may stop on (a token in any row's stop set: a
-        few units too early at worst, which costs only speed)."""
+        """`_token_limit` for rows that all read synthetic streams where a row's stop set holds a
+        filler id (`FILLER_RANGE`): every row's tokens are read at once and the stretch ends before
+        the first token any row may stop on (a token in any row's stop set: a few units too early at
+        worst, which costs only speed)."""
         quick_stop = self.engine.quick_stop
-        stop_sets = [quick_stop[req.index][0] for req in self.rows]
-        candidates = set().union(*stop_sets)
-        if not any(token in FILLER_RANGE for token in candidates):
-            skips = self.skips or [0] * self.num_rows  # (as in `_token_limit`)
-            for (_, eos_position, eos_id), start, stop_ids, skip in zip(synthetic, self.outputs, stop_sets, skips):
-                if start <= eos_position < start + units - skip and eos_id in stop_ids:
-                    units = eos_position - start + skip
-            self.synthetic = synthetic
-            return units
+        candidates = set().union(*(quick_stop[req.index][0] for req in self.rows))
         tokens = synthetic_spans(synthetic, np.array(self.outputs, dtype=np.int64), units)
-        if candidates:
-            hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
-            if len(hits):
-                units = int(hits[0])
+        hits = np.flatnonzero(np.isin(tokens, tuple(candidates)).any(axis=0))
+        if len(hits):
+            units = int(hits[0])
         self.tokens = tokens[:, :units + 1].tolist()  # (with the tail's, `fix_units`)
         return units
 
-    def _read_synthetic(self, units: int) -> None:
-        """The tokens of `units` units of rows on synthetic streams (a slice of the filler cycle each)."""
-        self.tokens = synthetic_rows(self.synthetic, self.outputs, units)
+    def _row_tokens(self, r: int, req, count: int) -> list[int]:
+        """The `count` tokens row r (`req`) samples from unit 1 on: from `tokens` where the plan read
+        them, else from the engine's read-ahead list of its stream (`Engine.stream_tokens`)."""
+        if self.tokens is not None:
+            return self.tokens[r][:count]
+        start = self.outputs[r]
+        end = start + count
+        tokens = self.engine.stream_tokens[req.index]
+        if tokens is None or len(tokens) < end:
+            tokens = self._read_to(req, end)
+        return tokens[start:end]
+
+    def _read_to(self, req, end: int) -> list[int]:
+        """`req`'s read-ahead token list (`Engine.stream_tokens`), read at least to output position `end`."""
+        self.engine._read_ahead(req, end - 1)
+        return self.engine.stream_tokens[req.index]
 
     def _append_tokens(self, units: int) -> None:
         """Append the tokens rows sample in units 1..`units` (one fewer for a row that skips unit 1)."""
-        if self.tokens is None:
-            self._read_synthetic(units)
-        if self.skips is None:
-            for req, row in zip(self.rows, self.tokens):
-                req.output_token_ids.extend(row[:units])
-            return
-        for req, row, skip in zip(self.rows, self.tokens, self.skips):
-            req.output_token_ids.extend(row[:units - skip])
+        for r, (req, skip) in enumerate(zip(self.rows, self.skips or repeat(0))):
+            req.output_token_ids.extend(self._row_tokens(r, req, units - skip))
 
     def _truncate_tokens(self) -> None:
         for req, start in zip(self.rows, self.outputs):

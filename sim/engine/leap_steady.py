@@ -1,7 +1,7 @@
 """Where a leap may start: the engine's state at rest, and the horizon no event comes before.
 
-`rows_at_rest` and `flying_rows` read the running requests and the step in flight (under async
-scheduling) in one pass each; `quiet_horizon` reads SimPy's queue. Used by `sim.engine.leap`.
+`rows_at_rest` reads the running requests and the step in flight (under async scheduling) in one
+pass; `quiet_horizon` reads SimPy's queue. Used by `sim.engine.leap`.
 """
 from __future__ import annotations
 
@@ -92,96 +92,103 @@ def least_units(num_rows: int) -> int:
     return max(MIN_UNITS, num_rows // ROWS_PER_UNIT)
 
 
-def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, flying: dict | None,
-                  skip_last: bool, min_units: int = MIN_UNITS):
-    """(rows, their output counts, units before a length rule, the async last-token skip or
-    max_model_len stops one, which rows skip the first unit) if every running request decodes from
+def rows_at_rest(running: list, quick_stop: list, lag: int, max_model_len: int, in_flight: Step | None,
+                 skip_last: bool, min_units: int = MIN_UNITS):
+    """(rows, their output counts, their computed tokens (each row's context at the stretch's first
+    unit), units before a length rule, the async last-token skip or max_model_len stops one, which
+    rows skip the first unit, the step in flight's decode rows, units before a row samples a token its
+    stop test must see by `Request.quiet_until` (<= 0 where a row's is not known or lies behind it))
+    if every running request decodes from
     the next step on and its next tokens can only stop it by a known token or such a rule, none
-    within `min_units` of one; else the row whose length rule is near (`near_length_stop` holds for it
-    until it leaves the batch or the batch shrinks: a cheap refusal until then), or None. One pass.
+    within `min_units` of one. Else the row whose length rule is near (`near_length_stop` holds for it
+    until it leaves the batch or the batch shrinks: a cheap refusal until then), False where another
+    row refuses, None where the step in flight does. One pass.
 
-    Under async scheduling (`flying`: the step in flight's rows, request -> tokens) a row in that
-    step samples at its end (unit 1): a decode, or a prompt's last chunk (then it may have no output
-    yet); a row not in it (vLLM V0 runs a step of prefills alone) has nothing in flight and samples
-    from unit 2 on ("skips" unit 1)."""
-    running_status = RequestStatus.RUNNING
-    outputs = []
-    skips = None if not lag or len(flying) == len(running) else []
+    Under async scheduling (`in_flight`: the step in flight) its rows must be running requests, in
+    the order of `running`, that sample at its end (unit 1): a decode, or a prompt's last chunk (then
+    it may have no output yet); rows of requests finished since it was planned (async scheduling's
+    wasted last step) are passed over. A running row not in it (vLLM V0 runs a step of prefills
+    alone) has nothing in flight and samples from unit 2 on ("skips" unit 1)."""
+    running_status, finished = RequestStatus.RUNNING, RequestStatus.PREEMPTED
+    outputs, contexts = [], []
+    skips = None   # (a list once a row skips unit 1)
     least = MAX_UNITS + 1  # min over rows of (output count at which a rule binds) - outputs
     plan_least = MAX_UNITS + 1  # the same for the rules that leave a row out of a plan
+    quiet_least = MAX_UNITS + 1  # min over rows of quiet_until - outputs (+ 1 for a row that skips unit 1)
     skip_last = lag and skip_last
+    edge = max_model_len - lag + 1  # less its prompt: the output count where max_model_len leaves a row out
     decodes = 0            # rows of the step in flight that are decodes (its record counts them)
+    skip = 0
+    if lag:
+        if in_flight.plan.preempted:
+            return None
+        flying, samples = in_flight.plan.scheduled, in_flight.samples
+        f, num_flying = 0, len(flying)  # the step in flight's next row
     for req in running:
         quick = quick_stop[req.index]
-        output = req.output_token_ids
-        o = len(output)
+        o = len(req.output_token_ids)
+        prompt = req.num_prompt_tokens
+        computed = req.num_computed_tokens
         if lag:
-            n = flying.get(req)
-            if n is None:  # not in the step in flight: a decode with nothing in flight
-                if (req.num_in_flight_extra or req.num_output_placeholders or not o or skips is None
-                        or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
+            while f < num_flying and flying[f][0].status > finished:
+                f += 1
+            if f < num_flying and flying[f][0] is req:  # samples at the end of the step in flight
+                if not samples[f]:
                     return None
-                skips.append(1)
-            else:          # samples at the end of the step in flight
+                n = flying[f][1]
+                f += 1
                 if (req.num_output_placeholders != 1 or req.num_in_flight_extra != n - 1
-                        or req.num_computed_tokens != req.num_prompt_tokens + o):
-                    return None
-                if skips is not None:
-                    skips.append(0)
+                        or computed != prompt + o):
+                    return False
                 if n == 1 and o:
                     decodes += 1
+                skip = 0
+            else:  # not in the step in flight: a decode with nothing in flight
+                if (req.num_in_flight_extra or req.num_output_placeholders or not o
+                        or computed != prompt + o - 1):
+                    return False
+                if skips is None:
+                    skips = [0] * len(outputs)
+                skip = 1
+            if skips is not None:
+                skips.append(skip)
         elif (req.num_in_flight_extra or req.num_output_placeholders or not o
-              or req.num_computed_tokens != req.num_prompt_tokens + o - 1):
-            return None
-        if req.status != running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
-            return None
+              or computed != prompt + o - 1):
+            return False
+        if req.status is not running_status or req.num_spec_tokens or req.num_stale_tokens or quick is None:
+            return False
         # the count of outputs at which the row must stop: its length rule; or be left out of a
         # plan: max_model_len (its computed tokens reach max_model_len - 1), or under async with
         # vLLM V1's policy its last token in flight (bounds for a row that samples at unit 1: one
         # that skips it stops a unit later at most)
         # (`length_stop` states the same rule for one row; inlined here: this pass runs per attempt)
-        prompt = req.num_prompt_tokens
-        plan_stop = max_model_len - prompt - lag + 1
+        plan_stop = edge - prompt
         if skip_last:
             cap = req.sampling_params.max_tokens or max_model_len - prompt
             if cap < plan_stop:
                 plan_stop = cap
         if plan_stop - o < plan_least:
             plan_least = plan_stop - o
-        stop = quick[1] if quick[1] < plan_stop else plan_stop
+        limit = quick[1]
+        stop = limit if limit < plan_stop else plan_stop
         if stop - o < least + 1:
             if stop - o - 1 < min_units:
                 return req  # a length rule is near
             # (a row that skips unit 1 reaches its count a unit later; where the plan rule binds,
             # `plan_least` keeps the stretch short of it)
-            bound = stop - o + 1 if skips and skips[-1] and quick[1] < plan_stop else stop - o
+            bound = stop - o + 1 if skip and limit < plan_stop else stop - o
             if bound < least:
                 least = bound
+        quiet = req.quiet_until - o + skip
+        if quiet < quiet_least:
+            quiet_least = quiet
         outputs.append(o)
-    return running, outputs, least - 1, plan_least - 1, skips, decodes
-
-
-def flying_rows(step: Step, running: list) -> dict | None:
-    """The rows of `step` (in flight), request -> tokens, if each samples at its end and is running,
-    in the order of `running` (besides rows of requests finished since it was planned: async
-    scheduling's wasted last step, skipped); else None."""
-    if step.plan.preempted:
-        return None
-    finished = RequestStatus.PREEMPTED
-    rows = {}
-    i, count = 0, len(running)
-    for (req, n), samples in zip(step.plan.scheduled, step.samples):
-        if req.status > finished:
-            continue
-        if not samples:
-            return None
-        while i < count and running[i] is not req:
-            i += 1
-        if i == count:
-            return None
-        rows[req] = n
-        i += 1
-    return rows
+        contexts.append(computed)
+    if lag:
+        for req, _ in flying[f:]:
+            if req.status <= finished:
+                return None  # a row of the step in flight not running, or out of running's order
+    return running, outputs, contexts, least - 1, plan_least - 1, skips, decodes, quiet_least
 
 
 def length_stop(req, quick: tuple, lag: int, max_model_len: int, skip_last: bool) -> int:
