@@ -136,6 +136,12 @@ class KVCacheManager(PrefixCache):
         blocks.append(self._pop_free())
         return True
 
+    def refusal_repeats(self, req: Request) -> bool:
+        """Whether a refused admission of waiting `req` repeats while it waits and fewer blocks are free
+        than it wants (`Policy._refuse`): this plain manager asks only their count, and `req` hits no
+        cached prefix whatever is cached (no prefix caching, or a private request: sim.core.kv_lazy)."""
+        return type(self) is KVCacheManager and (not self.enable_prefix_caching or req.kv_lazy)
+
     def new_step_starts(self) -> None:
         """The scheduler begins a step (a manager that keeps per-step state resets it)."""
 
@@ -197,6 +203,10 @@ class KVCacheManager(PrefixCache):
                 f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache"
                 f" has {usable} usable blocks (block 0 is the null block), so it could never run: raise"
                 f" num_gpu_blocks or lower max_model_len to {usable * size}")
+
+    def blocks_wanted(self, req: Request, num_new_tokens: int) -> int:
+        """Free blocks `num_new_tokens` more tokens of `req` would take (no prefix hits)."""
+        return sum(self._blocks_to_take(req, num_new_tokens, ()))
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
         """Whether `num_new_tokens` more tokens (after `cached_blocks` hits) would fit now."""
