@@ -227,7 +227,8 @@ class Engine(TokenUpdate):
         shared = self.shared_times
         if shared is not None:
             self._shared_times_moves(shared, plan)
-        batch = BatchShape(new, context, sum(samples))
+        # (rows that are all one-token decodes all sample: `SchedulerOutput.num_decodes`)
+        batch = BatchShape(new, context, len(samples) if plan.num_decodes == len(scheduled) else sum(samples))
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.steps_in_flight += 1
@@ -431,9 +432,10 @@ class Engine(TokenUpdate):
 
     def _record_step(self, step: Step, now: float) -> None:
         kv, state = self.state.kv, self.state
-        decode = step.num_decode
-        self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
-                               len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
+        decode, rows = step.num_decode, len(step.plan.scheduled)
+        new_tokens = rows if step.plan.num_decodes == rows else sum(step.batch.num_new_tokens)  # (one a decode)
+        self.steps.append_row((step.start, step.duration, new_tokens - decode, decode,
+                               rows, step.batch.num_sampled, len(step.plan.preempted),
                                kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks, len(state.running),
                                len(state.waiting)))
 
