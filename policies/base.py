@@ -70,7 +70,8 @@ class Policy:
     def lacking(req: Request, num_cached: int = 0) -> int:
         """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits), drafts
         included, counting the tokens of steps still in flight (async scheduling) as known."""
-        return req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens - num_cached
+        return (req.num_prompt_tokens + len(req.output_token_ids) + req.num_spec_tokens + req.num_output_placeholders
+                - req.num_computed_tokens - num_cached)  # (`num_tokens_with_spec`'s sum, inline)
 
     @staticmethod
     def is_decode(req: Request) -> bool:
@@ -218,7 +219,7 @@ class Policy:
         """Whether `kv.can_fit` for `req`'s whole sequence would ask what allocating its `n` tokens
         asks (the plain manager's blocks for computed + cached + new tokens against the free ones):
         the chunk is its whole sequence, from nothing computed."""
-        return (n == req.num_tokens - num_cached and not req.num_computed_tokens
+        return (n == req.num_prompt_tokens + len(req.output_token_ids) - num_cached and not req.num_computed_tokens
                 and type(kv).can_fit is KVCacheManager.can_fit and type(kv).allocate is KVCacheManager.allocate)
 
     def admit_waiting(self, state: EngineState, budget: int, out: SchedulerOutput,
