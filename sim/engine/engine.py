@@ -435,7 +435,8 @@ class Engine(TokenUpdate):
     def _record_step(self, step: Step, now: float) -> None:
         state = self.state
         decode, rows = step.num_decode, len(step.plan.scheduled)
-        new_tokens = rows if step.plan.num_decodes == rows else sum(step.batch.num_new_tokens)  # (one a decode)
+        # (one a decode row, where no hook may have widened the batch: sim.whatif.last_token's rows)
+        new_tokens = rows if step.plan.num_decodes == rows and not self.hooks else sum(step.batch.num_new_tokens)
         self.steps.append_row((step.start, step.duration, new_tokens - decode, decode,
                                rows, step.batch.num_sampled, len(step.plan.preempted),
                                *state.kv.block_counts(), len(state.running), len(state.waiting)))
