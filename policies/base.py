@@ -43,6 +43,9 @@ class EngineState:
     kv: KVCacheManager
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)
+    #: the waiting head's last refusal, which repeats while the budget is no larger and fewer blocks are
+    #: free than it wants (`Policy._refuse`): (request, budget, blocks wanted, its `kv_lazy` then), or None
+    refused: tuple | None = None
 
 
 class Policy:
@@ -55,6 +58,9 @@ class Policy:
     #: its decode steps schedule every running request, nearly always: the fast engine times their
     #: rows with one slot a step (sim.engine.shared_times), which pays only then
     shares_step_times = False
+    #: a waiting request's admission depends only on it, the budget and the KV manager (no per-step
+    #: state such as vLLM V1's threshold for a lone request): `admit_waiting` may remember a refusal
+    refusals_repeat = False
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         raise NotImplementedError
@@ -64,7 +70,8 @@ class Policy:
     def lacking(req: Request, num_cached: int = 0) -> int:
         """Tokens `req` has not computed yet (beyond `num_cached` prefix-cache hits), drafts
         included, counting the tokens of steps still in flight (async scheduling) as known."""
-        return req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens - num_cached
+        return (req.num_prompt_tokens + len(req.output_token_ids) + req.num_spec_tokens + req.num_output_placeholders
+                - req.num_computed_tokens - num_cached)  # (`num_tokens_with_spec`'s sum, inline)
 
     @staticmethod
     def is_decode(req: Request) -> bool:
@@ -107,7 +114,7 @@ class Policy:
             if 0 < threshold < n:
                 n = threshold  # vLLM caps even an unchunked prompt's first step at the threshold
             if n > budget:
-                return None
+                return self._refuse(state, req, budget)
         else:
             n = self.chunk(state, req, budget, num_cached)
             if state.kv.checkpoint_tokens:  # (Mamba align mode only: off the common path)
@@ -121,11 +128,27 @@ class Policy:
         kv = state.kv
         if kv.num_lookahead_tokens:
             return self._admit_with_lookahead(state, req, n, cached_blocks, num_cached, out)
-        if not self._whole_sequence_fits(state, req, n, cached_blocks, num_cached):
-            return None  # admit only if its whole sequence fits, not just this chunk (vLLM's default)
-        if kv.allocate(req, n, cached_blocks) is None:
-            return None
+        # admit only if its whole sequence fits, not just this chunk (vLLM's default)
+        if not self._whole_sequence_fits(state, req, n, cached_blocks, num_cached) \
+                or kv.allocate(req, n, cached_blocks) is None:
+            return self._refuse(state, req, UNLIMITED, n) if whole_prompt else None
         return self._admitted(state, req, n, num_cached, out)
+
+    def _refuse(self, state: EngineState, req: Request, budget: int, n: int | None = None) -> None:
+        """`try_admit` refuses `req` (first in line) a whole prompt: `budget` does not hold it (`n` None), or
+        its `n` tokens' blocks do not fit (`budget` UNLIMITED: whatever the budget). Remembers the budget
+        and the free blocks it would want (`state.refused`) where the refusal repeats while `req` stays
+        first, the budget is no larger and fewer blocks are free: under a policy whose admission reads
+        nothing else (`refusals_repeat`, no padded decodes), with a KV manager that asks only the free
+        count, where `req` hits no cached prefix whatever is cached (`KVCacheManager.refusal_repeats`;
+        `req.kv_lazy` must hold still). Its tokens and the blocks it wants only grow while it waits
+        (it computes none); a request admitted clears the memo."""
+        kv = state.kv
+        if self.refusals_repeat and not self.pad_decodes and kv.refusal_repeats(req):
+            if n is not None and state.config.scheduler_reserve_full_isl:  # (the blocks grow with the tokens)
+                n = max(n, req.num_tokens - req.num_computed_tokens)
+            state.refused = (req, budget, UNLIMITED if n is None else kv.blocks_wanted(req, n), req.kv_lazy)
+        return None
 
     def _whole_sequence_fits(self, state: EngineState, req: Request, n: int, cached_blocks: list[int],
                              num_cached: int) -> bool:
@@ -168,6 +191,7 @@ class Policy:
     def _admitted(state: EngineState, req: Request, n: int, num_cached: int, out: SchedulerOutput) -> int:
         """Move the head waiting request, its blocks allocated, to the running list."""
         state.waiting.popleft()
+        state.refused = None
         req.num_computed_tokens += num_cached   # (nonzero before only where a load landed)
         if req.status == RequestStatus.WAITING:
             req.num_cached_tokens = req.num_computed_tokens
@@ -195,7 +219,7 @@ class Policy:
         """Whether `kv.can_fit` for `req`'s whole sequence would ask what allocating its `n` tokens
         asks (the plain manager's blocks for computed + cached + new tokens against the free ones):
         the chunk is its whole sequence, from nothing computed."""
-        return (n == req.num_tokens - num_cached and not req.num_computed_tokens
+        return (n == req.num_prompt_tokens + len(req.output_token_ids) - num_cached and not req.num_computed_tokens
                 and type(kv).can_fit is KVCacheManager.can_fit and type(kv).allocate is KVCacheManager.allocate)
 
     def admit_waiting(self, state: EngineState, budget: int, out: SchedulerOutput,
@@ -209,7 +233,10 @@ class Policy:
         max_num_seqs, passed = state.config.max_num_seqs, []
         slots = self.row_slots
         while state.waiting and budget > 0 and len(state.running) < max_num_seqs:
-            head = state.waiting[0]
+            head, refused = state.waiting[0], state.refused
+            if refused is not None and refused[0] is head and budget <= refused[1] \
+                    and state.kv.num_free_blocks < refused[2] and refused[3] is head.kv_lazy:
+                break  # (the head's last refusal stands: `_refuse`)
             used = self.try_admit(state, head, budget, out, whole_prompt)
             if used is None:
                 if state.kv.loads_first(head) is not None:

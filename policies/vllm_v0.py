@@ -15,6 +15,7 @@ class VllmV0Policy(Policy):
     name = "vllm-v0"
     whole_prompts = True
     shares_step_times = True  # (a step runs the admitted prompts only, or every running request)
+    refusals_repeat = True
 
     def schedule(self, state: EngineState) -> SchedulerOutput:
         self.require_whole_prompt_budget(state.config)

@@ -92,6 +92,11 @@ class KVCacheManager(PrefixCache):
     def num_used_blocks(self) -> int:
         return self.num_gpu_blocks - 1 - len(self.free_queue)
 
+    def block_counts(self) -> tuple[int, int, int]:
+        """(`num_used_blocks`, `num_cached_hashes`, `num_free_blocks`): a step record's KV columns, in one call."""
+        free = len(self.free_queue)
+        return self.num_gpu_blocks - 1 - free, len(self.cached) + self.lazy_blocks, free
+
     @property
     def num_cached_hashes(self) -> int:
         """Distinct prefix hashes cached (blocks marked LAZY count: each is one, once hashed)."""
@@ -136,6 +141,12 @@ class KVCacheManager(PrefixCache):
         blocks.append(self._pop_free())
         return True
 
+    def refusal_repeats(self, req: Request) -> bool:
+        """Whether a refused admission of waiting `req` repeats while it waits and fewer blocks are free
+        than it wants (`Policy._refuse`): this plain manager asks only their count, and `req` hits no
+        cached prefix whatever is cached (no prefix caching, or a private request: sim.core.kv_lazy)."""
+        return type(self) is KVCacheManager and (not self.enable_prefix_caching or req.kv_lazy)
+
     def new_step_starts(self) -> None:
         """The scheduler begins a step (a manager that keeps per-step state resets it)."""
 
@@ -174,7 +185,9 @@ class KVCacheManager(PrefixCache):
         """(fresh blocks to allocate, cached free blocks to revive) for `num_new_tokens` more tokens
         after `cached_blocks` prefix hits (whole blocks)."""
         held = len(self.req_blocks.get(req, ()))
-        total = self._with_lookahead(req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens)
+        total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        if self.num_lookahead_tokens:
+            total = self._with_lookahead(total)
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
         ref_cnt = self.ref_cnt
         revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
@@ -197,6 +210,10 @@ class KVCacheManager(PrefixCache):
                 f"request {req.request_id!r} needs {need} blocks of {size} tokens for {tokens} tokens; the cache"
                 f" has {usable} usable blocks (block 0 is the null block), so it could never run: raise"
                 f" num_gpu_blocks or lower max_model_len to {usable * size}")
+
+    def blocks_wanted(self, req: Request, num_new_tokens: int) -> int:
+        """Free blocks `num_new_tokens` more tokens of `req` would take (no prefix hits)."""
+        return sum(self._blocks_to_take(req, num_new_tokens, ()))
 
     def can_fit(self, req: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
         """Whether `num_new_tokens` more tokens (after `cached_blocks` hits) would fit now."""
@@ -256,7 +273,12 @@ class KVCacheManager(PrefixCache):
             self.free_queue.take_out_many(idle)
 
     def _pop_free(self) -> int:
-        block = self.free_queue.pop_front()
+        queue = self.free_queue
+        if queue.num_stale:
+            block = queue.pop_front()
+        else:  # (`FreeBlockQueue.pop_front` with no stale entry, inline: a third call in a decode's block
+            block = queue.entries.popleft()  # crossing, after `take_next_block` and this)
+            queue.count -= 1
         old_hash = self.block_hash[block]
         if old_hash is not None:
             if old_hash == LAZY:  # (a LAZY eviction, as `_pop_free_many` settles them, inline: a call per

@@ -209,7 +209,8 @@ class Engine(TokenUpdate):
         """
         plan = self.policy.schedule(self.state)
         if not plan.scheduled and not plan.preempted and not self._hooks_have_work():
-            self._deliver_frontend_aborts(now)
+            if self.frontend_aborts:
+                self._deliver_frontend_aborts(now)
             return None
         scheduled = plan.scheduled
         if self.config.check_invariants:
@@ -227,7 +228,8 @@ class Engine(TokenUpdate):
         shared = self.shared_times
         if shared is not None:
             self._shared_times_moves(shared, plan)
-        batch = BatchShape(new, context, sum(samples))
+        # (rows that are all one-token decodes all sample: `SchedulerOutput.num_decodes`)
+        batch = BatchShape(new, context, len(samples) if plan.num_decodes == len(scheduled) else sum(samples))
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.steps_in_flight += 1
@@ -238,7 +240,8 @@ class Engine(TokenUpdate):
             for hook in self.hooks:
                 hook.on_plan(self, step)
             self._advance(step)
-        self._deliver_frontend_aborts(now)
+        if self.frontend_aborts:
+            self._deliver_frontend_aborts(now)
         if not scheduled and plan.preempted and not self.state.running and self.on_spin is not None \
                 and self.spin_watch.recurred(self):
             self.on_spin()
@@ -313,9 +316,8 @@ class Engine(TokenUpdate):
 
     def _deliver_frontend_aborts(self, now: float) -> None:
         """The front end's aborts for stop strings it found reach the engine while the next step runs
-        (applied at its end, before its outputs), or at once if no step is in flight."""
-        if not self.frontend_aborts:
-            return
+        (applied at its end, before its outputs), or at once if no step is in flight. Callers check there
+        are some (a call a step saved)."""
         if self.steps_in_flight:
             self.pending_aborts.extend(self.frontend_aborts)
         else:
@@ -348,7 +350,8 @@ class Engine(TokenUpdate):
             self._abort_now(req, now)
         self.pending_aborts.clear()
         finished = self.apply_rows(step, now)
-        self._retire(finished, now)
+        if finished or self.hooks:  # (a hook ends each step in `_retire`)
+            self._retire(finished, now)
         self._record_step(step, now)
         if self.config.check_invariants:
             check_invariants(self)
@@ -430,12 +433,13 @@ class Engine(TokenUpdate):
             self.on_finish(req)
 
     def _record_step(self, step: Step, now: float) -> None:
-        kv, state = self.state.kv, self.state
-        decode = step.num_decode
-        self.steps.append_row((step.start, step.duration, sum(step.batch.num_new_tokens) - decode, decode,
-                               len(step.plan.scheduled), step.batch.num_sampled, len(step.plan.preempted),
-                               kv.num_used_blocks, kv.num_cached_hashes, kv.num_free_blocks, len(state.running),
-                               len(state.waiting)))
+        state = self.state
+        decode, rows = step.num_decode, len(step.plan.scheduled)
+        # (one a decode row, where no hook may have widened the batch: sim.whatif.last_token's rows)
+        new_tokens = rows if step.plan.num_decodes == rows and not self.hooks else sum(step.batch.num_new_tokens)
+        self.steps.append_row((step.start, step.duration, new_tokens - decode, decode,
+                               rows, step.batch.num_sampled, len(step.plan.preempted),
+                               *state.kv.block_counts(), len(state.running), len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:
         if self.shared_times is not None:  # (the running requests' token times, as far as known)

@@ -44,13 +44,17 @@ class TokenUpdate:
         exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
+        # less the rows of one token that are not decodes (where the plan's are all decodes, its rows; a
+        # hook may widen the batch: sim.whatif.last_token's rows)
+        plan = step.plan
+        all_decodes = plan.num_decodes == len(plan.scheduled) and not self.hooks
+        num_decode = plan.num_decodes if all_decodes else step.batch.num_new_tokens.count(1)
         shared, slot = self.shared_times, step.time_slot
         if slot is not None:  # every row that samples below is timed by the step's slot
             shared.write(slot, now, self.state.running)
         # a row owed slots catches up before its own time (never in step mode: no shared times)
         owed_before = shared.written if shared is not None else -1
-        for (req, n), samples in zip(step.plan.scheduled, step.samples):
+        for (req, n), samples in zip(plan.scheduled, step.samples):
             if req.num_stale_tokens or not samples or req.status is not running:
                 num_decode -= self._apply_other_row(req, n, samples, now, finished, slot)
                 continue
