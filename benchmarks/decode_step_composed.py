@@ -165,11 +165,30 @@ def time_step(torch, fn) -> tuple[float, float, float]:
     return statistics.median(samples), samples[len(samples) // 10], samples[(9 * len(samples)) // 10]
 
 
+def for_each_rank(torch, ranks, budget_s: float, make_rank, measure_rank) -> None:
+    """`measure_rank(model, tp, shapes, rank)` for each of `ranks` started within `budget_s` seconds, the
+    rank built by `make_rank(ops, shapes)` with the elementwise ops compiled and tuned (`tune`), and
+    freed before the next is built (two ranks of 70B do not fit an H100 together)."""
+    from kernels_cost_model.models import get_model
+    from kernels_cost_model.torch_backend import _elementwise_ops
+    started = time.perf_counter()
+    for model, tp in ranks:
+        if time.perf_counter() - started > budget_s:
+            print(f"budget spent: {model} TP {tp} not measured", flush=True)
+            return
+        shapes = rank_shapes(get_model(model), tp)
+        ops = _elementwise_ops(torch, compiled=True)
+        rank = make_rank(ops, shapes)
+        tune(torch, ops, rank)
+        measure_rank(model, tp, shapes, rank)
+        del rank
+        torch.cuda.empty_cache()
+
+
 def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     import torch
     import fa3_fwd_interface as fa3
-    from kernels_cost_model.models import get_model
-    from kernels_cost_model.torch_backend import _elementwise_ops, software
+    from kernels_cost_model.torch_backend import software
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0)
@@ -179,14 +198,8 @@ def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     with path.open("w", newline="") as f, torch.inference_mode():
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
-        for model, tp in RANKS:
-            if time.perf_counter() - started > budget_s:
-                print(f"budget spent: {model} TP {tp} not measured", flush=True)
-                break
-            shapes = rank_shapes(get_model(model), tp)
-            ops = _elementwise_ops(torch, compiled=True)
-            rank = Rank(torch, fa3, ops, shapes, max(CONTEXTS) + 1)
-            tune(torch, ops, rank)
+
+        def measure_rank(model, tp, shapes, rank):
             for context in CONTEXTS:
                 for batch in BATCHES:
                     med, p10, p90 = time_step(torch, rank.step(batch, context))
@@ -195,8 +208,8 @@ def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
                     print(f"{model} TP{tp} batch {batch} context {context}: {med * 1e3:.3f} ms "
                           f"(p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}) at {time.perf_counter() - started:.0f} s",
                           flush=True)
-            del rank
-            torch.cuda.empty_cache()
+        for_each_rank(torch, RANKS, budget_s, lambda ops, shapes: Rank(torch, fa3, ops, shapes, max(CONTEXTS) + 1),
+                      measure_rank)
     return path
 
 

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from decode_step_composed import (DEVICE, GPUS, Rank, priced_parts, rank_shapes, read as read_steps,  # noqa: E402
-                                  time_step, tune)
+from decode_step_composed import (DEVICE, GPUS, Rank, for_each_rank, priced_parts, read as read_steps,  # noqa: E402
+                                  time_step)
 from fa3_paged_decode import measure_or_check, measure_or_check_parser  # noqa: E402
 
 #: the TP 4 rank first: its large batches are the gap this looks for
@@ -140,8 +140,7 @@ class PartsRank(Rank):
 
 def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     import torch
-    from kernels_cost_model.models import get_model
-    from kernels_cost_model.torch_backend import _elementwise_ops, software
+    from kernels_cost_model.torch_backend import software
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0)
@@ -151,14 +150,8 @@ def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     with path.open("w", newline="") as f, torch.inference_mode():
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
-        for model, tp in RANKS:
-            if time.perf_counter() - started > budget_s:
-                print(f"budget spent: {model} TP {tp} not measured", flush=True)
-                break
-            shapes = rank_shapes(get_model(model), tp)
-            ops = _elementwise_ops(torch, compiled=True)
-            rank = PartsRank(torch, None, ops, shapes, max(CONTEXTS) + 1)
-            tune(torch, ops, rank)
+
+        def measure_rank(model, tp, shapes, rank):
             for context in CONTEXTS:
                 for batch in BATCHES:
                     for name in PARTS:
@@ -168,8 +161,8 @@ def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
                         f.flush()
                     print(f"{model} TP{tp} batch {batch} context {context} done at "
                           f"{time.perf_counter() - started:.0f} s", flush=True)
-            del rank
-            torch.cuda.empty_cache()
+        for_each_rank(torch, RANKS, budget_s,
+                      lambda ops, shapes: PartsRank(torch, None, ops, shapes, max(CONTEXTS) + 1), measure_rank)
     return path
 
 

@@ -53,3 +53,20 @@ def test_one_copy_writes_what_two_copies_write(rank):
         for cache, expected in zip(r.caches, one):
             assert torch.equal(cache[:, :4, 5], expected) and expected.abs().sum() > 0
             assert cache[:, :4, 4].abs().sum() == 0  # nothing written beside the position
+
+
+def test_the_measurement_writes_a_row_per_rank_batch_context_and_part(rank, monkeypatch, tmp_path):
+    """`--measure`'s loop on the CPU: the tiny rank for every model, plain calls for the CUDA-graph timer."""
+    parts, r = rank
+    composed = sys.modules["decode_step_composed"]
+    from kernels_cost_model import torch_backend
+    plain_ops = torch_backend._elementwise_ops
+    monkeypatch.setattr(torch_backend, "_elementwise_ops", lambda torch, compiled: plain_ops(torch, False))
+    monkeypatch.setattr(composed, "rank_shapes", lambda spec, tp: dict(r.s))
+    monkeypatch.setattr(parts, "time_step", lambda torch, fn: (fn(), 1e-3, 1e-3, 1e-3)[1:])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "CPU")
+    monkeypatch.setattr(parts, "BATCHES", (1, 4))
+    monkeypatch.setattr(parts, "CONTEXTS", (5, 7))
+    measured = parts.read(parts.measure("cpu", tmp_path, 600.0))
+    assert set(measured) == {(m, tp, b, c) for m, tp in parts.RANKS for b in (1, 4) for c in (5, 7)}
+    assert all(set(p) == set(parts.PARTS) for p in measured.values())
