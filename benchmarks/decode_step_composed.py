@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+from contextlib import contextmanager
 import datetime
 import math
 import statistics
@@ -86,7 +87,7 @@ class Rank:
 
     def step(self, batch: int, context: int):
         """fn() running one decode step of `batch` requests, each with `context` tokens cached."""
-        torch, s, hd, ops = self.torch, self.s, self.s["head_dim"], self.ops
+        torch, s, hd = self.torch, self.s, self.s["head_dim"]
         ids = torch.randint(0, s["vocab"], (batch,), device=DEVICE)
         positions = torch.full((batch,), context, dtype=torch.long, device=DEVICE)
         used = torch.full((batch,), context + 1, dtype=torch.int32, device=DEVICE)
@@ -94,8 +95,7 @@ class Rank:
         meta = self.fa3.get_scheduler_metadata(batch, 1, context + 1, s["heads"], s["kv_heads"], hd, used,
                                                qkv_dtype=self.dtype, cu_seqlens_q=cu_q, page_size=None,
                                                causal=True, num_splits=GRAPH_MAX_SPLITS)
-        q_width, kv_width = s["heads"] * hd, s["kv_heads"] * hd
-        linear = torch.nn.functional.linear
+        q_width = s["heads"] * hd
 
         def attention(layer_cache, q, k, v):
             kc, vc = layer_cache
@@ -106,6 +106,13 @@ class Rank:
                                                    causal=True, scheduler_metadata=meta,
                                                    num_splits=GRAPH_MAX_SPLITS)
             return (out[0] if isinstance(out, tuple) else out).reshape(batch, q_width)
+        return self.layers_around(ids, positions, attention)
+
+    def layers_around(self, ids, positions, attention):
+        """fn() running the step's embedding, layers and LM head, each layer's attention launch being
+        `attention(layer_cache, q, k, v)` (it returns the output, rows x query width)."""
+        ops, linear = self.ops, self.torch.nn.functional.linear
+        q_width, kv_width = (n * self.s["head_dim"] for n in (self.s["heads"], self.s["kv_heads"]))
 
         def fn():
             x = ops["embedding"](ids, self.embed)
@@ -185,19 +192,27 @@ def for_each_rank(torch, ranks, budget_s: float, make_rank, measure_rank) -> Non
         torch.cuda.empty_cache()
 
 
+@contextmanager
+def measured_csv(torch, path: Path, columns: tuple, what: str):
+    """(csv writer, file, source column) of a new measurement file at `path` with its header, in torch's
+    inference mode; the source names servesim, the date, the software, the device and `what`."""
+    from kernels_cost_model.torch_backend import software
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = (f"servesim {datetime.date.today().isoformat()} ({software(torch)}, {torch.cuda.get_device_name(0)}; "
+              f"{what})")
+    with path.open("w", newline="") as f, torch.inference_mode():
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        yield writer, f, source
+
+
 def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     import torch
     import fa3_fwd_interface as fa3
-    from kernels_cost_model.torch_backend import software
     started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name(0)
-    source = (f"servesim {datetime.date.today().isoformat()} ({software(torch)}, fa3_fwd, {device}; one rank "
-              "composed of the kernels vLLM runs, KV contiguous, CUDA graph per step)")
     path = out_dir / f"{gpu}-decode-steps.csv"
-    with path.open("w", newline="") as f, torch.inference_mode():
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
+    with measured_csv(torch, path, COLUMNS, "fa3_fwd; one rank composed of the kernels vLLM runs, KV contiguous, "
+                      "CUDA graph per step") as (writer, f, source):
 
         def measure_rank(model, tp, shapes, rank):
             for context in CONTEXTS:

@@ -26,7 +26,6 @@ were timed on another machine of the same kind, so that difference carries both 
 from __future__ import annotations
 
 import csv
-import datetime
 import statistics
 import sys
 import time
@@ -36,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from decode_step_composed import (DEVICE, GPUS, Rank, for_each_rank, priced_parts, read as read_steps,  # noqa: E402
-                                  time_step)
+from decode_step_composed import (DEVICE, GPUS, Rank, for_each_rank, measured_csv, priced_parts,  # noqa: E402
+                                  read as read_steps, time_step)
 from fa3_paged_decode import measure_or_check, measure_or_check_parser  # noqa: E402
 
 #: the TP 4 rank first: its large batches are the gap this looks for
@@ -60,29 +59,15 @@ class PartsRank(Rank):
 
     def no_attention(self, batch: int, context: int):
         """The composed step (`Rank.step`) with the attention launch left out."""
-        torch, s, ops = self.torch, self.s, self.ops
-        ids = torch.randint(0, s["vocab"], (batch,), device=DEVICE)
+        torch = self.torch
+        ids = torch.randint(0, self.s["vocab"], (batch,), device=DEVICE)
         positions = torch.full((batch,), context, dtype=torch.long, device=DEVICE)
-        q_width, kv_width = self._widths()
-        linear, write = torch.nn.functional.linear, self._write_two(batch, context)
+        write = self._write_two(batch, context)
 
-        def fn():
-            x = ops["embedding"](ids, self.embed)
-            residual = None
-            for w, cache in zip(self.layers, self.caches):
-                if residual is None:
-                    h, residual = ops["rms_norm"](x, w["in_norm"]), x
-                else:
-                    h, residual = ops["add_rms_norm"](x, residual, w["in_norm"])
-                q, k, v = linear(h, w["qkv"]).split((q_width, kv_width, kv_width), dim=-1)
-                q, k = ops["rope"](q, k, positions, self.cos_sin)
-                write(cache, k, v)
-                x = linear(q.contiguous(), w["o"])
-                h, residual = ops["add_rms_norm"](x, residual, w["post_norm"])
-                x = linear(ops["silu_mul"](linear(h, w["gate_up"])), w["down"])
-            h, _ = ops["add_rms_norm"](x, residual, self.final_norm)
-            return linear(h, self.lm_head).argmax(dim=-1)
-        return fn
+        def attention(cache, q, k, v):  # its KV write only; the query stands for its output
+            write(cache, k, v)
+            return q.contiguous()
+        return self.layers_around(ids, positions, attention)
 
     def matmuls(self, batch: int, context: int):
         """The step's matmuls in order, each on an input of its own shape (no operator between them)."""
@@ -140,16 +125,10 @@ class PartsRank(Rank):
 
 def measure(gpu: str, out_dir: Path, budget_s: float) -> Path:
     import torch
-    from kernels_cost_model.torch_backend import software
     started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name(0)
-    source = (f"servesim {datetime.date.today().isoformat()} ({software(torch)}, {device}; one rank composed of "
-              "the kernels vLLM runs, in parts, CUDA graph per part)")
     path = out_dir / f"{gpu}-decode-step-parts.csv"
-    with path.open("w", newline="") as f, torch.inference_mode():
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
+    with measured_csv(torch, path, COLUMNS, "one rank composed of the kernels vLLM runs, in parts, CUDA graph "
+                      "per part") as (writer, f, source):
 
         def measure_rank(model, tp, shapes, rank):
             for context in CONTEXTS:

@@ -9,15 +9,15 @@ large decode batches) the board reaches its power limit and the driver holds the
 against 1,980 MHz, while one bound by reading its weights (up to ~128 rows) takes the same time, and
 causal prefill attention slows like the GEMMs (1.11x at 16,384 tokens on the H100).
 
-With `clocks="sustained"` servesim prices compute at `sustained_compute_factor(gpu)` times the burst rate: each family's
-seconds per FLOP (and per key of a causal prefill launch's critical path, per row of a serial in-chunk loop) scaled, the memory
-side, a decode's loop over the cache and the launch overheads left alone; the roofline's max(compute,
-memory) then decides which kernels slow. It is a choice, not the default (`"burst"`): the driver caps
-the board's power averaged over time, not each kernel's. A burst of 39 ms after a rest ran at the boost
-clock, and a whole decode step of 14 ms too; 20 steps back to back (0.3 s) ran capped. So a GPU whose
-load is mostly memory-bound decodes with a chunk now and then may stay under its cap, while one kept
-busy by compute (offline batches, long prompts under load, large decode batches) runs at the capped
-clock throughout; servesim does not follow the power over time.
+With `clocks="sustained"` servesim prices compute at `sustained_compute_factor(gpu)` times the burst
+rate: each family's seconds per FLOP (and per key of a causal prefill launch's critical path, per row of
+a serial in-chunk loop) scaled, the memory side, a decode's loop over the cache and the launch overheads
+left alone; the roofline's max(compute, memory) then decides which kernels slow. It is a choice, not the
+default (`"burst"`): the driver caps the board's power averaged over time, not each kernel's. A burst of
+39 ms after a rest ran at the boost clock, and a whole decode step of 14 ms too; 20 steps back to back
+(0.3 s) ran capped. So a GPU whose load is mostly memory-bound decodes with a chunk now and then may stay
+under its cap, while one kept busy by compute (offline batches, long prompts under load, large decode
+batches) runs at the capped clock throughout; servesim does not follow the power over time.
 
 A GPU with no such measurement keeps its burst clocks (factor 1): the factor follows a board's power
 limit against its chip's appetite, which two boards of one architecture cannot give for others.
