@@ -228,14 +228,15 @@ class Engine(TokenUpdate):
         shared = self.shared_times
         if shared is not None:
             self._shared_times_moves(shared, plan)
-        # (rows that are all one-token decodes all sample: `SchedulerOutput.num_decodes`)
-        batch = BatchShape(new, context, len(samples) if plan.num_decodes == len(scheduled) else sum(samples))
+        all_decodes = plan.num_decodes == len(scheduled)  # (each samples: `SchedulerOutput.num_decodes`)
+        batch = BatchShape(new, context, len(samples) if all_decodes else sum(samples))
         if self.config.check_invariants:
             check_budget(plan, self.config)
         self.steps_in_flight += 1
         duration = self.cost_model.step_time(batch) if scheduled else 0.0
         step = Step(plan, batch, duration, now, 0, samples, covers,
-                    shared.take() if shared is not None and covers and scheduled else None)
+                    shared.take() if shared is not None and covers and scheduled else None,
+                    all_decodes and not self.hooks)
         if self.hooks:
             for hook in self.hooks:
                 hook.on_plan(self, step)
@@ -435,8 +436,7 @@ class Engine(TokenUpdate):
     def _record_step(self, step: Step, now: float) -> None:
         state = self.state
         decode, rows = step.num_decode, len(step.plan.scheduled)
-        # (one a decode row, where no hook may have widened the batch: sim.whatif.last_token's rows)
-        new_tokens = rows if step.plan.num_decodes == rows and not self.hooks else sum(step.batch.num_new_tokens)
+        new_tokens = rows if step.all_decodes else sum(step.batch.num_new_tokens)
         self.steps.append_row((step.start, step.duration, new_tokens - decode, decode,
                                rows, step.batch.num_sampled, len(step.plan.preempted),
                                *state.kv.block_counts(), len(state.running), len(state.waiting)))

@@ -26,3 +26,6 @@ class Step:
     covers_running: bool = False
     #: its slot of shared token times (sim.engine.shared_times), or None: each row times its own token
     time_slot: int | None = None
+    #: every row is a one-token decode that samples (the plan's `num_decodes`) and no hook may have widened
+    #: the batch (sim.whatif.last_token adds rows): its rows count its tokens, samples and decodes
+    all_decodes: bool = False

@@ -44,11 +44,9 @@ class TokenUpdate:
         exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
         running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        # less the rows of one token that are not decodes (where the plan's are all decodes, its rows; a
-        # hook may widen the batch: sim.whatif.last_token's rows)
+        # less the rows of one token that are not decodes (`Step.all_decodes`: every row is one)
         plan = step.plan
-        all_decodes = plan.num_decodes == len(plan.scheduled) and not self.hooks
-        num_decode = plan.num_decodes if all_decodes else step.batch.num_new_tokens.count(1)
+        num_decode = plan.num_decodes if step.all_decodes else step.batch.num_new_tokens.count(1)
         shared, slot = self.shared_times, step.time_slot
         if slot is not None:  # every row that samples below is timed by the step's slot
             shared.write(slot, now, self.state.running)
