@@ -23,36 +23,19 @@ class TokenUpdate:
         The hot loop of the simulator: a running row that samples (nearly all) is handled here with
         `emit_token` inlined (a call per token costs ~25%), and what is fixed for the step is read
         once before it; the others (stale, preempted, stopped, mid-prefill) go to `_apply_other_row`.
+        A step of decodes only (`Step.all_decodes`) takes `_apply_decodes`.
         """
-        finished = []
-        kv, streams, profile = self.state.kv, self.streams, self.stop_profile
-        stream_tokens = self.stream_tokens
-        max_model_len = self.config.max_model_len
-        token_times = self.requests.token_times
-        first_token = self.requests.first_token_time
-        quick_stop = self.quick_stop
-        async_ = self.is_async
-        # under async scheduling a row registers its blocks full with known tokens (skipped, as
-        # cache_full_blocks itself would, when no new block is full). A row of a request in the step
-        # planned next needs no check where planning registers: that plan registered up to
-        # min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
-        # a token, one sample in flight at most), which covers min(known now, written) here; where
-        # that step scheduled every running request (`Step.covers_running`) no row needs it
-        every_row = not self.plan_registers
-        caching = async_ and kv.enable_prefix_caching and (every_row or not self.following_covers)
-        block_size, hashed_get = kv.block_size, kv.num_hashed_blocks.get
-        exact = not kv.registers_at  # else no block to register below `req.kv_register_at` tokens
-        running = RequestStatus.RUNNING
         client_finishes = self.strings_in_frontend  # else no request's client finishes before it
-        # less the rows of one token that are not decodes (`Step.all_decodes`: every row is one)
-        plan = step.plan
-        num_decode = plan.num_decodes if step.all_decodes else step.batch.num_new_tokens.count(1)
-        shared, slot = self.shared_times, step.time_slot
-        if slot is not None:  # every row that samples below is timed by the step's slot
-            shared.write(slot, now, self.state.running)
-        # a row owed slots catches up before its own time (never in step mode: no shared times)
-        owed_before = shared.written if shared is not None else -1
-        for (req, n), samples in zip(plan.scheduled, step.samples):
+        if step.all_decodes and not client_finishes:
+            return self._apply_decodes(step, now)
+        finished = []
+        stream_tokens, token_times = self.stream_tokens, self.requests.token_times
+        first_token = self.requests.first_token_time
+        async_, running = self.is_async, RequestStatus.RUNNING
+        caching, exact = self._registers_at_end()
+        num_decode = step.batch.num_new_tokens.count(1)  # less the rows of one token that are not decodes
+        shared, slot, owed_before = self._time_slot(step, now)
+        for (req, n), samples in zip(step.plan.scheduled, step.samples):
             if req.num_stale_tokens or not samples or req.status is not running:
                 num_decode -= self._apply_other_row(req, n, samples, now, finished, slot)
                 continue
@@ -81,32 +64,105 @@ class TokenUpdate:
                 continue
             output.append(token)
             if caching and (req.num_computed_tokens >= req.kv_register_at or exact):
-                in_flight = req.num_output_placeholders + req.num_in_flight_extra
-                if every_row or not in_flight:
-                    known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
-                    written = req.num_computed_tokens - in_flight
-                    if written < known:
-                        known = written
-                    if known // block_size > hashed_get(req, 0):
-                        kv.cache_full_blocks(req, known)
+                self._register_written(req, position)
             if slot is None:
                 times = token_times[index]
                 if times is not None:
                     if owed_before >= 0 and req.times_mark < owed_before:
                         shared.catch_up(req, times)
                     times.append(now)
-            quiet = req.quiet_until
-            if position < quiet:
-                continue  # cannot stop on this token under any profile, known without reading it
-            if quiet != ALWAYS_CHECK:
-                req.quiet_until = quiet_until(streams[index], quick_stop[index], position + 1)
-            quick = quick_stop[index]
-            if quick is not None and token not in quick[0] and position + 1 < quick[1]:
-                continue  # cannot stop on this token under any profile
-            if profile.apply(req, max_model_len) and self._stops_in_engine(req, now, running):
+            if position >= req.quiet_until and self._stops_on(req, token, position, now):
+                finished.append(req)  # (below `quiet_until` it cannot stop, known without the token)
+        step.num_decode = num_decode
+        return finished
+
+    def _apply_decodes(self, step: Step, now: float) -> list[Request]:
+        """`_apply_rows` for a step whose rows are all one-token decodes that sample (`Step.all_decodes`),
+        where no client finishes before the engine: the same updates, less the tests that cannot hold."""
+        finished = []
+        stream_tokens, token_times = self.stream_tokens, self.requests.token_times
+        first_token = self.requests.first_token_time
+        async_, running = self.is_async, RequestStatus.RUNNING
+        caching, exact = self._registers_at_end()
+        num_decode = step.plan.num_decodes
+        shared, slot, owed_before = self._time_slot(step, now)
+        for req, _ in step.plan.scheduled:
+            if req.num_stale_tokens or req.status is not running:
+                num_decode -= self._apply_other_row(req, 1, True, now, finished, slot)
+                continue
+            if async_:  # its placeholder was its token in flight
+                req.num_output_placeholders -= 1
+            else:
+                req.num_in_flight_extra -= 1
+            output = req.output_token_ids
+            position = len(output)
+            try:
+                token = stream_tokens[req.index][position]
+            except (TypeError, IndexError):
+                token = self._read_ahead(req, position)
+            output.append(token)
+            if not position:
+                first_token[req.index] = now
+                num_decode -= 1
+            if caching and (req.num_computed_tokens >= req.kv_register_at or exact):
+                self._register_written(req, position)
+            if slot is None:
+                times = token_times[req.index]
+                if times is not None:
+                    if owed_before >= 0 and req.times_mark < owed_before:
+                        shared.catch_up(req, times)
+                    times.append(now)
+            if position >= req.quiet_until and self._stops_on(req, token, position, now):
                 finished.append(req)
         step.num_decode = num_decode
         return finished
+
+    def _registers_at_end(self) -> tuple[bool, bool]:
+        """(whether a row that samples may have blocks to register full at the step's end, whether that
+        is checked on every row: else from `req.kv_register_at` tokens on).
+
+        Under async scheduling a row registers its blocks full with known tokens. A row of a request
+        in the step planned next needs no check where planning registers: that plan registered up to
+        min(computed + its tokens, tokens known then) with `computed` <= prompt + outputs (it lacked
+        a token, one sample in flight at most), which covers min(known now, written) here; where that
+        step scheduled every running request (`Step.covers_running`) no row needs it."""
+        kv = self.state.kv
+        caching = self.is_async and kv.enable_prefix_caching and not (self.plan_registers and self.following_covers)
+        return caching, not kv.registers_at
+
+    def _register_written(self, req: Request, position: int) -> None:
+        """Register `req`'s blocks full with tokens known and written, its token at output `position`
+        just appended (`_registers_at_end`); skipped, as `cache_full_blocks` would, if none is new."""
+        in_flight = req.num_output_placeholders + req.num_in_flight_extra
+        if self.plan_registers and in_flight:
+            return  # (a row of the step planned next: that plan registered it)
+        known = req.num_prompt_tokens + position + 1  # its tokens, or its KV written so far
+        written = req.num_computed_tokens - in_flight
+        if written < known:
+            known = written
+        kv = self.state.kv
+        if known // kv.block_size > kv.num_hashed_blocks.get(req, 0):
+            kv.cache_full_blocks(req, known)
+
+    def _time_slot(self, step: Step, now: float) -> tuple:
+        """(the engine's shared times, the step's slot, written now if any, the slots written before it,
+        owed by rows that catch up: -1 without shared times)."""
+        shared, slot = self.shared_times, step.time_slot
+        if slot is not None:  # every row that samples is timed by the step's slot
+            shared.write(slot, now, self.state.running)
+        return shared, slot, shared.written if shared is not None else -1
+
+    def _stops_on(self, req: Request, token: int, position: int, now: float) -> bool:
+        """The stop rules on `token`, just appended at output `position` at or past the request's
+        `quiet_until` (which moves on): True if it leaves the engine now."""
+        index = req.index
+        quick = self.quick_stop[index]
+        if req.quiet_until != ALWAYS_CHECK:
+            req.quiet_until = quiet_until(self.streams[index], quick, position + 1)
+        if quick is not None and token not in quick[0] and position + 1 < quick[1]:
+            return False  # cannot stop on this token under any profile
+        return self.stop_profile.apply(req, self.config.max_model_len) \
+            and self._stops_in_engine(req, now, RequestStatus.RUNNING)
 
     def _read_ahead(self, req: Request, position: int) -> int:
         """Token `position` of `req`'s stream, read ahead into `stream_tokens` from where its list ends:
