@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.base import SchedulerOutput
 from sim.core.request import RequestStatus
-from sim.engine.leap_steady import rows_at_rest
+from sim.engine.leap_steady import length_stop, rows_at_rest, rows_near_stop
 
 MAX_MODEL_LEN = 4096
 
@@ -82,3 +82,20 @@ def test_a_row_of_the_step_in_flight_that_does_not_sample_refuses_without_back_o
     running = [_request(0, True), _request(1, True)]
     step = SimpleNamespace(plan=SchedulerOutput([(running[0], 1), (running[1], 1)]), samples=[True, False])
     assert rows_at_rest(running, [(frozenset(), 1000)] * 2, 1, MAX_MODEL_LEN, step, False) is None
+
+
+@given(rows=st.lists(st.tuples(st.integers(3700, 4096), st.integers(0, 300), st.none() | st.integers(1, 400),
+                               st.none() | st.integers(1, 400)), max_size=12),
+       lag=st.integers(0, 1), skip_last=st.booleans(), within=st.integers(0, 64))
+def test_the_rows_watched_are_those_within_reach_of_their_length_stop_nearest_first(rows, lag, skip_last, within):
+    """`rows_near_stop` (its length rule spelled inline) picks what `length_stop` gives, row by row."""
+    running, quick_stop = [], []
+    for index, (prompt, outputs, max_tokens, limit) in enumerate(rows):
+        running.append(_Request(index=index, num_prompt_tokens=prompt, output_token_ids=[7] * outputs,
+                                sampling_params=SimpleNamespace(max_tokens=max_tokens)))
+        quick_stop.append(None if limit is None else (frozenset({2}), limit))
+    left = {req.index: length_stop(req, quick_stop[req.index], lag, MAX_MODEL_LEN, skip_last)
+            - len(req.output_token_ids) for req in running if quick_stop[req.index] is not None}
+    expected = sorted((n, i) for i, n in left.items() if n <= within)
+    watched = rows_near_stop(running, quick_stop, lag, MAX_MODEL_LEN, skip_last, within)
+    assert [req.index for req in watched] == [i for _, i in expected]

@@ -228,12 +228,23 @@ def rows_near_stop(running: list, quick_stop: list, lag: int, max_model_len: int
     """The running rows within `within` outputs of their length stop, nearest first: the rows to
     watch for `near_length_stop` after a refusal (one pass, instead of one per row that stops)."""
     near = []
+    edge = max_model_len - lag + 1  # (`length_stop` inline: a call per row cost more than the rest of it)
+    skip_last = lag and skip_last
     for req in running:
         quick = quick_stop[req.index]
-        if quick is not None:
-            left = length_stop(req, quick, lag, max_model_len, skip_last) - len(req.output_token_ids)
-            if left <= within:
-                near.append((left, len(near), req))
+        if quick is None:
+            continue
+        prompt = req.num_prompt_tokens
+        stop = edge - prompt
+        if skip_last:
+            cap = req.sampling_params.max_tokens or max_model_len - prompt
+            if cap < stop:
+                stop = cap
+        if quick[1] < stop:
+            stop = quick[1]
+        left = stop - len(req.output_token_ids)
+        if left <= within:
+            near.append((left, len(near), req))
     near.sort()
     return [req for _, _, req in near]
 
