@@ -37,7 +37,8 @@ def _like(m, k: float, n: float):
 
 
 def _scaled(m, flop: float, byte: float):
-    return dataclasses.replace(m, s_per_flop=m.s_per_flop * flop, s_per_byte=m.s_per_byte * byte)
+    return dataclasses.replace(m, s_per_flop=m.s_per_flop * flop, s_per_byte=m.s_per_byte * byte,
+                               dram_s_per_byte=m.dram_s_per_byte * byte)
 
 
 def _precision_matmuls(base, spec, measured: bool) -> dict:

@@ -13,6 +13,7 @@ from .calibration import Calibration
 from .collectives import CollectiveCurve, collective_curve
 from .roofline import Coeffs, experts_hit
 from .shape_keys import attention_coeffs, matmul_coeffs, moe_coeffs
+from .weights_l2 import weight_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,18 @@ class MatmulOp:
     overhead_s: float
     tile_rows: float
     row_step: float = 0.0  # the kernel computes padded_rows(rows, row_step) rows (0: the rows given)
+    #: The weight read from DRAM where the shape's fit saw it in L2 (weights_l2.weight_floor): the memory
+    #: side takes at least dtype bytes x (weight + width) x dram_s_per_byte + dram_extra_s (0: no floor).
+    dram_s_per_byte: float = 0.0
+    dram_extra_s: float = 0.0
 
     def time(self, rows: float, dtype_bytes: float) -> float:
         computed = padded_rows(rows, self.row_step) if self.row_step else rows
         compute = 2.0 * computed * self.weight * self.s_per_flop * (1.0 + self.tile_rows / computed)
         memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
+        if self.dram_s_per_byte:
+            weight_read = dtype_bytes * (self.width + self.weight) * self.dram_s_per_byte + self.dram_extra_s
+            memory = max(memory, weight_read)
         return (compute if compute > memory else memory) + self.overhead_s
 
 
@@ -50,9 +58,12 @@ def padded_rows(rows: float, step: float) -> float:
 
 
 def matmul_operator(cal: Calibration, op: str, k: float, n: float) -> MatmulOp:
-    """The `MatmulOp` of weight [k x n], priced at its shape's coefficients where calibrated."""
-    c = (matmul_coeffs(cal.coeffs, n, k) or cal.coeffs.get(f"matmul.{op}") or cal.coeffs["matmul"])
-    return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows)
+    """The `MatmulOp` of weight [k x n], priced at its shape's coefficients where calibrated (a shape
+    whose benchmark weights sat in L2 reads them at least at the DRAM line in serving, weights_l2.py)."""
+    shaped = matmul_coeffs(cal.coeffs, n, k)
+    c = shaped or cal.coeffs.get(f"matmul.{op}") or cal.coeffs["matmul"]
+    floor = weight_floor(cal.coeffs, cal.device, n, k, c) if shaped else (0.0, 0.0)
+    return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows, 0.0, *floor)
 
 
 def attention_operator(cal: Calibration, family: str, heads: float, kv_heads: float, head_dim: float) -> Coeffs:

@@ -1,0 +1,106 @@
+"""GEMM weights that AIConfigurator timed in L2, read from DRAM in serving (issue 14; kernels_cost_model/weights_l2.py).
+
+    python benchmarks/weights_l2.py [--gpu l40s] [--model qwen2.5-0.5b --tp 1]
+
+Per GPU with an AIConfigurator GEMM grid: the DRAM line (fitted over the grid shapes whose 6 weight copies
+exceed the L2), the grid shapes whose copies fit (L2-resident in the benchmark) and how many of them serving
+now prices slower, and their one-row rate (bytes / priced time of an m = 1 launch) in the benchmark state
+against serving. Then, per (model, GPU, TP), the step time of decodes (1, 32, 256 requests at 1,024 cached
+tokens) and of a 2,048-token prefill with the floor and without it. Reads only the shipped calibrations.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels_cost_model import make_cost_model  # noqa: E402
+from kernels_cost_model.aiconfigurator_tables import SYSTEMS  # noqa: E402
+from kernels_cost_model.batch import BatchShape  # noqa: E402
+from kernels_cost_model.calibration import shipped_calibration  # noqa: E402
+from kernels_cost_model.operators import matmul_operator  # noqa: E402
+from kernels_cost_model.weights_l2 import dram_line, grid_shapes, one_row_bytes, weights_in_l2  # noqa: E402
+
+MIB = 2**20
+MATMULS = ("qkv", "o", "up", "down", "lm_head")
+#: (model, GPU, TP) whose steps are shown by default: a small model and TP-split ranks.
+CASES = (("qwen2.5-0.5b", "l40s", 1), ("llama-3.1-8b", "l40s", 4), ("llama-3.1-8b", "h100", 4),
+         ("llama-3.1-8b", "rtx-pro-6000", 4), ("llama-3.1-8b", "b200", 8), ("llama-3.1-8b", "h100", 1))
+
+
+def shape_rates(device: str, low: float = 0.0, high: float = float("inf")) -> dict:
+    """One-row rates (bytes/s) of the L2-resident grid shapes with `low` <= weight bytes <= `high`."""
+    cal = shipped_calibration(device)
+    bench, served = [], []
+    for (n, k), c in grid_shapes(cal.coeffs).items():
+        if weights_in_l2(device, n, k) and low <= 2 * n * k <= high:
+            nbytes = one_row_bytes(n, k)
+            bench.append(nbytes / c.time(0.0, nbytes))
+            served.append(nbytes / matmul_operator(cal, "matmul", k, n).time(1, 2))
+    return {"bench": np.array(bench), "served": np.array(served)}
+
+
+def report_gpu(device: str) -> None:
+    cal = shipped_calibration(device)
+    line = dram_line(cal.coeffs, device)
+    if line is None:
+        print(f"{device}: no GEMM grid with an L2 size; unchanged")
+        return
+    rates = shape_rates(device)
+    raised = int(np.sum(rates["served"] < rates["bench"] * (1 - 1e-12)))
+    print(f"{device}: DRAM line {line.overhead_s * 1e6:.2f} us + bytes at {1 / line.s_per_byte / 1e9:,.0f} GB/s; "
+          f"{len(rates['bench'])} grid shapes L2-resident in the benchmark, {raised} priced slower in serving; "
+          f"one-row rate median {np.median(rates['bench']) / 1e9:,.0f} -> {np.median(rates['served']) / 1e9:,.0f} GB/s")
+    mid = shape_rates(device, 4 * MIB, 12 * MIB)
+    if len(mid["bench"]):
+        print(f"  weights of 4-12 MiB ({len(mid['bench'])} shapes): one-row rate median "
+              f"{np.median(mid['bench']) / 1e9:,.0f} -> {np.median(mid['served']) / 1e9:,.0f} GB/s")
+
+
+def without_floor(cm):
+    """The cost model with every matmul at its shape's benchmark fit (the floor removed)."""
+    ops = {name: dataclasses.replace(getattr(cm, name), dram_s_per_byte=0.0, dram_extra_s=0.0) for name in MATMULS}
+    return dataclasses.replace(cm, **ops)
+
+
+def step_times(cm) -> list[float]:
+    batches = [BatchShape([1] * n, [1024] * n, num_sampled=n) for n in (1, 32, 256)]
+    return [cm.step_time(b) for b in (*batches, BatchShape([2048], [0], num_sampled=1))]
+
+
+def report_step(model: str, gpu: str, tp: int) -> None:
+    cm = make_cost_model(model, gpu, tensor_parallel_size=tp)
+    floored = [name for name in MATMULS if getattr(cm, name).dram_s_per_byte]
+    before, after = step_times(without_floor(cm)), step_times(cm)
+    cells = "  ".join(f"{b * 1e3:.3f} -> {a * 1e3:.3f} ({100 * (a / b - 1):+.1f} %)" for b, a in zip(before, after))
+    print(f"{model} on {gpu}, TP {tp} (floored: {', '.join(floored) or 'none'}): decodes 1 / 32 / 256, "
+          f"prefill 2,048 (ms): {cells}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="append", choices=sorted(SYSTEMS.values()), help="default: all")
+    parser.add_argument("--model", help="one model's steps (with --tp) instead of the default cases")
+    parser.add_argument("--tp", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for device in args.gpu or sorted(SYSTEMS.values()):
+        report_gpu(device)
+    cases = [(args.model, gpu, args.tp) for gpu in (args.gpu or ["l40s"])] if args.model else CASES
+    for model, gpu, tp in cases:
+        report_step(model, gpu, tp)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""GEMM weights timed in L2 (a benchmark state: the collector cycles 6 copies) are read from DRAM in serving."""
+import pytest
+
+from kernels_cost_model import make_cost_model, weights_l2
+from kernels_cost_model.calibration import predict, shipped_calibration
+from kernels_cost_model.operators import matmul_operator
+from kernels_cost_model.profile_schema import validate_row
+from kernels_cost_model.shape_keys import matmul_key
+from kernels_cost_model.weights_l2 import dram_line, grid_shapes, one_row_bytes, weight_floor, weights_in_l2
+from tests.benchmark_loader import load_benchmark
+
+MIB = 2**20
+
+
+def _row(device: str, m: float, n: float, k: float) -> dict:
+    return validate_row({"operator": "matmul", "m": m, "n": n, "k": k, "dtype": "bfloat16", "measured_s": 1e-5,
+                         "device": device, "source": "test"}, "test")
+
+
+def test_residency_is_six_copies_of_the_weight_against_the_l2(monkeypatch):
+    # l40s, 96 MiB of L2: 4096 x 2048 bf16 is 16 MiB, six copies 96 MiB (fit); 4096 x 2560 is 20 MiB (no)
+    assert weights_in_l2("l40s", 4096, 2048)
+    assert not weights_in_l2("l40s", 4096, 2560)
+    # h100, 50 MiB: six copies of 8 MiB fit, of 9 MiB not
+    assert weights_in_l2("h100-sxm", 4096, 1024) and not weights_in_l2("h100-sxm", 4608, 1024)
+    assert not weights_in_l2("no-such-gpu", 512, 512)           # no L2 size: never resident
+    monkeypatch.setattr(weights_l2, "GEMM_WEIGHT_COPIES", 1)    # one copy: 20 MiB fits in 96 MiB
+    assert weights_in_l2("l40s", 4096, 2560)
+
+
+def test_dram_line_is_fitted_on_the_shapes_that_were_not_l2_resident():
+    cal = shipped_calibration("l40s")
+    line = dram_line(cal.coeffs, "l40s")
+    # the L40S's weights past 16 MiB stream at 660-720 GB/s, under its 864 GB/s of DRAM
+    assert 600e9 < 1.0 / line.s_per_byte < 864e9
+    shapes = [s for s in grid_shapes(cal.coeffs) if not weights_in_l2("l40s", *s)]
+    assert len(shapes) > 100
+    assert dram_line({}, "l40s") is None and dram_line(cal.coeffs, "no-such-gpu") is None
+
+
+@pytest.mark.parametrize("device, n, k", [("l40s", 4096, 1024), ("l40s", 3072, 2048), ("h100-sxm", 4096, 1024)])
+def test_an_l2_resident_shape_is_served_at_the_dram_line(device, n, k):
+    cal = shipped_calibration(device)
+    line = dram_line(cal.coeffs, device)
+    nbytes = one_row_bytes(n, k)
+    bench = predict([_row(device, 1, n, k)], cal)[0]
+    served = matmul_operator(cal, "matmul", k, n).time(1, 2)
+    assert bench < line.time(0.0, nbytes)              # the benchmark (L2) state is faster than DRAM ...
+    assert served == pytest.approx(line.time(0.0, nbytes), rel=1e-9)  # ... serving pays the DRAM line
+
+
+def test_the_benchmark_state_still_reproduces_its_rows():
+    # predict (the held-out errors) prices the rows at the shape's own fit, with no floor
+    cal = shipped_calibration("l40s")
+    c = cal.coeffs[matmul_key(4096, 1024)]
+    for m in (1, 8, 4096):
+        flops, nbytes = 2.0 * m * 4096 * 1024, 2.0 * (m * 1024 + 4096 * 1024 + m * 4096)
+        assert predict([_row("l40s", m, 4096, 1024)], cal)[0] == pytest.approx(c.time(flops, nbytes, m), rel=1e-12)
+
+
+def test_large_batches_and_dram_shapes_keep_their_fit():
+    cal = shipped_calibration("l40s")
+    resident = matmul_operator(cal, "matmul", 1024, 4096)
+    assert resident.dram_s_per_byte > 0
+    unfloored = type(resident)(*(getattr(resident, f) for f in ("weight", "width", "s_per_flop", "s_per_byte",
+                                                                "overhead_s", "tile_rows")))
+    assert resident.time(4096, 2) == unfloored.time(4096, 2)   # compute-bound: the shape's fit
+    assert resident.time(1, 2) > unfloored.time(1, 2)
+    dram = matmul_operator(cal, "matmul", 2560, 4096)            # 20 MiB: timed from DRAM already
+    assert (dram.dram_s_per_byte, dram.dram_extra_s) == (0.0, 0.0)
+    # a shape priced from the operator or family coefficients (no grid) has no floor
+    assert weight_floor({}, "l40s", 4096, 1024, cal.coeffs["matmul"]) == (0.0, 0.0)
+    # a model layer's own shape off the grid (per-layer profiles: a real forward pass) has none either
+    own = {**cal.coeffs, matmul_key(3000, 1000): cal.coeffs["matmul@3072x1024"]}
+    assert weight_floor(own, "l40s", 3000, 1000, own[matmul_key(3000, 1000)]) == (0.0, 0.0)
+    assert weight_floor(own, "l40s", 3072, 1024, own["matmul@3072x1024"])[0] > 0
+
+
+def test_gpus_without_a_gemm_grid_are_unchanged():
+    # LLMServingSim's per-layer profiles time a real forward pass (weights from DRAM): no grid, no floor
+    for name in ("rtx-4090", "rtx-pro-6000@vllm-0.19"):
+        cal = shipped_calibration(name)
+        op = matmul_operator(cal, "qkv_proj", 4096, 6144)
+        assert (op.dram_s_per_byte, op.dram_extra_s) == (0.0, 0.0)
+
+
+def test_default_h100_llama_8b_shapes_are_not_l2_resident():
+    # the README's default run (Llama-3.1-8B, TP 1 on H100): every weight is past 50 / 6 MiB
+    for k, n in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)):
+        assert not weights_in_l2("h100-sxm", n, k)
+    assert 6 * 2 * 4096 * 4096 > 50 * MIB
+
+
+def test_a_small_model_on_l40s_decodes_slower_and_prefills_the_same():
+    bench = load_benchmark("weights_l2")
+    cm = make_cost_model("qwen2.5-0.5b", "l40s")
+    assert [name for name in bench.MATMULS if getattr(cm, name).dram_s_per_byte] == ["qkv", "o", "down"]
+    before, after = bench.step_times(bench.without_floor(cm)), bench.step_times(cm)
+    assert after[0] > 1.05 * before[0]          # one decode: weight-bound, its small weights now from DRAM
+    assert after[3] == before[3]                # a 2,048-token prefill: compute-bound, unchanged
+
+
+def test_the_benchmark_script_runs(capsys):
+    assert load_benchmark("weights_l2").main(["--gpu", "l40s", "--model", "qwen2.5-0.5b"]) == 0
+    out = capsys.readouterr().out
+    assert "l40s: DRAM line" in out and "floored: qkv, o, down" in out
