@@ -54,9 +54,11 @@ def held_out_table(device: str, held: list[dict], cal: Calibration) -> None:
 
 
 def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
-    """Named variants (`<gpu>@<tag>`) are left out with their GPU and are not scored themselves."""
+    """Each GPU of `helds` scored at the defaults derived from every *other* shipped calibration (not
+    only those of `helds`: a GPU picked alone still has its donors). Named variants (`<gpu>@<tag>`) are
+    left out with their GPU and are not scored themselves."""
     helds = {d: h for d, h in helds.items() if device_of(d) == d}
-    cals = {d: shipped_calibration(d) for d in helds}
+    cals = {d: shipped_calibration(d) for d in SOURCES if device_of(d) == d}
     gpus = {d: get_gpu(d) for d in helds}
     print("\nleave one GPU out: defaults derived from the other calibrated GPUs, median held-out error")
     print(f"  {'GPU (architecture)':28s} " + " ".join(f"{f.replace('_attention', '_attn')[:16]:>17s}" for f in ALL))
@@ -69,7 +71,8 @@ def leave_one_gpu_out(helds: dict[str, list[dict]]) -> None:
             cells = " ".join(f"{100 * medians[f]:16.1f}%" if f in medians else f"{'-':>17s}" for f in ALL)
             print(f"  {device + ' (' + gpus[device].architecture + ')':28s} {cells}  [{label} defaults]")
     for label, table in rows.items():
-        cells = " ".join(f"{100 * np.median([m[f] for m in table if f in m]):16.1f}%" for f in ALL)
+        scored = {f: [m[f] for m in table if f in m] for f in ALL}
+        cells = " ".join(f"{100 * np.median(scored[f]):16.1f}%" if scored[f] else f"{'-':>17s}" for f in ALL)
         print(f"  {'median over GPUs':28s} {cells}  [{label} defaults]")
 
 
@@ -91,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         for device in args.gpu or sorted(SOURCES):
             _fit, helds[device] = holdout_split(device_rows(args.profiles, device))
             held_out_table(device, helds[device], shipped_calibration(device))
-        if len(helds) > 1:
-            leave_one_gpu_out(helds)
+        leave_one_gpu_out(helds)
     else:
         print(f"no profiles at {args.profiles}: skipping the GPU tables")
     if args.torch_cpu:
