@@ -13,20 +13,28 @@
   changes no record.
 - A decode row's one token in flight is its placeholder under async scheduling, so the hot paths move one
   counter for it (`Request.num_in_flight_extra`): a request's tokens in flight are still those of the
-  steps in flight that schedule it."""
+  steps in flight that schedule it.
+- The engine loop moves SimPy's clock on by a step's duration without a timeout where no event is due by
+  the step's end (`EngineProcess._pass_time`); yielding a timeout for every step changes no record, with
+  aborts, closed-loop clients, a run cut short by `until` and replicas sharing one clock."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from unittest import mock
 
 import simpy
 from hypothesis import given, strategies as st
 
 from tests.engine_harness import engine_configs, for_policy, scripted_specs
+from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.kv_cache import KVCacheManager
 from sim.core.scheduler_profiles import get_scheduler_profile
 from sim.engine.engine import Engine
-from sim.engine.simulation import EngineProcess, start_workload
+from sim.engine.simulation import EngineProcess, run_engine, start_workload
+from tests.test_fast_mode import assert_identical, configs, long_runs
+from workloads import poisson_workload
 
 
 class NoInlineKV(KVCacheManager):
@@ -173,3 +181,54 @@ def _in_flight_checked(specs, config) -> int:
 def test_tokens_in_flight_are_those_of_the_steps_in_flight(specs, config, policy, async_scheduling):
     config = for_policy(config, policy, async_scheduling=async_scheduling, mode="step")
     assert _in_flight_checked(specs, config) > 0
+
+
+def _timed_every_step(run):
+    """`run()` with the engine loop yielding a SimPy timeout for every step (no clock moved directly)."""
+    with mock.patch.object(EngineProcess, "_pass_time", lambda self, delay: False):
+        return run()
+
+
+@given(long_runs(), configs(), st.sampled_from(["fast", "step"]), st.floats(0.0, 1.0))
+def test_passing_time_without_a_timeout_changes_no_record(specs, config, mode, cut):
+    """A whole run, and one cut short by `until` exactly at a step's end (SimPy stops there first)."""
+    config = replace(config, mode=mode)
+    run = lambda until=None: run_engine(specs, config, LinearCostModel(), until=until)  # noqa: E731
+    whole = run()
+    assert_identical(_timed_every_step(run), whole)
+    ends = [start + duration for start, duration in zip(whole.steps.start_time, whole.steps.duration)
+            if duration > 0]
+    if ends:
+        until = ends[int(cut * (len(ends) - 1))]
+        assert_identical(_timed_every_step(lambda: run(until)), run(until))
+
+
+@given(st.sampled_from(["fast", "step"]), st.booleans(), st.sampled_from([None, 0.5, 2.0]))
+def test_passing_time_changes_no_record_beside_clients_and_replicas(mode, async_scheduling, until):
+    """Closed-loop clients (each finish schedules an event at its time), `until`, and two replicas whose
+    steps interleave on one clock."""
+    from sim import SimulationConfig
+    from sim.planning.cluster import simulate_cluster
+    from workloads import ClosedLoopClients, Independent, ThinkTime, Uniform
+    config = EngineConfig(num_gpu_blocks=600, max_model_len=1024, mode=mode, async_scheduling=async_scheduling)
+    clients = ClosedLoopClients(4, 30, Independent(Uniform(1, 200), Uniform(1, 120)), think_time=ThinkTime(0.05))
+    run = lambda: run_engine(clients, config, LinearCostModel(), until=until)  # noqa: E731
+    assert_identical(_timed_every_step(run), run())
+    cluster = SimulationConfig(engine=config, workload={"num_requests": 40, "rate": 30.0})
+    both = lambda: simulate_cluster(cluster, 2).results.requests.to_csv()  # noqa: E731
+    assert _timed_every_step(both) == both()
+
+
+def test_most_overloaded_steps_pass_time_without_a_timeout():
+    """Under overload a step often ends before the next arrival: the loop then makes no timeout."""
+    passed = []
+    pass_time = EngineProcess._pass_time
+
+    def counted(self, delay):
+        passed.append(pass_time(self, delay))
+        return passed[-1]
+
+    config = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, mode="step")
+    with mock.patch.object(EngineProcess, "_pass_time", counted):
+        run_engine(poisson_workload(rate=30.0, num_requests=60, lengths="sharegpt"), config, LinearCostModel())
+    assert sum(passed) > len(passed) // 4

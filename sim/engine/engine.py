@@ -220,14 +220,10 @@ class Engine(TokenUpdate):
             context, samples = self._rows(scheduled)
         else:
             new, context, samples = self._rows_advanced(plan)
-        first_scheduled = self.requests.first_scheduled_time
-        for req in plan.admitted:
-            if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
-                first_scheduled[req.index] = now
+        if plan.admitted or plan.preempted:  # (a decode step under overload has neither)
+            self._queue_moves(plan, now)
         covers = len(scheduled) == len(self.state.running)
         shared = self.shared_times
-        if shared is not None:
-            self._shared_times_moves(shared, plan)
         all_decodes = plan.num_decodes == len(scheduled)  # (each samples: `SchedulerOutput.num_decodes`)
         batch = BatchShape(new, context, len(samples) if all_decodes else sum(samples))
         if self.config.check_invariants:
@@ -247,6 +243,16 @@ class Engine(TokenUpdate):
                 and self.spin_watch.recurred(self):
             self.on_spin()
         return step
+
+    def _queue_moves(self, plan, now: float) -> None:
+        """The plan's admitted requests are first scheduled at `now` (unless they were before a
+        preemption); under shared step times they start running, its preempted ones stop."""
+        first_scheduled = self.requests.first_scheduled_time
+        for req in plan.admitted:
+            if first_scheduled[req.index] != first_scheduled[req.index]:  # NaN: first time
+                first_scheduled[req.index] = now
+        if self.shared_times is not None:
+            self._shared_times_moves(self.shared_times, plan)
 
     def _shared_times_moves(self, shared: SharedTimes, plan) -> None:
         """The plan's admitted requests start running, its preempted ones stop (shared step times)."""
@@ -347,9 +353,10 @@ class Engine(TokenUpdate):
         scheduling), where the caller knows it."""
         self.steps_in_flight -= 1
         self.following_covers = following is not None and following.covers_running
-        for req in self.pending_aborts:
-            self._abort_now(req, now)
-        self.pending_aborts.clear()
+        if self.pending_aborts:
+            for req in self.pending_aborts:
+                self._abort_now(req, now)
+            self.pending_aborts.clear()
         finished = self.apply_rows(step, now)
         if finished or self.hooks:  # (a hook ends each step in `_retire`)
             self._retire(finished, now)
