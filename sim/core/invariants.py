@@ -5,6 +5,8 @@ from collections import Counter
 
 from kernels_cost_model.model_shapes import CHUNKED
 
+from sim.core.request import Request
+
 
 class InvariantError(AssertionError):
     """The engine reached a state that must never happen."""
@@ -79,6 +81,21 @@ def _check_kv(kv) -> None:
         _ensure(block not in free, f"block {block} is owned and free at once")
     for req, blocks in kv.req_blocks.items():
         _ensure(len(blocks) == len(set(blocks)), f"{req.request_id} holds a block twice")
+    if getattr(kv, "lazy", None) is not None:
+        _check_marked(kv)
+
+
+def _check_marked(kv) -> None:
+    """Deferred registration (sim.core.kv_lazy): the blocks marked for each private request (its
+    `block_hash` entries) are as many as its count of resident ones, and all of them as the manager's."""
+    marked = Counter(h for h in kv.block_hash if type(h) is Request)
+    _ensure(sum(marked.values()) == kv.lazy_blocks,
+            f"{sum(marked.values())} marked blocks but lazy_blocks {kv.lazy_blocks}")
+    tracked = {req for holders in kv.lazy.holders.values() for req in holders}
+    for req in tracked | set(marked):
+        _ensure(req in tracked and (req.kv_lazy or not marked[req]) and req.kv_lazy_resident == marked[req],
+                f"{req.request_id}: {marked[req]} marked blocks but kv_lazy_resident {req.kv_lazy_resident}"
+                f" (kv_lazy {req.kv_lazy}, tracked {req in tracked})")
 
 
 def _check_groups(kv, req) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from array import array
 from itertools import islice
 
-from sim.core.kv_lazy import LAZY
 from sim.core.request import Request
 
 
@@ -141,8 +140,7 @@ class PrefixCache:
             if num_full == done + 1:  # (`PrivatePrefixes.mark` of one block, inline: a decode row's)
                 block = self.req_blocks[req][done]
                 if self.block_hash[block] is None:
-                    self.block_hash[block] = LAZY
-                    self.lazy.owner[block] = req
+                    self.block_hash[block] = req  # (marked: its owner in place of a hash)
                     self.lazy_blocks += 1
                     req.kv_lazy_resident += 1
                 self.num_hashed_blocks[req] = num_full
