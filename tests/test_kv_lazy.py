@@ -137,8 +137,8 @@ def _kv_state(kv, requests) -> tuple:
 
 @given(MOVES)
 def test_bulk_eviction_leaves_the_manager_as_one_pop_at_a_time(moves):
-    """`_pop_free_many` reads what the blocks it takes held in C and settles marked blocks per owner:
-    the manager ends every move as `count` `_pop_free` calls leave it, and its invariants hold. Names
+    """`_pop_free_many` settles the marked blocks it takes run by run, an owner's count at a time: the
+    manager ends every move as `count` `_pop_free` calls leave it, and its invariants hold. Names
     0 and 3 share a first block (not private); a name's requests alternate between two first blocks
     (a finished one's marked blocks are evicted, or hashed when the next but one arrives)."""
     from sim.core.invariants import _check_kv

@@ -86,11 +86,18 @@ def _check_kv(kv) -> None:
 
 
 def _check_marked(kv) -> None:
-    """Deferred registration (sim.core.kv_lazy): the blocks marked for each private request (its
-    `block_hash` entries) are as many as its count of resident ones, and all of them as the manager's."""
+    """Deferred registration (sim.core.kv_lazy): a private request's blocks are its marked ones (their
+    `block_hash` entry is the request), then ones holding nothing; the blocks marked for each request are
+    as many as its count of resident ones, and all of them as the manager's."""
     marked = Counter(h for h in kv.block_hash if type(h) is Request)
     _ensure(sum(marked.values()) == kv.lazy_blocks,
             f"{sum(marked.values())} marked blocks but lazy_blocks {kv.lazy_blocks}")
+    for req, blocks in kv.req_blocks.items():  # (marking skips the check that a block holds nothing)
+        if req.kv_lazy:
+            done = kv.num_hashed_blocks.get(req, 0)
+            _ensure(all(kv.block_hash[b] is req for b in blocks[:done])
+                    and all(kv.block_hash[b] is None for b in blocks[done:]),
+                    f"{req.request_id}: a private request's blocks are not its marked ones, then unmarked ones")
     tracked = {req for holders in kv.lazy.holders.values() for req in holders}
     for req in tracked | set(marked):
         _ensure(req in tracked and (req.kv_lazy or not marked[req]) and req.kv_lazy_resident == marked[req],

@@ -18,8 +18,6 @@ enters its engine must go through `arrive`, so that no chain appears unseen.
 """
 from __future__ import annotations
 
-from operator import itemgetter
-
 import numpy as np
 
 ENABLED = True
@@ -64,19 +62,12 @@ class PrivatePrefixes:
         """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked (their
         `block_hash` entry is `req`), not hashed."""
         kv = self.kv
-        block_hash, marked = kv.block_hash, 0
+        block_hash = kv.block_hash
         blocks = kv.req_blocks[req][done:num_full]
-        if len(blocks) > 1 and itemgetter(*blocks)(block_hash).count(None) == len(blocks):
-            for block in blocks:  # all hold nothing yet (a prompt's fresh blocks: the usual case)
-                block_hash[block] = req
-            marked = len(blocks)
-        else:
-            for block in blocks:
-                if block_hash[block] is None:
-                    block_hash[block] = req
-                    marked += 1
-        kv.lazy_blocks += marked
-        req.kv_lazy_resident += marked
+        for block in blocks:  # (each holds nothing: a private request hits no prefix, so its blocks are
+            block_hash[block] = req  # its own fresh ones, and those past `done` unmarked)
+        kv.lazy_blocks += len(blocks)
+        req.kv_lazy_resident += len(blocks)
         kv.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * kv.block_size
 
