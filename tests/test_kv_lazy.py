@@ -14,7 +14,7 @@ from sim.core import kv_lazy
 from sim.core.config import EngineConfig
 from sim.core.cost import LinearCostModel
 from sim.core.kv_cache import KVCacheManager
-from sim.core.kv_lazy import LAZY, first_block_key
+from sim.core.kv_lazy import first_block_key
 from sim.core.request import Request
 from sim.core.sampling_params import SamplingParams
 from sim.core.speculative import SpeculativeConfig
@@ -74,7 +74,8 @@ def test_a_private_request_marks_its_blocks_and_counts_them_as_cached():
     for kv in (eager, lazy):
         admit(kv, request(range(10, 22)), 12)
     assert lazy.cached == {} and lazy.lazy_blocks == 3
-    assert [lazy.block_hash[b] for b in lazy.req_blocks[next(iter(lazy.req_blocks))]] == [LAZY] * 3
+    req = next(iter(lazy.req_blocks))
+    assert [lazy.block_hash[b] for b in lazy.req_blocks[req]] == [req] * 3  # (marked: the owner)
     assert lazy.num_cached_hashes == eager.num_cached_hashes == 3
 
 
@@ -119,3 +120,56 @@ def test_deferred_registration_gives_the_eager_records_with_speculative_decoding
             cfg = padded_budget(replace(config, async_scheduling=None if method == "eagle3" else False), k)
             records.append(run_engine(specs, cfg, LinearCostModel(), token_text=TOKEN_TEXT, hooks=hooks))
     assert_identical(*records)
+
+
+MOVES = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 30),
+                           st.sampled_from(["grow", "grow", "grow", "preempt", "finish", "finish"])),
+                 min_size=20, max_size=60)
+
+
+def _kv_state(kv, requests) -> tuple:
+    """Everything the manager holds, a marked block's owner named by its id."""
+    hashes = [("owner", h.request_id) if type(h) is Request else h for h in kv.block_hash]
+    return (list(kv.free_queue), list(kv.ref_cnt), hashes, dict(kv.cached),
+            {h: list(more) for h, more in kv.more_holders.items()}, kv.lazy_blocks,
+            [(req.kv_lazy, req.kv_lazy_resident, req.kv_key is None, kv.blocks_of(req)) for req in requests])
+
+
+@given(MOVES)
+def test_bulk_eviction_leaves_the_manager_as_one_pop_at_a_time(moves):
+    """`_pop_free_many` settles the marked blocks it takes run by run, an owner's count at a time: the
+    manager ends every move as `count` `_pop_free` calls leave it, and its invariants hold. Names
+    0 and 3 share a first block (not private); a name's requests alternate between two first blocks
+    (a finished one's marked blocks are evicted, or hashed when the next but one arrives)."""
+    from sim.core.invariants import _check_kv
+    states = []
+    for bulk in (True, False):
+        kv = KVCacheManager(24, 4, True)  # 23 usable blocks: a request's prompt takes 10
+        assert kv.enable_private_prefixes()
+        if not bulk:
+            kv._pop_free_many = lambda count, kv=kv: [kv._pop_free() for _ in range(count)]
+        live, requests, trace, made = {}, [], [], [0] * 6
+        for name, n, move in moves:
+            req = live.get(name)
+            if req is None:
+                first = (0 if name == 3 else name) + 10 * (made[name] % 2)
+                made[name] += 1
+                tokens = [first] * 4 + [100 * name + i for i in range(36)]
+                req = live[name] = request(tokens, index=len(requests))
+                requests.append(req)
+                kv.lazy.arrive(req, first_block_key(req, None, kv.block_size))
+            if move == "grow":
+                hits, num_hit = kv.lookup_prefix(req) if not req.num_computed_tokens else ([], 0)
+                n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
+                if n > 0 and kv.allocate(req, n, hits) is not None:
+                    req.num_computed_tokens += num_hit + n
+                    kv.cache_full_blocks(req)
+            else:
+                kv.free(req, forget=move == "finish")
+                req.num_computed_tokens = 0
+                if move == "finish":
+                    del live[name]
+            _check_kv(kv)
+            trace.append(_kv_state(kv, requests))
+        states.append(trace)
+    assert states[0] == states[1]

@@ -5,6 +5,8 @@ from collections import Counter
 
 from kernels_cost_model.model_shapes import CHUNKED
 
+from sim.core.request import Request
+
 
 class InvariantError(AssertionError):
     """The engine reached a state that must never happen."""
@@ -79,6 +81,28 @@ def _check_kv(kv) -> None:
         _ensure(block not in free, f"block {block} is owned and free at once")
     for req, blocks in kv.req_blocks.items():
         _ensure(len(blocks) == len(set(blocks)), f"{req.request_id} holds a block twice")
+    if getattr(kv, "lazy", None) is not None:
+        _check_marked(kv)
+
+
+def _check_marked(kv) -> None:
+    """Deferred registration (sim.core.kv_lazy): a private request's blocks are its marked ones (their
+    `block_hash` entry is the request), then ones holding nothing; the blocks marked for each request are
+    as many as its count of resident ones, and all of them as the manager's."""
+    marked = Counter(h for h in kv.block_hash if type(h) is Request)
+    _ensure(sum(marked.values()) == kv.lazy_blocks,
+            f"{sum(marked.values())} marked blocks but lazy_blocks {kv.lazy_blocks}")
+    for req, blocks in kv.req_blocks.items():  # (marking skips the check that a block holds nothing)
+        if req.kv_lazy:
+            done = kv.num_hashed_blocks.get(req, 0)
+            _ensure(all(kv.block_hash[b] is req for b in blocks[:done])
+                    and all(kv.block_hash[b] is None for b in blocks[done:]),
+                    f"{req.request_id}: a private request's blocks are not its marked ones, then unmarked ones")
+    tracked = {req for holders in kv.lazy.holders.values() for req in holders}
+    for req in tracked | set(marked):
+        _ensure(req in tracked and (req.kv_lazy or not marked[req]) and req.kv_lazy_resident == marked[req],
+                f"{req.request_id}: {marked[req]} marked blocks but kv_lazy_resident {req.kv_lazy_resident}"
+                f" (kv_lazy {req.kv_lazy}, tracked {req in tracked})")
 
 
 def _check_groups(kv, req) -> None:

@@ -19,7 +19,7 @@ from operator import itemgetter
 
 from kernels_cost_model.errors import require
 from sim.core.free_queue import FreeBlockQueue
-from sim.core.kv_lazy import LAZY, PrivatePrefixes
+from sim.core.kv_lazy import PrivatePrefixes
 from sim.core.kv_prefix import INT32, PrefixCache
 from sim.core.request import Request
 
@@ -37,7 +37,9 @@ class KVCacheManager(PrefixCache):
         self.enable_prefix_caching = enable_prefix_caching
         self.free_uncached_first = free_uncached_first
         self.ref_cnt = [0] * num_gpu_blocks
-        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        #: per block: the prefix hash it holds, None, or (a private request's full block, marked LAZY:
+        #: sim.core.kv_lazy) the request that owns it
+        self.block_hash: list[int | Request | None] = [None] * num_gpu_blocks
         self.free_queue = self._new_free_queue(num_gpu_blocks)
         #: block hash -> the block holding it that a prefix hit takes (the first registered); further
         #: holders (rare: identical blocks registered twice) in `more_holders`, oldest first
@@ -281,15 +283,13 @@ class KVCacheManager(PrefixCache):
             queue.count -= 1
         old_hash = self.block_hash[block]
         if old_hash is not None:
-            if old_hash == LAZY:  # (a LAZY eviction, as `_pop_free_many` settles them, inline: a call per
-                # block cost 5 % of the issue's 4 req/s run; the leaps pop one block at a time)
-                lazy = self.lazy
-                owner = lazy.owner[block]
-                lazy.owner[block] = None
+            if type(old_hash) is Request:  # a marked (LAZY) block: its owner. As `PrivatePrefixes.lose`
+                # settles them, inline: a call per block cost 5 % of the issue's 4 req/s run; the leaps
+                # pop one block at a time
                 self.lazy_blocks -= 1
-                owner.kv_lazy_resident -= 1
-                if not owner.kv_lazy_resident and owner.kv_lazy_blocks is not None:
-                    lazy.leave(owner)
+                old_hash.kv_lazy_resident -= 1
+                if not old_hash.kv_lazy_resident and old_hash.kv_lazy_blocks is not None:
+                    self.lazy.leave(old_hash)
             elif self.more_holders and old_hash in self.more_holders:
                 self._evict(old_hash, block)
             else:  # the usual case: it was the only holder
@@ -306,22 +306,18 @@ class KVCacheManager(PrefixCache):
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
         taken = self.free_queue.pop_front_many(count)
-        # a LAZY block leaves the count; its owner loses its blocks run by run (a request's blocks
-        # leave together), in this one pass
-        lazy = self.lazy
-        owner, last, run, num_lazy = lazy.owner if lazy is not None else None, None, 0, 0
+        # a marked block leaves the count; its owner loses its blocks run by run (a request's
+        # blocks leave together), in this one pass
+        owner, run = None, 0
         for block in taken:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
-                if old_hash == LAZY:
-                    req = owner[block]
-                    owner[block] = None
-                    if req is not last:
-                        if run:
-                            lazy._lose(last, run)
-                            num_lazy += run
-                        last, run = req, 0
+                if old_hash is owner:
                     run += 1
+                elif type(old_hash) is Request:  # marked: the first of its owner's run
+                    if run:
+                        self.lazy.lose(owner, run)
+                    owner, run = old_hash, 1
                 elif more_holders and old_hash in more_holders:
                     self._evict(old_hash, block)
                 else:  # the usual case: it was the only holder
@@ -329,8 +325,7 @@ class KVCacheManager(PrefixCache):
                 block_hash[block] = None
             ref_cnt[block] = 1
         if run:
-            self.lazy_blocks -= num_lazy + run
-            lazy._lose(last, run)
+            self.lazy.lose(owner, run)
         return taken
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
@@ -355,7 +350,7 @@ class KVCacheManager(PrefixCache):
             return
         order = blocks[::-1]  # tail blocks first
         if len(order) > 1 and itemgetter(*order)(self.ref_cnt).count(1) == len(order):
-            first, back = self._release_sole(order)  # (no other holder: the usual case)
+            first, back = self._release_sole(order, req)  # (no other holder: the usual case)
         else:
             first, back = self._release_shared(order)
         self.free_queue.push_back(back)
@@ -377,19 +372,20 @@ class KVCacheManager(PrefixCache):
                     back.append(block)
         return first, back
 
-    def _release_sole(self, order: list[int]) -> tuple[list[int], list[int]]:
+    def _release_sole(self, order: list[int], req: Request) -> tuple[list[int], list[int]]:
         """`_release_shared` where every block's count is 1 (a count covers each place a block is
-        held, so the request holds each once and alone): all are freed, and their hashes are sorted
-        in C (a private request's blocks are LAZY but for its last, part-filled one)."""
+        held, so `req` holds each once and alone): all are freed, and their hashes are sorted
+        in C (a private request's blocks are marked, `req` their owner, but for its last, part-filled
+        one)."""
         ref_cnt = self.ref_cnt
         for block in order:
             ref_cnt[block] = 0
         if not self.free_uncached_first:
             return [], order
         hashes = itemgetter(*order)(self.block_hash)
-        if hashes[-1] == LAZY:  # a private request's blocks: LAZY but for a part-filled last one. Counted
-            # by identity (-1 is a cached small int); `count(None)` compares None with each int instead
-            lazy = hashes.count(LAZY)
+        if hashes[-1] is req:  # a private request's blocks: marked but for a part-filled last one. Counted
+            # by identity; `count(None)` compares None with each owner instead
+            lazy = hashes.count(req)
             if lazy == len(order):
                 return [], order
             if lazy == len(order) - 1 and hashes[0] is None:

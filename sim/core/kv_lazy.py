@@ -5,25 +5,23 @@ blocks only if its own first block holds the same tokens. A request whose first 
 in the engine shares (no other live request, and no resident block from an earlier one) is *private*:
 the prefix cache's answer to every lookup is the same whether its blocks are hashed or not. Hashing
 them cost a fifth to a quarter of the issue-15 runs' time (docs/performance.md), so a private
-request's blocks are only marked (`LAZY`) as they fill; they count as cached (the steps' cached-block
-column), sit in the free queue as cached blocks do, and leave the count when evicted. They are hashed
-and registered, exactly as they would have been ("materialised"), the moment the request stops being
-private: when it is preempted (its own next lookup may hit them) or when a request with the same first
-block arrives, also after it finished while some of its blocks are still resident.
+request's blocks are only marked as they fill (a marked, "LAZY" block's `block_hash` entry is the
+request itself, its *owner*, where a registered block's is its hash: one table tells both); they count
+as cached (the steps' cached-block column), sit in the free queue as cached blocks do, and leave the
+count when evicted. They are hashed and registered, exactly as they would have been ("materialised"),
+the moment the request stops being private: when it is preempted (its own next lookup may hit them) or
+when a request with the same first block arrives, also after it finished while some of its blocks are
+still resident.
 
 Only the plain `KVCacheManager` defers (`KVCacheManager.enable_private_prefixes`); every request that
 enters its engine must go through `arrive`, so that no chain appears unseen.
 """
 from __future__ import annotations
 
-from operator import itemgetter
-
 import numpy as np
 
 ENABLED = True
 """Whether engines defer private requests' registration (tests turn it off to compare)."""
-LAZY = -1
-"""`block_hash` of a private request's full block, not hashed yet (Python's `hash` never returns -1)."""
 
 
 def first_block_key(req, stream, block_size: int) -> bytes:
@@ -44,8 +42,6 @@ class PrivatePrefixes:
         #: first-block bytes -> the live requests with that first block, and finished private ones
         #: with blocks still resident
         self.holders: dict[bytes, list] = {}
-        #: block -> the private request whose LAZY mark it holds
-        self.owner: list = [None] * kv.num_gpu_blocks
 
     def arrive(self, req, key: bytes, private_ok: bool = True) -> None:
         """Track `req` (entering the engine) by its first block `key`; it is private unless another
@@ -63,36 +59,29 @@ class PrivatePrefixes:
         req.kv_lazy = private_ok and hash((0, key)) not in self.kv.cached
 
     def mark(self, req, done: int, num_full: int) -> None:
-        """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked, not hashed."""
+        """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked (their
+        `block_hash` entry is `req`), not hashed."""
         kv = self.kv
-        block_hash, owner, marked = kv.block_hash, self.owner, 0
+        block_hash = kv.block_hash
         blocks = kv.req_blocks[req][done:num_full]
-        if len(blocks) > 1 and itemgetter(*blocks)(block_hash).count(None) == len(blocks):
-            for block in blocks:  # all hold nothing yet (a prompt's fresh blocks: the usual case)
-                block_hash[block] = LAZY
-                owner[block] = req
-            marked = len(blocks)
-        else:
-            for block in blocks:
-                if block_hash[block] is None:
-                    block_hash[block] = LAZY
-                    owner[block] = req
-                    marked += 1
-        kv.lazy_blocks += marked
-        req.kv_lazy_resident += marked
+        for block in blocks:  # (each holds nothing: a private request hits no prefix, so its blocks are
+            block_hash[block] = req  # its own fresh ones, and those past `done` unmarked)
+        kv.lazy_blocks += len(blocks)
+        req.kv_lazy_resident += len(blocks)
         kv.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * kv.block_size
 
-    def _lose(self, req, count: int) -> None:
-        """`count` of `req`'s LAZY blocks left the free queue (`KVCacheManager._pop_free_many` evicts a
+    def lose(self, req, count: int) -> None:
+        """`count` of `req`'s marked blocks left the free queue (`KVCacheManager._pop_free_many` evicts a
         request's blocks together, run by run): it leaves once none is resident and it is finished."""
+        self.kv.lazy_blocks -= count
         req.kv_lazy_resident -= count
         if not req.kv_lazy_resident and req.kv_lazy_blocks is not None:
             self.leave(req)
 
     def release(self, req, forget: bool) -> None:
         """`req`'s blocks are being freed: preempted (`forget` False), a private one is materialised
-        (its readmission looks its blocks up); finished, it leaves, or stays while it has LAZY blocks
+        (its readmission looks its blocks up); finished, it leaves, or stays while it has marked blocks
         resident (a later request with its first block must find them)."""
         if not forget:
             if req.kv_lazy:
@@ -106,17 +95,16 @@ class PrivatePrefixes:
             self.leave(req)
 
     def materialize(self, req) -> None:
-        """Hash and register `req`'s resident LAZY blocks as `cache_full_blocks` would have; it is no
+        """Hash and register `req`'s resident marked blocks as `cache_full_blocks` would have; it is no
         longer private."""
         kv = self.kv
         finished = req.kv_lazy_blocks is not None
         blocks = req.kv_lazy_blocks if finished else kv.req_blocks.get(req, [])[:kv.num_hashed_blocks.get(req, 0)]
         if req.kv_lazy_resident:
-            block_hash, owner, claim = kv.block_hash, self.owner, kv.cached.setdefault
+            block_hash, claim = kv.block_hash, kv.cached.setdefault
             for block, h in zip(blocks, kv._hashes(req, len(blocks))):
-                if block_hash[block] == LAZY and owner[block] is req:
+                if block_hash[block] is req:  # (a block evicted since may be another's now)
                     block_hash[block] = h
-                    owner[block] = None
                     kv.lazy_blocks -= 1
                     if claim(h, block) != block:
                         kv.more_holders.setdefault(h, {})[block] = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 from array import array
 from itertools import islice
 
-from sim.core.kv_lazy import LAZY
 from sim.core.request import Request
 
 
@@ -139,12 +138,9 @@ class PrefixCache:
         done = self.num_hashed_blocks.get(req, 0)
         if req.kv_lazy:  # a private request's blocks are marked, not hashed (sim.core.kv_lazy)
             if num_full == done + 1:  # (`PrivatePrefixes.mark` of one block, inline: a decode row's)
-                block = self.req_blocks[req][done]
-                if self.block_hash[block] is None:
-                    self.block_hash[block] = LAZY
-                    self.lazy.owner[block] = req
-                    self.lazy_blocks += 1
-                    req.kv_lazy_resident += 1
+                self.block_hash[self.req_blocks[req][done]] = req  # (marked: its owner in place of a hash)
+                self.lazy_blocks += 1
+                req.kv_lazy_resident += 1
                 self.num_hashed_blocks[req] = num_full
                 req.kv_register_at = (num_full + 1) * bs
             elif num_full > done:
