@@ -147,3 +147,50 @@ def test_an_fp8_model_decodes_slower_and_prefills_the_same():
     before, after = bench.step_times(bench.without_floor(cm)), bench.step_times(cm)
     assert after[0] > 1.01 * before[0] and after[1] > before[1]
     assert after[3] == before[3]
+
+
+def test_derived_gemm_shapes_are_judged_by_their_donors_l2():
+    from kernels_cost_model.derived_defaults import gemm_benchmark_device, shipped_defaults
+    from kernels_cost_model.hardware import get_gpu
+    d = shipped_defaults()
+    # the largest L2 among the GPUs the group's GEMM shape keys come from (not the target's own)
+    assert gemm_benchmark_device(get_gpu("l4"), d) == "l40s"              # ada: l40s 96 MiB, rtx-4090 72
+    assert gemm_benchmark_device(get_gpu("h100-pcie"), d) == "h200"       # hopper: 50 MiB both, name breaks it
+    assert gemm_benchmark_device(get_gpu("mi300x"), d) == "rtx-pro-6000"  # no group: all GPUs', 128 MiB
+    assert gemm_benchmark_device(get_gpu("l4"), {}) is None
+
+
+@pytest.mark.parametrize("name, n, k", [("l4", 4096, 1024), ("l40", 3072, 2048), ("h100-pcie", 4096, 1024)])
+def test_an_uncalibrated_gpus_derived_l2_shape_is_served_at_its_dram_line(name, n, k):
+    import dataclasses
+
+    from kernels_cost_model.calibration import uncalibrated
+    from kernels_cost_model.derived_defaults import GEMM_BENCHMARK_KEY
+    from kernels_cost_model.hardware import get_gpu
+    cal = uncalibrated(get_gpu(name))
+    donor = cal.provenance[GEMM_BENCHMARK_KEY]
+    assert weights_in_l2(donor, n, k) and matmul_key(n, k) in cal.coeffs
+    line = dram_line(cal.coeffs, donor)   # the target's derived shapes past the donors' L2, at its datasheet
+    served = matmul_operator(cal, "matmul", k, n)
+    bench = dataclasses.replace(served, dram_s_per_byte=0.0, dram_extra_s=0.0)  # the derived (benchmark) fit
+    assert bench.time(1, 2) < line.time(0.0, one_row_bytes(n, k))
+    assert served.time(1, 2) == pytest.approx(line.time(0.0, one_row_bytes(n, k)), rel=1e-9)
+    assert served.time(8192, 2) == bench.time(8192, 2)
+    # the l4 streams 300 GB/s from its DRAM: its derived small-shape rate was past that, the line is not
+    if name == "l4":
+        assert one_row_bytes(n, k) / bench.time(1, 2) > 300e9 > 1.0 / line.s_per_byte
+
+
+def test_an_uncalibrated_gpu_decodes_slower_and_prefills_the_same():
+    bench = load_benchmark("weights_l2")
+    with pytest.warns(UserWarning, match="no calibration shipped"):
+        cm = make_cost_model("qwen2.5-0.5b", "l4")
+    assert [name for name in bench.MATMULS if getattr(cm, name).dram_s_per_byte] == ["qkv", "o", "down"]
+    before, after = bench.step_times(bench.without_floor(cm)), bench.step_times(cm)
+    assert after[0] > 1.1 * before[0] and after[3] == before[3]
+
+
+def test_a_left_out_gpu_is_judged_by_the_other_gpus_l2():
+    from kernels_cost_model.derived_defaults import GEMM_BENCHMARK_KEY
+    from kernels_cost_model.gpu_calibration import left_out_calibration
+    assert left_out_calibration("l40s").provenance[GEMM_BENCHMARK_KEY] == "rtx-4090"  # ada without the l40s
