@@ -15,6 +15,11 @@ line gives, launch overhead plus bytes at a DRAM rate, fitted over the priced on
 shapes whose weights were not L2-resident (dram_line). A shape whose benchmark time is already slower
 keeps its own; the activations (in L2 in both states: the benchmark reuses one input, serving reads what
 the layer before just wrote) and the compute side stay at the shape's fit.
+
+The same holds for the collector's per-tensor FP8 rows (modern_kernels.gemm_op: one byte a weight element,
+`weight_bytes`) and for a GPU priced from derived defaults, whose shape keys are the calibrated GPUs'
+benchmark fits: residency is judged on the L2 of the donor GPU the calibration records
+(derived_defaults.gemm_benchmark_device), the line fitted over its own derived shapes.
 """
 from __future__ import annotations
 
