@@ -18,7 +18,7 @@ import numpy as np
 from kernels_cost_model.errors import ConfigError, read_json_file, require, require_path
 
 from .collectives import CollectiveCurve, measured_all_reduce
-from .derived_defaults import derivation, derived_coeffs, shipped_defaults
+from .derived_defaults import GEMM_BENCHMARK_KEY, derivation, derived_coeffs, gemm_benchmark_device, shipped_defaults
 from .prefill_waves import fa2_sms
 from .roofline import (FAMILIES, OPTIONAL_FAMILIES, PREFILL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs,
                        operator_cost, operator_keys, operator_rows, operator_seqs, prefill_context_bytes,
@@ -104,7 +104,8 @@ def uncalibrated(gpu, derived: bool = True) -> Calibration:
     efficiencies = {f: derivation(gpu, defaults, f) for f in FAMILIES}
     if measured_ar:
         efficiencies["all_reduce"] = "measured all-reduce of this GPU (data/collectives.csv)"
-    return Calibration(gpu.name, coeffs, {"kind": "uncalibrated roofline", "efficiencies": efficiencies})
+    return Calibration(gpu.name, coeffs, {"kind": "uncalibrated roofline", "efficiencies": efficiencies,
+                                          GEMM_BENCHMARK_KEY: gemm_benchmark_device(gpu, defaults)})
 
 
 def derived_from(cal: Calibration, family: str = "matmul") -> str | None:

@@ -234,6 +234,26 @@ def derived_coeffs(gpu, defaults: dict, families=(*FAMILIES, *OPTIONAL_FAMILIES)
     return out
 
 
+#: Provenance key of a calibration whose GEMM shape keys are derived defaults: the calibrated GPU whose L2
+#: says which of them the benchmark timed with their weights in L2 (weights_l2.py; operators.matmul_operator).
+GEMM_BENCHMARK_KEY = "gemm_benchmark_device"
+
+
+def gemm_benchmark_device(gpu, defaults: dict) -> str | None:
+    """Of the calibrated GPUs `gpu`'s derived GEMM shape keys come from (its group's, as derived_coeffs picks
+    them, else all GPUs'), the one with the largest L2 (name breaks ties); None without an L2 size.
+
+    A derived `matmul@n x k` is a median of those GPUs' benchmark fits, each taken with the weight in L2
+    where its 6 copies fit there (weights_l2.py), so a shape is judged by the largest donor L2 it may
+    carry an L2 rate from, not by the target's L2: in serving the target reads it from DRAM whatever its
+    L2. (The shape keys a group lacks and takes from all GPUs, Ampere's 35, hold weights of 50 MiB or
+    more: in no donor's L2.)"""
+    group = group_of(gpu, "matmul")
+    entry = defaults.get("groups", {}).get(group, {}).get("matmul") or defaults.get("all", {}).get("matmul")
+    sized = [d for d in (entry or {}).get("from", ()) if l2_bytes(d)]
+    return max(sized, key=lambda d: (l2_bytes(d), d)) if sized else None
+
+
 def donors(gpu, defaults: dict, family: str) -> str | None:
     """The calibrated GPUs `gpu`'s derived `family` coefficients come from, as `derived_coeffs` picks
     them: "ada GPUs: l40s, rtx-4090", else "all calibrated GPUs: ..." (a group none of them is in, e.g.

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from .aiconfigurator_tables import LICENCE as AIC_LICENCE
 from .aiconfigurator_tables import SYSTEMS, read_system
-from .derived_defaults import derivation, derive_defaults, derived_coeffs, shipped_defaults
+from .derived_defaults import (GEMM_BENCHMARK_KEY, derivation, derive_defaults, derived_coeffs, gemm_benchmark_device,
+                               shipped_defaults)
 from .calibration import (HOLDOUT_RULE, Calibration, fit_profile, holdout_split, relative_errors,
                           shipped_calibration, uncalibrated)
 from .hardware import get_gpu
@@ -184,5 +185,5 @@ def left_out_calibration(device: str, calibrations: dict[str, Calibration] | Non
     gpu = get_gpu(device)
     coeffs = {f: Coeffs(0.0, 1e-12, 1e-5) for f in FAMILIES}  # placeholders: every family derives below
     coeffs.update(derived_coeffs(gpu, defaults, shapes=shapes))
-    return Calibration(gpu.name, coeffs, {"kind": "leave one GPU out",
-                                          "derived_from": sorted(others), "per_shape": shapes})
+    return Calibration(gpu.name, coeffs, {"kind": "leave one GPU out", "derived_from": sorted(others),
+                                          "per_shape": shapes, GEMM_BENCHMARK_KEY: gemm_benchmark_device(gpu, defaults)})

@@ -23,6 +23,7 @@ from .l2_cache import l2_bytes
 from .operators import FusedMoE, MatmulOp
 from .roofline import Coeffs
 from .shape_keys import _num, matmul_coeffs, moe_coeffs
+from .weights_l2 import weight_floor
 
 DATA_DIR = Path(__file__).parent / "data" / "calibration_modern"
 _BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
@@ -58,16 +59,19 @@ def gemm_op(gpu_name: str, variant: str, like: MatmulOp, n: float, k: float) -> 
     timed eagerly, without a CUDA graph (kernel_profiles README), so at small batches they hold ~50 us of
     launch latency per GEMM that vLLM's graphs remove (h200, n=512, k=7168, m=1: 59 us eager against
     10 us graph-captured fp8); modern_fit does not fit them. The kernel computes its rows padded to its
-    M tile (the fit's `row_step`, operators.padded_rows).
+    M tile (the fit's `row_step`, operators.padded_rows). A shape whose 6 FP8 weight copies sat in L2 in the
+    benchmark reads its weight at least at the FP8 table's DRAM line in serving (weights_l2.weight_floor).
     """
     fits = load_modern(gpu_name)
     fitted = GRAPHED_GEMM.get(variant, variant)
     table = fits and fits["gemm"].get(fitted)
     if not table:
         return None
-    c = matmul_coeffs(table, n, k) or table["matmul"]
+    shaped = matmul_coeffs(table, n, k)
+    c = shaped or table["matmul"]
+    floor = weight_floor(table, gpu_name, n, k, c, _BYTES[fitted]) if shaped else (0.0, 0.0)
     return MatmulOp(like.weight, like.width, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows,
-                    fits["row_step"][fitted])
+                    fits["row_step"][fitted], *floor)
 
 
 def moe_op(gpu_name: str, variant: str, hidden: float, inter: float, experts: float, top_k: float) -> FusedMoE | None:

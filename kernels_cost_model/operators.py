@@ -13,6 +13,7 @@ from .calibration import Calibration
 from .collectives import CollectiveCurve, collective_curve
 from .roofline import Coeffs, experts_hit
 from .shape_keys import attention_coeffs, matmul_coeffs, moe_coeffs
+from .derived_defaults import GEMM_BENCHMARK_KEY
 from .weights_l2 import weight_floor
 
 
@@ -62,7 +63,8 @@ def matmul_operator(cal: Calibration, op: str, k: float, n: float) -> MatmulOp:
     whose benchmark weights sat in L2 reads them at least at the DRAM line in serving, weights_l2.py)."""
     shaped = matmul_coeffs(cal.coeffs, n, k)
     c = shaped or cal.coeffs.get(f"matmul.{op}") or cal.coeffs["matmul"]
-    floor = weight_floor(cal.coeffs, cal.device, n, k, c) if shaped else (0.0, 0.0)
+    bench = cal.provenance.get(GEMM_BENCHMARK_KEY, cal.device)  # a derived calibration: its donors' benchmark
+    floor = weight_floor(cal.coeffs, bench, n, k, c) if shaped and bench else (0.0, 0.0)
     return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows, 0.0, *floor)
 
 
