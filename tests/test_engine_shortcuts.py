@@ -232,3 +232,27 @@ def test_most_overloaded_steps_pass_time_without_a_timeout():
     with mock.patch.object(EngineProcess, "_pass_time", counted):
         run_engine(poisson_workload(rate=30.0, num_requests=60, lengths="sharegpt"), config, LinearCostModel())
     assert sum(passed) > len(passed) // 4
+
+
+def test_an_environment_of_another_kind_gets_a_timeout_for_every_step():
+    """A subclass of SimPy's Environment (a real-time one, one that watches its events) is never moved
+    on directly: each step yields its timeout, and the run is the same."""
+    class Watched(simpy.Environment):
+        """Counts the timeouts its processes make."""
+        timeouts = 0
+
+        def timeout(self, delay, value=None):
+            Watched.timeouts += 1
+            return super().timeout(delay, value)
+
+    config = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, mode="step").resolved()
+    workload = poisson_workload(rate=30.0, num_requests=30, lengths="sharegpt")
+    env = Watched()
+    engine = Engine(config, LinearCostModel(), config.num_gpu_blocks)
+    process = EngineProcess(env, engine)
+    assert not process.passes_time
+    start_workload(env, workload, process.submit, 0, process.enqueue)
+    env.run()
+    records = engine.records(env.now)
+    assert Watched.timeouts >= len(records.steps.start_time) > 0
+    assert_identical(records, run_engine(workload, config, LinearCostModel()))

@@ -1,7 +1,9 @@
 """SimPy processes around the engine: arrivals, client aborts and the engine loop.
 
 One `simpy.Environment` per simulation. The engine loop sleeps on an event while there is no work
-(never busy-waits); an arrival or abort wakes it. Each step is one `timeout` of the priced duration.
+(never busy-waits); an arrival or abort wakes it. Each step lets its priced duration pass: as one
+`timeout`, or, where no event is due before it ends, by moving the clock on itself (`_pass_time`: the same
+time and the same order of events; a plain `simpy.Environment` only).
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ class EngineProcess:
         engine.on_spin = self._on_spin
         self.leaper = (make_leaper(engine, env, (self.submit, self.enqueue)) if engine.config.mode == "fast"
                        else None)
+        #: `_pass_time` reads SimPy's queue and sets its clock: an Environment of another kind (real time,
+        #: a subclass that watches its events) gets a timeout for every step
+        self.passes_time = type(env) is simpy.Environment
         self.process = env.process(self.loop())
 
     def submit(self, spec) -> simpy.Event:
@@ -95,9 +100,11 @@ class EngineProcess:
         """Move SimPy's clock on by `delay` at once where no event is due by then (SimPy's queue holds
         none at or before `now + delay`): a timeout there would be the next event processed, resuming
         this loop alone at the same float time (`now + delay`, as `Environment.schedule` adds it), so
-        its event's making, queueing and processing are saved (a step under overload ends before the
-        next arrival about half the time). False where an event is due: the caller yields a timeout,
-        which keeps SimPy's order of events at equal times."""
+        its event's making, queueing and processing are saved (most steps under overload end before
+        the next arrival). False where an event is due, or the environment is not a plain one
+        (`passes_time`): the caller yields a timeout, which keeps SimPy's order of events at equal times."""
+        if not self.passes_time:
+            return False
         env = self.env
         queue = env._queue
         end = env._now + delay
