@@ -58,7 +58,7 @@ class Request:
         "num_spec_tokens", "is_prefill_chunk",
         "num_output_placeholders", "num_in_flight_extra", "num_stale_tokens", "client_finished",
         "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
-        "times_mark",
+        "times_mark", "lazy_seq", "lazy_p", "lazy_f", "lazy_plan_at", "lazy_early_at", "lazy_finish_at",
     )
 
     def __init__(self, request_id: str, prompt_token_ids, sampling_params: SamplingParams,
@@ -107,6 +107,10 @@ class Request:
         self.kv_lazy_blocks = None
         #: the first slot of shared step times its token times are owed from (sim.engine.shared_times)
         self.times_mark = 1 << 62
+        #: lazy row keeping (sim.engine.lazy_rows): its place in the batch's order while lazy (-1: not
+        #: lazy), the steps of decodes planned and finished it is up to date with, where it is filed
+        self.lazy_seq = -1
+        self.lazy_p = self.lazy_f = self.lazy_plan_at = self.lazy_early_at = self.lazy_finish_at = 0
 
     @property
     def num_in_flight_tokens(self) -> int:

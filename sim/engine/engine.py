@@ -20,6 +20,7 @@ from sim.core.replay import make_text_state
 from sim.core.request import Request, RequestStatus
 from sim.core.stop_rules import get_profile, stop_candidates
 from sim.core.token_runs import TokenRuns
+from sim.engine.lazy_rows import LazyStep, lazy_rows_for
 from sim.engine.livelock import SpinWatch
 from sim.engine.quiet import quiet_until
 from sim.engine.shared_times import SharedTimes
@@ -79,6 +80,18 @@ class Engine(TokenUpdate):
         #: sits out the next step, and the lists' catching up cost ~1 % more bytecodes than it saved)
         self.shared_times = (SharedTimes() if config.mode == "fast" and not self.hooks and config.record_token_times
                              and self.policy.shares_step_times else None)
+        self.lazy_rows = None  # sim.engine.lazy_rows, where `keep_rows_lazy` turned it on
+
+    def keep_rows_lazy(self) -> bool:
+        """Leave quiet rows alone in steps of decodes (sim.engine.lazy_rows) where that applies: for an
+        engine whose rows only its own loop reads (`run_engine`'s). Whether it does."""
+        self.lazy_rows = lazy_rows_for(self)
+        return self.lazy_rows is not None
+
+    def settle(self) -> None:
+        """Bring every running request's counters and tokens up to date (lazy rows end)."""
+        if self.lazy_rows is not None:
+            self.lazy_rows.deactivate()
 
     # ----- arrivals and aborts ------------------------------------------------------------
     def add_request(self, spec, now: float) -> Request:
@@ -188,6 +201,8 @@ class Engine(TokenUpdate):
         if req.is_finished:
             return
         if req.status == RequestStatus.RUNNING:
+            if req.lazy_seq >= 0:
+                self.lazy_rows.abort(req)
             self.state.running.remove(req)
         elif not self.state.kv.is_loading(req):   # (a loading request is in no queue)
             self.state.waiting.remove(req)
@@ -207,7 +222,13 @@ class Engine(TokenUpdate):
         A step that only preempted (nothing fitted) is returned empty, with no duration: the engine
         schedules again at once, as vLLM's loop does.
         """
-        plan = self.policy.schedule(self.state)
+        lazy = self.lazy_rows
+        if lazy is None:
+            plan = self.policy.schedule(self.state)
+        else:
+            plan = lazy.schedule()
+            if plan is None:  # a step of decodes over lazy rows
+                return lazy.plan_decodes(now)
         if not plan.scheduled and not plan.preempted and not self._hooks_have_work():
             if self.frontend_aborts:
                 self._deliver_frontend_aborts(now)
@@ -357,7 +378,13 @@ class Engine(TokenUpdate):
             for req in self.pending_aborts:
                 self._abort_now(req, now)
             self.pending_aborts.clear()
-        finished = self.apply_rows(step, now)
+        lazy = self.lazy_rows
+        if lazy is not None and lazy.count and not (step.__class__ is LazyStep and step.pending):
+            lazy.before_other_end(step)
+            finished = self.apply_rows(step, now)
+            lazy.after_other_end(finished)
+        else:
+            finished = self.apply_rows(step, now)
         if finished or self.hooks:  # (a hook ends each step in `_retire`)
             self._retire(finished, now)
         self._record_step(step, now)
@@ -442,13 +469,17 @@ class Engine(TokenUpdate):
 
     def _record_step(self, step: Step, now: float) -> None:
         state = self.state
-        decode, rows = step.num_decode, len(step.plan.scheduled)
-        new_tokens = rows if step.all_decodes else sum(step.batch.num_new_tokens)
+        decode = step.num_decode
+        if step.all_decodes:  # (every row samples: `BatchShape.num_sampled` counts them)
+            rows = new_tokens = step.batch.num_sampled
+        else:
+            rows, new_tokens = len(step.plan.scheduled), sum(step.batch.num_new_tokens)
         self.steps.append_row((step.start, step.duration, new_tokens - decode, decode,
                                rows, step.batch.num_sampled, len(step.plan.preempted),
                                *state.kv.block_counts(), len(state.running), len(state.waiting)))
 
     def records(self, end_time: float) -> RunRecords:
+        self.settle()
         if self.shared_times is not None:  # (the running requests' token times, as far as known)
             token_times = self.requests.token_times
             for req in self.state.running:

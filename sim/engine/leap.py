@@ -103,6 +103,7 @@ class Leaper:
             self._back_off()
             return None
         self.row_misses = 0
+        self.engine.settle()  # (the stretch changes the rows: lazy keeping ends, the step in flight exposed)
         plan = StretchPlan(self, *steady, in_flight, now)
         if not plan.fix_units(horizon):
             # back off after misses found only by pricing a stretch (under overload stretches are
@@ -169,6 +170,8 @@ class Leaper:
         """Whether a watched row (`watch`, from the last refusal) still runs and is near its length
         rule (`watch_refuses`); where none is, the watch ends."""
         engine = self.engine
+        if engine.lazy_rows is not None:  # (a watched lazy row is brought up to date)
+            engine.lazy_rows.materialise_rows(self.watch)
         if watch_refuses(self.watch, engine.quick_stop, self.lag, engine.config.max_model_len,
                          self.skips_last_token, least_units(len(engine.state.running))):
             return True
@@ -190,5 +193,10 @@ class Leaper:
             return None  # the step in flight itself ends at or after the next event
         if state.waiting and head_may_enter(state, len(running), self.admission_first):
             return None  # (before the pass over the step in flight: after an arrival, the usual refusal)
+        lazy = engine.lazy_rows
+        if lazy is not None and lazy.count:  # (the pass reads every row)
+            if lazy.stop_within(least_units(len(running))):
+                return False  # a row's stop test is near: the pass would refuse (or, rarely, leap short)
+            lazy.materialise_all(in_flight)
         return rows_at_rest(running, engine.quick_stop, lag, engine.config.max_model_len, in_flight,
                             self.skips_last_token, least_units(len(running)))

@@ -323,6 +323,7 @@ def check_all_finished(engines: list[Engine], until: float | None) -> None:
     if until is not None or not unfinished:
         return
     for engine in unfinished:
+        engine.settle()
         check_outgrown(engine)
         check_stalled(engine)
     stuck = sorted(rid for e in unfinished for rid in e.by_id)
@@ -354,6 +355,7 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     env = simpy.Environment()
     engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks, kv_groups=kv_groups)
     proc = EngineProcess(env, engine)
+    engine.keep_rows_lazy()
     if progress is not None:
         watch_finishes(env, engine, progress)
     start_workload(env, workload, proc.submit, seed, proc.enqueue)

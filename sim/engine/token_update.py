@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sim.core.request import Request, RequestStatus
 from sim.engine.quiet import ALWAYS_CHECK, quiet_until
+from sim.engine.lazy_rows import LazyStep
 from sim.engine.step import Step
 from workloads.token_streams import natural_length, read_tokens
 
@@ -78,7 +79,10 @@ class TokenUpdate:
 
     def _apply_decodes(self, step: Step, now: float) -> list[Request]:
         """`_apply_rows` for a step whose rows are all one-token decodes that sample (`Step.all_decodes`),
-        where no client finishes before the engine: the same updates, less the tests that cannot hold."""
+        where no client finishes before the engine: the same updates, less the tests that cannot hold.
+        A step planned over lazy rows updates only the rows due at its end (`LazyRows.finish`)."""
+        if step.__class__ is LazyStep and step.pending:
+            return self.lazy_rows.finish(step, now)
         finished = []
         stream_tokens, token_times = self.stream_tokens, self.requests.token_times
         first_token = self.requests.first_token_time
