@@ -90,7 +90,6 @@ class LazyRows:
         self.context_sum = 0   # the lazy rows' computed tokens, as of `planned`
         self.offsets: list = []    # heap of (lazy_p - computed, seq, req): the longest context
         self.plan_due: dict = {}   # step number -> [(seq, req)] to look at when planning it
-        self.plan_early: dict = {}  # the same where no lazy step is in flight then (`_file_plan`)
         #: async scheduling with prefix caching: a row's plan may register nothing while its token is in flight
         self.late_registers = self.async_ and engine.state.kv.enable_prefix_caching
         self.finish_due: dict = {}  # step number -> [(seq, req)] to look at when it ends
@@ -115,25 +114,22 @@ class LazyRows:
             self.deactivate()
             policy.decode_running(state, budget, out)
             return out
-        number = self.planned + 1
-        for req in self._due_at_plan(number):
-            if req.lazy_seq >= 0:  # (not preempted earlier in this step)
-                self.materialise(req)
-                if not self._grow(req, number):
-                    self._grow_preempting(req, number, out)
+        self._grow_due(self.planned + 1, out)
         return None if state.running else out
 
     def _due_at_plan(self, number: int) -> list:
-        """The rows to look at when planning step `number`, in the batch's order: those filed there, and
-        those filed there early unless a lazy step is in flight (`_file_plan`)."""
+        """The rows to look at when planning step `number`, in the batch's order: those filed there, and,
+        unless a lazy step is in flight, those filed one plan later with this one as their early point
+        (`_file_plan`)."""
         rows = {seq: req for seq, req in self.plan_due.pop(number, ())
                 if req.lazy_seq == seq and req.lazy_plan_at == number}
-        early = self.plan_early.pop(number, None)
-        if early and not self.in_flight:
-            for seq, req in early:
-                if req.lazy_seq == seq and req.lazy_early_at == number:
+        if not self.in_flight:
+            for seq, req in self.plan_due.get(number + 1, ()):
+                if req.lazy_seq == seq and req.lazy_early_at == number and req.lazy_plan_at == number + 1:
                     rows[seq] = req
-        return [rows[seq] for seq in sorted(rows)] if len(rows) > 1 else list(rows.values())
+        if len(rows) < 2:
+            return list(rows.values())
+        return [req for _, req in sorted(rows.items())]
 
     def _ready(self, budget: int) -> bool:
         """Whether the next step of decodes can be planned lazily (the budget holds the batch; a batch
@@ -163,28 +159,52 @@ class LazyRows:
         self.in_flight.append(step)
         return step
 
-    def _grow(self, req, number: int) -> bool:
-        """`Policy._decode_in_place` for one due row, up to date: its growth within its blocks or by a
-        free block (False, nothing changed, where it needs a block and none is free), then `_advance`."""
-        kv = self.state.kv
-        total = req.num_computed_tokens + 1
-        if total >= req.kv_grow_at:
-            blocks, block_size, caching = kv.req_blocks[req], kv.block_size, kv.enable_prefix_caching
-            if total > len(blocks) * block_size and not kv.take_next_block(blocks, total):
-                return False
-            if caching and total >= req.kv_register_at:
-                target = req.num_prompt_tokens + len(req.output_token_ids)
-                if total < target:
-                    target = total
-                done = kv.num_hashed_blocks.get(req, 0)
-                if target // block_size > done:
-                    kv.cache_full_blocks(req, target)
-                else:
-                    req.kv_register_at = (done + 1) * block_size
-            grow_at = len(blocks) * block_size + 1
-            req.kv_grow_at = req.kv_register_at if caching and req.kv_register_at < grow_at else grow_at
-        self._advance(req, number)
-        return True
+    def _grow_due(self, number: int, out: SchedulerOutput) -> None:
+        """`Policy._decode_in_place` for the rows due at the plan of step `number` (`_due_at_plan`), each
+        brought up to date as far as its growth reads: its computed tokens, and its tokens only where a
+        block is registered; then its token counted as computed and in flight (`Engine._rows_advanced`)
+        and the row filed again. A row that needs a block none is free for preempts
+        (`_grow_preempting`)."""
+        kv, planned, finished = self.state.kv, self.planned, self.finished
+        req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
+        hashed_get, take_next_block = kv.num_hashed_blocks.get, kv.take_next_block
+        late_registers, async_ = self.late_registers, self.async_
+        for req in self._due_at_plan(number):
+            if req.lazy_seq < 0:
+                continue  # preempted earlier in this step
+            computed = req.num_computed_tokens + planned - req.lazy_p  # (its computed tokens up to date)
+            total = computed + 1
+            blocks = req_blocks[req]
+            if total >= req.kv_grow_at:
+                if total > len(blocks) * block_size and not take_next_block(blocks, total):
+                    self.materialise(req)
+                    self._grow_preempting(req, number, out)
+                    continue
+                if caching and total >= req.kv_register_at:
+                    known = req.num_prompt_tokens + len(req.output_token_ids)
+                    if finished > req.lazy_f:
+                        known += finished - req.lazy_f
+                    target = total if total < known else known
+                    done = hashed_get(req, 0)
+                    if target // block_size > done:
+                        if not req.kv_lazy:  # (its tokens are hashed; a private row's blocks are marked)
+                            self.materialise(req)
+                        kv.cache_full_blocks(req, target)
+                    else:
+                        req.kv_register_at = (done + 1) * block_size
+                grow_at = len(blocks) * block_size + 1
+                req.kv_grow_at = req.kv_register_at if caching and req.kv_register_at < grow_at else grow_at
+            steps = number - req.lazy_p  # (`_advance` inline)
+            req.num_computed_tokens += steps
+            if async_:
+                req.num_output_placeholders += steps
+            else:
+                req.num_in_flight_extra += steps
+            req.lazy_p = number
+            grow_at = req.kv_grow_at
+            self._file_plan(req, late_registers and grow_at == req.kv_register_at
+                            and grow_at == (hashed_get(req, 0) + 1) * block_size
+                            and grow_at <= len(blocks) * block_size)
 
     def _grow_preempting(self, req, number: int, out: SchedulerOutput) -> None:
         """`Policy.allocate_or_preempt` for a due row that needs a block none is free for: the victims
@@ -200,16 +220,18 @@ class LazyRows:
                 return
         self._advance(req, number)
 
-    def _advance(self, req, number: int) -> None:
-        """Count a due row's token of step `number` as computed and in flight (`Engine._rows_advanced`);
-        file it at its next plan."""
-        req.num_computed_tokens += 1
+    def _advance(self, req, number: int, late: bool = False) -> None:
+        """Bring a due row's computed tokens up to date with step `number`, its own token counted as
+        computed and in flight (`Engine._rows_advanced`); file it at its next plan (`late`: see
+        `_file_plan`)."""
+        steps = number - req.lazy_p
+        req.num_computed_tokens += steps
         if self.async_:
-            req.num_output_placeholders += 1
+            req.num_output_placeholders += steps
         else:
-            req.num_in_flight_extra += 1
+            req.num_in_flight_extra += steps
         req.lazy_p = number
-        self._file_plan(req)
+        self._file_plan(req, late)
 
     def _longest(self, number: int) -> int:
         """The longest context before step `number` (every running row is lazy)."""
@@ -305,7 +327,7 @@ class LazyRows:
         req.lazy_p = req.lazy_f = self.planned
         self.context_sum += req.num_computed_tokens
         heappush(self.offsets, (self.planned - req.num_computed_tokens, seq, req))
-        self._file_plan(req, joining=True)
+        self._file_plan(req)
         req.lazy_finish_at = -1  # (a number from an earlier spell of lazy keeping means nothing now)
         if req.num_output_placeholders or req.num_in_flight_extra or not req.output_token_ids:
             self._file(self.finish_due, self.planned + 1, req)  # (a token of a step of prefills in flight)
@@ -414,38 +436,34 @@ class LazyRows:
             req.lazy_seq = -1
         self.in_flight.clear()
         self.plan_due.clear()
-        self.plan_early.clear()
         self.finish_due.clear()
         self.offsets = []
         self.count = self.context_sum = 0
 
     # ----- buckets -----------------------------------------------------------------------
-    def _file_plan(self, req, joining: bool = False) -> None:
+    def _file_plan(self, req, late: bool = False) -> None:
         """File `req` (up to date with its `lazy_p`) at the plan where its tokens reach `kv_grow_at`.
 
-        Under async scheduling, where the next thing to happen to a row is registering its block just
-        filled (`kv_grow_at` is `kv_register_at`, the block's end, and the block's tokens the row holds
-        already), the plan at that point registers nothing if the row's last token is still in flight
-        then (its tokens known stop one short of the block): then the row is due one plan later, and
-        filed early too (`plan_early`) for a plan where no lazy step is in flight. A row joining now is
-        filed at the early point only (its own tokens in flight are not the lazy step's)."""
-        computed, base = req.num_computed_tokens, req.lazy_p
-        grow_at = req.kv_grow_at
-        gap = grow_at - computed
-        early = base + (gap if gap > 1 else 1)
-        at = early
-        if self.late_registers and not joining and grow_at == req.kv_register_at:
-            kv = self.state.kv
-            block_size = kv.block_size
-            if grow_at == (kv.num_hashed_blocks.get(req, 0) + 1) * block_size \
-                    and grow_at <= len(kv.req_blocks[req]) * block_size:
-                gap += 1
-                at = base + (gap if gap > 1 else 1)
+        `late`: under async scheduling with prefix caching, the next thing to happen to the row is
+        registering its block once full (`kv_grow_at` is `kv_register_at`, the end of the block after
+        its registered ones, within its blocks). The plan at that point registers nothing, and changes
+        nothing, if the row's last token is in flight then (its tokens known stop one short of the
+        block), as it is when a lazy step is in flight. The row is filed one plan later, with the
+        early point kept (`lazy_early_at`) for a plan with no lazy step in flight (`_due_at_plan`)."""
+        gap = req.kv_grow_at - req.num_computed_tokens
+        if late:
+            req.lazy_early_at = req.lazy_p + (gap if gap > 1 else 1)
+            gap += 1
+        at = req.lazy_p + (gap if gap > 1 else 1)
+        if not late or at == req.lazy_early_at:
+            req.lazy_early_at = -1  # (none, or the same plan either way)
         req.lazy_plan_at = at
-        self._file(self.plan_due, at, req)
-        if early < at:
-            req.lazy_early_at = early
-            self._file(self.plan_early, early, req)
+        entry = (req.lazy_seq, req)
+        bucket = self.plan_due.get(at)
+        if bucket is None:
+            self.plan_due[at] = [entry]
+        else:
+            bucket.append(entry)
 
     def _file_finish(self, req) -> None:
         """File `req` (up to date with `lazy_f`) at the step's end where its next token reaches
