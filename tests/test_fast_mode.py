@@ -322,10 +322,17 @@ def test_quiet_horizon_is_the_first_event_anything_waits_on(events):
         assert horizon == expected
 
 
+def without_lazy_rows(monkeypatch) -> None:
+    """Leave rows eager (sim.engine.lazy_rows): vLLM V0's quiet steps under async scheduling are then the
+    leaper's, as where lazy rows do not apply (another cost model, a KV manager of its own)."""
+    monkeypatch.setattr(Engine, "keep_rows_lazy", lambda engine: False)
+
+
 def test_a_leap_starts_while_a_v0_prefill_step_is_in_flight(monkeypatch):
     """vLLM V0 runs a step of prefills alone: with it in flight (async), the running decodes have
     nothing in flight and sample from the next step on, the new requests sample their first token at
     its end. A stretch starts there (rows that skip its first unit), with the reference's records."""
+    without_lazy_rows(monkeypatch)
     starts = []
     apply = StretchPlan.apply
 
@@ -372,6 +379,7 @@ def test_big_batches_refuse_by_the_row_near_its_length_rule(monkeypatch, async_s
     long decode alone: the last such row, finished, refuses nothing."""
     import sim.engine.leap as leap
     from sim.engine.leap_steady import MIN_UNITS, least_units
+    without_lazy_rows(monkeypatch)
     checked, leaps = [], []
     monkeypatch.setattr(leap.Leaper, "leap", _checking_leap(checked))
     apply = StretchPlan.apply
@@ -416,6 +424,7 @@ def test_a_stretch_ends_inside_the_step_an_arrival_lands_in_and_at_a_rows_stop(m
     """Spaced arrivals and staggered lengths: stretches take their tail (the step a plain arrival lands
     in, the step a row stops in: by EOS, by max_tokens, and under vLLM V1's async plans with the
     row's last token in flight left out of the tail's plan) with the reference's records."""
+    without_lazy_rows(monkeypatch)
     tails = _recording_tails(monkeypatch)
     specs = [RequestSpec(0.05 * i + 0.013 * (i % 3), np.arange(12, dtype=np.int32) + 100 + i,
                          output_len=40 + 17 * (i % 5),

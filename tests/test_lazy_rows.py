@@ -39,9 +39,9 @@ class Counting:
             self.rows += len(step.rows)
             return step
 
-        def counted_due(lazy, number):
-            rows = due(lazy, number)
-            self.due += len(rows)
+        def counted_due(lazy, number, take=True):
+            rows = due(lazy, number, take)
+            self.due += len(rows) if take else 0
             return rows
         patch.setattr(LazyRows, "plan_decodes", plan_decodes)
         patch.setattr(LazyRows, "_due_at_plan", counted_due)
@@ -133,13 +133,39 @@ def test_aborts_of_lazy_rows_match_the_reference():
     assert list(step.requests.finish_reason).count("abort") >= 2
 
 
-def test_small_batches_stay_eager_at_the_default_threshold():
+def test_small_batches_stay_eager_at_the_default_threshold_without_async_scheduling():
+    """Without async scheduling quiet steps are leapt over; lazy rows start at `MIN_ROWS` rows."""
     specs = [RequestSpec(0.01 * i, np.arange(20, dtype=np.int32) + i, output_len=60, request_id=f"r{i}")
              for i in range(4)]
-    config = EngineConfig(num_gpu_blocks=200, max_model_len=512, policy="vllm-v0", eos_token_id=EOS)
+    config = EngineConfig(num_gpu_blocks=200, max_model_len=512, policy="vllm-v0", eos_token_id=EOS,
+                          async_scheduling=False)
     step, fast, counts = run_both(specs, config, min_rows=lazy_rows.MIN_ROWS)
     assert_identical(step, fast)
     assert counts.steps == 0
+
+
+def test_quiet_turns_of_small_batches_jump_under_async_scheduling(monkeypatch):
+    """Under async scheduling rows are lazy from one row on, and quiet turns of the loop run back to back
+    (sim.engine.lazy_jump) instead of leaps: the same records, most steps taken in jumps."""
+    import sim.engine.simulation as simulation
+    turns = []
+    original = simulation.jump
+
+    def counting_jump(lazy, step, env):
+        before = lazy.planned
+        result = original(lazy, step, env)
+        turns.append(lazy.planned - before)
+        return result
+    monkeypatch.setattr(simulation, "jump", counting_jump)
+    specs = [RequestSpec(0.05 * i, np.arange(20, dtype=np.int32) + 11 * i, output_len=120 + 7 * i,
+                         sampling_params=SamplingParams(max_tokens=None), request_id=f"r{i}") for i in range(10)]
+    config = EngineConfig(num_gpu_blocks=300, max_model_len=512, policy="vllm-v0", eos_token_id=EOS,
+                          async_scheduling=True, enable_prefix_caching=True)
+    step = run_engine(specs, replace(config, mode="step"), ROOFLINE)
+    fast = run_engine(specs, replace(config, mode="fast"), ROOFLINE)
+    assert_identical(step, fast)
+    assert sum(turns) > 0.5 * len(step.steps)
+    assert max(turns) > 20
 
 
 @pytest.mark.parametrize("change", [

@@ -30,16 +30,18 @@ from heapq import heapify, heappop, heappush
 
 from kernels_cost_model.batch import BatchShape
 from kernels_cost_model.cost_model import RooflineCostModel
-from kernels_cost_model.decode_stretch import SEQUENTIAL_SUM, decode_step_time
+from kernels_cost_model.decode_stretch import SEQUENTIAL_SUM, decode_step_time, roofline_decode_times
 from policies.base import SchedulerOutput
 from policies.vllm_v0 import VllmV0Policy
 from sim.core.cost import LinearCostModel
 from sim.core.kv_cache import KVCacheManager
 from sim.engine.step import Step
 
-#: running requests from which a step of decodes starts keeping rows lazy: below it the buckets cost
-#: about what the per-row passes do (and quiet stretches of small batches are leapt over)
+#: running requests from which a step of decodes starts keeping rows lazy, and below which it stops:
+#: a small batch's quiet stretches are cheaper leapt over (sim.engine.leap), which waits while rows are
+#: lazy (callgrind, docs/performance.md)
 MIN_ROWS = 32
+END_ROWS = 16
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ def lazy_rows_for(engine) -> "LazyRows | None":
             or engine.strings_in_frontend):
         return None
     price = decode_pricer(engine.cost_model)
-    return None if price is None else LazyRows(engine, price)
+    return None if price is None else LazyRows(engine, price, stretch_pricer(engine.cost_model, price))
 
 
 def decode_pricer(cost_model):
@@ -75,12 +77,24 @@ def decode_pricer(cost_model):
     return None
 
 
+def stretch_pricer(cost_model, price):
+    """A function (rows, context sum, longest context, count) -> the prices of `count` steps of decodes
+    from such a batch on, each row one token longer a step: `price` of each, the same floats."""
+    if type(cost_model) is RooflineCostModel:
+        return lambda n, context_sum, longest, count: roofline_decode_times(cost_model, n, context_sum, longest,
+                                                                            0, count)
+    return lambda n, context_sum, longest, count: [price(n, context_sum + n * k, longest + k) for k in range(count)]
+
+
 class LazyRows:
     """One engine's lazy rows: `running[:count]`, in the batch's order (`Request.lazy_seq` grows along it)."""
 
-    def __init__(self, engine, price):
+    def __init__(self, engine, price, prices):
         self.engine = engine
-        self.price = price         # `decode_pricer`'s
+        self.price, self.prices = price, prices  # `decode_pricer`'s
+        #: batch sizes lazy keeping starts and ends at: from one row where `jump` runs the quiet steps
+        #: (async scheduling), else where single steps pay (`MIN_ROWS`, `END_ROWS`)
+        self.min_rows, self.end_rows = (1, 1) if engine.is_async else (MIN_ROWS, END_ROWS)
         self.state = engine.state
         self.async_ = engine.is_async
         self.count = 0         # running[:count] are lazy
@@ -117,11 +131,11 @@ class LazyRows:
         self._grow_due(self.planned + 1, out)
         return None if state.running else out
 
-    def _due_at_plan(self, number: int) -> list:
+    def _due_at_plan(self, number: int, take: bool = True) -> list:
         """The rows to look at when planning step `number`, in the batch's order: those filed there, and,
         unless a lazy step is in flight, those filed one plan later with this one as their early point
-        (`_file_plan`)."""
-        rows = {seq: req for seq, req in self.plan_due.pop(number, ())
+        (`_file_plan`). `take`: the bucket is emptied (else it is only read)."""
+        rows = {seq: req for seq, req in (self.plan_due.pop if take else self.plan_due.get)(number, ())
                 if req.lazy_seq == seq and req.lazy_plan_at == number}
         if not self.in_flight:
             for seq, req in self.plan_due.get(number + 1, ()):
@@ -131,11 +145,17 @@ class LazyRows:
             return list(rows.values())
         return [req for _, req in sorted(rows.items())]
 
+    def ready_to_plan(self, num_rows: int) -> bool:
+        """Whether a step of decodes over `num_rows` rows can be planned lazily (the budget holds the
+        batch, a batch big enough to pay)."""
+        return (self.state.config.max_num_batched_tokens >= num_rows
+                and num_rows >= (self.end_rows if self.count else self.min_rows))
+
     def _ready(self, budget: int) -> bool:
-        """Whether the next step of decodes can be planned lazily (the budget holds the batch; a batch
-        big enough to pay, or lazy already); then every running row is lazy."""
+        """Whether the next step of decodes can be planned lazily (`ready_to_plan`); then every running
+        row is lazy."""
         running = self.state.running
-        if budget < len(running) or (not self.count and len(running) < MIN_ROWS):
+        if not self.ready_to_plan(len(running)):
             return False
         for req in running[self.count:]:
             self._join(req)
@@ -159,17 +179,17 @@ class LazyRows:
         self.in_flight.append(step)
         return step
 
-    def _grow_due(self, number: int, out: SchedulerOutput) -> None:
+    def _grow_due(self, number: int, out: SchedulerOutput, rows: list | None = None) -> None:
         """`Policy._decode_in_place` for the rows due at the plan of step `number` (`_due_at_plan`), each
         brought up to date as far as its growth reads: its computed tokens, and its tokens only where a
         block is registered; then its token counted as computed and in flight (`Engine._rows_advanced`)
         and the row filed again. A row that needs a block none is free for preempts
-        (`_grow_preempting`)."""
+        (`_grow_preempting`). `rows`: those rows, taken from their bucket already."""
         kv, planned, finished = self.state.kv, self.planned, self.finished
         req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
         hashed_get, take_next_block = kv.num_hashed_blocks.get, kv.take_next_block
         late_registers, async_ = self.late_registers, self.async_
-        for req in self._due_at_plan(number):
+        for req in self._due_at_plan(number) if rows is None else rows:
             if req.lazy_seq < 0:
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens + planned - req.lazy_p  # (its computed tokens up to date)
@@ -205,6 +225,16 @@ class LazyRows:
             self._file_plan(req, late_registers and grow_at == req.kv_register_at
                             and grow_at == (hashed_get(req, 0) + 1) * block_size
                             and grow_at <= len(blocks) * block_size)
+
+    def blocks_needed(self, rows: list) -> int:
+        """How many of `rows` (due at the next plan) need a block at it."""
+        kv, planned = self.state.kv, self.planned
+        req_blocks, block_size, need = kv.req_blocks, kv.block_size, 0
+        for req in rows:
+            total = req.num_computed_tokens + planned - req.lazy_p + 1
+            if total >= req.kv_grow_at and total > len(req_blocks[req]) * block_size:
+                need += 1
+        return need
 
     def _grow_preempting(self, req, number: int, out: SchedulerOutput) -> None:
         """`Policy.allocate_or_preempt` for a due row that needs a block none is free for: the victims

@@ -84,6 +84,9 @@ class Leaper:
         if self.cooldown:
             self.cooldown -= 1
             return None
+        lazy = self.engine.lazy_rows
+        if lazy is not None and lazy.count:
+            return None  # a big batch's rows are lazy: its single steps cost less than leaps (sim.engine.lazy_rows)
         if self.watch is not None and self._still_blocked():
             self._back_off()
             return None  # a watched row is near its length rule: the pass would refuse

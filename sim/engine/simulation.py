@@ -18,6 +18,8 @@ from sim.core.config import MAX_NUM_GPU_BLOCKS, EngineConfig
 from kernels_cost_model.errors import ConfigError, require
 from sim.core.fields import is_int
 from sim.engine.engine import Engine
+from sim.engine.lazy_jump import jump
+from sim.engine.lazy_rows import LazyStep
 from sim.engine.leap import make_leaper
 from sim.engine.livelock import HOLDERS_CAUSE, check_livelock
 from sim.engine.leap_steady import ArrivalTimeout
@@ -124,6 +126,8 @@ class EngineProcess:
         ahead = engine.config.is_async
         step = None
         while True:
+            if ahead and step is not None and step.__class__ is LazyStep and self.passes_time:
+                step = jump(engine.lazy_rows, step, env)  # (quiet turns of lazy rows run back to back)
             if self.leaper is not None and (step is None) != ahead:
                 leapt = self.leaper.leap(step, env.now)
                 if leapt is not None:
