@@ -27,8 +27,8 @@ def jump(lazy, step, env):
     """Run the quiet turns from the loop's top, `step` (a pending LazyStep) in flight; returns the step
     in flight after them (`step` itself where none was quiet)."""
     state, engine = lazy.state, lazy.engine
-    if (not lazy.count or len(lazy.in_flight) != 1 or lazy.in_flight[0] is not step or step.gone
-            or engine.pending_aborts):
+    if (not lazy.count or len(lazy.in_flight) != 1 or lazy.in_flight[0] is not step or engine.pending_aborts
+            or any(req.num_stale_tokens for _, req in step.gone)):
         return step
     number = step.number  # the step in flight's
     limit = min(lazy.finish_due) if lazy.finish_due else math.inf  # (the first step's end with a row due)
@@ -39,6 +39,7 @@ def jump(lazy, step, env):
     queue, shared = env._queue, engine.shared_times
     horizon = queue[0][0] if queue else math.inf
     now, start, duration, slot = env._now, step.start, step.duration, step.time_slot
+    gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
     records = []
     prices, turn = (), 0
     while number < limit:
@@ -63,8 +64,15 @@ def jump(lazy, step, env):
         now = end  # the step in flight ends
         lazy.finished = number
         shared.write(slot, now, running)
-        records.append((start, duration, 0, n, n, n, 0, *kv.block_counts(), n, len(waiting)))  # (`_record_step`'s)
-        start, duration, slot, number = planned_at, next_duration, next_slot, following
+        decodes = rows_of_step
+        if gone:  # (`LazyRows.finish`: each ends as a row that left, its token wasted)
+            for _, req in gone:
+                decodes -= engine._apply_other_row(req, 1, True, now, None, slot)
+            gone = ()
+        # (`Engine._record_step`'s row: a row that left counts as a token computed, not a decode)
+        records.append((start, duration, rows_of_step - decodes, decodes, rows_of_step, rows_of_step, 0,
+                        *kv.block_counts(), n, len(waiting)))
+        start, duration, slot, number, rows_of_step = planned_at, next_duration, next_slot, following, n
     if not records:
         return step
     engine.steps.extend_rows([list(column) for column in zip(*records)])

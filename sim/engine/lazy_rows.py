@@ -359,11 +359,12 @@ class LazyRows:
         heappush(self.offsets, (self.planned - req.num_computed_tokens, seq, req))
         self._file_plan(req)
         req.lazy_finish_at = -1  # (a number from an earlier spell of lazy keeping means nothing now)
-        if req.num_output_placeholders or req.num_in_flight_extra or not req.output_token_ids:
-            self._file(self.finish_due, self.planned + 1, req)  # (a token of a step of prefills in flight)
+        landing = req.num_output_placeholders  # (tokens of a step in flight that is not lazy: its prompt's)
+        if req.num_stale_tokens or not (req.output_token_ids or landing):
+            self._file(self.finish_due, self.planned + 1, req)
             req.lazy_finish_at = self.planned + 1
         else:
-            self._file_finish(req)
+            self._file_finish(req, landing)
 
     def leave(self, req, steps) -> None:
         """`req` stops being lazy (stopped or aborted: it is leaving the batch), up to date; `steps`:
@@ -495,10 +496,11 @@ class LazyRows:
         else:
             bucket.append(entry)
 
-    def _file_finish(self, req) -> None:
+    def _file_finish(self, req, landing: int = 0) -> None:
         """File `req` (up to date with `lazy_f`) at the step's end where its next token reaches
-        `quiet_until` (every end where its tokens are always tested: `quiet_until` -1)."""
-        gap = req.quiet_until - len(req.output_token_ids)
+        `quiet_until` (every end where its tokens are always tested: `quiet_until` -1); `landing`: its
+        tokens that steps in flight which are not lazy add before then."""
+        gap = req.quiet_until - len(req.output_token_ids) - landing
         at = req.lazy_f + 1 + (gap if gap > 0 else 0)
         if at != req.lazy_finish_at:
             req.lazy_finish_at = at
