@@ -184,3 +184,19 @@ def test_lazy_rows_apply_to_the_plain_v0_engine_and_its_cost_models():
     class Priced(LinearCostModel):  # a cost model of its own: rows lazy only where priced from aggregates
         pass
     assert lazy_rows_for(Engine(config, Priced(), 100)) is None
+
+
+@pytest.mark.parametrize("think_time", [0.0, 0.3])
+def test_closed_loop_clients_of_lazy_rows_match_the_reference(think_time):
+    """Clients that send their next request when the last one finishes: a finish inside a jump schedules
+    that send at the step's end (SimPy's clock moves with the jump's turns), with no think time too."""
+    from workloads import ClosedLoopClients, Independent, ThinkTime, Uniform
+    config = EngineConfig(num_gpu_blocks=3000, max_model_len=4096, policy="vllm-v0", async_scheduling=True,
+                          eos_token_id=EOS)
+    workload = ClosedLoopClients(6, 60, Independent(Uniform(1, 300), Uniform(1, 400)),
+                                 think_time=ThinkTime(think_time, cv=1.0) if think_time else 0.0)
+    step, fast, counts = run_both(workload, config, ROOFLINE)
+    assert_identical(step, fast)
+    until = step.end_time / 3
+    cut_step, cut_fast, _ = run_both(workload, config, ROOFLINE, until=until)
+    assert_identical(cut_step, cut_fast)

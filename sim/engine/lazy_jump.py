@@ -14,8 +14,6 @@ loop adds it; the records are the loop's, bit for bit.
 """
 from __future__ import annotations
 
-import math
-
 from kernels_cost_model.batch import BatchShape
 from policies.base import SchedulerOutput
 from sim.engine.lazy_rows import LazyStep
@@ -30,57 +28,60 @@ def jump(lazy, step, env):
     if (not lazy.count or len(lazy.in_flight) != 1 or lazy.in_flight[0] is not step or engine.pending_aborts
             or any(req.num_stale_tokens for _, req in step.gone)):
         return step
-    number = step.number  # the step in flight's
-    limit = min(lazy.finish_due) if lazy.finish_due else math.inf  # (the first step's end with a row due)
-    running, waiting, kv = state.running, state.waiting, state.kv
-    n = len(running)
-    if number >= limit or not lazy.ready_to_plan(n):
-        return step
+    running, waiting, kv, finish_due = state.running, state.waiting, state.kv, lazy.finish_due
     queue, shared = env._queue, engine.shared_times
-    horizon = queue[0][0] if queue else math.inf
-    now, start, duration, slot = env._now, step.start, step.duration, step.time_slot
+    now, start, duration, slot, number = env._now, step.start, step.duration, step.time_slot, step.number
     gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
-    records = []
-    prices, turn = (), 0
-    while number < limit:
+    n = len(running)
+    records, prices, turn = [], (), 0
+    while n and lazy.ready_to_plan(n):
         end = now + duration
-        if end >= horizon or not admits_nothing(state, n):
-            break
+        if (queue and queue[0][0] <= end) or not admits_nothing(state, n):
+            break  # (an event before the step in flight ends; an admission: the loop's own turn)
         following = lazy.planned + 1
         rows = lazy._due_at_plan(following, take=False)
         if rows:
-            if lazy.blocks_needed(rows) > kv.free_queue.count:
+            free = kv.free_queue.count
+            if len(rows) > free and lazy.blocks_needed(rows) > free:
                 break  # a preemption: the loop's own plan
             lazy.plan_due.pop(following, None)
             lazy._grow_due(following, None, rows)
-        if turn == len(prices):  # (the batch's next steps priced at once, as many as may fit before the
-            # horizon at this step's price: prices only grow along a stretch)
-            count = min(MAX_TURNS, limit - number, (horizon - now) / duration + 2)
-            prices, turn = lazy.prices(n, lazy.context_sum, lazy._longest(following), int(count)), 0
-        planned_at, next_duration, next_slot = now, prices[turn], shared.take()
+        if turn == len(prices):  # (the batch's next steps priced at once: as many as may fit before the
+            # next event at this step's price, prices only growing along a stretch, and up to the next step
+            # whose end may stop a row, which may shrink the batch)
+            count = min(MAX_TURNS, (queue[0][0] - now) / duration + 2 if queue else MAX_TURNS,
+                        min(finish_due) - following + 1 if finish_due else MAX_TURNS)
+            prices, turn = lazy.prices(n, lazy.context_sum, lazy._longest(following), max(1, int(count))), 0
+        planned_at, next_duration, next_slot, planned_rows = now, prices[turn], shared.take(), n
         turn += 1
         lazy.context_sum += n
         lazy.planned = following
-        now = end  # the step in flight ends
-        lazy.finished = number
+        now = env._now = end  # the step in flight ends (SimPy's clock with it: a finish may schedule events)
+        engine.following_covers = True
         shared.write(slot, now, running)
-        decodes = rows_of_step
-        if gone:  # (`LazyRows.finish`: each ends as a row that left, its token wasted)
-            for _, req in gone:
-                decodes -= engine._apply_other_row(req, 1, True, now, None, slot)
-            gone = ()
+        decodes, next_gone = rows_of_step, []
+        if gone or number in finish_due:  # (`LazyRows.finish`)
+            less, finished = lazy.end_step(number, gone, slot, now, [next_gone])
+            decodes -= less
+            if finished:
+                engine._retire(finished, now)
+                n, prices, turn = len(running), (), 0  # (a smaller batch from the next plan on)
+        else:
+            lazy.finished = number
         # (`Engine._record_step`'s row: a row that left counts as a token computed, not a decode)
         records.append((start, duration, rows_of_step - decodes, decodes, rows_of_step, rows_of_step, 0,
                         *kv.block_counts(), n, len(waiting)))
-        start, duration, slot, number, rows_of_step = planned_at, next_duration, next_slot, following, n
+        start, duration, slot, number = planned_at, next_duration, next_slot, following
+        rows_of_step, gone = planned_rows, next_gone
     if not records:
         return step
     engine.steps.extend_rows([list(column) for column in zip(*records)])
-    env._now = now
-    engine.following_covers = True
     lazy.in_flight.popleft()
-    step = LazyStep(SchedulerOutput(), BatchShape(None, None, n), duration, start, 0, None, True, slot, True,
-                    number, list(running), [])
+    rows = list(running)
+    if gone:  # (its rows in the batch's order, those that left since included)
+        rows = [req for _, req in sorted([(req.lazy_seq, req) for req in rows] + gone)]
+    step = LazyStep(SchedulerOutput(), BatchShape(None, None, rows_of_step), duration, start, 0, None, True, slot,
+                    True, number, rows, gone)
     lazy.in_flight.append(step)
     return step
 

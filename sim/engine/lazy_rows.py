@@ -272,34 +272,38 @@ class LazyRows:
 
     # ----- a step's end ------------------------------------------------------------------
     def finish(self, step: LazyStep, now: float) -> list:
-        """`TokenUpdate._apply_decodes` for a lazy step: in the batch's order, its rows due at its end (a
-        stop test, a block to register) and those that left since it was planned (stopped, aborted,
-        preempted: `TokenUpdate._apply_other_row`); returns the stopped."""
-        engine = self.engine
+        """`TokenUpdate._apply_decodes` for a lazy step (`end_step`); returns the stopped."""
         if self.in_flight.popleft() is not step:
             raise RuntimeError(f"lazy decode step {step.number} finished out of order")
-        finished = []
-        shared, slot, _ = engine._time_slot(step, now)
-        num_decode = len(step.rows)
-        number = step.number
+        _, slot, _ = self.engine._time_slot(step, now)
+        less, finished = self.end_step(step.number, step.gone, slot, now, [later.gone for later in self.in_flight])
+        step.num_decode = len(step.rows) - less
+        return finished
+
+    def end_step(self, number: int, gone: list, slot: int, now: float, later: list) -> tuple[int, list]:
+        """The end of lazy step `number` (its slot of shared times written): in the batch's order, its rows
+        due there (a stop test, a block to register) and those that left since it was planned (`gone`:
+        stopped, aborted, preempted; `TokenUpdate._apply_other_row`). The stopped leave lazy keeping (rows
+        that left of the steps planned after it: `later`, their `gone` lists). Returns (rows that are not
+        decodes: a first token, a row that left; the stopped)."""
+        engine, finished, less = self.engine, [], 0
         self.finished = number - 1
         caching, exact = engine._registers_at_end()
         rows = self._pop_pairs(self.finish_due, number)
         if caching:
             rows = self._with_registering(rows, number)
-        if step.gone:
-            rows = sorted(rows + step.gone)  # (distinct places: no two rows compared)
+        if gone:
+            rows = sorted(rows + gone)  # (distinct places: no two rows compared)
         for _, req in rows:
             if req.lazy_seq >= 0:
-                num_decode -= self._sample(req, number, caching, exact, now, finished)
+                less += self._sample(req, number, caching, exact, now, finished)
             else:
-                num_decode -= engine._apply_other_row(req, 1, True, now, finished, slot)
+                less += engine._apply_other_row(req, 1, True, now, finished, slot)
         self.finished = number
         for req in finished:
             if req.lazy_seq >= 0:  # (not a preempted row whose stale token stopped it)
-                self.leave(req, self.in_flight)
-        step.num_decode = num_decode
-        return finished
+                self.leave(req, later)
+        return less, finished
 
     def _sample(self, req, number: int, caching: bool, exact: bool, now: float, finished: list) -> int:
         """`TokenUpdate._apply_decodes`'s lines for one due row at the end of step `number`; 1 where it
@@ -366,22 +370,22 @@ class LazyRows:
         else:
             self._file_finish(req, landing)
 
-    def leave(self, req, steps) -> None:
-        """`req` stops being lazy (stopped or aborted: it is leaving the batch), up to date; `steps`:
-        the in-flight lazy steps it is a row of (they finish it as a row that left)."""
+    def leave(self, req, gone_lists) -> None:
+        """`req` stops being lazy (stopped or aborted: it is leaving the batch), up to date; `gone_lists`:
+        the `gone` lists of the in-flight lazy steps it is a row of (they finish it as a row that left)."""
         self.materialise(req)
         seq, req.lazy_seq = req.lazy_seq, -1
         self.count -= 1
         self.context_sum -= req.num_computed_tokens
-        for step in steps:
-            step.gone.append((seq, req))
+        for gone in gone_lists:
+            gone.append((seq, req))
         if len(self.offsets) > 2 * self.count + 64:
             self.offsets = [entry for entry in self.offsets if entry[2].lazy_seq == entry[1]]
             heapify(self.offsets)
 
     def abort(self, req) -> None:
         """A lazy `req` is aborted (its steps in flight finish it as a row that left)."""
-        self.leave(req, [step for step in self.in_flight if req in step.rows])
+        self.leave(req, [step.gone for step in self.in_flight if req in step.rows])
 
     def materialise(self, req) -> None:
         """Bring a lazy `req`'s counters and tokens up to date with the steps planned and finished."""
