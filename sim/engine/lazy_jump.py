@@ -32,20 +32,20 @@ def jump(lazy, step, env):
     queue, shared = env._queue, engine.shared_times
     now, start, duration, slot, number = env._now, step.start, step.duration, step.time_slot, step.number
     gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
-    n = len(running)
+    n, plan_due, free_queue = len(running), lazy.plan_due, kv.free_queue
     records, prices, turn = [], (), 0
-    while n and lazy.ready_to_plan(n):
+    ready = n and lazy.ready_to_plan(n)
+    while ready:
         end = now + duration
         if (queue and queue[0][0] <= end) or not admits_nothing(state, n):
             break  # (an event before the step in flight ends; an admission: the loop's own turn)
         following = lazy.planned + 1
-        rows = lazy._due_at_plan(following, take=False)
-        if rows:
-            free = kv.free_queue.count
-            if len(rows) > free and lazy.blocks_needed(rows) > free:
+        bucket = plan_due.get(following)  # (a lazy step in flight: no row is due early, `_due_at_plan`)
+        if bucket:
+            if len(bucket) > free_queue.count and lazy.blocks_needed(lazy._due_at_plan(following, False)) \
+                    > free_queue.count:
                 break  # a preemption: the loop's own plan
-            lazy.plan_due.pop(following, None)
-            lazy._grow_due(following, None, rows)
+            lazy._grow_due(following, None)
         if turn == len(prices):  # (the batch's next steps priced at once: as many as may fit before the
             # next event at this step's price, prices only growing along a stretch, and up to the next step
             # whose end may stop a row, which may shrink the batch)
@@ -66,6 +66,7 @@ def jump(lazy, step, env):
             if finished:
                 engine._retire(finished, now)
                 n, prices, turn = len(running), (), 0  # (a smaller batch from the next plan on)
+                ready = n and lazy.ready_to_plan(n)
         else:
             lazy.finished = number
         # (`Engine._record_step`'s row: a row that left counts as a token computed, not a decode)

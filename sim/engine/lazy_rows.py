@@ -135,15 +135,21 @@ class LazyRows:
         """The rows to look at when planning step `number`, in the batch's order: those filed there, and,
         unless a lazy step is in flight, those filed one plan later with this one as their early point
         (`_file_plan`). `take`: the bucket is emptied (else it is only read)."""
-        rows = {seq: req for seq, req in (self.plan_due.pop if take else self.plan_due.get)(number, ())
-                if req.lazy_seq == seq and req.lazy_plan_at == number}
-        if not self.in_flight:
-            for seq, req in self.plan_due.get(number + 1, ()):
-                if req.lazy_seq == seq and req.lazy_early_at == number and req.lazy_plan_at == number + 1:
-                    rows[seq] = req
+        bucket = (self.plan_due.pop if take else self.plan_due.get)(number, None)
+        early = None if self.in_flight else self.plan_due.get(number + 1)
+        if not early:
+            if not bucket:
+                return []
+            if len(bucket) == 1:  # (the usual: one row, or none still due)
+                seq, req = bucket[0]
+                return [req] if req.lazy_seq == seq and req.lazy_plan_at == number else []
+        rows = {seq: req for seq, req in bucket or () if req.lazy_seq == seq and req.lazy_plan_at == number}
+        for seq, req in early or ():
+            if req.lazy_seq == seq and req.lazy_early_at == number and req.lazy_plan_at == number + 1:
+                rows[seq] = req
         if len(rows) < 2:
             return list(rows.values())
-        return [req for _, req in sorted(rows.items())]
+        return [req for _, req in sorted(rows.items())]  # (a row filed twice there is one row)
 
     def ready_to_plan(self, num_rows: int) -> bool:
         """Whether a step of decodes over `num_rows` rows can be planned lazily (the budget holds the
@@ -188,7 +194,7 @@ class LazyRows:
         kv, planned, finished = self.state.kv, self.planned, self.finished
         req_blocks, block_size, caching = kv.req_blocks, kv.block_size, kv.enable_prefix_caching
         hashed_get, take_next_block = kv.num_hashed_blocks.get, kv.take_next_block
-        late_registers, async_ = self.late_registers, self.async_
+        late_registers, async_, plan_due = self.late_registers, self.async_, self.plan_due
         for req in self._due_at_plan(number) if rows is None else rows:
             if req.lazy_seq < 0:
                 continue  # preempted earlier in this step
@@ -221,10 +227,21 @@ class LazyRows:
             else:
                 req.num_in_flight_extra += steps
             req.lazy_p = number
-            grow_at = req.kv_grow_at
-            self._file_plan(req, late_registers and grow_at == req.kv_register_at
-                            and grow_at == (hashed_get(req, 0) + 1) * block_size
-                            and grow_at <= len(blocks) * block_size)
+            grow_at = req.kv_grow_at  # (`_file_plan` inline: this runs for every due row)
+            gap = grow_at - total
+            at = number + (gap if gap > 1 else 1)
+            req.lazy_early_at = -1
+            if late_registers and grow_at == req.kv_register_at and grow_at <= len(blocks) * block_size \
+                    and grow_at == (hashed_get(req, 0) + 1) * block_size:
+                gap += 1
+                if number + (gap if gap > 1 else 1) > at:
+                    req.lazy_early_at, at = at, number + (gap if gap > 1 else 1)
+            req.lazy_plan_at = at
+            bucket = plan_due.get(at)
+            if bucket is None:
+                plan_due[at] = [(req.lazy_seq, req)]
+            else:
+                bucket.append((req.lazy_seq, req))
 
     def blocks_needed(self, rows: list) -> int:
         """How many of `rows` (due at the next plan) need a block at it."""
