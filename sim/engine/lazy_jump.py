@@ -32,12 +32,12 @@ def jump(lazy, step, env):
     queue, shared = env._queue, engine.shared_times
     now, start, duration, slot, number = env._now, step.start, step.duration, step.time_slot, step.number
     gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
-    n, plan_due, free_queue = len(running), lazy.plan_due, kv.free_queue
+    n, plan_due, free_queue, last_block = len(running), lazy.plan_due, kv.free_queue, kv.num_gpu_blocks - 1
     records, prices, turn = [], (), 0
     ready = n and lazy.ready_to_plan(n)
     while ready:
         end = now + duration
-        if (queue and queue[0][0] <= end) or not admits_nothing(state, n):
+        if (queue and queue[0][0] <= end) or (waiting and not admits_nothing(state, n)):
             break  # (an event before the step in flight ends; an admission: the loop's own turn)
         following = lazy.planned + 1
         bucket = plan_due.get(following)  # (a lazy step in flight: no row is due early, `_due_at_plan`)
@@ -59,8 +59,9 @@ def jump(lazy, step, env):
         now = env._now = end  # the step in flight ends (SimPy's clock with it: a finish may schedule events)
         engine.following_covers = True
         shared.write(slot, now, running)
-        decodes, next_gone = rows_of_step, []
+        decodes, next_gone = rows_of_step, ()
         if gone or number in finish_due:  # (`LazyRows.finish`)
+            next_gone = []
             less, finished = lazy.end_step(number, gone, slot, now, [next_gone])
             decodes -= less
             if finished:
@@ -70,8 +71,9 @@ def jump(lazy, step, env):
         else:
             lazy.finished = number
         # (`Engine._record_step`'s row: a row that left counts as a token computed, not a decode)
+        free = free_queue.count  # (`KVCacheManager.block_counts` inline)
         records.append((start, duration, rows_of_step - decodes, decodes, rows_of_step, rows_of_step, 0,
-                        *kv.block_counts(), n, len(waiting)))
+                        last_block - free, len(kv.cached) + kv.lazy_blocks, free, n, len(waiting)))
         start, duration, slot, number = planned_at, next_duration, next_slot, following
         rows_of_step, gone = planned_rows, next_gone
     if not records:
@@ -82,7 +84,7 @@ def jump(lazy, step, env):
     if gone:  # (its rows in the batch's order, those that left since included)
         rows = [req for _, req in sorted([(req.lazy_seq, req) for req in rows] + gone)]
     step = LazyStep(SchedulerOutput(), BatchShape(None, None, rows_of_step), duration, start, 0, None, True, slot,
-                    True, number, rows, gone)
+                    True, number, rows, list(gone))
     lazy.in_flight.append(step)
     return step
 
