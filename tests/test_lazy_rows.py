@@ -200,3 +200,43 @@ def test_closed_loop_clients_of_lazy_rows_match_the_reference(think_time):
     until = step.end_time / 3
     cut_step, cut_fast, _ = run_both(workload, config, ROOFLINE, until=until)
     assert_identical(cut_step, cut_fast)
+
+
+def _params(ignore_eos: bool = False) -> SamplingParams:
+    return SamplingParams(max_tokens=None, ignore_eos=ignore_eos)
+
+
+def test_a_private_rows_marked_blocks_are_hashed_from_its_tokens_up_to_date():
+    """A request whose first block another request shares later was private while lazy: its blocks were
+    marked with its tokens not yet written out. When the other arrives they are hashed, from its tokens
+    brought up to date first (else its preempted readmission finds 2 hits, not 128). Found by hypothesis."""
+    one = np.array([3], np.int32)
+    specs = [RequestSpec(0.0, np.array([4], np.int32), output_len=1, sampling_params=_params(True), request_id="r0"),
+             RequestSpec(0.0, one, output_len=130, sampling_params=_params(), request_id="r1")]
+    specs += [RequestSpec(0.02, one, output_len=1, sampling_params=_params(), request_id=f"r{i}") for i in range(2, 7)]
+    config = EngineConfig(block_size=1, num_gpu_blocks=260, max_model_len=256, max_num_seqs=2,
+                          max_num_batched_tokens=256, enable_prefix_caching=True, policy="vllm-v0", eos_token_id=EOS)
+    step, fast, counts = run_both(specs, config)
+    assert_identical(step, fast)
+    assert counts.steps > 0 and sum(step.requests.num_preemptions) == 1
+
+
+def test_a_preemption_planned_lazily_is_recorded_when_a_jump_ends_its_step():
+    """A lazy step whose plan preempted, ended by a jump's first turn: its record counts the preemption.
+    Found by hypothesis."""
+    long = np.concatenate([np.arange(40, dtype=np.int32) + 500, np.array([3], np.int32)])
+    one = np.array([3], np.int32)
+    specs = [RequestSpec(0.0, one, output_len=1, sampling_params=_params(True), request_id="r0"),
+             RequestSpec(0.0, long, output_len=76, sampling_params=_params(), request_id="r1"),
+             RequestSpec(0.0, one, output_len=1, sampling_params=_params(), request_id="r2"),
+             RequestSpec(0.0005, one, output_len=1, sampling_params=_params(), request_id="r3"),
+             RequestSpec(0.2005, one, output_len=41, sampling_params=_params(), request_id="r4"),
+             RequestSpec(0.4005, one, output_len=1, sampling_params=_params(True), request_id="r5"),
+             RequestSpec(0.4005, long, output_len=1, sampling_params=_params(), output_token_ids=(3, 3, 3, 3, 3, 3, 2),
+                         request_id="r6")]
+    config = EngineConfig(block_size=1, num_gpu_blocks=288, max_model_len=256, max_num_seqs=5,
+                          max_num_batched_tokens=256, policy="vllm-v0", scheduler_profile="vllm-0.19",
+                          async_scheduling=True, eos_token_id=EOS)
+    step, fast, counts = run_both(specs, config)
+    assert_identical(step, fast)
+    assert counts.steps > 0 and sum(step.steps.num_preempted) == 2

@@ -143,7 +143,10 @@ class Engine(TokenUpdate):
         """Hand a request entering the engine to the KV manager's deferred registration, if on."""
         kv = self.state.kv
         if kv.lazy is not None:
-            kv.lazy.arrive(req, kv_lazy.first_block_key(req, self.streams[req.index], kv.block_size), private_ok)
+            key = kv_lazy.first_block_key(req, self.streams[req.index], kv.block_size)
+            if self.lazy_rows is not None and self.lazy_rows.count:  # (a holder's marked blocks may be
+                self.lazy_rows.materialise_rows(kv.lazy.holders.get(key, ()))  # hashed now: from its tokens)
+            kv.lazy.arrive(req, key, private_ok)
 
     # ----- disaggregated decode (vLLM's KV-transfer path) ----------------------------------
     def add_prefilled_request(self, spec, now: float, prefilled: Request, stream) -> Request:

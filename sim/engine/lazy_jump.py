@@ -32,6 +32,7 @@ def jump(lazy, step, env):
     queue, shared = env._queue, engine.shared_times
     now, start, duration, slot, number = env._now, step.start, step.duration, step.time_slot, step.number
     gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
+    preempted = len(step.plan.preempted)  # (by the step in flight's plan; none by the jump's)
     n, plan_due, free_queue, last_block = len(running), lazy.plan_due, kv.free_queue, kv.num_gpu_blocks - 1
     records, prices, turn = [], (), 0
     ready = n and lazy.ready_to_plan(n)
@@ -72,8 +73,9 @@ def jump(lazy, step, env):
             lazy.finished = number
         # (`Engine._record_step`'s row: a row that left counts as a token computed, not a decode)
         free = free_queue.count  # (`KVCacheManager.block_counts` inline)
-        records.append((start, duration, rows_of_step - decodes, decodes, rows_of_step, rows_of_step, 0,
+        records.append((start, duration, rows_of_step - decodes, decodes, rows_of_step, rows_of_step, preempted,
                         last_block - free, len(kv.cached) + kv.lazy_blocks, free, n, len(waiting)))
+        preempted = 0
         start, duration, slot, number = planned_at, next_duration, next_slot, following
         rows_of_step, gone = planned_rows, next_gone
     if not records:
