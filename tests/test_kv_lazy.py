@@ -135,19 +135,38 @@ def _kv_state(kv, requests) -> tuple:
             [(req.kv_lazy, req.kv_lazy_resident, req.kv_key is None, kv.blocks_of(req)) for req in requests])
 
 
+def _one_at_a_time(kv, count: int, marker=None, num_marked: int = 0) -> list[int]:
+    """`_pop_free_many` as `count` `_pop_free` calls, the first `num_marked` blocks then marked."""
+    taken = [kv._pop_free() for _ in range(count)]
+    for block in taken[:num_marked]:
+        kv.block_hash[block] = marker
+    return taken
+
+
+def _marked_after(kv, req, fresh: int, total: int) -> list[int]:
+    """`KVCacheManager._allocate_private` as `allocate`'s general path: pop, then `cache_full_blocks`."""
+    taken = kv._pop_free_many(fresh)
+    kv.req_blocks[req] = taken[:]
+    kv.cache_full_blocks(req, min(total, req.num_tokens))
+    return taken
+
+
 @given(MOVES)
 def test_bulk_eviction_leaves_the_manager_as_one_pop_at_a_time(moves):
     """`_pop_free_many` settles the marked blocks it takes run by run, an owner's count at a time: the
-    manager ends every move as `count` `_pop_free` calls leave it, and its invariants hold. Names
+    manager ends every move as `count` `_pop_free` calls leave it, and as marking a private admission's
+    blocks after the pop (`cache_full_blocks`) leaves it, and its invariants hold. Names
     0 and 3 share a first block (not private); a name's requests alternate between two first blocks
     (a finished one's marked blocks are evicted, or hashed when the next but one arrives)."""
     from sim.core.invariants import _check_kv
     states = []
-    for bulk in (True, False):
+    for variant in ("bulk", "one at a time", "marked after"):
         kv = KVCacheManager(24, 4, True)  # 23 usable blocks: a request's prompt takes 10
         assert kv.enable_private_prefixes()
-        if not bulk:
-            kv._pop_free_many = lambda count, kv=kv: [kv._pop_free() for _ in range(count)]
+        if variant == "one at a time":
+            kv._pop_free_many = lambda count, *marks, kv=kv: _one_at_a_time(kv, count, *marks)
+        elif variant == "marked after":  # a private admission's blocks marked by `cache_full_blocks`
+            kv._allocate_private = lambda req, fresh, total, kv=kv: _marked_after(kv, req, fresh, total)
         live, requests, trace, made = {}, [], [], [0] * 6
         for name, n, move in moves:
             req = live.get(name)
@@ -172,4 +191,4 @@ def test_bulk_eviction_leaves_the_manager_as_one_pop_at_a_time(moves):
             _check_kv(kv)
             trace.append(_kv_state(kv, requests))
         states.append(trace)
-    assert states[0] == states[1]
+    assert states[0] == states[1] == states[2]

@@ -242,6 +242,8 @@ class KVCacheManager(PrefixCache):
         if fresh + revived > len(self.free_queue):
             return None
         new_blocks = []
+        if req.kv_lazy and fresh and not cached_blocks and req not in self.req_blocks:
+            return self._allocate_private(req, fresh, req.num_computed_tokens + num_new_tokens)
         if fresh or cached_blocks:
             blocks = self.req_blocks.setdefault(req, [])
             if cached_blocks:
@@ -252,6 +254,17 @@ class KVCacheManager(PrefixCache):
         if self.enable_prefix_caching and req in self.req_blocks:
             total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
             self.cache_full_blocks(req, min(total, req.num_tokens))
+        return new_blocks
+
+    def _allocate_private(self, req: Request, fresh: int, total: int) -> list[int]:
+        """`allocate`'s `fresh` blocks for `total` tokens of a private request holding none (an admission:
+        sim.core.kv_lazy), its full blocks marked in the pop's own pass, where `cache_full_blocks` would
+        mark them after it (`PrivatePrefixes.mark`: one store a block fewer)."""
+        num_full = min(total, req.num_tokens) // self.block_size
+        new_blocks = self._pop_free_many(fresh, req, num_full)
+        self.req_blocks[req] = new_blocks[:]  # (the caller's list is its own, as `allocate` gives it)
+        if num_full:
+            self.lazy.marked(req, num_full)
         return new_blocks
 
     def _touch(self, block: int) -> None:
@@ -298,18 +311,30 @@ class KVCacheManager(PrefixCache):
         self.ref_cnt[block] = 1
         return block
 
-    def _pop_free_many(self, count: int) -> list[int]:
+    def _pop_free_many(self, count: int, marker: Request | None = None, num_marked: int = 0) -> list[int]:
         """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
-        them (one loop: a prompt takes tens of blocks at once)."""
+        them (one loop: a prompt takes tens of blocks at once); the first `num_marked` then hold
+        `marker` (`_allocate_private`), the rest nothing."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
+        taken = self.free_queue.pop_front_many(count)
+        if num_marked:
+            owner, run = self._take_over(taken[:num_marked], marker, None, 0)
+            owner, run = self._take_over(taken[num_marked:], None, owner, run)
+        else:
+            owner, run = self._take_over(taken, None, None, 0)
+        if run:
+            self.lazy.lose(owner, run)
+        return taken
+
+    def _take_over(self, blocks: list[int], fill, owner, run: int) -> tuple:
+        """Evict what `blocks` (just off the free queue) held, then store `fill` in their `block_hash`
+        entries and a count of 1. A marked block leaves the count; its owner loses its blocks run by
+        run (a request's blocks leave together), in this one pass: (`owner`, `run`) is the run in
+        progress, carried in and returned."""
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
-        taken = self.free_queue.pop_front_many(count)
-        # a marked block leaves the count; its owner loses its blocks run by run (a request's
-        # blocks leave together), in this one pass
-        owner, run = None, 0
-        for block in taken:
+        for block in blocks:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
                 if old_hash is owner:
@@ -322,11 +347,11 @@ class KVCacheManager(PrefixCache):
                     self._evict(old_hash, block)
                 else:  # the usual case: it was the only holder
                     del cached[old_hash]
-                block_hash[block] = None
+                block_hash[block] = fill
+            elif fill is not None:
+                block_hash[block] = fill
             ref_cnt[block] = 1
-        if run:
-            self.lazy.lose(owner, run)
-        return taken
+        return owner, run
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
         """Forget that `req` holds blocks (and, with `forget`, its memoised hashes); its blocks."""

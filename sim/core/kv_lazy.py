@@ -71,6 +71,15 @@ class PrivatePrefixes:
         kv.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * kv.block_size
 
+    def marked(self, req, num_full: int) -> None:
+        """`mark`'s counts for a private request's first `num_full` blocks, marked as they left the free
+        queue (`KVCacheManager._allocate_private`)."""
+        kv = self.kv
+        kv.lazy_blocks += num_full
+        req.kv_lazy_resident += num_full
+        kv.num_hashed_blocks[req] = num_full
+        req.kv_register_at = (num_full + 1) * kv.block_size
+
     def lose(self, req, count: int) -> None:
         """`count` of `req`'s marked blocks left the free queue (`KVCacheManager._pop_free_many` evicts a
         request's blocks together, run by run): it leaves once none is resident and it is finished."""
