@@ -146,8 +146,10 @@ class KVCacheManager(PrefixCache):
     def refusal_repeats(self, req: Request) -> bool:
         """Whether a refused admission of waiting `req` repeats while it waits and fewer blocks are free
         than it wants (`Policy._refuse`): this plain manager asks only their count, and `req` hits no
-        cached prefix whatever is cached (no prefix caching, or a private request: sim.core.kv_lazy)."""
-        return type(self) is KVCacheManager and (not self.enable_prefix_caching or req.kv_lazy)
+        cached prefix whatever is cached (no prefix caching, or a private request not preempted:
+        sim.core.kv_lazy)."""
+        return type(self) is KVCacheManager and (not self.enable_prefix_caching
+                                                  or (req.kv_lazy and req.kv_lazy_held is None))
 
     def new_step_starts(self) -> None:
         """The scheduler begins a step (a manager that keeps per-step state resets it)."""
@@ -249,6 +251,8 @@ class KVCacheManager(PrefixCache):
             if cached_blocks:
                 self._touch_many(cached_blocks)
                 blocks.extend(cached_blocks)
+                if req.kv_lazy:  # its own marked blocks (`PrivatePrefixes.own_hits`)
+                    self.lazy.rejoin(req, len(cached_blocks))
             new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
@@ -261,6 +265,7 @@ class KVCacheManager(PrefixCache):
         sim.core.kv_lazy), its full blocks marked in the pop's own pass, where `cache_full_blocks` would
         mark them after it (`PrivatePrefixes.mark`: one store a block fewer)."""
         num_full = min(total, req.num_tokens) // self.block_size
+        req.kv_lazy_held = None  # (preempted: none of its marked blocks is left)
         new_blocks = self._pop_free_many(fresh, req, num_full)
         self.req_blocks[req] = new_blocks[:]  # (the caller's list is its own, as `allocate` gives it)
         if num_full:
