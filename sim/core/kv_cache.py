@@ -375,6 +375,12 @@ class KVCacheManager(PrefixCache):
         """
         if req.kv_key is not None:
             self.lazy.release(req, forget)
+            if req.kv_lazy:  # (still private)
+                marked = self.num_hashed_blocks.get(req, 0)
+                blocks = self._drop_owner(req, forget)
+                if blocks:
+                    self._release_private(blocks, marked)
+                return
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return
@@ -386,6 +392,21 @@ class KVCacheManager(PrefixCache):
         self.free_queue.push_back(back)
         if first:
             self.free_queue.push_front(first)
+
+    def _release_private(self, blocks: list[int], marked: int) -> None:
+        """`free` for a private request's `blocks`, its first `marked` ones marked: it holds each alone
+        (no other request can hit them) and the rest hold nothing (sim.core.kv_lazy), so the blocks'
+        counts and hashes need not be read to sort them (as `_release_sole` does)."""
+        ref_cnt = self.ref_cnt
+        for block in blocks:
+            ref_cnt[block] = 0
+        order = blocks[::-1]  # tail blocks first: the unmarked ones, then the marked
+        unmarked = len(blocks) - marked
+        if self.free_uncached_first and unmarked:
+            self.free_queue.push_back(order[unmarked:])
+            self.free_queue.push_front(order[:unmarked])
+        else:
+            self.free_queue.push_back(order)
 
     def _release_shared(self, order: list[int]) -> tuple[list[int], list[int]]:
         """Drop one holder of each block of `order`; the blocks freed, (to the front, to the back)."""
