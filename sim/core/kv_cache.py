@@ -146,10 +146,10 @@ class KVCacheManager(PrefixCache):
     def refusal_repeats(self, req: Request) -> bool:
         """Whether a refused admission of waiting `req` repeats while it waits and fewer blocks are free
         than it wants (`Policy._refuse`): this plain manager asks only their count, and `req` hits no
-        cached prefix whatever is cached (no prefix caching, or a private request not preempted:
-        sim.core.kv_lazy)."""
-        return type(self) is KVCacheManager and (not self.enable_prefix_caching
-                                                  or (req.kv_lazy and req.kv_lazy_held is None))
+        cached prefix whatever is cached (no prefix caching), or hits only its own marked blocks, free
+        ones each taken from the free count as a fresh block would be, and ever fewer while it waits (a
+        private request: sim.core.kv_lazy): neither the blocks nor the tokens it wants fall."""
+        return type(self) is KVCacheManager and (not self.enable_prefix_caching or req.kv_lazy)
 
     def new_step_starts(self) -> None:
         """The scheduler begins a step (a manager that keeps per-step state resets it)."""
@@ -193,9 +193,12 @@ class KVCacheManager(PrefixCache):
         if self.num_lookahead_tokens:
             total = self._with_lookahead(total)
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
+        if not cached_blocks:
+            return fresh, 0
+        if req.kv_lazy:  # its own marked blocks (`PrivatePrefixes.own_hits`): free, every one
+            return fresh, len(cached_blocks)
         ref_cnt = self.ref_cnt
-        revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
-        return fresh, revived
+        return fresh, [ref_cnt[b] for b in cached_blocks].count(0)
 
     def _with_lookahead(self, total: int) -> int:
         """`total` tokens and the lookahead slots past them, capped at max_model_len."""
