@@ -74,6 +74,7 @@ def test_every_move_matches_an_ordered_dict(moves):
         else:
             queue.push_front(outcome)
         assert list(queue) == list(ref) and len(queue) == len(ref)
+        assert queue.num_stale == sum(queue.stale) == len(queue.entries) - len(queue)
 
 
 def test_a_block_taken_out_and_put_back_is_found_at_its_new_place():

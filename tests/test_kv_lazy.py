@@ -94,7 +94,7 @@ def test_a_request_sharing_the_first_block_finds_the_blocks_eager_registration_l
     assert states[0] == states[1] and states[0][0] == 8
 
 
-def test_preemption_materialises_so_the_readmission_hits_its_own_blocks():
+def test_a_preempted_private_request_hits_its_own_marked_blocks_unhashed():
     results = []
     for deferred in (False, True):
         kv = manager(deferred)
@@ -102,9 +102,53 @@ def test_preemption_materialises_so_the_readmission_hits_its_own_blocks():
         admit(kv, req, 13)
         kv.free(req)                    # preempted: its blocks stay cached in the free queue
         req.num_computed_tokens = 0
+        assert req.kv_lazy == deferred and not (deferred and kv.req_hashes)  # (still private: nothing hashed)
+        hits = kv.lookup_prefix(req)
+        kv.allocate(req, 1, hits[0])
+        results.append((hits, kv.num_cached_hashes, kv.blocks_of(req), list(kv.free_queue)))
+    assert results[0] == results[1] and len(results[0][0][0]) == 3
+
+
+def test_a_preempted_request_whose_first_block_was_hashed_before_is_materialised():
+    """Two requests with one first block (hashed), gone and their blocks evicted; a third with it arrives
+    private, but its chain's hashes may be resident still (not here): preempted, it is materialised."""
+    kv = manager(True)
+    pair = [request(range(30, 43), index=i) for i in range(2)]
+    for req in pair:
+        admit(kv, req, 13)
+    assert not pair[0].kv_lazy
+    for req in pair:
+        kv.free(req, forget=True)
+    kv._pop_free_many(len(kv.free_queue))  # (every block evicted; held by nothing from here on)
+    for block in range(1, kv.num_gpu_blocks):
+        kv.ref_cnt[block] = 0
+    kv.free_queue.push_back(list(range(1, kv.num_gpu_blocks)))
+    third = request(range(30, 45), index=2)
+    admit(kv, third, 15)
+    assert third.kv_lazy
+    kv.free(third)
+    assert not third.kv_lazy and third.kv_lazy_held is None
+    private = request(range(60, 73), index=3)
+    admit(kv, private, 13)
+    kv.free(private)
+    assert private.kv_lazy and private.kv_lazy_held is not None
+
+
+def test_a_preempted_private_request_with_a_marked_block_past_its_hits_is_materialised():
+    """Three full blocks marked; a lookup hits at most two (its last token is computed): the third,
+    recomputed, would be marked twice where eager registration holds its hash once."""
+    results = []
+    for deferred in (False, True):
+        kv = manager(deferred)
+        req = request(range(30, 42))
+        admit(kv, req, 12)
+        kv.free(req)
+        req.num_computed_tokens = 0
+        hits = kv.lookup_prefix(req)
         assert not req.kv_lazy
-        results.append((kv.lookup_prefix(req)[1], dict(kv.cached)))
-    assert results[0] == results[1] and results[0][0] == 12
+        kv.allocate(req, 4, hits[0])
+        results.append((hits, kv.num_cached_hashes, kv.blocks_of(req), list(kv.free_queue)))
+    assert results[0] == results[1] and len(results[0][0][0]) == 2
 
 
 @given(spec_requests(), spec_configs, acceptance_scripts(), st.integers(1, 5),
@@ -135,41 +179,93 @@ def _kv_state(kv, requests) -> tuple:
             [(req.kv_lazy, req.kv_lazy_resident, req.kv_key is None, kv.blocks_of(req)) for req in requests])
 
 
+def _one_at_a_time(kv, count: int, marker=None, num_marked: int = 0) -> list[int]:
+    """`_pop_free_many` as `count` `_pop_free` calls, the first `num_marked` blocks then marked."""
+    taken = [kv._pop_free() for _ in range(count)]
+    for block in taken[:num_marked]:
+        kv.block_hash[block] = marker
+    return taken
+
+
+def _marked_after(kv, req, fresh: int, total: int) -> list[int]:
+    """`KVCacheManager._allocate_private` as `allocate`'s general path: pop, then `cache_full_blocks`."""
+    taken = kv._pop_free_many(fresh)
+    kv.req_blocks[req] = taken[:]
+    kv.cache_full_blocks(req, min(total, req.num_tokens))
+    return taken
+
+
+def _drive(kv, moves, observe) -> list:
+    """Run `moves` on `kv` (names 0 and 3 share a first block; a name's requests alternate between two
+    first blocks); `observe(kv, requests, hits)` after each move, into the trace returned."""
+    live, requests, trace, made = {}, [], [], [0] * 6
+    for name, n, move in moves:
+        req = live.get(name)
+        if req is None:
+            first = (0 if name == 3 else name) + 10 * (made[name] % 2)
+            made[name] += 1
+            tokens = [first] * 4 + [100 * name + i for i in range(36)]
+            req = live[name] = request(tokens, index=len(requests))
+            requests.append(req)
+            if kv.lazy is not None:
+                kv.lazy.arrive(req, first_block_key(req, None, kv.block_size))
+        hits = None
+        if move == "grow":
+            hits, num_hit = kv.lookup_prefix(req) if not req.num_computed_tokens else ([], 0)
+            n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
+            if n > 0 and kv.allocate(req, n, hits) is not None:
+                req.num_computed_tokens += num_hit + n
+                kv.cache_full_blocks(req)
+        else:
+            kv.free(req, forget=move == "finish")
+            req.num_computed_tokens = 0
+            if move == "finish":
+                del live[name]
+        trace.append(observe(kv, requests, hits))
+    return trace
+
+
 @given(MOVES)
 def test_bulk_eviction_leaves_the_manager_as_one_pop_at_a_time(moves):
     """`_pop_free_many` settles the marked blocks it takes run by run, an owner's count at a time: the
-    manager ends every move as `count` `_pop_free` calls leave it, and its invariants hold. Names
-    0 and 3 share a first block (not private); a name's requests alternate between two first blocks
-    (a finished one's marked blocks are evicted, or hashed when the next but one arrives)."""
+    manager ends every move as `count` `_pop_free` calls leave it, and as marking a private admission's
+    blocks after the pop (`cache_full_blocks`) leaves it, and its invariants hold. (A finished
+    request's marked blocks are evicted, or hashed when the next but one of its name arrives.)"""
     from sim.core.invariants import _check_kv
+
+    def observe(kv, requests, hits):
+        _check_kv(kv)
+        return _kv_state(kv, requests)
     states = []
-    for bulk in (True, False):
+    for variant in ("bulk", "one at a time", "marked after"):
         kv = KVCacheManager(24, 4, True)  # 23 usable blocks: a request's prompt takes 10
         assert kv.enable_private_prefixes()
-        if not bulk:
-            kv._pop_free_many = lambda count, kv=kv: [kv._pop_free() for _ in range(count)]
-        live, requests, trace, made = {}, [], [], [0] * 6
-        for name, n, move in moves:
-            req = live.get(name)
-            if req is None:
-                first = (0 if name == 3 else name) + 10 * (made[name] % 2)
-                made[name] += 1
-                tokens = [first] * 4 + [100 * name + i for i in range(36)]
-                req = live[name] = request(tokens, index=len(requests))
-                requests.append(req)
-                kv.lazy.arrive(req, first_block_key(req, None, kv.block_size))
-            if move == "grow":
-                hits, num_hit = kv.lookup_prefix(req) if not req.num_computed_tokens else ([], 0)
-                n = min(n, req.num_tokens - req.num_computed_tokens - num_hit)
-                if n > 0 and kv.allocate(req, n, hits) is not None:
-                    req.num_computed_tokens += num_hit + n
-                    kv.cache_full_blocks(req)
-            else:
-                kv.free(req, forget=move == "finish")
-                req.num_computed_tokens = 0
-                if move == "finish":
-                    del live[name]
-            _check_kv(kv)
-            trace.append(_kv_state(kv, requests))
-        states.append(trace)
-    assert states[0] == states[1]
+        if variant == "one at a time":
+            kv._pop_free_many = lambda count, *marks, kv=kv: _one_at_a_time(kv, count, *marks)
+        elif variant == "marked after":  # a private admission's blocks marked by `cache_full_blocks`
+            kv._allocate_private = lambda req, fresh, total, kv=kv: _marked_after(kv, req, fresh, total)
+        states.append(_drive(kv, moves, observe))
+    assert states[0] == states[1] == states[2]
+
+
+#: MOVES over fewer names in longer steps: prompts computed whole, preempted and readmitted
+READMISSIONS = st.lists(st.tuples(st.integers(0, 3), st.integers(8, 40),
+                                  st.sampled_from(["grow", "grow", "preempt", "preempt", "finish"])),
+                        min_size=20, max_size=60)
+
+
+@given(READMISSIONS)
+def test_deferred_registration_moves_blocks_as_eager_registration(moves):
+    """Every lookup hits the blocks eager registration's would (a preempted private request's own
+    marked ones among them), and the free queue, the counts, each request's blocks and the cached
+    count are eager's after every move."""
+    def observe(kv, requests, hits):
+        return (hits, list(kv.free_queue), list(kv.ref_cnt), kv.num_cached_hashes,
+                [kv.blocks_of(req) for req in requests])
+    traces = []
+    for deferred in (False, True):
+        kv = KVCacheManager(24, 4, True)
+        if deferred:
+            assert kv.enable_private_prefixes()
+        traces.append(_drive(kv, moves, observe))
+    assert traces[0] == traces[1]

@@ -64,10 +64,25 @@ class FreeBlockQueue:
 
     def pop_front_many(self, count: int) -> list[int]:
         """Take `count` blocks (at most `len(self)`) off the front, front first."""
-        if self.num_stale:
-            return [self.pop_front() for _ in range(count)]
         self.count -= count
+        if self.num_stale:
+            return self._pop_past_stale(count)
         return list(starmap(self.entries.popleft, repeat((), count)))  # (`count` popleft calls, looped in C)
+
+    def _pop_past_stale(self, count: int) -> list[int]:
+        """`count` `pop_front` calls' blocks, in one loop (a preempted request's readmission hits its
+        blocks in the middle of the queue, and the pops that follow meet their stale entries)."""
+        popleft, stale, taken = self.entries.popleft, self.stale, []
+        append, skipped = taken.append, 0
+        for _ in range(count):
+            block = popleft()
+            while stale[block]:
+                stale[block] -= 1
+                skipped += 1
+                block = popleft()
+            append(block)
+        self.num_stale -= skipped
+        return taken
 
     def take_out(self, block: int) -> None:
         """Take a free block out of the queue wherever it is (its entry turns stale)."""

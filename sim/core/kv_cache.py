@@ -146,7 +146,9 @@ class KVCacheManager(PrefixCache):
     def refusal_repeats(self, req: Request) -> bool:
         """Whether a refused admission of waiting `req` repeats while it waits and fewer blocks are free
         than it wants (`Policy._refuse`): this plain manager asks only their count, and `req` hits no
-        cached prefix whatever is cached (no prefix caching, or a private request: sim.core.kv_lazy)."""
+        cached prefix whatever is cached (no prefix caching), or hits only its own marked blocks, free
+        ones each taken from the free count as a fresh block would be, and ever fewer while it waits (a
+        private request: sim.core.kv_lazy): neither the blocks nor the tokens it wants fall."""
         return type(self) is KVCacheManager and (not self.enable_prefix_caching or req.kv_lazy)
 
     def new_step_starts(self) -> None:
@@ -191,9 +193,12 @@ class KVCacheManager(PrefixCache):
         if self.num_lookahead_tokens:
             total = self._with_lookahead(total)
         fresh = max(0, -(-total // self.block_size) - held - len(cached_blocks))
+        if not cached_blocks:
+            return fresh, 0
+        if req.kv_lazy:  # its own marked blocks (`PrivatePrefixes.own_hits`): free, every one
+            return fresh, len(cached_blocks)
         ref_cnt = self.ref_cnt
-        revived = [ref_cnt[b] for b in cached_blocks].count(0) if cached_blocks else 0
-        return fresh, revived
+        return fresh, [ref_cnt[b] for b in cached_blocks].count(0)
 
     def _with_lookahead(self, total: int) -> int:
         """`total` tokens and the lookahead slots past them, capped at max_model_len."""
@@ -242,16 +247,32 @@ class KVCacheManager(PrefixCache):
         if fresh + revived > len(self.free_queue):
             return None
         new_blocks = []
+        if req.kv_lazy and fresh and not cached_blocks and req not in self.req_blocks:
+            return self._allocate_private(req, fresh, req.num_computed_tokens + num_new_tokens)
         if fresh or cached_blocks:
             blocks = self.req_blocks.setdefault(req, [])
             if cached_blocks:
                 self._touch_many(cached_blocks)
                 blocks.extend(cached_blocks)
+                if req.kv_lazy:  # its own marked blocks (`PrivatePrefixes.own_hits`)
+                    self.lazy.rejoin(req, len(cached_blocks))
             new_blocks = self._pop_free_many(fresh)
             blocks.extend(new_blocks)
         if self.enable_prefix_caching and req in self.req_blocks:
             total = req.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
             self.cache_full_blocks(req, min(total, req.num_tokens))
+        return new_blocks
+
+    def _allocate_private(self, req: Request, fresh: int, total: int) -> list[int]:
+        """`allocate`'s `fresh` blocks for `total` tokens of a private request holding none (an admission:
+        sim.core.kv_lazy), its full blocks marked in the pop's own pass, where `cache_full_blocks` would
+        mark them after it (`PrivatePrefixes.mark`: one store a block fewer)."""
+        num_full = min(total, req.num_tokens) // self.block_size
+        req.kv_lazy_held = None  # (preempted: none of its marked blocks is left)
+        new_blocks = self._pop_free_many(fresh, req, num_full)
+        self.req_blocks[req] = new_blocks[:]  # (the caller's list is its own, as `allocate` gives it)
+        if num_full:
+            self.lazy.marked(req, num_full)
         return new_blocks
 
     def _touch(self, block: int) -> None:
@@ -298,18 +319,30 @@ class KVCacheManager(PrefixCache):
         self.ref_cnt[block] = 1
         return block
 
-    def _pop_free_many(self, count: int) -> list[int]:
+    def _pop_free_many(self, count: int, marker: Request | None = None, num_marked: int = 0) -> list[int]:
         """`count` blocks off the front of the free queue, as `count` `_pop_free` calls would take
-        them (one loop: a prompt takes tens of blocks at once)."""
+        them (one loop: a prompt takes tens of blocks at once); the first `num_marked` then hold
+        `marker` (`_allocate_private`), the rest nothing."""
         if type(self)._pop_free is not KVCacheManager._pop_free:
             return [self._pop_free() for _ in range(count)]
+        taken = self.free_queue.pop_front_many(count)
+        if num_marked:
+            owner, run = self._take_over(taken[:num_marked], marker, None, 0)
+            owner, run = self._take_over(taken[num_marked:], None, owner, run)
+        else:
+            owner, run = self._take_over(taken, None, None, 0)
+        if run:
+            self.lazy.lose(owner, run)
+        return taken
+
+    def _take_over(self, blocks: list[int], fill, owner, run: int) -> tuple:
+        """Evict what `blocks` (just off the free queue) held, then store `fill` in their `block_hash`
+        entries and a count of 1. A marked block leaves the count; its owner loses its blocks run by
+        run (a request's blocks leave together), in this one pass: (`owner`, `run`) is the run in
+        progress, carried in and returned."""
         block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
         more_holders = self.more_holders
-        taken = self.free_queue.pop_front_many(count)
-        # a marked block leaves the count; its owner loses its blocks run by run (a request's
-        # blocks leave together), in this one pass
-        owner, run = None, 0
-        for block in taken:
+        for block in blocks:
             old_hash = block_hash[block]
             if old_hash is not None:  # evict the cached prefix it held
                 if old_hash is owner:
@@ -322,11 +355,11 @@ class KVCacheManager(PrefixCache):
                     self._evict(old_hash, block)
                 else:  # the usual case: it was the only holder
                     del cached[old_hash]
-                block_hash[block] = None
+                block_hash[block] = fill
+            elif fill is not None:
+                block_hash[block] = fill
             ref_cnt[block] = 1
-        if run:
-            self.lazy.lose(owner, run)
-        return taken
+        return owner, run
 
     def _drop_owner(self, req: Request, forget: bool) -> list[int] | None:
         """Forget that `req` holds blocks (and, with `forget`, its memoised hashes); its blocks."""
@@ -345,6 +378,12 @@ class KVCacheManager(PrefixCache):
         """
         if req.kv_key is not None:
             self.lazy.release(req, forget)
+            if req.kv_lazy:  # (still private)
+                marked = self.num_hashed_blocks.get(req, 0)
+                blocks = self._drop_owner(req, forget)
+                if blocks:
+                    self._release_private(blocks, marked)
+                return
         blocks = self._drop_owner(req, forget)
         if not blocks:
             return
@@ -356,6 +395,21 @@ class KVCacheManager(PrefixCache):
         self.free_queue.push_back(back)
         if first:
             self.free_queue.push_front(first)
+
+    def _release_private(self, blocks: list[int], marked: int) -> None:
+        """`free` for a private request's `blocks`, its first `marked` ones marked: it holds each alone
+        (no other request can hit them) and the rest hold nothing (sim.core.kv_lazy), so the blocks'
+        counts and hashes need not be read to sort them (as `_release_sole` does)."""
+        ref_cnt = self.ref_cnt
+        for block in blocks:
+            ref_cnt[block] = 0
+        order = blocks[::-1]  # tail blocks first: the unmarked ones, then the marked
+        unmarked = len(blocks) - marked
+        if self.free_uncached_first and unmarked:
+            self.free_queue.push_back(order[unmarked:])
+            self.free_queue.push_front(order[:unmarked])
+        else:
+            self.free_queue.push_back(order)
 
     def _release_shared(self, order: list[int]) -> tuple[list[int], list[int]]:
         """Drop one holder of each block of `order`; the blocks freed, (to the front, to the back)."""

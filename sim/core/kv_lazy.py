@@ -9,9 +9,16 @@ request's blocks are only marked as they fill (a marked, "LAZY" block's `block_h
 request itself, its *owner*, where a registered block's is its hash: one table tells both); they count
 as cached (the steps' cached-block column), sit in the free queue as cached blocks do, and leave the
 count when evicted. They are hashed and registered, exactly as they would have been ("materialised"),
-the moment the request stops being private: when it is preempted (its own next lookup may hit them) or
-when a request with the same first block arrives, also after it finished while some of its blocks are
-still resident.
+the moment the request stops being private: when a request with the same first block arrives, also after
+it finished while some of its blocks are still resident.
+
+A preempted private request stays private where no request with its first block was ever hashed
+(`hashed_keys`): then no resident block outside its own holds a hash of its chain, and its readmission's
+lookup would hit exactly the leading run of its former blocks still marked (`own_hits`), with no hashing.
+Where a marked block of it lies past that run (an earlier one evicted, or past the lookup's last block),
+its place would be marked twice once recomputed, where eager registration keeps one hash: it is
+materialised then, and looked up as before. (A preempted request with a hashed first block is
+materialised at its preemption.)
 
 Only the plain `KVCacheManager` defers (`KVCacheManager.enable_private_prefixes`); every request that
 enters its engine must go through `arrive`, so that no chain appears unseen.
@@ -42,6 +49,8 @@ class PrivatePrefixes:
         #: first-block bytes -> the live requests with that first block, and finished private ones
         #: with blocks still resident
         self.holders: dict[bytes, list] = {}
+        #: first blocks of every request whose blocks were hashed (not private at arrival, or materialised)
+        self.hashed_keys: set[bytes] = set()
 
     def arrive(self, req, key: bytes, private_ok: bool = True) -> None:
         """Track `req` (entering the engine) by its first block `key`; it is private unless another
@@ -54,9 +63,12 @@ class PrivatePrefixes:
                 if other.kv_lazy:
                     self.materialize(other)
             self.holders.setdefault(key, []).append(req)
+            self.hashed_keys.add(key)
             return
         self.holders[key] = [req]
         req.kv_lazy = private_ok and hash((0, key)) not in self.kv.cached
+        if not req.kv_lazy:
+            self.hashed_keys.add(key)
 
     def mark(self, req, done: int, num_full: int) -> None:
         """`cache_full_blocks` for a private request: blocks `done`..`num_full` marked (their
@@ -71,6 +83,15 @@ class PrivatePrefixes:
         kv.num_hashed_blocks[req] = num_full
         req.kv_register_at = (num_full + 1) * kv.block_size
 
+    def marked(self, req, num_full: int) -> None:
+        """`mark`'s counts for a private request's first `num_full` blocks, marked as they left the free
+        queue (`KVCacheManager._allocate_private`)."""
+        kv = self.kv
+        kv.lazy_blocks += num_full
+        req.kv_lazy_resident += num_full
+        kv.num_hashed_blocks[req] = num_full
+        req.kv_register_at = (num_full + 1) * kv.block_size
+
     def lose(self, req, count: int) -> None:
         """`count` of `req`'s marked blocks left the free queue (`KVCacheManager._pop_free_many` evicts a
         request's blocks together, run by run): it leaves once none is resident and it is finished."""
@@ -80,26 +101,68 @@ class PrivatePrefixes:
             self.leave(req)
 
     def release(self, req, forget: bool) -> None:
-        """`req`'s blocks are being freed: preempted (`forget` False), a private one is materialised
-        (its readmission looks its blocks up); finished, it leaves, or stays while it has marked blocks
-        resident (a later request with its first block must find them)."""
+        """`req`'s blocks are being freed: preempted (`forget` False), a private one keeps its marked
+        blocks for its readmission's lookup (`own_hits`), or is materialised where a request with its
+        first block was ever hashed; finished, it leaves, or stays while it has marked blocks resident (a
+        later request with its first block must find them)."""
         if not forget:
             if req.kv_lazy:
-                self.materialize(req)
+                if req.kv_key in self.hashed_keys:
+                    self.materialize(req)
+                else:
+                    req.kv_lazy_held = self._marked_blocks(req)
             return
         if req.kv_lazy_blocks is not None:
             return  # released already (a hook deferred its completion)
         if req.kv_lazy and req.kv_lazy_resident:
-            req.kv_lazy_blocks = self.kv.req_blocks[req][:self.kv.num_hashed_blocks.get(req, 0)]
+            req.kv_lazy_blocks = self._marked_blocks(req)
         else:
             self.leave(req)
+        req.kv_lazy_held = None
+
+    def _marked_blocks(self, req) -> list:
+        """The blocks `req` marked, as far as they were not evicted since (each is checked against
+        `block_hash`): finished, preempted and waiting, or running."""
+        if req.kv_lazy_blocks is not None:
+            return req.kv_lazy_blocks
+        kv = self.kv
+        blocks = kv.req_blocks.get(req)
+        if blocks is None:  # waiting: preempted (or never admitted)
+            return req.kv_lazy_held or []
+        return blocks[:kv.num_hashed_blocks.get(req, 0)]
+
+    def own_hits(self, req) -> list[int] | None:
+        """`lookup_prefix`'s hits for a private request preempted with marked blocks: the leading run
+        of them still marked (the blocks eager registration's chain would hit), or None where the
+        lookup must hash: a marked block lies past that run (it is materialised now), or a hit's last
+        block is dropped (`drop_last_hit_block`: that block would be marked twice)."""
+        kv = self.kv
+        if kv.drop_last_hit_block:
+            self.materialize(req)
+            return None
+        block_hash, hits = kv.block_hash, []
+        for block in req.kv_lazy_held[:(req.num_tokens - 1) // kv.block_size]:
+            if block_hash[block] is not req:
+                break
+            hits.append(block)
+        if len(hits) < req.kv_lazy_resident:
+            self.materialize(req)
+            return None
+        return hits
+
+    def rejoin(self, req, num_hits: int) -> None:
+        """A preempted private request is admitted with its first `num_hits` blocks its own marked ones
+        (`own_hits`): they count as registered."""
+        self.kv.num_hashed_blocks[req] = num_hits
+        req.kv_lazy_held = None
 
     def materialize(self, req) -> None:
         """Hash and register `req`'s resident marked blocks as `cache_full_blocks` would have; it is no
         longer private."""
         kv = self.kv
         finished = req.kv_lazy_blocks is not None
-        blocks = req.kv_lazy_blocks if finished else kv.req_blocks.get(req, [])[:kv.num_hashed_blocks.get(req, 0)]
+        blocks = self._marked_blocks(req)
+        self.hashed_keys.add(req.kv_key)
         if req.kv_lazy_resident:
             block_hash, claim = kv.block_hash, kv.cached.setdefault
             for block, h in zip(blocks, kv._hashes(req, len(blocks))):
@@ -110,6 +173,7 @@ class PrivatePrefixes:
                         kv.more_holders.setdefault(h, {})[block] = None
         req.kv_lazy = False
         req.kv_lazy_resident = 0
+        req.kv_lazy_held = None
         if finished:
             kv.req_hashes.pop(req, None)
             self.leave(req)

@@ -27,8 +27,14 @@ class PrefixCache:
 
         At most `num_tokens - 1` tokens hit, so the last token is computed and yields logits.
         """
-        if not self.enable_prefix_caching or req.kv_lazy:
-            return [], 0  # (a private request: no chain of its first block is resident)
+        if not self.enable_prefix_caching:
+            return [], 0
+        if req.kv_lazy:  # a private request: no chain of its first block is resident but its own
+            if req.kv_lazy_held is None:
+                return [], 0
+            hits = self.lazy.own_hits(req)  # (preempted: its marked blocks; None: materialised now)
+            if hits is not None:
+                return hits, len(hits) * self.block_size
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self.req_hashes.get(req)
         if hashes is None or len(hashes) < max_blocks:

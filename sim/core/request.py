@@ -58,6 +58,7 @@ class Request:
         "num_spec_tokens", "is_prefill_chunk",
         "num_output_placeholders", "num_in_flight_extra", "num_stale_tokens", "client_finished",
         "kv_register_at", "kv_grow_at", "quiet_until", "kv_key", "kv_lazy", "kv_lazy_resident", "kv_lazy_blocks",
+        "kv_lazy_held",
         "times_mark", "lazy_seq", "lazy_p", "lazy_f", "lazy_plan_at", "lazy_early_at", "lazy_finish_at",
     )
 
@@ -105,6 +106,8 @@ class Request:
         self.kv_lazy = False
         self.kv_lazy_resident = 0
         self.kv_lazy_blocks = None
+        #: (private, preempted) the blocks it held, its marked ones first, for its own readmission's lookup
+        self.kv_lazy_held = None
         #: the first slot of shared step times its token times are owed from (sim.engine.shared_times)
         self.times_mark = 1 << 62
         #: lazy row keeping (sim.engine.lazy_rows): its place in the batch's order while lazy (-1: not
