@@ -5,12 +5,10 @@ from __future__ import annotations
 from unittest.mock import patch
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.core.sampling_params import SamplingParams
-from kernels_cost_model.errors import ConfigError
 from sim.core.fields import MAX_ARRIVAL_S
 from workloads.spec import RequestSpec
 
@@ -46,45 +44,3 @@ def test_a_spec_is_built_alike_with_or_without_the_shortcut(plain, odd):
 def test_the_workloads_specs_take_the_shortcut():
     spec = RequestSpec(0.5, np.arange(4), 3, SamplingParams(max_tokens=3), request_id="req-0", tenant="t")
     assert spec._plainly_valid()
-
-
-# ----- prompts cut from a vouched array (`vouch_token_ids`) skip the range check ------------------------------
-
-def test_a_prompt_cut_from_a_vouched_array_is_taken_as_it_is_and_cannot_be_written():
-    from workloads.spec import vouch_token_ids
-    flat = vouch_token_ids(np.arange(300, 400, dtype=np.int32))
-    prompt = flat[10:20]
-    spec = RequestSpec(0.0, prompt)
-    assert spec.prompt_token_ids is prompt and not prompt.flags.writeable
-    with pytest.raises(ValueError):
-        prompt[0] = -1
-    with pytest.raises(ValueError):
-        prompt.flags.writeable = True
-
-
-@pytest.mark.parametrize("ids", [np.array([5, -1], dtype=np.int32), np.array([5, -(1 << 31)], dtype=np.int32),
-                                 np.array([5, 6], dtype=np.int64), np.zeros((2, 2), dtype=np.int32)])
-def test_vouching_refuses_what_a_spec_would(ids):
-    from workloads.spec import vouch_token_ids
-    with pytest.raises(ConfigError):
-        vouch_token_ids(ids)
-
-
-def test_views_a_vouched_array_does_not_vouch_for_are_checked():
-    """Another dtype, two dimensions, an empty slice: the spec's own checks run (and refuse these)."""
-    from workloads.spec import vouch_token_ids
-    flat = vouch_token_ids(np.arange(300, 400, dtype=np.int32))
-    for prompt, error in ((flat.view(np.int16)[:4], None), (flat.reshape(10, 10), ConfigError),
-                          (flat[5:5], ConfigError)):
-        if error is None:
-            assert RequestSpec(0.0, prompt).prompt_token_ids.dtype == np.int32  # (checked and cast)
-        else:
-            with pytest.raises(error):
-                RequestSpec(0.0, prompt)
-
-
-def test_a_workload_s_prompts_are_vouched_views():
-    from workloads import poisson_workload
-    specs = list(poisson_workload(rate=5.0, num_requests=20).iter_requests(np.random.default_rng(0)))
-    assert all(not s.prompt_token_ids.flags.writeable and s.prompt_token_ids.base is specs[0].prompt_token_ids.base
-               for s in specs)

@@ -1,7 +1,6 @@
 """RequestSpec: one request as a workload describes it, before the engine sees it."""
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -107,29 +106,9 @@ def _sampling_params(values: dict, field: str) -> SamplingParams:
         raise ConfigError(f"{field}.{exc.field}", exc.value, exc.reason) from None
 
 
-#: read-only int32 arrays of token ids checked in range at once (`vouch_token_ids`), by `id()`
-_VOUCHED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def vouch_token_ids(ids: np.ndarray) -> np.ndarray:
-    """Check a 1-d int32 array of token ids once (a ConfigError where an id is out of range) and make it
-    read-only: a spec whose prompt is a view of it (a workload cuts its prompts from one draw) then skips
-    its own check, a numpy reduction a spec (~18k instructions, ~1 % of a run). Returns `ids`."""
-    require(ids.dtype == np.int32 and ids.ndim == 1, "token ids", ids.dtype, "must be a 1-d int32 array")
-    top = int(ids.view(np.uint32).max(initial=0))  # (a negative id, seen unsigned, lies past the top)
-    require(top <= MAX_TOKEN_ID, "token ids", top, f"token ids must be in [0, {MAX_TOKEN_ID}]")
-    ids.flags.writeable = False  # (its views cannot be written either: the check holds for good)
-    _VOUCHED[id(ids)] = ids
-    return ids
-
-
 def _token_array(values, field: str) -> np.ndarray:
     """A non-empty 1-d int32 array of token ids in [0, MAX_TOKEN_ID], or a ConfigError naming `field`."""
     ids = values if isinstance(values, np.ndarray) else np.asarray(values)
-    base = ids.base
-    if base is not None and _VOUCHED.get(id(base)) is base and ids.dtype == np.int32 and ids.ndim == 1 \
-            and ids.size >= 1:
-        return ids  # (a view of a vouched array: its ids are in range)
     require(ids.ndim == 1 and ids.size >= 1, field, ids.size, "must be a non-empty 1-d sequence of token ids")
     if ids.dtype.kind not in "iu":  # (str(dtype) costs microseconds: built for the error only)
         require(False, field, str(ids.dtype), "token ids must be integers")
