@@ -104,7 +104,7 @@ def test_lazy_rows_identical_on_busy_runs_and_touch_few_rows(async_scheduling, n
     step, fast, counts = run_both(workload, config, ROOFLINE, min_rows=lazy_rows.MIN_ROWS)
     assert_identical(step, fast)
     assert counts.steps > 100
-    assert counts.due < 0.4 * counts.rows
+    assert counts.due < 0.4 * sum(step.steps.num_decode_tokens)  # (rows of single lazy steps and jumps)
     assert sum(step.requests.num_preemptions) > 0
 
 
