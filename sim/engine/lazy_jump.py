@@ -34,7 +34,7 @@ def jump(lazy, step, env):
     gone, rows_of_step = step.gone, len(step.rows)  # (the step in flight's rows that left: stopped, aborted)
     preempted = len(step.plan.preempted)  # (by the step in flight's plan; none by the jump's)
     n, plan_due, free_queue, last_block = len(running), lazy.plan_due, kv.free_queue, kv.num_gpu_blocks - 1
-    records, prices, turn = [], (), 0
+    records, prices, turn, ends = [], (), 0, []
     ready = n and lazy.ready_to_plan(n)
     while ready:
         end = now + duration
@@ -53,15 +53,19 @@ def jump(lazy, step, env):
             count = min(MAX_TURNS, (queue[0][0] - now) / duration + 2 if queue else MAX_TURNS,
                         min(finish_due) - following + 1 if finish_due else MAX_TURNS)
             prices, turn = lazy.prices(n, lazy.context_sum, lazy._longest(following), max(1, int(count))), 0
-        planned_at, next_duration, next_slot, planned_rows = now, prices[turn], shared.take(), n
+        next_slot = shared.taken  # (`SharedTimes.take` inline)
+        shared.taken = next_slot + 1
+        planned_at, next_duration, planned_rows = now, prices[turn], n
         turn += 1
         lazy.context_sum += n
         lazy.planned = following
         now = env._now = end  # the step in flight ends (SimPy's clock with it: a finish may schedule events)
         engine.following_covers = True
-        shared.write(slot, now, running)
+        ends.append(now)  # (the slot's time, written with the others before anything reads them)
         decodes, next_gone = rows_of_step, ()
         if gone or number in finish_due:  # (`LazyRows.finish`)
+            shared.write_run(slot + 1 - len(ends), ends, running)
+            ends = []
             next_gone = []
             less, finished = lazy.end_step(number, gone, slot, now, [next_gone])
             decodes -= less
@@ -80,6 +84,8 @@ def jump(lazy, step, env):
         rows_of_step, gone = planned_rows, next_gone
     if not records:
         return step
+    if ends:
+        shared.write_run(slot - len(ends), ends, running)  # (`slot`: the step in flight's, not written)
     engine.steps.extend_rows([list(column) for column in zip(*records)])
     lazy.in_flight.popleft()
     rows = list(running)

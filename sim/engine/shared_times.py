@@ -44,6 +44,13 @@ class SharedTimes:
         self.times.append(now)
         self._written(slot + 1, running)
 
+    def write_run(self, first: int, ends: list, running: list) -> None:
+        """The steps holding slots `first`, `first` + 1, ... ended at `ends` (`write` for each, in one move)."""
+        if first != self.written:
+            raise RuntimeError(f"step time slot {first} finished out of order (next is {self.written})")
+        self.times.extend(ends)
+        self._written(first + len(ends), running)
+
     def join(self, req) -> None:
         """`req` starts running: owed the slots of steps planned from now on."""
         req.times_mark = self.taken

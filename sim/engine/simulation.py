@@ -359,7 +359,8 @@ def run_engine(workload, config: EngineConfig, cost_model, num_gpu_blocks: int |
     env = simpy.Environment()
     engine = Engine(config, cost_model, blocks, token_text=token_text, hooks=hooks, kv_groups=kv_groups)
     proc = EngineProcess(env, engine)
-    engine.keep_rows_lazy()
+    if engine.keep_rows_lazy() and engine.is_async:
+        proc.leaper = None  # (rows are lazy from one row on: quiet turns are jumped, never leapt)
     if progress is not None:
         watch_finishes(env, engine, progress)
     start_workload(env, workload, proc.submit, seed, proc.enqueue)
