@@ -29,6 +29,8 @@ from sim.core.kv_cache import KVCacheManager  # noqa: E402
 from sim.engine.engine import Engine  # noqa: E402
 from sim.engine.leap import Leaper  # noqa: E402
 from sim.engine.leap_plan import StretchPlan  # noqa: E402
+from sim.engine import simulation  # noqa: E402
+from sim.engine.lazy_rows import LazyRows  # noqa: E402
 
 #: (label, class, method), in print order; indented labels are parts of the one above
 PARTS = [
@@ -48,6 +50,9 @@ PARTS = [
     ("  applying the stretch", StretchPlan, "apply"),
     ("    its KV moves", StretchPlan, "_replay_kv"),
     ("ending a stretch's tail", Leaper, "finish_tail"),
+    ("quiet turns run back to back (lazy rows, vLLM V0)", simulation, "jump"),
+    ("  lazy rows: the rows due at a plan", LazyRows, "_grow_due"),
+    ("  lazy rows: a step's end with rows due", LazyRows, "end_step"),
     ("arrivals: add a request", Engine, "add_request"),
 ]
 #: parts called from several of the above (timed inside them too)

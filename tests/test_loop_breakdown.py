@@ -23,8 +23,12 @@ def test_timed_run_has_the_records_of_an_untimed_one(scenario, mode, capsys):
     plan, finish, leap = top[:3]
     assert timers.calls[plan] and timers.calls[finish]
     assert sum(timers.seconds[key] for key in top) <= wall
-    # every leap attempt timed and classified in fast mode; none in step mode
-    assert sum(timers.outcomes.values()) == timers.calls[leap] and bool(timers.calls[leap]) == (mode == "fast")
+    # every leap attempt timed and classified in fast mode; none in step mode, nor where rows are lazy (the
+    # issue's vLLM V0 setup under async scheduling: quiet turns are jumped instead)
+    lazy = mode == "fast" and scenario.startswith("issue")
+    assert sum(timers.outcomes.values()) == timers.calls[leap]
+    assert bool(timers.calls[leap]) == (mode == "fast" and not lazy)
+    assert bool(timers.calls[(breakdown.simulation, "jump")]) == lazy
     breakdown.report(timers, total, records, 150)
     out = capsys.readouterr().out
     assert "the rest (loop, SimPy, workload generation)" in out and "per row-step" in out
