@@ -15,12 +15,16 @@ passes run, and files them again. Everything else about the step comes from aggr
 priced from the rows' count, context sum and longest context (`decode_step_time`, the same float), the
 token times from the step's shared slot (sim.engine.shared_times).
 
-Whatever else reads a running row brings it up to date first: an abort, a leap's look at the batch
-(`materialise_all`, and `expose` for the step in flight), the end of the run. Whatever else changes rows
-ends lazy keeping (`deactivate`): a step whose rows may need more blocks than are free (preemption), a
-budget short of the batch, a leap. In-flight steps are then given their rows and finish as any step
-does. Only `run_engine`'s plain engines keep rows lazy (fast mode, vLLM V0, the plain KV manager, the
-roofline or linear cost model, no hooks nor invariant checks): `lazy_rows_for`.
+A due row that needs a block none is free for preempts, as `allocate_or_preempt` does: the victims, as
+a stopped or aborted row, are brought up to date and leave lazy keeping, and the steps in flight end them
+as rows that left. Whatever else reads a running row brings it up to date first: an arrival whose first
+block a private row holds (its marked blocks are hashed from its tokens), a step of prefills' end, a
+leap's look at the batch (`materialise_all`, and `expose` for the step in flight), the end of the run.
+Whatever else would change rows ends lazy keeping (`deactivate`): a budget short of the batch, an empty
+batch, a leap. In-flight steps are then given their rows and end as any step does. Quiet turns of the
+engine loop run back to back in sim.engine.lazy_jump. Only `run_engine`'s plain engines keep rows lazy
+(fast mode, vLLM V0, the plain KV manager, the roofline or linear cost model, no hooks nor invariant
+checks): `lazy_rows_for`.
 """
 from __future__ import annotations
 
@@ -134,7 +138,7 @@ class LazyRows:
     def _due_at_plan(self, number: int, take: bool = True) -> list:
         """The rows to look at when planning step `number`, in the batch's order: those filed there, and,
         unless a lazy step is in flight, those filed one plan later with this one as their early point
-        (`_file_plan`). `take`: the bucket is emptied (else it is only read)."""
+        (`_grow_due`). `take`: the bucket is emptied (else it is only read)."""
         bucket = (self.plan_due.pop if take else self.plan_due.get)(number, None)
         early = None if self.in_flight else self.plan_due.get(number + 1)
         if not early:
@@ -227,7 +231,14 @@ class LazyRows:
             else:
                 req.num_in_flight_extra += steps
             req.lazy_p = number
-            grow_at = req.kv_grow_at  # (`_file_plan` inline: this runs for every due row)
+            # filed again (`_file_plan` inline: this runs for every due row). Under async scheduling with
+            # prefix caching, where the next thing to happen to the row is registering its block once full
+            # (`kv_grow_at` is `kv_register_at`, the end of the block after its registered ones, within its
+            # blocks), the plan at that point registers nothing, and changes nothing, if the row's last token
+            # is in flight then (its tokens known stop one short of the block), as it is when a lazy step is
+            # in flight: the row is filed a plan later, the early point kept (`lazy_early_at`) for a plan
+            # with no lazy step in flight (`_due_at_plan`).
+            grow_at = req.kv_grow_at
             gap = grow_at - total
             at = number + (gap if gap > 1 else 1)
             req.lazy_early_at = -1
@@ -267,10 +278,9 @@ class LazyRows:
                 return
         self._advance(req, number)
 
-    def _advance(self, req, number: int, late: bool = False) -> None:
+    def _advance(self, req, number: int) -> None:
         """Bring a due row's computed tokens up to date with step `number`, its own token counted as
-        computed and in flight (`Engine._rows_advanced`); file it at its next plan (`late`: see
-        `_file_plan`)."""
+        computed and in flight (`Engine._rows_advanced`); file it at its next plan."""
         steps = number - req.lazy_p
         req.num_computed_tokens += steps
         if self.async_:
@@ -278,7 +288,7 @@ class LazyRows:
         else:
             req.num_in_flight_extra += steps
         req.lazy_p = number
-        self._file_plan(req, late)
+        self._file_plan(req)
 
     def _longest(self, number: int) -> int:
         """The longest context before step `number` (every running row is lazy)."""
@@ -493,23 +503,12 @@ class LazyRows:
         self.count = self.context_sum = 0
 
     # ----- buckets -----------------------------------------------------------------------
-    def _file_plan(self, req, late: bool = False) -> None:
-        """File `req` (up to date with its `lazy_p`) at the plan where its tokens reach `kv_grow_at`.
-
-        `late`: under async scheduling with prefix caching, the next thing to happen to the row is
-        registering its block once full (`kv_grow_at` is `kv_register_at`, the end of the block after
-        its registered ones, within its blocks). The plan at that point registers nothing, and changes
-        nothing, if the row's last token is in flight then (its tokens known stop one short of the
-        block), as it is when a lazy step is in flight. The row is filed one plan later, with the
-        early point kept (`lazy_early_at`) for a plan with no lazy step in flight (`_due_at_plan`)."""
+    def _file_plan(self, req) -> None:
+        """File `req` (up to date with its `lazy_p`) at the plan where its tokens reach `kv_grow_at` (a row
+        joining, or one `allocate` grew; `_grow_due` files the rows it grows itself, some a plan later)."""
         gap = req.kv_grow_at - req.num_computed_tokens
-        if late:
-            req.lazy_early_at = req.lazy_p + (gap if gap > 1 else 1)
-            gap += 1
         at = req.lazy_p + (gap if gap > 1 else 1)
-        if not late or at == req.lazy_early_at:
-            req.lazy_early_at = -1  # (none, or the same plan either way)
-        req.lazy_plan_at = at
+        req.lazy_plan_at, req.lazy_early_at = at, -1
         entry = (req.lazy_seq, req)
         bucket = self.plan_due.get(at)
         if bucket is None:
@@ -547,7 +546,3 @@ class LazyRows:
         rows.sort()
         return rows
 
-    @classmethod
-    def _pop(cls, buckets: dict, at: int) -> list:
-        """`_pop_pairs`'s rows."""
-        return [req for _, req in cls._pop_pairs(buckets, at)]
