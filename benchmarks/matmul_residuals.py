@@ -9,6 +9,12 @@ datasheet ridge (FLOPs per byte of the roofline, bf16 peak / memory bandwidth); 
 achieved rate of large GEMMs (m >= 2,048, n and k >= 4,096), in all and across k at one (m, n); and a
 ceiling no form smooth in m can beat by much: each held-out row read off its own shape's measured
 neighbouring token counts (log-log interpolation of the measured times, no model).
+
+`--knee` also refits every shape with a smooth knee, time = (C^p + M^p)^(1/p) + overhead (C, M: the
+roofline's compute and memory sides; p = inf is the shipped max), and prints the held-out median per p,
+the 5-fold cross-validated median on the fit split (folds over its token counts) and the held-out error
+of the p that cross-validation picks; and the small-batch table: per token count, the median over weights
+of at least 4096 x 4096 of its time over the same weight's at 16 tokens.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from kernels_cost_model.aiconfigurator_tables import SYSTEMS, read_table  # noqa: E402
 from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration  # noqa: E402
 from kernels_cost_model.hardware import get_gpu  # noqa: E402
+from kernels_cost_model.shape_keys import matmul_key  # noqa: E402
 
 SYSTEM_OF = {device: system for system, device in SYSTEMS.items()}
 
@@ -90,11 +97,140 @@ def report(profiles: Path, device: str) -> dict[str, float]:
     return out
 
 
+KNEES = (np.inf, 2.0, 3.0, 4.0, 6.0)
+"""The knee exponents `--knee` compares (inf: the sharp max that ships)."""
+
+
+def knee_time(theta: np.ndarray, cols: dict, p: float, tiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, d seconds / d theta) of padded (shape x row) arrays under the smooth knee; theta: per
+    shape log (s_per_flop, s_per_byte, overhead_s, tile_rows), the tile term only where `tiled`."""
+    a, b, o = (np.exp(theta[:, j:j + 1]) for j in range(3))
+    tile = np.where(tiled[:, None], np.exp(theta[:, 3:4]), 0.0)
+    compute, memory = cols["F"] * a * (1.0 + tile / cols["m"]), cols["B"] * b
+    if p == np.inf:
+        top = np.maximum(compute, memory)
+        d_c = (compute >= memory).astype(float)
+        d_m = 1.0 - d_c
+    else:
+        scale = np.maximum(np.maximum(compute, memory), 1e-300)
+        top = scale * ((compute / scale) ** p + (memory / scale) ** p) ** (1.0 / p)
+        d_c, d_m = (compute / top) ** (p - 1.0), (memory / top) ** (p - 1.0)
+    grad = np.stack([d_c * compute, d_m * memory, np.broadcast_to(o, compute.shape),
+                     np.where(tiled[:, None], d_c * cols["F"] * a * tile / cols["m"], 0.0)], axis=-1)
+    return top + o, grad
+
+
+def knee_fit(theta: np.ndarray, cols: dict, weight: np.ndarray, p: float, tiled: np.ndarray,
+             rounds: int = 6, iters: int = 40) -> np.ndarray:
+    """Every shape's theta fitted at once (Levenberg-Marquardt on the relative error, per-shape damping;
+    rows with weight 0 left out), then reweighted towards least absolute relative error as fit_family does."""
+    theta, t = theta.copy(), cols["t"]
+    g = np.ones_like(t)
+    for _ in range(rounds):
+        damping = np.full(len(theta), 1e-3)
+        pred, grad = knee_time(theta, cols, p, tiled)
+        r = (pred / t - 1.0) * weight
+        loss = np.sum((g * r) ** 2, axis=1)
+        for _ in range(iters):
+            jac = grad / t[..., None] * (g * weight)[..., None]
+            normal = np.einsum("srk,srl->skl", jac, jac)
+            rhs = -np.einsum("srk,sr->sk", jac, g * r)
+            diag = np.einsum("skk->sk", normal)
+            lhs = normal + damping[:, None, None] * np.eye(4) * diag[:, None, :] + 1e-9 * np.eye(4)
+            step = np.clip(np.linalg.solve(lhs, rhs[..., None])[..., 0], -3.0, 3.0)
+            step[~tiled, 3] = 0.0
+            new_pred, new_grad = knee_time(theta + step, cols, p, tiled)
+            new_r = (new_pred / t - 1.0) * weight
+            new_loss = np.sum((g * new_r) ** 2, axis=1)
+            better = new_loss < loss
+            theta[better] += step[better]
+            loss[better], r[better], grad[better] = new_loss[better], new_r[better], new_grad[better]
+            damping = np.where(better, damping * 0.3, damping * 10.0)
+            if (damping > 1e7).all():
+                break
+        g = 1.0 / np.sqrt(np.maximum(np.abs(r), 0.005))
+    return theta
+
+
+def _padded(res: dict, keys: list) -> tuple[dict, np.ndarray]:
+    """Padded (shape x row) columns of one split's rows, and the mask of real rows."""
+    index = {key: np.flatnonzero((res["n"] == key[0]) & (res["k"] == key[1])) for key in keys}
+    width = max(len(i) for i in index.values())
+    cols = {c: np.ones((len(keys), width)) for c in ("m", "F", "B", "t")}
+    mask = np.zeros((len(keys), width))
+    for s, key in enumerate(keys):
+        i = index[key]
+        m, n, k = res["m"][i], key[0], key[1]
+        cols["m"][s, :len(i)], cols["t"][s, :len(i)], mask[s, :len(i)] = m, res["t"][i], 1.0
+        cols["F"][s, :len(i)], cols["B"][s, :len(i)] = 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)
+    return cols, mask
+
+
+def knee_report(profiles: Path, device: str) -> dict:
+    """{"held": {p: median}, "cv": {p: median}, "picked": p} for the smooth knee (see module docstring)."""
+    res, cal = residuals(profiles, device), shipped_calibration(device)
+    keys = sorted(set(zip(res["held"]["n"], res["held"]["k"])) & set(zip(res["fit"]["n"], res["fit"]["k"])))
+    keys = [key for key in keys if matmul_key(*key) in cal.coeffs]
+    start = [cal.coeffs[matmul_key(*key)] for key in keys]
+    theta = np.log([[max(c.s_per_flop, 1e-20), max(c.s_per_byte, 1e-20), max(c.overhead_s, 1e-7),
+                     max(c.tile_rows, 1e-3)] for c in start])
+    tiled = np.array([c.tile_rows > 0 for c in start])
+    fit, fit_mask = _padded(res["fit"], keys)
+    held, held_mask = _padded(res["held"], keys)
+    rank = np.searchsorted(np.unique(fit["m"][fit_mask > 0]), fit["m"]) % 5
+    out, held_err, cv_err = {"held": {}, "cv": {}}, {}, {}
+    for p in KNEES:
+        pred, _ = knee_time(knee_fit(theta, fit, fit_mask, p, tiled), held, p, tiled)
+        held_err[p] = np.where(held_mask > 0, np.abs(pred / held["t"] - 1.0), np.nan)
+        cv_err[p] = np.full_like(fit["t"], np.nan)
+        for fold in range(5):
+            out_rows = (rank == fold) & (fit_mask > 0)
+            pred, _ = knee_time(knee_fit(theta, fit, fit_mask * ~out_rows, p, tiled), fit, p, tiled)
+            cv_err[p][out_rows] = np.abs(pred / fit["t"] - 1.0)[out_rows]
+        out["held"][p], out["cv"][p] = float(np.nanmedian(held_err[p])), float(np.nanmedian(cv_err[p]))
+    out["picked"] = min(KNEES, key=lambda p: out["cv"][p])
+    out["per_shape"] = per_shape_knee(held_err, cv_err)
+    print(f"{device}: smooth knee, per p: held out " + ", ".join(f"{p:g} {100 * e:.2f} %" for p, e in out["held"].items())
+          + "; cross-validated on the fit split " + ", ".join(f"{p:g} {100 * e:.2f} %" for p, e in out["cv"].items())
+          + f"; picked p = {out['picked']:g}: held out {100 * out['held'][out['picked']]:.2f} %"
+          + f"; picked per shape (a knee where it wins by {KNEE_MARGIN:.0%}): {100 * out['per_shape']:.2f} %")
+    return out
+
+
+KNEE_MARGIN = 0.1
+"""Per-shape pick: a shape takes its best knee only where that beats the hard max's cross-validated median
+by this share (fit_tiled_or_not's margin for the tile term)."""
+
+
+def per_shape_knee(held_err: dict, cv_err: dict) -> float:
+    """Held-out median when each shape takes the p its own cross-validation picks (the hard max unless a
+    knee wins by KNEE_MARGIN); arrays are (shape x row), NaN off the split."""
+    cv = np.array([[np.nanmedian(cv_err[p][s]) for p in KNEES] for s in range(len(cv_err[KNEES[0]]))])
+    best = 1 + np.argmin(cv[:, 1:], axis=1)
+    pick = np.where(cv[np.arange(len(cv)), best] < (1.0 - KNEE_MARGIN) * cv[:, 0], best, 0)
+    chosen = np.concatenate([held_err[KNEES[j]][s] for s, j in enumerate(pick)])
+    return float(np.nanmedian(chosen))
+
+
+def small_batch_ratios(profiles: Path, device: str) -> dict[float, float]:
+    """{m: median over weights of at least 4096 x 4096 of t(m) / t(16)} for the grid's token counts below 16."""
+    res = residuals(profiles, device)
+    rows = {c: np.concatenate([res["fit"][c], res["held"][c]]) for c in ("m", "n", "k", "t")}
+    times = {(n, k, m): t for m, n, k, t in zip(rows["m"], rows["n"], rows["k"], rows["t"]) if n * k >= 4096 * 4096}
+    out = {}
+    for m in np.unique(rows["m"][rows["m"] <= 16]):
+        ratios = [t / times[(n, k, 16.0)] for (n, k, mm), t in times.items() if mm == m and (n, k, 16.0) in times]
+        out[float(m)] = float(np.median(ratios))
+    print(f"{device}: t(m) / t(16), weights >= 4096 x 4096: " + ", ".join(f"{m:g} {r:.2f}" for m, r in out.items()))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tests/test_docs_commands.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     parser.add_argument("--gpu", action="append", choices=sorted(SYSTEM_OF), help="default: l40s")
+    parser.add_argument("--knee", action="store_true", help="also refit with a smooth knee; small-batch table")
     return parser
 
 
@@ -105,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for device in args.gpu or ["l40s"]:
         report(args.profiles, device)
+        if args.knee:
+            knee_report(args.profiles, device)
+            small_batch_ratios(args.profiles, device)
     return 0
 
 
