@@ -14,7 +14,9 @@ neighbouring token counts (log-log interpolation of the measured times, no model
 roofline's compute and memory sides; p = inf is the shipped max), and prints the held-out median per p,
 the 5-fold cross-validated median on the fit split (folds over its token counts) and the held-out error
 of the p that cross-validation picks; and the small-batch table: per token count, the median over weights
-of at least 4096 x 4096 of its time over the same weight's at 16 tokens.
+of at least 4096 x 4096 of its time over the same weight's at 16 tokens. `--regimes` refits every shape as
+two rooflines, below and above a switch token count, and prints the held-out median where each shape
+splits only if its own cross-validation on the fit split prefers it.
 """
 from __future__ import annotations
 
@@ -166,49 +168,93 @@ def _padded(res: dict, keys: list) -> tuple[dict, np.ndarray]:
     return cols, mask
 
 
-def knee_report(profiles: Path, device: str) -> dict:
-    """{"held": {p: median}, "cv": {p: median}, "picked": p} for the smooth knee (see module docstring)."""
-    res, cal = residuals(profiles, device), shipped_calibration(device)
-    keys = sorted(set(zip(res["held"]["n"], res["held"]["k"])) & set(zip(res["fit"]["n"], res["fit"]["k"])))
-    keys = [key for key in keys if matmul_key(*key) in cal.coeffs]
-    start = [cal.coeffs[matmul_key(*key)] for key in keys]
-    theta = np.log([[max(c.s_per_flop, 1e-20), max(c.s_per_byte, 1e-20), max(c.overhead_s, 1e-7),
-                     max(c.tile_rows, 1e-3)] for c in start])
-    tiled = np.array([c.tile_rows > 0 for c in start])
-    fit, fit_mask = _padded(res["fit"], keys)
-    held, held_mask = _padded(res["held"], keys)
-    rank = np.searchsorted(np.unique(fit["m"][fit_mask > 0]), fit["m"]) % 5
-    out, held_err, cv_err = {"held": {}, "cv": {}}, {}, {}
-    for p in KNEES:
-        pred, _ = knee_time(knee_fit(theta, fit, fit_mask, p, tiled), held, p, tiled)
-        held_err[p] = np.where(held_mask > 0, np.abs(pred / held["t"] - 1.0), np.nan)
-        cv_err[p] = np.full_like(fit["t"], np.nan)
+class Shapes:
+    """One GPU's GEMM shapes (those with held-out rows and shipped coefficients) as padded (shape x row)
+    columns of both splits, with the shipped coefficients as the starting point of every refit."""
+
+    def __init__(self, profiles: Path, device: str):
+        res, cal = residuals(profiles, device), shipped_calibration(device)
+        keys = sorted(set(zip(res["held"]["n"], res["held"]["k"])) & set(zip(res["fit"]["n"], res["fit"]["k"])))
+        keys = [key for key in keys if matmul_key(*key) in cal.coeffs]
+        start = [cal.coeffs[matmul_key(*key)] for key in keys]
+        self.theta = np.log([[max(c.s_per_flop, 1e-20), max(c.s_per_byte, 1e-20), max(c.overhead_s, 1e-7),
+                              max(c.tile_rows, 1e-3)] for c in start])
+        self.tiled = np.array([c.tile_rows > 0 for c in start])
+        self.fit, self.fit_mask = _padded(res["fit"], keys)
+        self.held, self.held_mask = _padded(res["held"], keys)
+        self.ms = np.unique(self.fit["m"][self.fit_mask > 0])
+        self.fold = np.searchsorted(self.ms, self.fit["m"]) % 5
+
+    def refit(self, mask: np.ndarray, cols: dict, p: float = np.inf) -> np.ndarray:
+        """Seconds of `cols` under each shape refitted on its fit rows where `mask` is 1."""
+        return knee_time(knee_fit(self.theta, self.fit, mask, p, self.tiled), cols, p, self.tiled)[0]
+
+    def errors(self, predict) -> tuple[np.ndarray, np.ndarray]:
+        """(held-out |error|, 5-fold cross-validated |error| on the fit split) of `predict(mask, cols)`,
+        NaN off each split; the folds run over the fit split's token counts."""
+        held = np.abs(predict(self.fit_mask, self.held) / self.held["t"] - 1.0)
+        held[self.held_mask == 0] = np.nan
+        cv = np.full_like(self.fit["t"], np.nan)
         for fold in range(5):
-            out_rows = (rank == fold) & (fit_mask > 0)
-            pred, _ = knee_time(knee_fit(theta, fit, fit_mask * ~out_rows, p, tiled), fit, p, tiled)
-            cv_err[p][out_rows] = np.abs(pred / fit["t"] - 1.0)[out_rows]
-        out["held"][p], out["cv"][p] = float(np.nanmedian(held_err[p])), float(np.nanmedian(cv_err[p]))
+            out = (self.fold == fold) & (self.fit_mask > 0)
+            cv[out] = np.abs(predict(self.fit_mask * ~out, self.fit) / self.fit["t"] - 1.0)[out]
+        return held, cv
+
+
+def knee_report(profiles: Path, device: str) -> dict:
+    """{"held": {p: median}, "cv": {p: median}, "picked": p, "per_shape": median} for the smooth knee."""
+    shapes = Shapes(profiles, device)
+    held_err, cv_err = zip(*(shapes.errors(lambda mask, cols, p=p: shapes.refit(mask, cols, p)) for p in KNEES))
+    out = {"held": {p: float(np.nanmedian(e)) for p, e in zip(KNEES, held_err)},
+           "cv": {p: float(np.nanmedian(e)) for p, e in zip(KNEES, cv_err)}}
     out["picked"] = min(KNEES, key=lambda p: out["cv"][p])
-    out["per_shape"] = per_shape_knee(held_err, cv_err)
+    out["per_shape"] = per_shape_pick(held_err, cv_err)
     print(f"{device}: smooth knee, per p: held out " + ", ".join(f"{p:g} {100 * e:.2f} %" for p, e in out["held"].items())
           + "; cross-validated on the fit split " + ", ".join(f"{p:g} {100 * e:.2f} %" for p, e in out["cv"].items())
           + f"; picked p = {out['picked']:g}: held out {100 * out['held'][out['picked']]:.2f} %"
-          + f"; picked per shape (a knee where it wins by {KNEE_MARGIN:.0%}): {100 * out['per_shape']:.2f} %")
+          + f"; picked per shape (a knee where it wins by {PICK_MARGIN:.0%}): {100 * out['per_shape']:.2f} %")
     return out
 
 
-KNEE_MARGIN = 0.1
-"""Per-shape pick: a shape takes its best knee only where that beats the hard max's cross-validated median
-by this share (fit_tiled_or_not's margin for the tile term)."""
+def regimes_report(profiles: Path, device: str) -> dict:
+    """{"single": median, "two": median, "split": share of shapes} for two regimes per shape: below and
+    above a switch token count (the geometric mean of two neighbouring fit token counts, at least 4 of them
+    on each side), each refitted on its own rows; a shape splits, at its best switch, only where its
+    cross-validation prefers that by PICK_MARGIN."""
+    shapes = Shapes(profiles, device)
+    ms = shapes.ms
+    switches = [float(np.sqrt(ms[i - 1] * ms[i])) for i in range(4, len(ms) - 3)]
+
+    def two(switch):
+        def predict(mask, cols):
+            low = shapes.refit(mask * (shapes.fit["m"] < switch), cols)
+            return np.where(cols["m"] < switch, low, shapes.refit(mask * (shapes.fit["m"] >= switch), cols))
+        return predict
+
+    held_err, cv_err = zip(shapes.errors(shapes.refit), *(shapes.errors(two(s)) for s in switches))
+    out = {"single": float(np.nanmedian(held_err[0])), "two": per_shape_pick(held_err, cv_err),
+           "split": float(np.mean(_picks(cv_err) > 0))}
+    print(f"{device}: two regimes per shape: held out {100 * out['single']:.2f} -> {100 * out['two']:.2f} % "
+          f"({100 * out['split']:.0f} % of shapes split)")
+    return out
 
 
-def per_shape_knee(held_err: dict, cv_err: dict) -> float:
-    """Held-out median when each shape takes the p its own cross-validation picks (the hard max unless a
-    knee wins by KNEE_MARGIN); arrays are (shape x row), NaN off the split."""
-    cv = np.array([[np.nanmedian(cv_err[p][s]) for p in KNEES] for s in range(len(cv_err[KNEES[0]]))])
+PICK_MARGIN = 0.1
+"""A shape takes an option other than the first (the hard max; one regime) only where its cross-validated
+median beats the first's by this share (fit_tiled_or_not's margin for the tile term)."""
+
+
+def _picks(cv_err) -> np.ndarray:
+    """Per shape, the index of the option its cross-validation picks (0 unless another wins by PICK_MARGIN)."""
+    cv = np.array([np.nanmedian(e, axis=1) for e in cv_err]).T
     best = 1 + np.argmin(cv[:, 1:], axis=1)
-    pick = np.where(cv[np.arange(len(cv)), best] < (1.0 - KNEE_MARGIN) * cv[:, 0], best, 0)
-    chosen = np.concatenate([held_err[KNEES[j]][s] for s, j in enumerate(pick)])
+    return np.where(cv[np.arange(len(cv)), best] < (1.0 - PICK_MARGIN) * cv[:, 0], best, 0)
+
+
+def per_shape_pick(held_err, cv_err) -> float:
+    """Held-out median when each shape takes the option its own cross-validation picks (_picks); options
+    are (shape x row) arrays, NaN off their split."""
+    chosen = np.concatenate([held_err[j][s] for s, j in enumerate(_picks(cv_err))])
     return float(np.nanmedian(chosen))
 
 
@@ -231,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "kernel_profiles")
     parser.add_argument("--gpu", action="append", choices=sorted(SYSTEM_OF), help="default: l40s")
     parser.add_argument("--knee", action="store_true", help="also refit with a smooth knee; small-batch table")
+    parser.add_argument("--regimes", action="store_true", help="also refit with two regimes in m per shape")
     return parser
 
 
@@ -244,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.knee:
             knee_report(args.profiles, device)
             small_batch_ratios(args.profiles, device)
+        if args.regimes:
+            regimes_report(args.profiles, device)
     return 0
 
 

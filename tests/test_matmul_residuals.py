@@ -62,6 +62,14 @@ def test_knee_fit_recovers_the_times_it_was_made_from(p):
     assert pred / cols["t"] == pytest.approx(np.ones_like(pred), abs=2e-3)
 
 
+def test_a_shape_takes_another_option_only_where_its_cross_validation_wins_by_the_margin():
+    nan = np.nan
+    cv = [np.array([[0.10, nan], [0.10, nan]]), np.array([[0.095, nan], [0.05, nan]])]  # wins by 5 %, by 50 %
+    held = [np.array([[0.2, 0.2], [0.2, 0.2]]), np.array([[0.0, 0.0], [0.01, 0.01]])]
+    assert list(residuals._picks(cv)) == [0, 1]
+    assert residuals.per_shape_pick(held, cv) == pytest.approx(np.median([0.2, 0.2, 0.01, 0.01]))
+
+
 def test_knee_is_the_roofline_at_inf_and_above_it_otherwise():
     sharp, soft = _knee_shape(np.inf)["t"], _knee_shape(3.0)["t"]
     a, b, o, tile = np.exp([-32.0, -27.0, -11.0, 4.0])
@@ -75,9 +83,11 @@ def test_knee_is_the_roofline_at_inf_and_above_it_otherwise():
 def test_smooth_knee_and_small_batches_as_documented():
     """docs/cost_model.md, "A smooth knee, tried": cross-validation picks a knee on the B60 that takes
     its held-out error under 5 %, and one on the A100 that takes it over; only the B60's small batches
-    run slower than 16 rows."""
+    run slower than 16 rows; two regimes per shape take the B60 under 5 % too."""
     b60, a100 = residuals.knee_report(PROFILES, "arc-pro-b60"), residuals.knee_report(PROFILES, "a100-sxm-80gb")
     assert b60["picked"] == 4.0 and b60["held"][4.0] < 0.045 < 0.05 < b60["held"][np.inf]
     assert a100["picked"] < np.inf and a100["held"][a100["picked"]] > 0.05 > a100["held"][np.inf]
     assert residuals.small_batch_ratios(PROFILES, "arc-pro-b60")[1.0] > 1.15
+    b60_two = residuals.regimes_report(PROFILES, "arc-pro-b60")
+    assert b60_two["two"] < 0.05 < b60_two["single"] and b60_two["split"] > 0.5
     assert all(abs(r - 1.0) < 0.04 for r in residuals.small_batch_ratios(PROFILES, "h100-sxm").values())
