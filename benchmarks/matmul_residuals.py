@@ -16,7 +16,8 @@ the 5-fold cross-validated median on the fit split (folds over its token counts)
 of the p that cross-validation picks; and the small-batch table: per token count, the median over weights
 of at least 4096 x 4096 of its time over the same weight's at 16 tokens. `--regimes` refits every shape as
 two rooflines, below and above a switch token count, and prints the held-out median where each shape
-splits only if its own cross-validation on the fit split prefers it.
+splits only if its own cross-validation on the fit split prefers it (token counts next to the switch
+read off one regime, or blended between both).
 """
 from __future__ import annotations
 
@@ -217,26 +218,39 @@ def knee_report(profiles: Path, device: str) -> dict:
 
 
 def regimes_report(profiles: Path, device: str) -> dict:
-    """{"single": median, "two": median, "split": share of shapes} for two regimes per shape: below and
-    above a switch token count (the geometric mean of two neighbouring fit token counts, at least 4 of them
-    on each side), each refitted on its own rows; a shape splits, at its best switch, only where its
-    cross-validation prefers that by PICK_MARGIN."""
+    """{"single": median, "step": median, "blend": median, "split": share of shapes} for two regimes per
+    shape: below and above a switch between two neighbouring fit token counts (at least 4 of them on each
+    side), each refitted on its own rows. A shape splits, at its best switch, only where its
+    cross-validation prefers that by PICK_MARGIN. A token count between the two neighbours takes the regime
+    on its side of their geometric mean ("step") or a log-log blend of both regimes ("blend"); the fit's
+    own token counts, and so the cross-validation, are the same either way."""
     shapes = Shapes(profiles, device)
-    ms = shapes.ms
-    switches = [float(np.sqrt(ms[i - 1] * ms[i])) for i in range(4, len(ms) - 3)]
-
-    def two(switch):
-        def predict(mask, cols):
-            low = shapes.refit(mask * (shapes.fit["m"] < switch), cols)
-            return np.where(cols["m"] < switch, low, shapes.refit(mask * (shapes.fit["m"] >= switch), cols))
-        return predict
-
-    held_err, cv_err = zip(shapes.errors(shapes.refit), *(shapes.errors(two(s)) for s in switches))
-    out = {"single": float(np.nanmedian(held_err[0])), "two": per_shape_pick(held_err, cv_err),
-           "split": float(np.mean(_picks(cv_err) > 0))}
-    print(f"{device}: two regimes per shape: held out {100 * out['single']:.2f} -> {100 * out['two']:.2f} % "
-          f"({100 * out['split']:.0f} % of shapes split)")
+    ms, out = shapes.ms, {}
+    for rule in ("step", "blend"):
+        held_err, cv_err = zip(shapes.errors(shapes.refit),
+                               *(shapes.errors(_two_regimes(shapes, ms[i - 1], ms[i], rule))
+                                 for i in range(4, len(ms) - 3)))
+        out["single"], out[rule] = float(np.nanmedian(held_err[0])), per_shape_pick(held_err, cv_err)
+    out["split"] = float(np.mean(_picks(cv_err) > 0))
+    print(f"{device}: two regimes per shape: held out {100 * out['single']:.2f} -> {100 * out['step']:.2f} % "
+          f"(between the switch's neighbours blended: {100 * out['blend']:.2f} %; {100 * out['split']:.0f} % "
+          "of shapes split)")
     return out
+
+
+def _two_regimes(shapes: Shapes, below: float, above: float, rule: str):
+    """predict(mask, cols) of every shape split between fit token counts `below` and `above` (see
+    regimes_report for `rule`)."""
+    switch = float(np.sqrt(below * above))
+
+    def predict(mask, cols):
+        low = shapes.refit(mask * (shapes.fit["m"] < switch), cols)
+        high = shapes.refit(mask * (shapes.fit["m"] >= switch), cols)
+        if rule == "step":
+            return np.where(cols["m"] < switch, low, high)
+        w = np.clip(np.log(cols["m"] / below) / np.log(above / below), 0.0, 1.0)
+        return np.exp((1.0 - w) * np.log(low) + w * np.log(high))
+    return predict
 
 
 PICK_MARGIN = 0.1
