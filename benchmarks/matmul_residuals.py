@@ -190,22 +190,25 @@ class Shapes:
         """Seconds of `cols` under each shape refitted on its fit rows where `mask` is 1."""
         return knee_time(knee_fit(self.theta, self.fit, mask, p, self.tiled), cols, p, self.tiled)[0]
 
-    def errors(self, predict) -> tuple[np.ndarray, np.ndarray]:
-        """(held-out |error|, 5-fold cross-validated |error| on the fit split) of `predict(mask, cols)`,
-        NaN off each split; the folds run over the fit split's token counts."""
-        held = np.abs(predict(self.fit_mask, self.held) / self.held["t"] - 1.0)
-        held[self.held_mask == 0] = np.nan
-        cv = np.full_like(self.fit["t"], np.nan)
+    def errors(self, predict) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per variant, (held-out |error|, 5-fold cross-validated |error| on the fit split), NaN off each
+        split; `predict(mask, cols)` returns a tuple of predictions, variants that share their refits. The
+        folds run over the fit split's token counts."""
+        held = [np.where(self.held_mask > 0, np.abs(v / self.held["t"] - 1.0), np.nan)
+                for v in predict(self.fit_mask, self.held)]
+        cv = [np.full_like(self.fit["t"], np.nan) for _ in held]
         for fold in range(5):
             out = (self.fold == fold) & (self.fit_mask > 0)
-            cv[out] = np.abs(predict(self.fit_mask * ~out, self.fit) / self.fit["t"] - 1.0)[out]
-        return held, cv
+            for c, v in zip(cv, predict(self.fit_mask * ~out, self.fit)):
+                c[out] = np.abs(v / self.fit["t"] - 1.0)[out]
+        return list(zip(held, cv))
 
 
 def knee_report(profiles: Path, device: str) -> dict:
     """{"held": {p: median}, "cv": {p: median}, "picked": p, "per_shape": median} for the smooth knee."""
     shapes = Shapes(profiles, device)
-    held_err, cv_err = zip(*(shapes.errors(lambda mask, cols, p=p: shapes.refit(mask, cols, p)) for p in KNEES))
+    held_err, cv_err = zip(*(shapes.errors(lambda mask, cols, p=p: (shapes.refit(mask, cols, p),))[0]
+                             for p in KNEES))
     out = {"held": {p: float(np.nanmedian(e)) for p, e in zip(KNEES, held_err)},
            "cv": {p: float(np.nanmedian(e)) for p, e in zip(KNEES, cv_err)}}
     out["picked"] = min(KNEES, key=lambda p: out["cv"][p])
@@ -225,12 +228,13 @@ def regimes_report(profiles: Path, device: str) -> dict:
     on its side of their geometric mean ("step") or a log-log blend of both regimes ("blend"); the fit's
     own token counts, and so the cross-validation, are the same either way."""
     shapes = Shapes(profiles, device)
-    ms, out = shapes.ms, {}
-    for rule in ("step", "blend"):
-        held_err, cv_err = zip(shapes.errors(shapes.refit),
-                               *(shapes.errors(_two_regimes(shapes, ms[i - 1], ms[i], rule))
-                                 for i in range(4, len(ms) - 3)))
-        out["single"], out[rule] = float(np.nanmedian(held_err[0])), per_shape_pick(held_err, cv_err)
+    ms = shapes.ms
+    single = shapes.errors(lambda mask, cols: (shapes.refit(mask, cols),))[0]
+    split = [shapes.errors(_two_regimes(shapes, ms[i - 1], ms[i])) for i in range(4, len(ms) - 3)]
+    out = {"single": float(np.nanmedian(single[0]))}
+    for j, rule in enumerate(("step", "blend")):
+        held_err, cv_err = zip(single, *(variants[j] for variants in split))
+        out[rule] = per_shape_pick(held_err, cv_err)
     out["split"] = float(np.mean(_picks(cv_err) > 0))
     print(f"{device}: two regimes per shape: held out {100 * out['single']:.2f} -> {100 * out['step']:.2f} % "
           f"(between the switch's neighbours blended: {100 * out['blend']:.2f} %; {100 * out['split']:.0f} % "
@@ -238,18 +242,16 @@ def regimes_report(profiles: Path, device: str) -> dict:
     return out
 
 
-def _two_regimes(shapes: Shapes, below: float, above: float, rule: str):
-    """predict(mask, cols) of every shape split between fit token counts `below` and `above` (see
-    regimes_report for `rule`)."""
+def _two_regimes(shapes: Shapes, below: float, above: float):
+    """predict(mask, cols) -> (step, blend) of every shape split between fit token counts `below` and
+    `above` (see regimes_report), both from the same two refits."""
     switch = float(np.sqrt(below * above))
 
     def predict(mask, cols):
         low = shapes.refit(mask * (shapes.fit["m"] < switch), cols)
         high = shapes.refit(mask * (shapes.fit["m"] >= switch), cols)
-        if rule == "step":
-            return np.where(cols["m"] < switch, low, high)
         w = np.clip(np.log(cols["m"] / below) / np.log(above / below), 0.0, 1.0)
-        return np.exp((1.0 - w) * np.log(low) + w * np.log(high))
+        return np.where(cols["m"] < switch, low, high), np.exp((1.0 - w) * np.log(low) + w * np.log(high))
     return predict
 
 

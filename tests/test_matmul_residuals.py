@@ -80,8 +80,7 @@ def test_two_regimes_blend_only_between_the_switch_neighbours():
     shapes = Shapes()
     cols = {"m": np.array([[8.0, 16.0, 20.0, 32.0, 64.0]])}
     mask = np.ones((1, 4))
-    step = residuals._two_regimes(shapes, 16.0, 32.0, "step")(mask, cols)
-    blend = residuals._two_regimes(shapes, 16.0, 32.0, "blend")(mask, cols)
+    step, blend = residuals._two_regimes(shapes, 16.0, 32.0)(mask, cols)
     assert list(step[0]) == [1.0, 1.0, 1.0, 4.0, 4.0]
     assert list(blend[0][[0, 1, 3, 4]]) == [1.0, 1.0, 4.0, 4.0]
     assert blend[0][2] == pytest.approx(4.0 ** (np.log(20 / 16) / np.log(2)))
