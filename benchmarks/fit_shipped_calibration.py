@@ -5,8 +5,9 @@
 Every GPU with measured kernels (kernels_cost_model/gpu_calibration.py lists the sources): AIConfigurator's
 vLLM tables, LLMServingSim's vLLM 0.19 profiles and Vidur's profiles, all read in place (never copied).
 Fits on the deterministic fit split only, so the held-out errors (printed, and kept in each file) are on
-kernels the fit never saw. Takes several minutes (per-shape matmul fits, each with a 5-fold
-cross-validation of its tile term).
+kernels the fit never saw. Takes over an hour on one core (per-shape matmul fits, each with a 5-fold
+cross-validation of its tile term and of its two regimes, matmul_regimes.py: about 9 minutes for a GPU
+whose GEMM table has 59 token counts per shape); `--gpu` fits one GPU.
 """
 from __future__ import annotations
 

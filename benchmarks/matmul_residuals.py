@@ -17,7 +17,9 @@ of the p that cross-validation picks; and the small-batch table: per token count
 of at least 4096 x 4096 of its time over the same weight's at 16 tokens. `--regimes` refits every shape as
 two rooflines, below and above a switch token count, and prints the held-out median where each shape
 splits only if its own cross-validation on the fit split prefers it (token counts next to the switch
-read off one regime, or blended between both).
+read off one regime, or blended between both: the form the shipped calibrations now carry,
+kernels_cost_model/matmul_regimes.py). The shipped fit's figures above include its regimes; the refits
+start from its one-regime coefficients.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from kernels_cost_model.aiconfigurator_tables import SYSTEMS, read_table  # noqa: E402
 from kernels_cost_model.calibration import holdout_split, predict, shipped_calibration  # noqa: E402
 from kernels_cost_model.hardware import get_gpu  # noqa: E402
+from kernels_cost_model.matmul_regimes import PICK_MARGIN, fit_batched, picks, roofline_times, start_theta  # noqa: E402
 from kernels_cost_model.shape_keys import matmul_key  # noqa: E402
 
 SYSTEM_OF = {device: system for system, device in SYSTEMS.items()}
@@ -104,57 +107,6 @@ KNEES = (np.inf, 2.0, 3.0, 4.0, 6.0)
 """The knee exponents `--knee` compares (inf: the sharp max that ships)."""
 
 
-def knee_time(theta: np.ndarray, cols: dict, p: float, tiled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds, d seconds / d theta) of padded (shape x row) arrays under the smooth knee; theta: per
-    shape log (s_per_flop, s_per_byte, overhead_s, tile_rows), the tile term only where `tiled`."""
-    a, b, o = (np.exp(theta[:, j:j + 1]) for j in range(3))
-    tile = np.where(tiled[:, None], np.exp(theta[:, 3:4]), 0.0)
-    compute, memory = cols["F"] * a * (1.0 + tile / cols["m"]), cols["B"] * b
-    if p == np.inf:
-        top = np.maximum(compute, memory)
-        d_c = (compute >= memory).astype(float)
-        d_m = 1.0 - d_c
-    else:
-        scale = np.maximum(np.maximum(compute, memory), 1e-300)
-        top = scale * ((compute / scale) ** p + (memory / scale) ** p) ** (1.0 / p)
-        d_c, d_m = (compute / top) ** (p - 1.0), (memory / top) ** (p - 1.0)
-    grad = np.stack([d_c * compute, d_m * memory, np.broadcast_to(o, compute.shape),
-                     np.where(tiled[:, None], d_c * cols["F"] * a * tile / cols["m"], 0.0)], axis=-1)
-    return top + o, grad
-
-
-def knee_fit(theta: np.ndarray, cols: dict, weight: np.ndarray, p: float, tiled: np.ndarray,
-             rounds: int = 6, iters: int = 40) -> np.ndarray:
-    """Every shape's theta fitted at once (Levenberg-Marquardt on the relative error, per-shape damping;
-    rows with weight 0 left out), then reweighted towards least absolute relative error as fit_family does."""
-    theta, t = theta.copy(), cols["t"]
-    g = np.ones_like(t)
-    for _ in range(rounds):
-        damping = np.full(len(theta), 1e-3)
-        pred, grad = knee_time(theta, cols, p, tiled)
-        r = (pred / t - 1.0) * weight
-        loss = np.sum((g * r) ** 2, axis=1)
-        for _ in range(iters):
-            jac = grad / t[..., None] * (g * weight)[..., None]
-            normal = np.einsum("srk,srl->skl", jac, jac)
-            rhs = -np.einsum("srk,sr->sk", jac, g * r)
-            diag = np.einsum("skk->sk", normal)
-            lhs = normal + damping[:, None, None] * np.eye(4) * diag[:, None, :] + 1e-9 * np.eye(4)
-            step = np.clip(np.linalg.solve(lhs, rhs[..., None])[..., 0], -3.0, 3.0)
-            step[~tiled, 3] = 0.0
-            new_pred, new_grad = knee_time(theta + step, cols, p, tiled)
-            new_r = (new_pred / t - 1.0) * weight
-            new_loss = np.sum((g * new_r) ** 2, axis=1)
-            better = new_loss < loss
-            theta[better] += step[better]
-            loss[better], r[better], grad[better] = new_loss[better], new_r[better], new_grad[better]
-            damping = np.where(better, damping * 0.3, damping * 10.0)
-            if (damping > 1e7).all():
-                break
-        g = 1.0 / np.sqrt(np.maximum(np.abs(r), 0.005))
-    return theta
-
-
 def _padded(res: dict, keys: list) -> tuple[dict, np.ndarray]:
     """Padded (shape x row) columns of one split's rows, and the mask of real rows."""
     index = {key: np.flatnonzero((res["n"] == key[0]) & (res["k"] == key[1])) for key in keys}
@@ -177,10 +129,7 @@ class Shapes:
         res, cal = residuals(profiles, device), shipped_calibration(device)
         keys = sorted(set(zip(res["held"]["n"], res["held"]["k"])) & set(zip(res["fit"]["n"], res["fit"]["k"])))
         keys = [key for key in keys if matmul_key(*key) in cal.coeffs]
-        start = [cal.coeffs[matmul_key(*key)] for key in keys]
-        self.theta = np.log([[max(c.s_per_flop, 1e-20), max(c.s_per_byte, 1e-20), max(c.overhead_s, 1e-7),
-                              max(c.tile_rows, 1e-3)] for c in start])
-        self.tiled = np.array([c.tile_rows > 0 for c in start])
+        self.theta, self.tiled = start_theta([cal.coeffs[matmul_key(*key)] for key in keys])
         self.fit, self.fit_mask = _padded(res["fit"], keys)
         self.held, self.held_mask = _padded(res["held"], keys)
         self.ms = np.unique(self.fit["m"][self.fit_mask > 0])
@@ -188,7 +137,7 @@ class Shapes:
 
     def refit(self, mask: np.ndarray, cols: dict, p: float = np.inf) -> np.ndarray:
         """Seconds of `cols` under each shape refitted on its fit rows where `mask` is 1."""
-        return knee_time(knee_fit(self.theta, self.fit, mask, p, self.tiled), cols, p, self.tiled)[0]
+        return roofline_times(fit_batched(self.theta, self.fit, mask, self.tiled, p), cols, self.tiled, p)[0]
 
     def errors(self, predict) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per variant, (held-out |error|, 5-fold cross-validated |error| on the fit split), NaN off each
@@ -235,7 +184,7 @@ def regimes_report(profiles: Path, device: str) -> dict:
     for j, rule in enumerate(("step", "blend")):
         held_err, cv_err = zip(single, *(variants[j] for variants in split))
         out[rule] = per_shape_pick(held_err, cv_err)
-    out["split"] = float(np.mean(_picks(cv_err) > 0))
+    out["split"] = float(np.mean(picks(list(cv_err)) > 0))
     print(f"{device}: two regimes per shape: held out {100 * out['single']:.2f} -> {100 * out['step']:.2f} % "
           f"(between the switch's neighbours blended: {100 * out['blend']:.2f} %; {100 * out['split']:.0f} % "
           "of shapes split)")
@@ -255,22 +204,10 @@ def _two_regimes(shapes: Shapes, below: float, above: float):
     return predict
 
 
-PICK_MARGIN = 0.1
-"""A shape takes an option other than the first (the hard max; one regime) only where its cross-validated
-median beats the first's by this share (fit_tiled_or_not's margin for the tile term)."""
-
-
-def _picks(cv_err) -> np.ndarray:
-    """Per shape, the index of the option its cross-validation picks (0 unless another wins by PICK_MARGIN)."""
-    cv = np.array([np.nanmedian(e, axis=1) for e in cv_err]).T
-    best = 1 + np.argmin(cv[:, 1:], axis=1)
-    return np.where(cv[np.arange(len(cv)), best] < (1.0 - PICK_MARGIN) * cv[:, 0], best, 0)
-
-
 def per_shape_pick(held_err, cv_err) -> float:
-    """Held-out median when each shape takes the option its own cross-validation picks (_picks); options
+    """Held-out median when each shape takes the option its own cross-validation picks (picks); options
     are (shape x row) arrays, NaN off their split."""
-    chosen = np.concatenate([held_err[j][s] for s, j in enumerate(_picks(cv_err))])
+    chosen = np.concatenate([held_err[j][s] for s, j in enumerate(picks(list(cv_err)))])
     return float(np.nanmedian(chosen))
 
 

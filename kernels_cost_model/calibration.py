@@ -19,6 +19,7 @@ from kernels_cost_model.errors import ConfigError, read_json_file, require, requ
 
 from .collectives import CollectiveCurve, measured_all_reduce
 from .derived_defaults import GEMM_BENCHMARK_KEY, derivation, derived_coeffs, gemm_benchmark_device, shipped_defaults
+from .matmul_regimes import Regimes, fit_regimes
 from .prefill_waves import fa2_sms
 from .roofline import (FAMILIES, OPTIONAL_FAMILIES, PREFILL_FAMILIES, SIDE_FAMILIES, SIDE_FIELDS, Coeffs,
                        operator_cost, operator_keys, operator_rows, operator_seqs, prefill_context_bytes,
@@ -51,6 +52,9 @@ class Calibration:
     provenance: dict = field(default_factory=dict)
     #: Measured collective times: "all_reduce@<ranks>" -> [[message bytes, seconds], ...].
     curves: dict[str, list] = field(default_factory=dict)
+    #: GEMM shapes priced by two rooflines ("matmul@<n>x<k>" -> Regimes, matmul_regimes.py); their
+    #: one-regime fit stays in `coeffs` (off-grid shapes and the derived defaults read it).
+    regimes: dict[str, Regimes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [f for f in FAMILIES if f not in self.coeffs]
@@ -63,6 +67,8 @@ class Calibration:
                "provenance": self.provenance}
         if self.curves:
             out["curves"] = {k: v for k, v in sorted(self.curves.items())}
+        if self.regimes:
+            out["regimes"] = {k: r.to_json(_coeffs_json) for k, r in sorted(self.regimes.items())}
         return out
 
 
@@ -182,6 +188,11 @@ def predict(rows: list[dict], cal: Calibration) -> np.ndarray:
             continue
         plain = r["family"] == "elementwise" and elementwise_key(r) not in cal.coeffs  # no tier fitted
         flops, nbytes = operator_cost(r) if plain else kernel_cost(r)
+        regimes = cal.regimes.get(shape_key(r)) if cal.regimes and r["family"] == "matmul" else None
+        if regimes is not None:  # a GEMM shape with two rooflines (matmul_regimes.py)
+            m = operator_rows(r)
+            out[i] = regimes.time(regimes.low.time(flops, nbytes, m), regimes.high.time(flops, nbytes, m), m)
+            continue
         out[i] = coeffs_for(cal, r).time(flops, nbytes, operator_rows(r), 0.0 if plain else operator_seqs(r),
                                          operator_keys(r), side_terms(r), memory_floor=context_floor(cal, r))
     return out
@@ -210,9 +221,10 @@ def _groups(rows: list[dict], key) -> dict:
 
 
 def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = None,
-                sources: list[str] | None = None) -> Calibration:
+                sources: list[str] | None = None, two_regimes: bool = True) -> Calibration:
     """Fit every family present in `rows` (and each shape, operator and all-reduce group size with
-    enough samples); families absent keep `fallback`'s coefficients."""
+    enough samples; a GEMM shape two regimes where they win, matmul_regimes.py, unless `two_regimes` is
+    False); families absent keep `fallback`'s coefficients."""
     if not rows:
         raise ConfigError("profile", device, "no measurement rows to fit")
     coeffs = dict(fallback.coeffs) if fallback else {}
@@ -227,9 +239,11 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
             for op, op_rows in sorted(_groups(by_family[fam], lambda r: r["operator"]).items()):
                 if op != fam and len(op_rows) >= PER_OPERATOR_MIN_SAMPLES:
                     coeffs[f"{fam}.{op}"] = fit_family(*costs(op_rows, _plain(fam)))
-    for key, shape_rows in sorted(_groups(rows, shape_key).items()):
-        if len(shape_rows) >= SHAPE_MIN_SAMPLES:
-            coeffs[key] = _fit_shape(key, shape_rows)
+    shapes = {key: shape_rows for key, shape_rows in sorted(_groups(rows, shape_key).items())
+              if len(shape_rows) >= SHAPE_MIN_SAMPLES}
+    coeffs.update({key: _fit_shape(key, shape_rows) for key, shape_rows in shapes.items()})
+    regimes = fit_regimes({key: _gemm_samples(r) for key, r in shapes.items() if key.startswith("matmul@")},
+                          coeffs) if two_regimes else {}
     curves = {f"all_reduce@{tp}": sorted((r["size_bytes"], r["measured_s"]) for r in group)
               for tp, group in _groups(by_family.get("all_reduce", []), lambda r: int(r["tp"])).items()
               if len({r["size_bytes"] for r in group}) >= 2}
@@ -244,9 +258,15 @@ def fit_profile(rows: list[dict], device: str, fallback: Calibration | None = No
         "fitted_families": fitted,
         "unfitted_families": {f: "default efficiencies (no measurements)" for f in FAMILIES if f not in fitted},
     }
-    cal = Calibration(device, coeffs, provenance, {k: [list(p) for p in v] for k, v in curves.items()})
+    cal = Calibration(device, coeffs, provenance, {k: [list(p) for p in v] for k, v in curves.items()}, regimes)
     provenance["fit_error"] = relative_errors(rows, cal)
     return cal
+
+
+def _gemm_samples(rows: list[dict]) -> tuple[np.ndarray, ...]:
+    """(rows, FLOPs, bytes, seconds) of a GEMM shape's profile rows, as matmul_regimes.fit_regimes reads them."""
+    flops, nbytes, seconds, tile_rows, _seqs, _keys = costs(rows)
+    return tile_rows, flops, nbytes, seconds
 
 
 def _fit_shape(key: str, rows: list[dict]) -> Coeffs:
@@ -276,9 +296,23 @@ def load_calibration(path: str | Path) -> Calibration:
             " as servesim calibrate writes it")
     try:
         coeffs = {f: Coeffs(**c) for f, c in data["coeffs"].items()}
-        return Calibration(data["device"], coeffs, data.get("provenance", {}), data.get("curves", {}))
+        regimes = {k: _regimes(k, v, path) for k, v in data.get("regimes", {}).items()}
+        return Calibration(data["device"], coeffs, data.get("provenance", {}), data.get("curves", {}), regimes)
     except TypeError as exc:
         raise ConfigError("calibration", str(path), f"unreadable calibration file: {exc}") from exc
+
+
+def _regimes(key: str, data, path: Path) -> Regimes:
+    """A shape's two regimes from a calibration file, checked."""
+    fields = f"regimes.{key}"
+    require(isinstance(data, dict) and {"below", "above", "low", "high"} <= set(data), fields, str(path),
+            'needs "below", "above", "low" and "high"')
+    below, above = data["below"], data["above"]
+    require(isinstance(below, (int, float)) and isinstance(above, (int, float)) and 0 < below < above,
+            fields, f"below={below!r}, above={above!r}", "needs token counts 0 < below < above")
+    require(isinstance(data["low"], dict) and isinstance(data["high"], dict), fields, str(path),
+            '"low" and "high" must be coefficient tables')
+    return Regimes(float(below), float(above), Coeffs(**data["low"]), Coeffs(**data["high"]))
 
 
 @lru_cache(maxsize=None)

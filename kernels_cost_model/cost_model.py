@@ -390,7 +390,6 @@ class RooflineCostModel:
         rows = t * k
         per_expert = rows / active
         # one grouped launch each for up and down, over `active` experts of `per_expert` rows
-        mlp = ((self.up.time(per_expert, d) - self.up.overhead_s) * active + self.up.overhead_s
-               + (self.down.time(per_expert, d) - self.down.overhead_s) * active + self.down.overhead_s)
+        mlp = self.up.grouped(per_expert, d, active) + self.down.grouped(per_expert, d, active)
         routing = self.router.time(t, d) + self.act.launches(2, d * 4.0 * rows * self.hidden)  # the permutes
         return mlp, routing

@@ -65,8 +65,7 @@ class ExpertParallelCostModel:
         if b.fused_moe is not None:  # the measured FusedMoE: this rank's experts, k/ep of them per token
             terms["mlp"] = L * b.fused_moe.time(t, local, k / self.ep, d)
         else:
-            terms["mlp"] = L * ((b.up.time(per_expert, d) - b.up.overhead_s) * active + b.up.overhead_s
-                                + (b.down.time(per_expert, d) - b.down.overhead_s) * active + b.down.overhead_s)
+            terms["mlp"] = L * (b.up.grouped(per_expert, d, active) + b.down.grouped(per_expert, d, active))
         if shaped is not None:  # this rank's own dense layers and shared experts (routed part left out)
             terms["mlp"] += shaped._mlp(batch, 0.0, pad_to)
         terms["all_to_all"] = (2.0 * L * b.collective_scale * self._exchange(t * b.hidden * d)

@@ -24,6 +24,7 @@ architecture (derived_defaults.py), and the file says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -156,7 +157,10 @@ def rounded(cal: Calibration, digits: int = 6) -> Calibration:
         return float(f"{x:.{digits}g}")
     coeffs = {k: Coeffs(*(r(getattr(c, f)) for f in COEFF_FIELDS)) for k, c in cal.coeffs.items()}
     curves = {k: [[size, r(sec)] for size, sec in v] for k, v in cal.curves.items()}
-    return Calibration(cal.device, coeffs, cal.provenance, curves)
+    regimes = {k: dataclasses.replace(g, low=Coeffs(*(r(getattr(g.low, f)) for f in COEFF_FIELDS)),
+                                      high=Coeffs(*(r(getattr(g.high, f)) for f in COEFF_FIELDS)))
+               for k, g in cal.regimes.items()}
+    return Calibration(cal.device, coeffs, cal.provenance, curves, regimes)
 
 
 def with_derived_families(cal: Calibration, gpu, defaults: dict) -> Calibration:
@@ -166,7 +170,7 @@ def with_derived_families(cal: Calibration, gpu, defaults: dict) -> Calibration:
         return cal
     coeffs = {**cal.coeffs, **derived_coeffs(gpu, defaults, families=missing, shapes=False)}
     provenance = {**cal.provenance, "unfitted_families": {f: derivation(gpu, defaults, f) for f in missing}}
-    return Calibration(cal.device, coeffs, provenance, cal.curves)
+    return Calibration(cal.device, coeffs, provenance, cal.curves, cal.regimes)
 
 
 def left_out_calibration(device: str, calibrations: dict[str, Calibration] | None = None,

@@ -31,16 +31,6 @@ from .modern_kernels import gdn_kernels, gemm_op, mla_kernels, moe_op, weight_va
 DELTA_RULE_FLOPS_PER_ELEMENT = 6.0
 
 
-def _like(m, k: float, n: float):
-    """A weight matmul [k x n] with the coefficients of `m` (cost_model._Matmul)."""
-    return dataclasses.replace(m, weight=k * n, width=k + n)
-
-
-def _scaled(m, flop: float, byte: float):
-    return dataclasses.replace(m, s_per_flop=m.s_per_flop * flop, s_per_byte=m.s_per_byte * byte,
-                               dram_s_per_byte=m.dram_s_per_byte * byte)
-
-
 def _precision_matmuls(base, spec, measured: bool) -> dict:
     """qkv/o/up/down/router/lm_head at the weights' stored precision."""
     d = float(spec.dtype_bytes)
@@ -48,9 +38,9 @@ def _precision_matmuls(base, spec, measured: bool) -> dict:
     expert_b = spec.expert_weight_bytes or dense_b
     fp8_speed = (base.gpu.bf16_flops_per_s / base.gpu.fp8_flops_per_s
                  if spec.quant_method == "fp8" and base.gpu.fp8_flops_per_s else 1.0)
-    out = {name: _scaled(getattr(base, name), fp8_speed, dense_b / d) for name in ("qkv", "o")}
+    out = {name: getattr(base, name).scaled(fp8_speed, dense_b / d) for name in ("qkv", "o")}
     moe_b = expert_b if base.router is not None else dense_b
-    out.update({name: _scaled(getattr(base, name), fp8_speed, moe_b / d) for name in ("up", "down")})
+    out.update({name: getattr(base, name).scaled(fp8_speed, moe_b / d) for name in ("up", "down")})
     variant, gpu = weight_variant(spec), base.gpu.name
     if not measured:
         return out
@@ -72,8 +62,8 @@ def _mla_fields(spec, tp: int, qkv, o) -> tuple[dict, dict]:
     heads = spec.num_heads / tp
     latent = spec.kv_lora_rank + spec.qk_rope_head_dim
     o_params = spec.num_heads * spec.v_head_dim * h
-    proj = _like(qkv, h, (attention_params(spec) - o_params) / tp / h)
-    o = _like(o, spec.num_heads * spec.v_head_dim / tp, h)
+    proj = qkv.like(h, (attention_params(spec) - o_params) / tp / h)
+    o = o.like(spec.num_heads * spec.v_head_dim / tp, h)
     decode = dict(kv_gpu=latent / 2.0, heads_gpu_x_hd=heads * (latent + spec.kv_lora_rank) / 2.0,
                   q_gpu=heads * latent, qkv=proj, o=o)
     prefill = dict(decode, kv_gpu=heads * (spec.head_dim + spec.v_head_dim) / 2.0,
@@ -248,10 +238,10 @@ def shaped_cost_model(base, breakdown_keys: tuple, kv_cache_dtype: str = "auto",
     moe_layers = spec.num_layers - spec.first_k_dense_replace if spec.is_moe else 0
     scale = (base.gpu.bf16_flops_per_s / base.gpu.fp8_flops_per_s
              if spec.quant_method == "fp8" and base.gpu.fp8_flops_per_s else 1.0)
-    mm = _scaled(base.up, scale, (spec.weight_bytes or spec.dtype_bytes) / spec.dtype_bytes)  # dense precision
+    mm = base.up.scaled(scale, (spec.weight_bytes or spec.dtype_bytes) / spec.dtype_bytes)  # dense precision
 
     def dense_op(k: float, n: float):
-        like = _like(mm, k, n)
+        like = mm.like(k, n)
         fp8 = measured and spec.quant_method == "fp8"
         return (gemm_op(base.gpu.name, weight_variant(spec), like, n, k) if fp8 else None) or like
 

@@ -61,6 +61,7 @@ def gemm_op(gpu_name: str, variant: str, like: MatmulOp, n: float, k: float) -> 
     10 us graph-captured fp8); modern_fit does not fit them. The kernel computes its rows padded to its
     M tile (the fit's `row_step`, operators.padded_rows). A shape whose 6 FP8 weight copies sat in L2 in the
     benchmark reads its weight at least at the FP8 table's DRAM line in serving (weights_l2.weight_floor).
+    One roofline per shape: the FP8 fits have no two regimes (matmul_regimes.py is the bf16 tables').
     """
     fits = load_modern(gpu_name)
     fitted = GRAPHED_GEMM.get(variant, variant)

@@ -7,12 +7,13 @@ fused MoE operator where the calibration measured one, and the all-reduce curve 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .calibration import Calibration
 from .collectives import CollectiveCurve, collective_curve
 from .roofline import Coeffs, experts_hit
-from .shape_keys import attention_coeffs, matmul_coeffs, moe_coeffs
+from .matmul_regimes import Regimes
+from .shape_keys import attention_coeffs, matmul_coeffs, matmul_key, moe_coeffs
 from .derived_defaults import GEMM_BENCHMARK_KEY
 from .weights_l2 import weight_floor
 
@@ -32,15 +33,51 @@ class MatmulOp:
     #: side takes at least dtype bytes x (weight + width) x dram_s_per_byte + dram_extra_s (0: no floor).
     dram_s_per_byte: float = 0.0
     dram_extra_s: float = 0.0
+    #: The shape's two regimes where its calibration split it (matmul_regimes.py): they price its rows in
+    #: place of the one-regime coefficients above, the L2 weight floor on both.
+    regimes: Regimes | None = None
 
     def time(self, rows: float, dtype_bytes: float) -> float:
+        g = self.regimes
+        if g is None:
+            return self._roofline(rows, dtype_bytes, self.s_per_flop, self.s_per_byte, self.overhead_s,
+                                  self.tile_rows, self.dram_extra_s)
+        low = self._regime(rows, dtype_bytes, g.low) if rows < g.above else 0.0
+        high = self._regime(rows, dtype_bytes, g.high) if rows > g.below else 0.0
+        return g.time(low, high, rows)
+
+    def _regime(self, rows: float, dtype_bytes: float, c: Coeffs) -> float:
+        """Seconds at one regime's coefficients; the weight floor still ends at the DRAM line's time (its
+        extra seconds are set against the one-regime overhead, weights_l2.weight_floor)."""
+        extra = self.dram_extra_s + self.overhead_s - c.overhead_s if self.dram_s_per_byte else 0.0
+        return self._roofline(rows, dtype_bytes, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows, extra)
+
+    def grouped(self, rows: float, dtype_bytes: float, groups: float) -> float:
+        """Seconds of one grouped launch over `groups` weights of this shape, `rows` rows each: the work
+        of each, one launch overhead (of the regime of `rows`)."""
+        g = self.regimes
+        overhead = self.overhead_s if g is None else g.time(g.low.overhead_s, g.high.overhead_s, rows)
+        return (self.time(rows, dtype_bytes) - overhead) * groups + overhead
+
+    def _roofline(self, rows: float, dtype_bytes: float, s_per_flop: float, s_per_byte: float,
+                  overhead_s: float, tile_rows: float, dram_extra_s: float) -> float:
         computed = padded_rows(rows, self.row_step) if self.row_step else rows
-        compute = 2.0 * computed * self.weight * self.s_per_flop * (1.0 + self.tile_rows / computed)
-        memory = dtype_bytes * (rows * self.width + self.weight) * self.s_per_byte
+        compute = 2.0 * computed * self.weight * s_per_flop * (1.0 + tile_rows / computed)
+        memory = dtype_bytes * (rows * self.width + self.weight) * s_per_byte
         if self.dram_s_per_byte:
-            weight_read = dtype_bytes * (self.width + self.weight) * self.dram_s_per_byte + self.dram_extra_s
+            weight_read = dtype_bytes * (self.width + self.weight) * self.dram_s_per_byte + dram_extra_s
             memory = max(memory, weight_read)
-        return (compute if compute > memory else memory) + self.overhead_s
+        return (compute if compute > memory else memory) + overhead_s
+
+    def scaled(self, flop: float, byte: float) -> "MatmulOp":
+        """The operator with its seconds per FLOP and per byte (both regimes, the DRAM floor) scaled."""
+        return replace(self, s_per_flop=self.s_per_flop * flop, s_per_byte=self.s_per_byte * byte,
+                       dram_s_per_byte=self.dram_s_per_byte * byte,
+                       regimes=self.regimes and self.regimes.scaled(flop, byte))
+
+    def like(self, k: float, n: float) -> "MatmulOp":
+        """A weight [k x n] at this operator's one-regime coefficients (its regimes are its shape's own)."""
+        return replace(self, weight=k * n, width=k + n, regimes=None)
 
 
 #: The smallest M tile of vLLM's CUTLASS scaled-mm dispatch (its kernel for batches of up to 16 rows).
@@ -65,7 +102,8 @@ def matmul_operator(cal: Calibration, op: str, k: float, n: float) -> MatmulOp:
     c = shaped or cal.coeffs.get(f"matmul.{op}") or cal.coeffs["matmul"]
     bench = cal.provenance.get(GEMM_BENCHMARK_KEY, cal.device)  # a derived calibration: its donors' benchmark
     floor = weight_floor(cal.coeffs, bench, n, k, c) if shaped and bench else (0.0, 0.0)
-    return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows, 0.0, *floor)
+    regimes = cal.regimes.get(matmul_key(n, k)) if shaped else None
+    return MatmulOp(k * n, k + n, c.s_per_flop, c.s_per_byte, c.overhead_s, c.tile_rows, 0.0, *floor, regimes)
 
 
 def attention_operator(cal: Calibration, family: str, heads: float, kv_heads: float, head_dim: float) -> Coeffs:

@@ -74,7 +74,8 @@ def at_clocks(cal: Calibration, gpu: str, clocks: str) -> tuple[Calibration, flo
         return cal, factor
     coeffs = {key: _scaled(c, PREFILL_KEY_FIELDS if key.startswith(PREFILL_FAMILIES) else COMPUTE_FIELDS, factor)
               for key, c in cal.coeffs.items()}
-    return dataclasses.replace(cal, coeffs=coeffs), factor
+    regimes = {key: g.scaled(factor, 1.0) for key, g in cal.regimes.items()}
+    return dataclasses.replace(cal, coeffs=coeffs, regimes=regimes), factor
 
 
 def _scaled(c: Coeffs, fields: tuple[str, ...], factor: float) -> Coeffs:

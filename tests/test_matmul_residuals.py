@@ -45,28 +45,10 @@ def test_l40s_slices_as_documented():
     assert l40s["spread"] > 2 * h100["spread"]
 
 
-def _knee_shape(p, ms=(1, 2, 8, 16, 64, 256, 1024, 4096), n=4096, k=4096, theta=(-32.0, -27.0, -11.0, 4.0)):
-    """One shape's padded columns timed exactly by the smooth knee at `theta`."""
-    m = np.asarray(ms, dtype=float)[None, :]
-    cols = {"m": m, "F": 2.0 * m * n * k, "B": 2.0 * (m * k + k * n + m * n), "t": np.ones_like(m)}
-    cols["t"], _ = residuals.knee_time(np.array([theta]), cols, p, np.array([True]))
-    return cols
-
-
-@pytest.mark.parametrize("p", [np.inf, 3.0])
-def test_knee_fit_recovers_the_times_it_was_made_from(p):
-    cols = _knee_shape(p)
-    start = np.array([[-31.5, -27.4, -10.5, 3.0]])
-    theta = residuals.knee_fit(start, cols, np.ones_like(cols["t"]), p, np.array([True]))
-    pred, _ = residuals.knee_time(theta, cols, p, np.array([True]))
-    assert pred / cols["t"] == pytest.approx(np.ones_like(pred), abs=2e-3)
-
-
-def test_a_shape_takes_another_option_only_where_its_cross_validation_wins_by_the_margin():
+def test_the_held_out_figure_reads_each_shape_at_its_own_pick():
     nan = np.nan
     cv = [np.array([[0.10, nan], [0.10, nan]]), np.array([[0.095, nan], [0.05, nan]])]  # wins by 5 %, by 50 %
     held = [np.array([[0.2, 0.2], [0.2, 0.2]]), np.array([[0.0, 0.0], [0.01, 0.01]])]
-    assert list(residuals._picks(cv)) == [0, 1]
     assert residuals.per_shape_pick(held, cv) == pytest.approx(np.median([0.2, 0.2, 0.01, 0.01]))
 
 
@@ -84,15 +66,6 @@ def test_two_regimes_blend_only_between_the_switch_neighbours():
     assert list(step[0]) == [1.0, 1.0, 1.0, 4.0, 4.0]
     assert list(blend[0][[0, 1, 3, 4]]) == [1.0, 1.0, 4.0, 4.0]
     assert blend[0][2] == pytest.approx(4.0 ** (np.log(20 / 16) / np.log(2)))
-
-
-def test_knee_is_the_roofline_at_inf_and_above_it_otherwise():
-    sharp, soft = _knee_shape(np.inf)["t"], _knee_shape(3.0)["t"]
-    a, b, o, tile = np.exp([-32.0, -27.0, -11.0, 4.0])
-    m = np.array([1, 2, 8, 16, 64, 256, 1024, 4096], dtype=float)
-    flops, nbytes = 2.0 * m * 4096 * 4096, 2.0 * (2 * m * 4096 + 4096 * 4096)
-    assert sharp[0] == pytest.approx(np.maximum(flops * a * (1 + tile / m), nbytes * b) + o, rel=1e-12)
-    assert (soft > sharp).all() and (soft < sharp * 2 ** (1 / 3)).all()
 
 
 @needs_data

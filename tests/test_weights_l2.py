@@ -1,4 +1,6 @@
 """GEMM weights timed in L2 (a benchmark state: the collector cycles 6 copies) are read from DRAM in serving."""
+import dataclasses
+
 import pytest
 
 from kernels_cost_model import make_cost_model, weights_l2
@@ -52,18 +54,18 @@ def test_an_l2_resident_shape_is_served_at_the_dram_line(device, n, k):
 def test_the_benchmark_state_still_reproduces_its_rows():
     # predict (the held-out errors) prices the rows at the shape's own fit, with no floor
     cal = shipped_calibration("l40s")
-    c = cal.coeffs[matmul_key(4096, 1024)]
+    g = cal.regimes[matmul_key(4096, 1024)]   # the shape's two regimes (matmul_regimes.py)
     for m in (1, 8, 4096):
         flops, nbytes = 2.0 * m * 4096 * 1024, 2.0 * (m * 1024 + 4096 * 1024 + m * 4096)
-        assert predict([_row("l40s", m, 4096, 1024)], cal)[0] == pytest.approx(c.time(flops, nbytes, m), rel=1e-12)
+        fitted = g.time(g.low.time(flops, nbytes, m), g.high.time(flops, nbytes, m), m)
+        assert predict([_row("l40s", m, 4096, 1024)], cal)[0] == pytest.approx(fitted, rel=1e-12)
 
 
 def test_large_batches_and_dram_shapes_keep_their_fit():
     cal = shipped_calibration("l40s")
     resident = matmul_operator(cal, "matmul", 1024, 4096)
     assert resident.dram_s_per_byte > 0
-    unfloored = type(resident)(*(getattr(resident, f) for f in ("weight", "width", "s_per_flop", "s_per_byte",
-                                                                "overhead_s", "tile_rows")))
+    unfloored = dataclasses.replace(resident, dram_s_per_byte=0.0, dram_extra_s=0.0)
     assert resident.time(4096, 2) == unfloored.time(4096, 2)   # compute-bound: the shape's fit
     assert resident.time(1, 2) > unfloored.time(1, 2)
     dram = matmul_operator(cal, "matmul", 2560, 4096)            # 20 MiB: timed from DRAM already
