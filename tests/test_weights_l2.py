@@ -7,7 +7,7 @@ from kernels_cost_model import make_cost_model, weights_l2
 from kernels_cost_model.calibration import predict, shipped_calibration
 from kernels_cost_model.operators import matmul_operator
 from kernels_cost_model.profile_schema import validate_row
-from kernels_cost_model.shape_keys import matmul_coeffs, matmul_key
+from kernels_cost_model.shape_keys import matmul_key
 from kernels_cost_model.weights_l2 import dram_line, grid_shapes, one_row_bytes, weight_floor, weights_in_l2
 from tests.benchmark_loader import load_benchmark
 
